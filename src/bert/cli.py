@@ -1,0 +1,176 @@
+"""The `bert` command line: a table of subcommands, each a job-args dataclass and a run function.
+
+Flags are generated from the dataclass fields, so a flag's help text lives once, next to its field
+(`field(metadata={"help": ...})`). Flag names and defaults are the original scripts' own, so
+`python run_classifier.py --task_name=MRPC ...` ports as `bert classify --task_name=MRPC ...`.
+Booleans accept `--flag`, `--flag=true/false`, `--flag true` and absl's `--noflag`.
+
+Nothing imports this module: every command runs from Python through its run function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import logging
+import sys
+import types
+import typing
+from collections.abc import Callable, Sequence
+
+from bert.errors import InputError
+
+# name -> (module, args class, run function, one-line description). Modules are imported lazily so that
+# `bert tokenize` never pays for importing torch.
+COMMANDS: dict[str, tuple[str, str, str, str]] = {
+    "tokenize": (
+        "bert.tokenization",
+        "TokenizeArgs",
+        "run_tokenize",
+        "text or JSON lines -> WordPiece tokens and ids",
+    ),
+    "extract-features": (
+        "bert.extract_features",
+        "ExtractFeaturesArgs",
+        "run_extract_features",
+        "fixed contextual features per token, as JSON lines (extract_features.py)",
+    ),
+    "convert": (
+        "bert.convert",
+        "ConvertArgs",
+        "run_convert",
+        "convert a checkpoint between TF, HF and native formats",
+    ),
+}
+
+_TRUE = {"true", "t", "1", "yes", "y"}
+_FALSE = {"false", "f", "0", "no", "n"}
+
+
+def parse_bool(value: str | bool) -> bool:
+    """The original's boolean spelling: true/false in any case, also 1/0 and yes/no."""
+    if isinstance(value, bool):
+        return value
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad command line in one line and exits 2, like every other input error."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _field_type(field: dataclasses.Field, hints: dict) -> tuple[type, bool]:
+    """(scalar type, optional) for a dataclass field annotated `T` or `T | None`."""
+    tp = hints[field.name]
+    optional = False
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(tp))
+        tp = args[0]
+    return tp, optional
+
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, args_cls: type) -> None:
+    """Add one `--name` flag per field of `args_cls`; fields without a default are required.
+
+    Field metadata: "help" (the help text), "choices", and "positional" for a positional argument.
+    """
+    hints = typing.get_type_hints(args_cls)
+    for f in dataclasses.fields(args_cls):
+        if f.metadata.get("cli") is False:
+            continue
+        tp, _ = _field_type(f, hints)
+        has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        default = f.default if f.default is not dataclasses.MISSING else None
+        help_text = f.metadata.get("help", "")
+        if has_default:
+            help_text += f" (default: {default})"
+        flag = f"--{f.name}"
+        if f.metadata.get("positional"):
+            parser.add_argument(
+                f.name,
+                type=tp,
+                nargs=None if not has_default else "?",
+                default=default,
+                metavar=f.name.upper(),
+                help=help_text,
+            )
+        elif tp is bool:
+            parser.add_argument(
+                flag,
+                type=parse_bool,
+                nargs="?",
+                const=True,
+                default=default,
+                metavar="true|false",
+                help=help_text,
+            )
+            # absl's negative form, e.g. --nodo_lower_case.
+            parser.add_argument(f"--no{f.name}", dest=f.name, action="store_false", help=argparse.SUPPRESS)
+        else:
+            choices = f.metadata.get("choices")
+            parser.add_argument(
+                flag, type=tp, default=default, required=not has_default, choices=choices, help=help_text
+            )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(
+        prog="bert", description="BERT in PyTorch, with the original's commands and flags."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_OneLineParser)
+    for name, (module, args_name, _, description) in COMMANDS.items():
+        args_cls = getattr(importlib.import_module(module), args_name)
+        p = sub.add_parser(name, help=description, description=(args_cls.__doc__ or description).strip())
+        add_dataclass_flags(p, args_cls)
+    return parser
+
+
+def _resolve(name: str) -> tuple[type, Callable]:
+    module, args_name, run_name, _ = COMMANDS[name]
+    mod = importlib.import_module(module)
+    return getattr(mod, args_name), getattr(mod, run_name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in COMMANDS and not any(a in ("-h", "--help") for a in argv):
+        # Build only the parser of the command being run: the others' modules may import torch.
+        args_cls, run = _resolve(argv[0])
+        parser = _OneLineParser(prog=f"bert {argv[0]}")
+        add_dataclass_flags(parser, args_cls)
+        ns = parser.parse_args(argv[1:])
+    else:
+        parser = build_parser()
+        ns = parser.parse_args(argv)
+        if ns.command is None:
+            parser.print_help()
+            return 2
+        args_cls, run = _resolve(ns.command)
+        ns = vars(ns)
+        ns.pop("command")
+        ns = argparse.Namespace(**ns)
+    args = args_cls(**vars(ns))
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        run(args)
+    except InputError as e:
+        print(f"bert {argv[0]}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

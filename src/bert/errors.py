@@ -1,0 +1,9 @@
+"""The one exception type for bad user input.
+
+The CLI prints its message on one line (no traceback) and exits with code 2, so every message must
+name the file, line or field at fault and say how to fix it.
+"""
+
+
+class InputError(Exception):
+    """Bad input from the user: a flag, a file, a config or a checkpoint that cannot be used as given."""

@@ -1,0 +1,555 @@
+"""The whole BERT model in one file: embeddings, post-LayerNorm encoder, pooler, and every head.
+
+References:
+- google-research/bert `modeling.py` (the numerics: tanh GELU at its last commit, LayerNorm epsilon
+  1e-12, additive -10000 attention mask, truncated-normal init) and `run_pretraining.py` (the
+  pre-training heads and losses).
+- huggingface/transformers `modeling_bert.py` (the module and parameter names, so its checkpoints load
+  with no key map and the original TF names map by a plain scope rename, see `bert/convert.py`).
+
+Dimension legend used in the shape comments:
+    B batch, T sequence length, H hidden size, N attention heads, D head size (H / N),
+    I intermediate size, V vocab size, P masked positions per sequence, C choices, L labels.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from bert.config import BertConfig
+from bert.errors import InputError
+
+# The original adds -10000 (not -inf) to the scores of padded keys; it is also representable in fp16.
+MASK_BIAS = -10000.0
+
+
+def _activation(name: str) -> nn.Module:
+    return {
+        "gelu": nn.GELU(approximate="none"),
+        "gelu_new": nn.GELU(approximate="tanh"),  # the original's 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))
+        "gelu_pytorch_tanh": nn.GELU(approximate="tanh"),
+        "relu": nn.ReLU(),
+        "tanh": nn.Tanh(),
+    }[name]
+
+
+# ------------------------------------------------------------------------------------------- outputs
+@dataclass
+class EncoderOutput:
+    sequence_output: torch.Tensor  # [B, T, H] the last encoder layer
+    pooled_output: torch.Tensor | None  # [B, H] tanh(dense(first token)); None without a pooler
+    all_encoder_layers: list[
+        torch.Tensor
+    ]  # L x [B, T, H]; index 0 is the first block, the embeddings are not in it
+    embedding_output: torch.Tensor  # [B, T, H] after LayerNorm and dropout
+
+
+@dataclass
+class PreTrainingOutput:
+    mlm_logits: torch.Tensor  # [B, P, V] at the given positions, or [B, T, V] at every position
+    nsp_logits: torch.Tensor  # [B, 2]; label 0 = is next, 1 = random
+    total_loss: torch.Tensor | None = None
+    masked_lm_loss: torch.Tensor | None = None
+    next_sentence_loss: torch.Tensor | None = None
+    masked_lm_example_loss: torch.Tensor | None = None  # [B * P]
+    next_sentence_example_loss: torch.Tensor | None = None  # [B]
+
+
+@dataclass
+class TaskOutput:
+    logits: torch.Tensor  # head-specific, see each head
+    loss: torch.Tensor | None = None
+    hidden: EncoderOutput | None = None
+
+
+# ----------------------------------------------------------------------------------------- the model
+class BertEmbeddings(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=None)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        # Not snake case, to match the TF variable scope `LayerNorm` and every released checkpoint.
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        T = input_ids.shape[1]
+        positions = self.position_embeddings.weight[:T]  # [T, H], broadcast over the batch
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids) + positions
+        return self.dropout(self.LayerNorm(x))  # [B, T, H]
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_size = config.head_size
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        # Heads are contiguous D-wide slices of the projection, as in the original.
+        return x.view(B, T, self.num_heads, self.head_size).transpose(1, 2)  # [B, T, H] -> [B, N, T, D]
+
+    def forward(self, hidden: torch.Tensor, mask_bias: torch.Tensor | None) -> torch.Tensor:
+        B, T, H = hidden.shape
+        q, k, v = (
+            self._heads(self.query(hidden)),
+            self._heads(self.key(hidden)),
+            self._heads(self.value(hidden)),
+        )
+        # softmax(q k^T / sqrt(D) + mask_bias) v, mask_bias [B, 1, 1, T] masks padded keys only.
+        context = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask_bias, dropout_p=self.dropout_p if self.training else 0.0
+        )  # [B, N, T, D]
+        return context.transpose(1, 2).reshape(B, T, H)  # [B, N, T, D] -> [B, T, H]
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, hidden: torch.Tensor, mask_bias: torch.Tensor | None) -> torch.Tensor:
+        return self.output(self.self(hidden, mask_bias), hidden)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.intermediate_act_fn = _activation(config.hidden_act)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.intermediate_act_fn(self.dense(hidden))  # [B, T, I]
+
+
+class BertOutput(nn.Module):
+    """The feed-forward output sub-layer (`layer_n/output` in TF)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, hidden: torch.Tensor, mask_bias: torch.Tensor | None) -> torch.Tensor:
+        attention_output = self.attention(hidden, mask_bias)
+        return self.output(self.intermediate(attention_output), attention_output)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.gradient_checkpointing = False
+
+    def forward(self, hidden: torch.Tensor, mask_bias: torch.Tensor | None) -> list[torch.Tensor]:
+        outputs = []
+        for layer in self.layer:
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                hidden = checkpoint(layer, hidden, mask_bias, use_reentrant=False)
+            else:
+                hidden = layer(hidden, mask_bias)
+            outputs.append(hidden)
+        return outputs
+
+
+class BertPooler(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.dense(sequence_output[:, 0]))  # [B, H]
+
+
+class BertPreTrainedModel(nn.Module):
+    """Weight initialisation, loading and saving shared by every model class."""
+
+    config: BertConfig
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # The original initialises every matrix and table with a normal truncated at 2 stddev.
+        std = self.config.initializer_range
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def init_weights(self) -> None:
+        self.apply(self._init_weights)
+
+    def gradient_checkpointing_enable(self, enable: bool = True) -> None:
+        """Recompute each block's activations in the backward pass: less memory, about 30% more compute."""
+        for m in self.modules():
+            if isinstance(m, BertEncoder):
+                m.gradient_checkpointing = enable
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, config: BertConfig | None = None, **kwargs):
+        """Load from a native or transformers directory, a safetensors/.bin file, or a TF checkpoint.
+
+        Weights missing from the checkpoint (e.g. a new task head) keep their random initialisation;
+        weights of other heads in the checkpoint (e.g. `cls.*` when fine-tuning) are ignored, as the
+        original's `get_assignment_map_from_checkpoint` does. Extra keyword arguments go to the class
+        constructor (e.g. `num_labels=3`).
+        """
+        from bert.checkpoint import load_pretrained
+
+        return load_pretrained(cls, path, config=config, **kwargs)
+
+    def save_pretrained(self, output_dir: str | os.PathLike) -> None:
+        """Write `model.safetensors` and `config.json` into `output_dir` (atomically)."""
+        from bert.checkpoint import save_pretrained
+
+        save_pretrained(self, output_dir)
+
+
+def validate_ids(config: BertConfig, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> None:
+    """Clear errors for ids the embedding tables do not have (the original gives NaNs or zeros instead)."""
+    if input_ids.numel() == 0:
+        return
+    lo, hi = int(input_ids.min()), int(input_ids.max())
+    if lo < 0 or hi >= config.vocab_size:
+        raise InputError(
+            f"input_ids contain {hi if hi >= config.vocab_size else lo}, outside [0, {config.vocab_size - 1}] "
+            f"(config vocab_size={config.vocab_size}); use the vocab.txt the model was trained with"
+        )
+    lo, hi = int(token_type_ids.min()), int(token_type_ids.max())
+    if lo < 0 or hi >= config.type_vocab_size:
+        raise InputError(
+            f"token_type_ids (segment ids) contain {hi if hi >= config.type_vocab_size else lo}, outside "
+            f"[0, {config.type_vocab_size - 1}] (config type_vocab_size={config.type_vocab_size})"
+        )
+
+
+class BertModel(BertPreTrainedModel):
+    """The encoder: embeddings, L post-LayerNorm Transformer blocks, and the pooler.
+
+    Args:
+        config: the architecture.
+        add_pooling_layer: build `pooler` (the original always has it; transformers' QA and token
+            classification models do not).
+    """
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> EncoderOutput:
+        """Run the encoder.
+
+        Args:
+            input_ids: [B, T] WordPiece ids.
+            attention_mask: [B, T], 1 for real tokens and 0 for padding (the original's `input_mask`).
+            token_type_ids: [B, T] segment ids (the original's `segment_ids`); zeros when None.
+        """
+        if input_ids.dim() != 2:
+            raise InputError(f"input_ids must have shape [batch, seq_len], got {tuple(input_ids.shape)}")
+        B, T = input_ids.shape
+        if T > self.config.max_position_embeddings:
+            raise InputError(
+                f"sequence length {T} exceeds max_position_embeddings={self.config.max_position_embeddings}; "
+                f"lower max_seq_length to at most {self.config.max_position_embeddings}"
+            )
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        if not torch.compiler.is_compiling():
+            validate_ids(self.config, input_ids, token_type_ids)
+        embedding_output = self.embeddings(input_ids, token_type_ids)
+        mask_bias = None
+        if attention_mask is not None:
+            # [B, T] -> [B, 1, 1, T]: only keys are masked; padded queries are computed and ignored.
+            mask_bias = (1.0 - attention_mask[:, None, None, :].to(embedding_output.dtype)) * MASK_BIAS
+        layers = self.encoder(embedding_output, mask_bias)
+        pooled = self.pooler(layers[-1]) if self.pooler is not None else None
+        return EncoderOutput(layers[-1], pooled, layers, embedding_output)
+
+
+# --------------------------------------------------------------------------------- pre-training heads
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.transform_act_fn = _activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.transform_act_fn(self.dense(hidden)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """Masked-LM head; its output matrix is the word-embedding table (tied, as in the original)."""
+
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.decoder.weight = word_embeddings.weight
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.transform(hidden), self.decoder.weight, self.bias)  # [..., H] -> [..., V]
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config, word_embeddings)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+def gather_positions(sequence_output: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Pick the hidden states at `positions` ([B, P]) of each sequence: [B, T, H] -> [B, P, H]."""
+    index = positions.long()[:, :, None].expand(-1, -1, sequence_output.shape[-1])  # [B, P, H]
+    return torch.gather(sequence_output, 1, index)
+
+
+def pretraining_losses(
+    mlm_logits: torch.Tensor,
+    nsp_logits: torch.Tensor,
+    masked_lm_ids: torch.Tensor,
+    masked_lm_weights: torch.Tensor,
+    next_sentence_labels: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """The losses of `run_pretraining.py`, in fp32 whatever the logits' dtype.
+
+    masked_lm_loss = sum(w * -log p(label)) / (sum(w) + 1e-5) over every slot, padding slots (weight
+    0) included; next_sentence_loss = mean over the batch; total_loss = their sum.
+    """
+    V = mlm_logits.shape[-1]
+    log_probs = F.log_softmax(mlm_logits.float().reshape(-1, V), dim=-1)  # [B, P, V] -> [B*P, V]
+    example_loss = -log_probs.gather(1, masked_lm_ids.reshape(-1, 1).long()).squeeze(1)  # [B*P]
+    weights = masked_lm_weights.reshape(-1).float()  # [B*P]
+    masked_lm_loss = (weights * example_loss).sum() / (weights.sum() + 1e-5)
+    nsp_example_loss = F.cross_entropy(
+        nsp_logits.float(), next_sentence_labels.reshape(-1).long(), reduction="none"
+    )
+    nsp_loss = nsp_example_loss.mean()
+    return {
+        "total_loss": masked_lm_loss + nsp_loss,
+        "masked_lm_loss": masked_lm_loss,
+        "next_sentence_loss": nsp_loss,
+        "masked_lm_example_loss": example_loss,
+        "next_sentence_example_loss": nsp_example_loss,
+    }
+
+
+class BertForPreTraining(BertPreTrainedModel):
+    """BERT with the masked-LM and next-sentence heads of `run_pretraining.py`."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config, self.bert.embeddings.word_embeddings)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        masked_lm_positions: torch.Tensor | None = None,
+        masked_lm_ids: torch.Tensor | None = None,
+        masked_lm_weights: torch.Tensor | None = None,
+        next_sentence_labels: torch.Tensor | None = None,
+    ) -> PreTrainingOutput:
+        """Args as `BertModel`, plus the pre-training features of the original's records.
+
+        Args:
+            masked_lm_positions: [B, P]; when given, the MLM head runs only at these positions (as the
+                original does), otherwise at every position.
+            masked_lm_ids, masked_lm_weights: [B, P] labels and weights (0 marks a padding slot).
+            next_sentence_labels: [B] (0 = is next, 1 = random).
+        The losses are computed when all labels are given.
+        """
+        out = self.bert(input_ids, attention_mask, token_type_ids)
+        hidden = out.sequence_output
+        if masked_lm_positions is not None:
+            hidden = gather_positions(hidden, masked_lm_positions)  # [B, P, H]
+        mlm_logits = self.cls.predictions(hidden)  # [B, P or T, V]
+        nsp_logits = self.cls.seq_relationship(out.pooled_output)  # [B, 2]
+        result = PreTrainingOutput(mlm_logits, nsp_logits)
+        if masked_lm_ids is not None and next_sentence_labels is not None:
+            if masked_lm_weights is None:
+                masked_lm_weights = torch.ones_like(masked_lm_ids, dtype=torch.float32)
+            for name, value in pretraining_losses(
+                mlm_logits, nsp_logits, masked_lm_ids, masked_lm_weights, next_sentence_labels
+            ).items():
+                setattr(result, name, value)
+        return result
+
+
+# --------------------------------------------------------------------------------- fine-tuning heads
+class BertForSequenceClassification(BertPreTrainedModel):
+    """Pooled output -> dropout -> linear, as `run_classifier.create_model`; num_labels=1 is regression."""
+
+    def __init__(self, config: BertConfig, num_labels: int = 2):
+        super().__init__()
+        self.config = config
+        self.num_labels = num_labels
+        self.bert = BertModel(config)
+        dropout = (
+            config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        )
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> TaskOutput:
+        """Returns logits [B, L] (L = num_labels; [B, 1] for regression). Loss: cross-entropy, or MSE."""
+        out = self.bert(input_ids, attention_mask, token_type_ids)
+        logits = self.classifier(self.dropout(out.pooled_output))  # [B, L]
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+            else:
+                loss = F.cross_entropy(logits.float(), labels.long())
+        return TaskOutput(logits, loss, out)
+
+
+class BertForQuestionAnswering(BertPreTrainedModel):
+    """Start and end logits per token, as `run_squad.create_model` (`cls/squad` in TF)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.init_weights()
+
+    def forward(
+        self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None, end_positions=None
+    ) -> TaskOutput:
+        """Returns logits [B, T, 2] (start, end). Loss: mean of the start and end cross-entropies."""
+        out = self.bert(input_ids, attention_mask, token_type_ids)
+        logits = self.qa_outputs(out.sequence_output)  # [B, T, 2]
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            start_logits, end_logits = logits.float().unbind(-1)  # 2 x [B, T]
+            loss = (
+                F.cross_entropy(start_logits, start_positions.long())
+                + F.cross_entropy(end_logits, end_positions.long())
+            ) / 2
+        return TaskOutput(logits, loss, out)
+
+
+class BertForTokenClassification(BertPreTrainedModel):
+    """A label per token (NER); labels of -100 (non-first sub-tokens, padding) are ignored by the loss."""
+
+    def __init__(self, config: BertConfig, num_labels: int = 2):
+        super().__init__()
+        self.config = config
+        self.num_labels = num_labels
+        self.bert = BertModel(config, add_pooling_layer=False)
+        dropout = (
+            config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        )
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> TaskOutput:
+        """Returns logits [B, T, L]."""
+        out = self.bert(input_ids, attention_mask, token_type_ids)
+        logits = self.classifier(self.dropout(out.sequence_output))  # [B, T, L]
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(
+                logits.float().reshape(-1, self.num_labels), labels.reshape(-1).long(), ignore_index=-100
+            )
+        return TaskOutput(logits, loss, out)
+
+
+class BertForMultipleChoice(BertPreTrainedModel):
+    """One score per choice from its pooled output (SWAG); inputs are [B, C, T]."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        dropout = (
+            config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        )
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.init_weights()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> TaskOutput:
+        """Returns logits [B, C]."""
+        B, C, T = input_ids.shape
+
+        def flat(x):
+            return None if x is None else x.reshape(B * C, T)  # [B, C, T] -> [B*C, T]
+
+        out = self.bert(flat(input_ids), flat(attention_mask), flat(token_type_ids))
+        logits = self.classifier(self.dropout(out.pooled_output)).view(B, C)  # [B*C, 1] -> [B, C]
+        loss = F.cross_entropy(logits.float(), labels.long()) if labels is not None else None
+        return TaskOutput(logits, loss, out)
+
+
+MODEL_CLASSES = {
+    cls.__name__: cls
+    for cls in (
+        BertModel,
+        BertForPreTraining,
+        BertForSequenceClassification,
+        BertForQuestionAnswering,
+        BertForTokenClassification,
+        BertForMultipleChoice,
+    )
+}
+
+
+def num_parameters(model: nn.Module) -> int:
+    """Distinct parameters (the tied MLM decoder counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
