@@ -42,6 +42,12 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "run_convert",
         "convert a checkpoint between TF, HF and native formats",
     ),
+    "evaluate-squad": (
+        "bert.squad_evaluate",
+        "EvaluateSquadArgs",
+        "run_evaluate_squad",
+        "score SQuAD predictions with the official v1.1/v2.0 evaluation",
+    ),
 }
 
 _TRUE = {"true", "t", "1", "yes", "y"}
@@ -81,7 +87,8 @@ def _field_type(field: dataclasses.Field, hints: dict) -> tuple[type, bool]:
 def add_dataclass_flags(parser: argparse.ArgumentParser, args_cls: type) -> None:
     """Add one `--name` flag per field of `args_cls`; fields without a default are required.
 
-    Field metadata: "help" (the help text), "choices", and "positional" for a positional argument.
+    Field metadata: "help" (the help text), "choices", "positional" for a positional argument, and "flag"
+    for an extra spelling of the flag (e.g. "--na-prob-file", an official script's own).
     """
     hints = typing.get_type_hints(args_cls)
     for f in dataclasses.fields(args_cls):
@@ -117,15 +124,14 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, args_cls: type) -> None
             parser.add_argument(f"--no{f.name}", dest=f.name, action="store_false", help=argparse.SUPPRESS)
         else:
             choices = f.metadata.get("choices")
+            flags = [f.metadata["flag"], flag] if "flag" in f.metadata else [flag]
             parser.add_argument(
-                flag, type=tp, default=default, required=not has_default, choices=choices, help=help_text
+                *flags, dest=f.name, type=tp, default=default, required=not has_default, choices=choices, help=help_text
             )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(
-        prog="bert", description="BERT in PyTorch, with the original's commands and flags."
-    )
+    parser = _OneLineParser(prog="bert", description="BERT in PyTorch, with the original's commands and flags.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_OneLineParser)
     for name, (module, args_name, _, description) in COMMANDS.items():
         args_cls = getattr(importlib.import_module(module), args_name)
