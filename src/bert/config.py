@@ -155,9 +155,7 @@ class BertConfig:
         d = dict(d)
         is_original = "model_type" not in d
         if not is_original and d["model_type"] != "bert":
-            raise InputError(
-                f"config: model_type {d['model_type']!r} is not 'bert'; this project only builds BERT"
-            )
+            raise InputError(f"config: model_type {d['model_type']!r} is not 'bert'; this project only builds BERT")
         for key, allowed in _MUST_EQUAL.items():
             if key in d and d[key] != allowed:
                 raise InputError(
@@ -181,6 +179,8 @@ class BertConfig:
             raise InputError(f"config: hidden_act must be a string, got {act!r}")
         act = act.lower()
         if is_original:
+            # Our TF export records the form, since the original spelling cannot tell them apart.
+            original_gelu = extra.pop("gelu_form", original_gelu)
             if original_gelu not in ("tanh", "erf"):
                 raise InputError(f"original_gelu must be 'tanh' or 'erf', got {original_gelu!r}")
             if act == "gelu":
@@ -232,12 +232,13 @@ class BertConfig:
         """An original `bert_config.json`: the 11 keys only, with the original's activation name.
 
         The original's "gelu" is the tanh form; it has no name for the exact form, so an erf model is
-        written as "gelu" too (the original code would then run it with tanh, 5e-4 away at most).
+        written as "gelu" too (the original code would then run it with tanh, 5e-4 away at most), with
+        an extra key `gelu_form` that the original ignores and `from_dict` reads back.
         """
         d = {k: getattr(self, k) for k in _ORIGINAL_KEYS}
-        d["hidden_act"] = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu"}.get(
-            self.hidden_act, self.hidden_act
-        )
+        d["hidden_act"] = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu"}.get(self.hidden_act, self.hidden_act)
+        if self.gelu_form is not None:
+            d["gelu_form"] = self.gelu_form  # an extra key: ignored by the original, read back by from_dict
         return json.dumps(d, indent=2, sort_keys=True) + "\n"
 
     def to_json_file(self, path: str | os.PathLike) -> None:
