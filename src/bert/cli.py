@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import importlib
 import logging
+import re
 import sys
 import types
 import typing
@@ -29,6 +30,24 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "TokenizeArgs",
         "run_tokenize",
         "text or JSON lines -> WordPiece tokens and ids",
+    ),
+    "create-pretraining-data": (
+        "bert.pretraining_data",
+        "CreatePretrainingDataArgs",
+        "run_create_pretraining_data",
+        "text documents -> masked-LM/next-sentence instances as TFRecord or native shards",
+    ),
+    "prepare-corpus": (
+        "bert.prepare_corpus",
+        "PrepareCorpusArgs",
+        "run_prepare_corpus",
+        "raw books (plain or .gz) -> one sentence per line, blank line between documents",
+    ),
+    "pretrain": (
+        "bert.pretrain",
+        "PretrainArgs",
+        "run_pretrain",
+        "masked-LM and next-sentence pre-training (run_pretraining.py)",
     ),
     "extract-features": (
         "bert.extract_features",
@@ -146,8 +165,22 @@ def _resolve(name: str) -> tuple[type, Callable]:
     return getattr(mod, args_name), getattr(mod, run_name)
 
 
+_NEGATIVE_VALUE = re.compile(r"^-\d[\d.,\s-]*$")
+
+
+def _attach_negative_values(argv: list[str]) -> list[str]:
+    """`--layers -1,-2` -> `--layers=-1,-2`: argparse would take "-1,-2" for an option."""
+    out: list[str] = []
+    for arg in argv:
+        if out and _NEGATIVE_VALUE.match(arg) and out[-1].startswith("--") and "=" not in out[-1]:
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _attach_negative_values(list(sys.argv[1:] if argv is None else argv))
     if argv and argv[0] in COMMANDS and not any(a in ("-h", "--help") for a in argv):
         # Build only the parser of the command being run: the others' modules may import torch.
         args_cls, run = _resolve(argv[0])

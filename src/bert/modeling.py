@@ -44,9 +44,7 @@ def _activation(name: str) -> nn.Module:
 class EncoderOutput:
     sequence_output: torch.Tensor  # [B, T, H] the last encoder layer
     pooled_output: torch.Tensor | None  # [B, H] tanh(dense(first token)); None without a pooler
-    all_encoder_layers: list[
-        torch.Tensor
-    ]  # L x [B, T, H]; index 0 is the first block, the embeddings are not in it
+    all_encoder_layers: list[torch.Tensor]  # L x [B, T, H]; index 0 is the first block, the embeddings are not in it
     embedding_output: torch.Tensor  # [B, T, H] after LayerNorm and dropout
 
 
@@ -369,9 +367,7 @@ def pretraining_losses(
     example_loss = -log_probs.gather(1, masked_lm_ids.reshape(-1, 1).long()).squeeze(1)  # [B*P]
     weights = masked_lm_weights.reshape(-1).float()  # [B*P]
     masked_lm_loss = (weights * example_loss).sum() / (weights.sum() + 1e-5)
-    nsp_example_loss = F.cross_entropy(
-        nsp_logits.float(), next_sentence_labels.reshape(-1).long(), reduction="none"
-    )
+    nsp_example_loss = F.cross_entropy(nsp_logits.float(), next_sentence_labels.reshape(-1).long(), reduction="none")
     nsp_loss = nsp_example_loss.mean()
     return {
         "total_loss": masked_lm_loss + nsp_loss,
@@ -437,9 +433,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
         self.config = config
         self.num_labels = num_labels
         self.bert = BertModel(config)
-        dropout = (
-            config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        )
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.init_weights()
@@ -491,9 +485,7 @@ class BertForTokenClassification(BertPreTrainedModel):
         self.config = config
         self.num_labels = num_labels
         self.bert = BertModel(config, add_pooling_layer=False)
-        dropout = (
-            config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        )
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.init_weights()
@@ -517,9 +509,7 @@ class BertForMultipleChoice(BertPreTrainedModel):
         super().__init__()
         self.config = config
         self.bert = BertModel(config)
-        dropout = (
-            config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        )
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.init_weights()

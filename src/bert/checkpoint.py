@@ -1,0 +1,298 @@
+"""Reading and writing model checkpoints in every supported format.
+
+Formats read (detected from what is on disk):
+- native / transformers: a directory with `model.safetensors` or `pytorch_model.bin` and `config.json`
+  (the two layouts coincide by design: our parameter names are transformers' names);
+- original TensorFlow: `bert_model.ckpt.index` + `.data-*` (with `bert_config.json` beside it), read
+  without TensorFlow by `bert.tf_checkpoint`; optimizer slots and `global_step` are skipped.
+
+Formats written: native (safetensors + config.json + vocab.txt + tokenizer_config.json), the
+transformers layout, and a TF checkpoint with an original `bert_config.json`.
+`.bin` files are loaded with `torch.load(weights_only=True)`, which never runs pickled code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from bert.config import BertConfig
+from bert.convert import state_dict_to_tf_variables, tf_variables_to_state_dict
+from bert.errors import InputError
+from bert.utils import atomic_write
+
+logger = logging.getLogger(__name__)
+
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
+VOCAB_NAME = "vocab.txt"
+# Keys a checkpoint may hold that are never parameters: transformers' position-id buffer, and the
+# decoder bias that transformers ties to `cls.predictions.bias`.
+_IGNORED_KEYS = ("bert.embeddings.position_ids", "embeddings.position_ids", "cls.predictions.decoder.bias")
+# The MLM decoder weight is the word-embedding table; it is stored once, under the embedding's name.
+TIED_KEY = "cls.predictions.decoder.weight"
+
+
+@dataclass
+class Checkpoint:
+    """Weights under our names, plus what was found beside them."""
+
+    state_dict: dict[str, torch.Tensor]
+    source: str
+    format: str  # "safetensors", "bin" or "tf"
+    config: BertConfig | None = None
+    vocab_file: str | None = None
+    tokenizer_settings: dict = field(default_factory=dict)
+
+
+def _normalise_key(key: str) -> str:
+    # pytorch-pretrained-bert (the first PyTorch port) saved LayerNorm parameters as gamma/beta.
+    if key.endswith(".gamma"):
+        return key[: -len("gamma")] + "weight"
+    if key.endswith(".beta"):
+        return key[: -len("beta")] + "bias"
+    return key
+
+
+def _find_beside(base: Path, names: tuple[str, ...]) -> Path | None:
+    for name in names:
+        if (base / name).is_file():
+            return base / name
+    return None
+
+
+def _read_tf(path: str) -> tuple[dict[str, torch.Tensor], Path]:
+    from bert import tf_checkpoint
+
+    prefix = tf_checkpoint.resolve_checkpoint_prefix(path)
+    variables = tf_checkpoint.load_variables(prefix)
+    state = tf_variables_to_state_dict(variables)
+    if not state:
+        raise InputError(f"TF checkpoint {prefix} holds no BERT weights (no bert/* or cls/* variables)")
+    return {k: torch.from_numpy(np.array(v)) for k, v in state.items()}, Path(prefix).parent
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, RuntimeError) as e:
+        raise InputError(f"checkpoint {path} cannot be read ({e}); it is truncated or not a safetensors file") from None
+
+
+def _read_bin(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for corrupt or unsafe pickles
+        raise InputError(
+            f"checkpoint {path} cannot be read safely ({type(e).__name__}: {str(e).splitlines()[0]}); "
+            "convert it to safetensors with a trusted tool"
+        ) from None
+    if not isinstance(state, dict):
+        raise InputError(f"checkpoint {path} does not hold a state dict")
+    return state
+
+
+def read_checkpoint(path: str | os.PathLike, config_file: str | os.PathLike | None = None) -> Checkpoint:
+    """Read weights in any supported format, with the config, vocab and tokenizer settings beside them.
+
+    Args:
+        path: a directory, a `.safetensors` / `.bin` file, a TF prefix (`.../bert_model.ckpt`) or one of
+            its `.index` / `.data-*` files.
+        config_file: a config to use instead of the one found beside the weights.
+    """
+    p = Path(path)
+    if p.is_dir():
+        weights = _find_beside(p, (WEIGHTS_NAME, "pytorch_model.bin"))
+        base = p
+    elif p.is_file() and p.suffix in (".safetensors", ".bin"):
+        weights, base = p, p.parent
+    else:
+        weights, base = None, p.parent
+    if weights is not None and weights.suffix == ".safetensors":
+        state, fmt = _read_safetensors(weights), "safetensors"
+    elif weights is not None:
+        state, fmt = _read_bin(weights), "bin"
+    else:
+        tf_like = p.is_dir() or p.with_name(p.name + ".index").exists() or p.suffix == ".index" or ".data-" in p.name
+        if not tf_like:
+            raise InputError(
+                f"checkpoint {path} does not exist; pass a directory with model.safetensors, a .safetensors or "
+                ".bin file, or a TF prefix such as .../bert_model.ckpt"
+            )
+        state, base = _read_tf(str(path))
+        fmt = "tf"
+    state = {_normalise_key(k): v for k, v in state.items() if k not in _IGNORED_KEYS}
+
+    config = None
+    config_path = Path(config_file) if config_file else _find_beside(base, (CONFIG_NAME, "bert_config.json"))
+    if config_path is not None:
+        config = BertConfig.from_json_file(config_path)
+    vocab = _find_beside(base, (VOCAB_NAME,))
+    settings = {}
+    tok = _find_beside(base, (TOKENIZER_CONFIG_NAME,))
+    if tok is not None:
+        try:
+            settings = json.loads(tok.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise InputError(f"{tok} is not valid JSON; fix or delete it") from None
+    return Checkpoint(state, str(path), fmt, config, str(vocab) if vocab else None, settings)
+
+
+def _fit_prefix(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """Add or strip the `bert.` prefix so encoder-only and with-heads checkpoints load into either."""
+    wants_prefix = hasattr(model, "bert")
+    has_prefix = any(k.startswith("bert.") for k in state)
+    if wants_prefix and not has_prefix:
+        return {f"bert.{k}": v for k, v in state.items()}
+    if not wants_prefix and has_prefix:
+        return {k[len("bert.") :]: v for k, v in state.items() if k.startswith("bert.")}
+    return state
+
+
+def load_into(model: nn.Module, ckpt: Checkpoint) -> None:
+    """Copy the checkpoint's weights into `model` like the original's assignment map does.
+
+    Weights only the model has (a new task head) keep their initialisation; weights only the checkpoint
+    has (other heads) are ignored; a shape mismatch, or encoder weights missing from the checkpoint,
+    is an error (the checkpoint is for another shape).
+    """
+    state = _fit_prefix(ckpt.state_dict, model)
+    own = model.state_dict()
+    encoder_missing = []
+    for key, target in own.items():
+        if key.endswith(TIED_KEY):
+            continue
+        if key not in state:
+            if key.startswith(("bert.embeddings", "bert.encoder", "embeddings.", "encoder.")):
+                encoder_missing.append(key)
+            continue
+        value = state[key]
+        if tuple(value.shape) != tuple(target.shape):
+            raise InputError(
+                f"checkpoint {ckpt.source}: {key} has shape {tuple(value.shape)} but the model expects "
+                f"{tuple(target.shape)}; pass the bert_config.json the checkpoint was trained with"
+            )
+    if encoder_missing:
+        raise InputError(
+            f"checkpoint {ckpt.source} lacks {len(encoder_missing)} encoder weights (e.g. {encoder_missing[0]}); "
+            "it is incomplete or was saved for another number of layers: pass the matching config"
+        )
+    loadable = {k: v for k, v in state.items() if k in own and not k.endswith(TIED_KEY)}
+    new = sorted(k for k in own if k not in state and not k.endswith(TIED_KEY))
+    unused = sorted(k for k in state if k not in own)
+    model.load_state_dict({**own, **{k: v.to(own[k].dtype) for k, v in loadable.items()}})
+    if new:
+        logger.info("initialised from scratch (not in the checkpoint): %s", ", ".join(new))
+    if unused:
+        logger.info("not used from the checkpoint: %s", ", ".join(unused))
+
+
+def load_pretrained(cls, path, config: BertConfig | None = None, checkpoint: Checkpoint | None = None, **kwargs):
+    """Build `cls` from a checkpoint in any supported format (see `read_checkpoint`)."""
+    ckpt = checkpoint or read_checkpoint(path)
+    config = config or ckpt.config
+    if config is None:
+        raise InputError(f"no config.json or bert_config.json beside checkpoint {path}; pass --bert_config_file=PATH")
+    if "num_labels" not in kwargs and "num_labels" in cls.__init__.__code__.co_varnames:
+        head = ckpt.state_dict.get("classifier.bias")
+        if head is not None:
+            kwargs["num_labels"] = head.shape[0]
+        elif isinstance(config.extra.get("id2label"), dict):
+            kwargs["num_labels"] = len(config.extra["id2label"])
+    model = cls(config, **kwargs)
+    load_into(model, ckpt)
+    return model
+
+
+def _tokenizer_settings(do_lower_case: bool | None, max_len: int) -> dict:
+    # Read by this project and, as transformers' BertTokenizer settings, by transformers.
+    settings = {
+        "tokenizer_class": "BertTokenizer",
+        "model_max_length": max_len,
+        "tokenize_chinese_chars": True,
+        "strip_accents": None,
+    }
+    if do_lower_case is not None:
+        settings["do_lower_case"] = bool(do_lower_case)
+    return settings
+
+
+def _copy_vocab(vocab_file: str | os.PathLike | None, out: Path) -> None:
+    if vocab_file is None:
+        return
+    if not Path(vocab_file).is_file():
+        raise InputError(f"vocab file {vocab_file} does not exist; pass --vocab_file=PATH")
+    if Path(vocab_file).resolve() != (out / VOCAB_NAME).resolve():
+        with atomic_write(out / VOCAB_NAME, "wb") as f, open(vocab_file, "rb") as src:
+            shutil.copyfileobj(src, f)
+
+
+def save_pretrained(
+    model: nn.Module,
+    output_dir: str | os.PathLike,
+    vocab_file: str | os.PathLike | None = None,
+    do_lower_case: bool | None = None,
+    hf_layout: bool = False,
+) -> None:
+    """Write the native layout: `model.safetensors`, `config.json`, and the vocab and tokenizer settings.
+
+    The native layout is also transformers' layout; `hf_layout=True` only names the architecture the
+    weights belong to, so `transformers.AutoModel*` pick the right class.
+    """
+    from safetensors.torch import save
+
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config: BertConfig = model.config
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if not k.endswith(TIED_KEY)}
+    with atomic_write(out / WEIGHTS_NAME, "wb") as f:
+        f.write(save(state, metadata={"format": "pt"}))
+    d = config.to_dict()
+    d["architectures"] = [type(model).__name__]
+    num_labels = getattr(model, "num_labels", None)
+    if num_labels is not None and hf_layout and "id2label" not in d:
+        d["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
+        d["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
+    with atomic_write(out / CONFIG_NAME) as f:
+        f.write(json.dumps(d, indent=2, sort_keys=True) + "\n")
+    _copy_vocab(vocab_file, out)
+    with atomic_write(out / TOKENIZER_CONFIG_NAME) as f:
+        f.write(json.dumps(_tokenizer_settings(do_lower_case, config.max_position_embeddings), indent=2) + "\n")
+
+
+def export_tf(
+    model: nn.Module,
+    output_dir: str | os.PathLike,
+    vocab_file: str | os.PathLike | None = None,
+    do_lower_case: bool | None = None,
+) -> Path:
+    """Write `bert_model.ckpt.*` with the original variable names, and an original `bert_config.json`."""
+    from bert import tf_checkpoint
+
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().float().numpy() for k, v in model.state_dict().items() if not k.endswith(TIED_KEY)}
+    if not hasattr(model, "bert"):
+        state = {f"bert.{k}": v for k, v in state.items()}
+    variables = state_dict_to_tf_variables(state)
+    prefix = out / "bert_model.ckpt"
+    tf_checkpoint.write_checkpoint(str(prefix), variables)
+    with atomic_write(out / "bert_config.json") as f:
+        f.write(model.config.to_original_json_string())
+    _copy_vocab(vocab_file, out)
+    if do_lower_case is not None:
+        with atomic_write(out / TOKENIZER_CONFIG_NAME) as f:
+            f.write(json.dumps(_tokenizer_settings(do_lower_case, model.config.max_position_embeddings), indent=2))
+    return prefix
