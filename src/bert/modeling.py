@@ -67,6 +67,36 @@ class TaskOutput:
 
 
 # ----------------------------------------------------------------------------------------- the model
+# With fewer real tokens than this fraction of a padded batch, the encoder runs on real tokens only.
+UNPAD_BELOW = 0.9
+
+
+@dataclass
+class Unpadding:
+    """Where the real tokens of a padded batch are, to run the encoder on them alone.
+
+    Every layer but attention works token by token, so those layers run on the [N, H] matrix of the N real
+    tokens; attention re-pads its q, k, v to [B, T, H] and masks padded keys as usual. Outputs come
+    back padded, with zeros at the padded positions (the padded path computes unused values there).
+    """
+
+    index: torch.Tensor  # [N] flat positions b * T + t of the real tokens
+    batch: int
+    seq_len: int
+
+    @classmethod
+    def from_mask(cls, attention_mask: torch.Tensor) -> Unpadding:
+        B, T = attention_mask.shape
+        return cls(attention_mask.reshape(-1).nonzero().squeeze(1), B, T)
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(self.batch * self.seq_len, *x.shape[2:]).index_select(0, self.index)  # [B, T, H] -> [N, H]
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        full = x.new_zeros(self.batch * self.seq_len, *x.shape[1:]).index_copy(0, self.index, x)  # [B*T, H]
+        return full.view(self.batch, self.seq_len, *x.shape[1:])  # [N, H] -> [B, T, H]
+
+
 class BertEmbeddings(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -99,18 +129,23 @@ class BertSelfAttention(nn.Module):
         # Heads are contiguous D-wide slices of the projection, as in the original.
         return x.view(B, T, self.num_heads, self.head_size).transpose(1, 2)  # [B, T, H] -> [B, N, T, D]
 
-    def forward(self, hidden: torch.Tensor, mask_bias: torch.Tensor | None) -> torch.Tensor:
-        B, T, H = hidden.shape
-        q, k, v = (
-            self._heads(self.query(hidden)),
-            self._heads(self.key(hidden)),
-            self._heads(self.value(hidden)),
-        )
+    def forward(
+        self, hidden: torch.Tensor, mask_bias: torch.Tensor | None, unpadding: Unpadding | None = None
+    ) -> torch.Tensor:
+        q, k, v = self.query(hidden), self.key(hidden), self.value(hidden)  # [B, T, H], or [N, H] unpadded
+        if unpadding is not None:
+            q, k, v = unpadding.pad(q), unpadding.pad(k), unpadding.pad(v)  # [N, H] -> [B, T, H]
+        B, T, H = q.shape
         # softmax(q k^T / sqrt(D) + mask_bias) v, mask_bias [B, 1, 1, T] masks padded keys only.
         context = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask_bias, dropout_p=self.dropout_p if self.training else 0.0
+            self._heads(q),
+            self._heads(k),
+            self._heads(v),
+            attn_mask=mask_bias,
+            dropout_p=self.dropout_p if self.training else 0.0,
         )  # [B, N, T, D]
-        return context.transpose(1, 2).reshape(B, T, H)  # [B, N, T, D] -> [B, T, H]
+        context = context.transpose(1, 2).reshape(B, T, H)  # [B, N, T, D] -> [B, T, H]
+        return unpadding.unpad(context) if unpadding is not None else context
 
 
 class BertSelfOutput(nn.Module):
@@ -130,8 +165,8 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, hidden: torch.Tensor, mask_bias: torch.Tensor | None) -> torch.Tensor:
-        return self.output(self.self(hidden, mask_bias), hidden)
+    def forward(self, hidden: torch.Tensor, mask_bias: torch.Tensor | None, unpadding: Unpadding | None = None):
+        return self.output(self.self(hidden, mask_bias, unpadding), hidden)
 
 
 class BertIntermediate(nn.Module):
@@ -164,8 +199,8 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, hidden: torch.Tensor, mask_bias: torch.Tensor | None) -> torch.Tensor:
-        attention_output = self.attention(hidden, mask_bias)
+    def forward(self, hidden: torch.Tensor, mask_bias: torch.Tensor | None, unpadding: Unpadding | None = None):
+        attention_output = self.attention(hidden, mask_bias, unpadding)
         return self.output(self.intermediate(attention_output), attention_output)
 
 
@@ -175,13 +210,15 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
         self.gradient_checkpointing = False
 
-    def forward(self, hidden: torch.Tensor, mask_bias: torch.Tensor | None) -> list[torch.Tensor]:
+    def forward(
+        self, hidden: torch.Tensor, mask_bias: torch.Tensor | None, unpadding: Unpadding | None = None
+    ) -> list[torch.Tensor]:
         outputs = []
         for layer in self.layer:
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                hidden = checkpoint(layer, hidden, mask_bias, use_reentrant=False)
+                hidden = checkpoint(layer, hidden, mask_bias, unpadding, use_reentrant=False)
             else:
-                hidden = layer(hidden, mask_bias)
+                hidden = layer(hidden, mask_bias, unpadding)
             outputs.append(hidden)
         return outputs
 
@@ -214,6 +251,12 @@ class BertPreTrainedModel(nn.Module):
 
     def init_weights(self) -> None:
         self.apply(self._init_weights)
+
+    def set_unpad(self, unpad: bool | None) -> None:
+        """Run the encoder on real tokens only (True), on padded batches (False), or decide per batch (None)."""
+        for m in self.modules():
+            if isinstance(m, BertModel):
+                m.unpad = unpad
 
     def gradient_checkpointing_enable(self, enable: bool = True) -> None:
         """Recompute each block's activations in the backward pass: less memory, about 30% more compute."""
@@ -274,6 +317,7 @@ class BertModel(BertPreTrainedModel):
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.unpad: bool | None = None
         self.init_weights()
 
     def forward(
@@ -288,6 +332,10 @@ class BertModel(BertPreTrainedModel):
             input_ids: [B, T] WordPiece ids.
             attention_mask: [B, T], 1 for real tokens and 0 for padding (the original's `input_mask`).
             token_type_ids: [B, T] segment ids (the original's `segment_ids`); zeros when None.
+
+        `self.unpad` chooses the path: True runs the encoder on real tokens only (see `Unpadding`), False
+        on the padded batch, None (the default) decides per batch by the share of real tokens. Real
+        tokens' outputs are the same either way.
         """
         if input_ids.dim() != 2:
             raise InputError(f"input_ids must have shape [batch, seq_len], got {tuple(input_ids.shape)}")
@@ -302,11 +350,20 @@ class BertModel(BertPreTrainedModel):
         if not torch.compiler.is_compiling():
             validate_ids(self.config, input_ids, token_type_ids)
         embedding_output = self.embeddings(input_ids, token_type_ids)
-        mask_bias = None
+        mask_bias = unpadding = None
         if attention_mask is not None:
             # [B, T] -> [B, 1, 1, T]: only keys are masked; padded queries are computed and ignored.
             mask_bias = (1.0 - attention_mask[:, None, None, :].to(embedding_output.dtype)) * MASK_BIAS
-        layers = self.encoder(embedding_output, mask_bias)
+            unpad = self.unpad
+            if unpad is None:
+                unpad = not torch.compiler.is_compiling() and float(attention_mask.float().mean()) < UNPAD_BELOW
+            if unpad:
+                unpadding = Unpadding.from_mask(attention_mask)
+        if unpadding is not None:
+            layers = self.encoder(unpadding.unpad(embedding_output), mask_bias, unpadding)
+            layers = [unpadding.pad(h) for h in layers]
+        else:
+            layers = self.encoder(embedding_output, mask_bias)
         pooled = self.pooler(layers[-1]) if self.pooler is not None else None
         return EncoderOutput(layers[-1], pooled, layers, embedding_output)
 

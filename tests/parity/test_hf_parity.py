@@ -47,6 +47,7 @@ def test_same_outputs_as_transformers(name, kwargs, seed, act):
     config = _random_config(seed, act)
     torch.manual_seed(seed)
     ours = getattr(modeling, name)(config, **kwargs).eval()
+    ours.set_unpad(False)  # compared at every position, padding included (the unpadded path: test_unpadding.py)
     # Scale up the weights so that differences in the non-linear parts are not hidden by tiny activations.
     with torch.no_grad():
         for p in ours.parameters():
