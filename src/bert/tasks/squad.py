@@ -1,0 +1,950 @@
+"""SQuAD v1.1 / v2.0: examples, doc-stride features and n-best post-processing (`run_squad.py`).
+
+The data side and the post-processing of google-research/bert `run_squad.py`, function by function:
+
+- `read_squad_examples`: the JSON file -> `SquadExample`s (whitespace-split context words, answer word
+  positions for training, v2.0 `is_impossible`);
+- `convert_examples_to_features`: question + sliding document windows -> `InputFeatures`
+  (`_improve_answer_span`, `_check_is_max_context`, `token_to_orig_map`, `token_is_max_context`);
+- `write_predictions`: per-feature start/end logits (`RawResult`) -> `predictions.json`,
+  `nbest_predictions.json` and, for v2.0, `null_odds.json` (`_get_best_indexes`, `get_final_text`,
+  `_compute_softmax`, the null-score rule).
+
+The original's quirks are kept (spec §11 row 22): training windows that do not contain the answer are
+labelled (0, 0), the `[CLS]` position, even for v1.1; only the *start* of a span is checked for maximum
+context; an example with no valid span gets the nonce answer "empty". One divergence, a fix: in v2.0 mode
+the original crashes (issues #211, #417, #476) when no non-null answer reaches the n-best list; here that
+question is answered "" (no answer) -- see `compute_predictions`.
+
+Bad input files raise `bert.errors.InputError` with a one-line message naming the file, the article or
+question and the field. Nothing here imports torch or model code: logits come in as lists or arrays.
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import logging
+import math
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from bert.errors import InputError
+from bert.tokenization import BasicTokenizer, whitespace_tokenize
+from bert.utils import atomic_write
+
+logger = logging.getLogger(__name__)
+
+# The first feature's id; the original counts up from here, one per feature (window).
+FIRST_UNIQUE_ID = 1000000000
+
+# `null_odds.json` value written for a v2.0 question whose n-best list holds no non-null answer (the case
+# the original crashes on): "certainly no answer". Finite so the file stays strict JSON; the same
+# "large and positive" number the original starts its running minimum of null scores with.
+NO_NON_NULL_SCORE_DIFF = 1000000.0
+
+# The characters `read_squad_examples` splits the context on: ASCII space, tab, CR, LF and U+202F (narrow
+# no-break space). Other Unicode spaces stay inside words, as in the original.
+_SQUAD_WHITESPACE = frozenset(" \t\r\n\u202f")
+
+
+def _is_whitespace(c: str) -> bool:
+    return c in _SQUAD_WHITESPACE
+
+
+# --------------------------------------------------------------------------------------------------
+# Examples
+
+
+@dataclass
+class SquadExample:
+    """One question with its context, as read from the SQuAD JSON.
+
+    Args:
+        qas_id: the question's `id`.
+        question_text: the question.
+        doc_tokens: the context split on whitespace (see `read_squad_examples`).
+        orig_answer_text: training only: the answer text ("" for an impossible question).
+        start_position: training only: index in `doc_tokens` of the answer's first word (-1 if impossible).
+        end_position: training only: index in `doc_tokens` of the answer's last word (-1 if impossible).
+        is_impossible: training with v2.0 only: the question has no answer in the context.
+    """
+
+    qas_id: str
+    question_text: str
+    doc_tokens: list[str]
+    orig_answer_text: str | None = None
+    start_position: int | None = None
+    end_position: int | None = None
+    is_impossible: bool = False
+
+    def __str__(self) -> str:
+        s = f"qas_id: {self.qas_id}, question_text: {self.question_text}, doc_tokens: [{' '.join(self.doc_tokens)}]"
+        if self.start_position is not None:
+            s += f", start_position: {self.start_position}"
+        if self.end_position is not None:
+            s += f", end_position: {self.end_position}"
+        if self.is_impossible:
+            s += f", is_impossible: {self.is_impossible}"
+        return s
+
+
+def _load_squad_json(input_file: str | os.PathLike) -> Any:
+    path = Path(input_file)
+    if not path.is_file():
+        raise InputError(f"SQuAD file {path} does not exist; check --train_file / --predict_file")
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as e:
+        raise InputError(
+            f"SQuAD file {path} is not valid UTF-8 JSON ({e}); give a SQuAD .json (or .json.gz) file"
+        ) from None
+
+
+def read_squad_examples(
+    input_file: str | os.PathLike, is_training: bool, version_2_with_negative: bool = False
+) -> list[SquadExample]:
+    """Read a SQuAD JSON file (`.json`, or `.json.gz`) into `SquadExample`s, one per question, in file order.
+
+    The context is split into words on whitespace (space, tab, CR, LF, U+202F only); each character maps
+    to the word containing it (whitespace to the word before it, leading whitespace to -1). For training,
+    the answer's `answer_start` and last character give the start and end words; a question whose answer
+    text (whitespace-normalised) is not found in the space-joined words of that span is skipped with the
+    original's warning "Could not find answer: ..." (the number skipped is logged at the end). With
+    `version_2_with_negative`, training reads `is_impossible`; impossible questions get start = end = -1
+    and answer text "". Prediction mode reads no answers and leaves `is_impossible` False.
+
+    Args:
+        input_file: path of the SQuAD JSON file.
+        is_training: read answers (exactly one per answerable question, as the original requires).
+        version_2_with_negative: the file is SQuAD v2.0 (questions may be impossible).
+
+    Returns:
+        The examples.
+
+    Raises:
+        InputError: the file is missing, is not JSON, or lacks a field that is read.
+    """
+    return squad_examples_from_json(
+        _load_squad_json(input_file), is_training, version_2_with_negative, source=os.fspath(input_file)
+    )
+
+
+def squad_examples_from_json(
+    dataset_json: Any, is_training: bool, version_2_with_negative: bool = False, source: str = "SQuAD data"
+) -> list[SquadExample]:
+    """`read_squad_examples` on an already loaded SQuAD JSON object (`{"data": [...]}`).
+
+    Args:
+        dataset_json: the parsed file.
+        is_training: see `read_squad_examples`.
+        version_2_with_negative: see `read_squad_examples`.
+        source: the name used in error messages (the file path).
+    """
+    if not isinstance(dataset_json, dict) or not isinstance(dataset_json.get("data"), list):
+        raise InputError(f'{source}: no "data" list at the top level; give a SQuAD file ({{"data": [...]}})')
+    examples: list[SquadExample] = []
+    num_skipped = 0
+    for a, entry in enumerate(dataset_json["data"]):
+        where = f"{source}: article {a}"
+        if isinstance(entry, dict) and isinstance(entry.get("title"), str):
+            where += f" ({entry['title']!r})"
+        if not isinstance(entry, dict) or not isinstance(entry.get("paragraphs"), list):
+            raise InputError(f'{where} has no "paragraphs" list; every article needs one')
+        for p, paragraph in enumerate(entry["paragraphs"]):
+            if not isinstance(paragraph, dict) or not isinstance(paragraph.get("context"), str):
+                raise InputError(f'{where}, paragraph {p} has no "context" string; every paragraph needs one')
+            if not isinstance(paragraph.get("qas"), list):
+                raise InputError(f'{where}, paragraph {p} has no "qas" list; every paragraph needs one')
+            paragraph_text = paragraph["context"]
+            doc_tokens: list[str] = []
+            char_to_word_offset: list[int] = []
+            prev_is_whitespace = True
+            for c in paragraph_text:
+                if _is_whitespace(c):
+                    prev_is_whitespace = True
+                else:
+                    if prev_is_whitespace:
+                        doc_tokens.append(c)
+                    else:
+                        doc_tokens[-1] += c
+                    prev_is_whitespace = False
+                char_to_word_offset.append(len(doc_tokens) - 1)
+
+            for q, qa in enumerate(paragraph["qas"]):
+                if not isinstance(qa, dict) or not isinstance(qa.get("id"), str):
+                    raise InputError(f'{where}, paragraph {p}, question {q} has no string "id"; add one')
+                qas_id = qa["id"]
+                if not isinstance(qa.get("question"), str):
+                    raise InputError(f'{source}: question {qas_id} has no "question" string; add the question text')
+                question_text = qa["question"]
+                start_position = None
+                end_position = None
+                orig_answer_text = None
+                is_impossible = False
+                if is_training:
+                    if version_2_with_negative:
+                        if not isinstance(qa.get("is_impossible"), bool):
+                            raise InputError(
+                                f'{source}: question {qas_id} has no boolean "is_impossible", which v2.0 training '
+                                "reads; add it, or train without --version_2_with_negative"
+                            )
+                        is_impossible = qa["is_impossible"]
+                    answers = qa.get("answers")
+                    if not isinstance(answers, list):
+                        raise InputError(
+                            f'{source}: question {qas_id} has no "answers" list, which training reads; add it'
+                        )
+                    if len(answers) != 1 and not is_impossible:
+                        raise InputError(
+                            f"{source}: question {qas_id} has {len(answers)} answers; for training, each "
+                            "question should have exactly 1 answer (dev files have several: predict on them)"
+                        )
+                    if not is_impossible:
+                        answer = answers[0]
+                        if not isinstance(answer, dict) or not isinstance(answer.get("text"), str):
+                            raise InputError(f'{source}: question {qas_id}: the answer has no "text" string; add it')
+                        answer_offset = answer.get("answer_start")
+                        if isinstance(answer_offset, bool) or not isinstance(answer_offset, int):
+                            raise InputError(
+                                f'{source}: question {qas_id}: the answer has no integer "answer_start"; add the '
+                                "answer's character offset in the context"
+                            )
+                        orig_answer_text = answer["text"]
+                        answer_end = answer_offset + len(orig_answer_text) - 1
+                        if not (0 <= answer_offset < len(paragraph_text) and answer_end < len(paragraph_text)):
+                            raise InputError(
+                                f"{source}: question {qas_id}: answer_start {answer_offset} with a "
+                                f"{len(orig_answer_text)}-character answer lies outside the "
+                                f"{len(paragraph_text)}-character context; fix the offset"
+                            )
+                        start_position = char_to_word_offset[answer_offset]
+                        end_position = char_to_word_offset[answer_end]
+                        # Only keep answers whose text can be recovered from the document; when it cannot
+                        # (odd Unicode, mostly) the original skips the question, so training mode does not
+                        # keep every example.
+                        actual_text = " ".join(doc_tokens[start_position : end_position + 1])
+                        cleaned_answer_text = " ".join(whitespace_tokenize(orig_answer_text))
+                        if actual_text.find(cleaned_answer_text) == -1:
+                            logger.warning("Could not find answer: '%s' vs. '%s'", actual_text, cleaned_answer_text)
+                            num_skipped += 1
+                            continue
+                    else:
+                        start_position = -1
+                        end_position = -1
+                        orig_answer_text = ""
+
+                examples.append(
+                    SquadExample(
+                        qas_id=qas_id,
+                        question_text=question_text,
+                        doc_tokens=doc_tokens,
+                        orig_answer_text=orig_answer_text,
+                        start_position=start_position,
+                        end_position=end_position,
+                        is_impossible=is_impossible,
+                    )
+                )
+    if num_skipped:
+        logger.warning(
+            "%s: skipped %d of %d questions whose answer text could not be found in the context",
+            source,
+            num_skipped,
+            num_skipped + len(examples),
+        )
+    return examples
+
+
+# --------------------------------------------------------------------------------------------------
+# Features
+
+
+@dataclass
+class InputFeatures:
+    """One window of one example, ready for the model (the original's `InputFeatures`).
+
+    Args:
+        unique_id: the feature's id (from `FIRST_UNIQUE_ID`, one per feature); `RawResult`s refer to it.
+        example_index: index of the example in the list given to `convert_examples_to_features`.
+        doc_span_index: index of this window among the example's windows.
+        tokens: `[CLS] query [SEP] window [SEP]` word pieces (no padding).
+        token_to_orig_map: position in `tokens` -> index of the context word (window positions only).
+        token_is_max_context: position in `tokens` -> whether this window is the one where that piece has
+            the most context (window positions only).
+        input_ids: piece ids, zero-padded to `max_seq_length` unless features are unpadded.
+        input_mask: 1 for real tokens, 0 for padding.
+        segment_ids: 0 for `[CLS]`, the query and the first `[SEP]`; 1 for the window and the last `[SEP]`;
+            0 for padding.
+        start_position: training only: position of the answer's first piece in `tokens`, or 0 (`[CLS]`) when
+            the window does not contain the whole answer or the question is impossible.
+        end_position: training only: the same for the answer's last piece.
+        is_impossible: the example's `is_impossible`.
+    """
+
+    unique_id: int
+    example_index: int
+    doc_span_index: int
+    tokens: list[str]
+    token_to_orig_map: dict[int, int]
+    token_is_max_context: dict[int, bool]
+    input_ids: list[int]
+    input_mask: list[int]
+    segment_ids: list[int]
+    start_position: int | None = None
+    end_position: int | None = None
+    is_impossible: bool | None = None
+
+
+class DocSpan(NamedTuple):
+    """A window of the tokenized document: `length` pieces from piece index `start`."""
+
+    start: int
+    length: int
+
+
+def _improve_answer_span(
+    doc_tokens: Sequence[str], input_start: int, input_end: int, tokenizer: Any, orig_answer_text: str
+) -> tuple[int, int]:
+    """The tightest piece span inside [input_start, input_end] whose pieces spell the tokenized answer.
+
+    The annotated answer is word-aligned, but word pieces can be finer. For the question "What year was
+    John Smith born?" on the context "The leader was John Smith (1895-1943).", the answer "1895" lies in the
+    word "(1895-1943).", whose pieces are `( 1895 - 1943 ) .`; the original span covers all six, and this
+    narrows it to `1895`. Sub-spans are tried start ascending, end descending; the first whose
+    space-joined pieces equal the space-joined pieces of the answer text wins. Without a match the input
+    span is returned (e.g. answer "Japan" in the word "Japanese": no piece boundary there).
+    """
+    tok_answer_text = " ".join(tokenizer.tokenize(orig_answer_text))
+    for new_start in range(input_start, input_end + 1):
+        for new_end in range(input_end, new_start - 1, -1):
+            text_span = " ".join(doc_tokens[new_start : new_end + 1])
+            if text_span == tok_answer_text:
+                return new_start, new_end
+    return input_start, input_end
+
+
+def _check_is_max_context(doc_spans: Sequence[DocSpan], cur_span_index: int, position: int) -> bool:
+    """Whether `doc_spans[cur_span_index]` is the window where piece `position` has the most context.
+
+    A piece can fall in several overlapping windows. Its score in a window is
+    min(pieces to its left, pieces to its right) + 0.01 * window length: mostly the smaller side, with a
+    small bonus for longer windows. The highest score wins; the first window wins ties.
+    """
+    best_score = None
+    best_span_index = None
+    for span_index, doc_span in enumerate(doc_spans):
+        end = doc_span.start + doc_span.length - 1
+        if position < doc_span.start or position > end:
+            continue
+        num_left_context = position - doc_span.start
+        num_right_context = end - position
+        score = min(num_left_context, num_right_context) + 0.01 * doc_span.length
+        if best_score is None or score > best_score:
+            best_score = score
+            best_span_index = span_index
+    return cur_span_index == best_span_index
+
+
+def doc_spans_for(num_doc_tokens: int, max_tokens_for_doc: int, doc_stride: int) -> list[DocSpan]:
+    """The sliding windows over a document, as the original builds them.
+
+    Windows of at most `max_tokens_for_doc` pieces start at 0 and advance by min(window length,
+    `doc_stride`) until one reaches the end, e.g. 20 pieces, 10 per window, stride 4 -> starts 0, 4, 8, 12
+    (the last window 8 long).
+
+    Args:
+        num_doc_tokens: pieces in the document (no window when 0).
+        max_tokens_for_doc: `max_seq_length - len(query) - 3`.
+        doc_stride: pieces between window starts.
+    """
+    if max_tokens_for_doc < 1 or doc_stride < 1:
+        raise ValueError(f"need max_tokens_for_doc >= 1 and doc_stride >= 1, got {max_tokens_for_doc}, {doc_stride}")
+    doc_spans = []
+    start_offset = 0
+    while start_offset < num_doc_tokens:
+        length = min(num_doc_tokens - start_offset, max_tokens_for_doc)
+        doc_spans.append(DocSpan(start=start_offset, length=length))
+        if start_offset + length == num_doc_tokens:
+            break
+        start_offset += min(length, doc_stride)
+    return doc_spans
+
+
+def iter_features(
+    examples: Sequence[SquadExample],
+    tokenizer: Any,
+    max_seq_length: int,
+    doc_stride: int,
+    max_query_length: int,
+    is_training: bool,
+    pad_to_max_length: bool = True,
+) -> Iterator[InputFeatures]:
+    """The features of `convert_examples_to_features`, one at a time (same arguments)."""
+    if max_seq_length <= max_query_length + 3:
+        raise InputError(
+            f"max_seq_length ({max_seq_length}) must be greater than max_query_length ({max_query_length}) + 3 "
+            "to leave room for the document; raise --max_seq_length or lower --max_query_length"
+        )
+    if doc_stride < 1:
+        raise InputError(f"doc_stride is {doc_stride}; use --doc_stride >= 1")
+    unique_id = FIRST_UNIQUE_ID
+    for example_index, example in enumerate(examples):
+        query_tokens = tokenizer.tokenize(example.question_text)
+        if len(query_tokens) > max_query_length:
+            query_tokens = query_tokens[0:max_query_length]
+
+        tok_to_orig_index = []  # piece -> word
+        orig_to_tok_index = []  # word -> its first piece (the next word's first piece if it has none)
+        all_doc_tokens = []
+        for i, token in enumerate(example.doc_tokens):
+            orig_to_tok_index.append(len(all_doc_tokens))
+            for sub_token in tokenizer.tokenize(token):
+                tok_to_orig_index.append(i)
+                all_doc_tokens.append(sub_token)
+
+        tok_start_position = None
+        tok_end_position = None
+        if is_training and example.is_impossible:
+            tok_start_position = -1
+            tok_end_position = -1
+        if is_training and not example.is_impossible:
+            tok_start_position = orig_to_tok_index[example.start_position]
+            if example.end_position < len(example.doc_tokens) - 1:
+                tok_end_position = orig_to_tok_index[example.end_position + 1] - 1
+            else:
+                tok_end_position = len(all_doc_tokens) - 1
+            tok_start_position, tok_end_position = _improve_answer_span(
+                all_doc_tokens, tok_start_position, tok_end_position, tokenizer, example.orig_answer_text
+            )
+
+        # The -3 accounts for [CLS], [SEP] and [SEP]. Documents longer than that are cut into
+        # overlapping windows `doc_stride` pieces apart.
+        max_tokens_for_doc = max_seq_length - len(query_tokens) - 3
+        doc_spans = doc_spans_for(len(all_doc_tokens), max_tokens_for_doc, doc_stride)
+
+        for doc_span_index, doc_span in enumerate(doc_spans):
+            tokens = ["[CLS]"]
+            segment_ids = [0]
+            token_to_orig_map: dict[int, int] = {}
+            token_is_max_context: dict[int, bool] = {}
+            tokens.extend(query_tokens)
+            segment_ids.extend([0] * len(query_tokens))
+            tokens.append("[SEP]")
+            segment_ids.append(0)
+            for i in range(doc_span.length):
+                split_token_index = doc_span.start + i
+                token_to_orig_map[len(tokens)] = tok_to_orig_index[split_token_index]
+                token_is_max_context[len(tokens)] = _check_is_max_context(doc_spans, doc_span_index, split_token_index)
+                tokens.append(all_doc_tokens[split_token_index])
+                segment_ids.append(1)
+            tokens.append("[SEP]")
+            segment_ids.append(1)
+
+            input_ids = tokenizer.convert_tokens_to_ids(tokens)
+            # 1 for real tokens, 0 for padding: only real tokens are attended to.
+            input_mask = [1] * len(input_ids)
+            if pad_to_max_length:
+                num_pad = max_seq_length - len(input_ids)
+                input_ids = input_ids + [0] * num_pad
+                input_mask = input_mask + [0] * num_pad
+                segment_ids = segment_ids + [0] * num_pad
+                assert len(input_ids) == len(input_mask) == len(segment_ids) == max_seq_length
+
+            start_position = None
+            end_position = None
+            if is_training and not example.is_impossible:
+                # The original's comment says windows without the answer are thrown out; its code keeps
+                # them, labelled with the [CLS] position, and so do we (spec §11 row 22).
+                doc_start = doc_span.start
+                doc_end = doc_span.start + doc_span.length - 1
+                if tok_start_position >= doc_start and tok_end_position <= doc_end:
+                    doc_offset = len(query_tokens) + 2
+                    start_position = tok_start_position - doc_start + doc_offset
+                    end_position = tok_end_position - doc_start + doc_offset
+                else:
+                    start_position = 0
+                    end_position = 0
+            if is_training and example.is_impossible:
+                start_position = 0
+                end_position = 0
+
+            feature = InputFeatures(
+                unique_id=unique_id,
+                example_index=example_index,
+                doc_span_index=doc_span_index,
+                tokens=tokens,
+                token_to_orig_map=token_to_orig_map,
+                token_is_max_context=token_is_max_context,
+                input_ids=input_ids,
+                input_mask=input_mask,
+                segment_ids=segment_ids,
+                start_position=start_position,
+                end_position=end_position,
+                is_impossible=example.is_impossible,
+            )
+            if example_index < 20 and logger.isEnabledFor(logging.INFO):
+                _log_feature(feature, example, is_training)
+            yield feature
+            unique_id += 1
+
+
+def _log_feature(feature: InputFeatures, example: SquadExample, is_training: bool) -> None:
+    """Log a feature field by field, as the original does for its first 20 examples."""
+    logger.info("*** Example ***")
+    logger.info("unique_id: %s", feature.unique_id)
+    logger.info("example_index: %s", feature.example_index)
+    logger.info("doc_span_index: %s", feature.doc_span_index)
+    logger.info("tokens: %s", " ".join(feature.tokens))
+    logger.info("token_to_orig_map: %s", " ".join(f"{k}:{v}" for k, v in feature.token_to_orig_map.items()))
+    logger.info("token_is_max_context: %s", " ".join(f"{k}:{v}" for k, v in feature.token_is_max_context.items()))
+    logger.info("input_ids: %s", " ".join(map(str, feature.input_ids)))
+    logger.info("input_mask: %s", " ".join(map(str, feature.input_mask)))
+    logger.info("segment_ids: %s", " ".join(map(str, feature.segment_ids)))
+    if is_training and example.is_impossible:
+        logger.info("impossible example")
+    if is_training and not example.is_impossible:
+        answer_text = " ".join(feature.tokens[feature.start_position : feature.end_position + 1])
+        logger.info("start_position: %d", feature.start_position)
+        logger.info("end_position: %d", feature.end_position)
+        logger.info("answer: %s", answer_text)
+
+
+def convert_examples_to_features(
+    examples: Sequence[SquadExample],
+    tokenizer: Any,
+    max_seq_length: int,
+    doc_stride: int,
+    max_query_length: int,
+    is_training: bool,
+    output_fn: Callable[[InputFeatures], None] | None = None,
+    pad_to_max_length: bool = True,
+) -> list[InputFeatures] | None:
+    """Turn examples into model features: `[CLS] query [SEP] window [SEP]`, one per document window.
+
+    The question is tokenized and cut to `max_query_length` pieces; each context word is tokenized on its
+    own (`token_to_orig_map` leads back from pieces to words). The document pieces are covered by windows
+    of `max_seq_length - len(query) - 3` pieces, `doc_stride` apart (`doc_spans_for`); a piece in several
+    windows is "max context" only in the one where it has the most context on both sides
+    (`_check_is_max_context`). For training, the answer span is narrowed to pieces (`_improve_answer_span`)
+    and labelled relative to each window, or (0, 0) when the window does not contain it all.
+
+    Args:
+        examples: from `read_squad_examples`.
+        tokenizer: a `FullTokenizer` (anything with `tokenize` and `convert_tokens_to_ids`).
+        max_seq_length: the model's sequence length T; features are zero-padded to it.
+        doc_stride: pieces between the starts of consecutive windows.
+        max_query_length: the question is cut to this many pieces.
+        is_training: compute `start_position` / `end_position` (needs examples read for training).
+        output_fn: called with each feature, in order, instead of collecting them (the original's
+            callback, for writing a file without holding every feature in memory).
+        pad_to_max_length: False leaves `input_ids`, `input_mask` and `segment_ids` unpadded (length
+            `len(tokens)`), for dynamic padding; everything else, ids included, is unchanged.
+
+    Returns:
+        The features in order (unique ids counting up from `FIRST_UNIQUE_ID`), or None with `output_fn`.
+        An example whose context has no pieces gets no feature.
+
+    Raises:
+        InputError: `max_seq_length` too small for `max_query_length`, or `doc_stride` < 1.
+    """
+    features = iter_features(
+        examples, tokenizer, max_seq_length, doc_stride, max_query_length, is_training, pad_to_max_length
+    )
+    if output_fn is None:
+        return list(features)
+    for feature in features:
+        output_fn(feature)
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Post-processing
+
+
+class RawResult(NamedTuple):
+    """The model's output for one feature: start and end logits over its T positions (lists or arrays)."""
+
+    unique_id: int
+    start_logits: Sequence[float]
+    end_logits: Sequence[float]
+
+
+class SquadPredictions(NamedTuple):
+    """What `compute_predictions` returns: the contents of the three output files."""
+
+    predictions: collections.OrderedDict  # qas_id -> answer text
+    nbest: collections.OrderedDict  # qas_id -> list of {"text", "probability", "start_logit", "end_logit"}
+    null_odds: collections.OrderedDict  # qas_id -> score_null - best non-null score (v2.0 only, else empty)
+
+
+class _PrelimPrediction(NamedTuple):
+    feature_index: int
+    start_index: int
+    end_index: int
+    start_logit: float
+    end_logit: float
+
+
+class _NbestPrediction(NamedTuple):
+    text: str
+    start_logit: float
+    end_logit: float
+
+
+def _get_best_indexes(logits: Sequence[float], n_best_size: int) -> list[int]:
+    """Indices of the `n_best_size` largest logits, largest first (ties: lower index first)."""
+    index_and_score = sorted(enumerate(logits), key=lambda x: x[1], reverse=True)
+    return [index for index, _ in index_and_score[:n_best_size]]
+
+
+def _compute_softmax(scores: Sequence[float]) -> list[float]:
+    """Softmax of raw scores, max-subtracted, in plain Python floats (as the original)."""
+    if not scores:
+        return []
+    max_score = max(scores)
+    exp_scores = [math.exp(score - max_score) for score in scores]
+    total_sum = 0.0
+    for x in exp_scores:
+        total_sum += x
+    return [x / total_sum for x in exp_scores]
+
+
+def _strip_spaces(text: str) -> tuple[str, dict[int, int]]:
+    """`text` without " " characters, and the map from its indices back to indices of `text`."""
+    ns_chars = []
+    ns_to_s_map = {}
+    for i, c in enumerate(text):
+        if c == " ":
+            continue
+        ns_to_s_map[len(ns_chars)] = i
+        ns_chars.append(c)
+    return "".join(ns_chars), ns_to_s_map
+
+
+def get_final_text(
+    pred_text: str,
+    orig_text: str,
+    do_lower_case: bool,
+    verbose_logging: bool = False,
+    basic_tokenizer: BasicTokenizer | None = None,
+) -> str:
+    """Project the normalized predicted text back onto the original context text.
+
+    `pred_text` is built from word pieces, so it is lower-cased, accent-stripped and split at punctuation;
+    `orig_text` is the span of context words it came from. For the prediction "steve smith" of the words
+    "Steve Smith's", the answer should be "Steve Smith", not the whole span. So `orig_text` is run through
+    `BasicTokenizer(do_lower_case)`, `pred_text` is found in the space-joined result, and its characters are
+    mapped back through a character alignment of the two texts with spaces removed. When that fails --
+    `pred_text` not found, different lengths without spaces (accents stripped from decomposed characters,
+    control characters removed, ...), a position that does not map -- `orig_text` is returned whole (with
+    `verbose_logging`, the reason is logged at INFO, as the original did).
+
+    Args:
+        pred_text: the de-tokenized predicted pieces.
+        orig_text: the original context words of the span, joined by single spaces.
+        do_lower_case: the tokenizer's casing.
+        verbose_logging: log why a projection failed.
+        basic_tokenizer: reuse this `BasicTokenizer` (must match `do_lower_case`); default: a new one.
+    """
+    tokenizer = basic_tokenizer or BasicTokenizer(do_lower_case=do_lower_case)
+    tok_text = " ".join(tokenizer.tokenize(orig_text))
+
+    start_position = tok_text.find(pred_text)
+    if start_position == -1:
+        if verbose_logging:
+            logger.info("Unable to find text: '%s' in '%s'", pred_text, orig_text)
+        return orig_text
+    end_position = start_position + len(pred_text) - 1
+
+    orig_ns_text, orig_ns_to_s_map = _strip_spaces(orig_text)
+    tok_ns_text, tok_ns_to_s_map = _strip_spaces(tok_text)
+    if len(orig_ns_text) != len(tok_ns_text):
+        if verbose_logging:
+            logger.info("Length not equal after stripping spaces: '%s' vs '%s'", orig_ns_text, tok_ns_text)
+        return orig_text
+
+    # Character-to-character alignment: the two space-free texts have equal length.
+    tok_s_to_ns_map = {tok_index: i for i, tok_index in tok_ns_to_s_map.items()}
+
+    orig_start_position = None
+    if start_position in tok_s_to_ns_map:
+        orig_start_position = orig_ns_to_s_map.get(tok_s_to_ns_map[start_position])
+    if orig_start_position is None:
+        if verbose_logging:
+            logger.info("Couldn't map start position")
+        return orig_text
+
+    orig_end_position = None
+    if end_position in tok_s_to_ns_map:
+        orig_end_position = orig_ns_to_s_map.get(tok_s_to_ns_map[end_position])
+    if orig_end_position is None:
+        if verbose_logging:
+            logger.info("Couldn't map end position")
+        return orig_text
+
+    return orig_text[orig_start_position : orig_end_position + 1]
+
+
+def _as_float_list(logits: Any) -> list[float]:
+    if hasattr(logits, "tolist"):  # numpy arrays and torch tensors
+        logits = logits.tolist()
+    return [float(x) for x in logits]
+
+
+def compute_predictions(
+    all_examples: Sequence[SquadExample],
+    all_features: Iterable[InputFeatures],
+    all_results: Iterable[RawResult],
+    n_best_size: int,
+    max_answer_length: int,
+    do_lower_case: bool,
+    version_2_with_negative: bool = False,
+    null_score_diff_threshold: float = 0.0,
+    verbose_logging: bool = False,
+) -> SquadPredictions:
+    """The answers and n-best lists of `write_predictions`, without writing files (same arguments).
+
+    Per example, over all its features: the `n_best_size` best start and end positions of each feature
+    are paired; a pair is kept if both positions are in the document part of the feature
+    (`token_to_orig_map`), the start is max-context (the end is not checked, as in the original),
+    end >= start and the span has at most `max_answer_length` pieces. For v2.0, the null score is the
+    *minimum* over features of start_logit[0] + end_logit[0] and a null candidate carries it. Candidates
+    are sorted by start_logit + end_logit; the first `n_best_size` distinct texts (`get_final_text`) form
+    the n-best list ("" for the null one; v2.0 adds "" if missing; "empty" with logits 0 if the list is
+    empty), with softmax probabilities over their scores. The answer is the first entry (v1.1), or for
+    v2.0 "" if score_null - (best non-null start + end logit) > `null_score_diff_threshold`, else the
+    best non-null text; that difference goes to `null_odds`.
+
+    Divergence from the original (a fix, spec §11 row 22): in v2.0 mode, when no non-null entry is in the
+    n-best list (only "" survives, e.g. `n_best_size=1` with the null first, or no valid span at all), the
+    original dereferences None and crashes; here the answer is "" and `null_odds` records
+    `NO_NON_NULL_SCORE_DIFF`. An example without features (empty context) gets "empty" (v1.1) or ""
+    (v2.0) instead of the original's IndexError.
+
+    Args:
+        all_examples: the examples, in the order given to `convert_examples_to_features`.
+        all_features: their features.
+        all_results: one `RawResult` per feature (any order).
+        n_best_size: size of the n-best lists (and of the start/end candidates per feature).
+        max_answer_length: the longest answer, in word pieces.
+        do_lower_case: the tokenizer's casing (for `get_final_text`).
+        version_2_with_negative: SQuAD v2.0: questions may have no answer.
+        null_score_diff_threshold: v2.0: answer "" when the null score beats the best span by more.
+        verbose_logging: log why `get_final_text` could not project an answer.
+
+    Raises:
+        ValueError: a feature has no `RawResult`.
+    """
+    example_index_to_features: dict[int, list[InputFeatures]] = collections.defaultdict(list)
+    for feature in all_features:
+        example_index_to_features[feature.example_index].append(feature)
+    unique_id_to_result = {result.unique_id: result for result in all_results}
+    basic_tokenizer = BasicTokenizer(do_lower_case=do_lower_case)
+
+    all_predictions: collections.OrderedDict[str, str] = collections.OrderedDict()
+    all_nbest_json: collections.OrderedDict[str, list] = collections.OrderedDict()
+    scores_diff_json: collections.OrderedDict[str, float] = collections.OrderedDict()
+
+    for example_index, example in enumerate(all_examples):
+        features = example_index_to_features[example_index]
+
+        prelim_predictions = []
+        # The minimum null score (start + end logit of position 0) over the example's windows.
+        score_null = 1000000.0  # large and positive
+        min_null_feature_index = 0  # the window with the minimum null score
+        null_start_logit = 0.0  # its start logit at position 0
+        null_end_logit = 0.0  # its end logit at position 0
+        for feature_index, feature in enumerate(features):
+            result = unique_id_to_result.get(feature.unique_id)
+            if result is None:
+                raise ValueError(
+                    f"no RawResult for feature {feature.unique_id} (question {example.qas_id}); "
+                    "predict on every feature"
+                )
+            start_logits = _as_float_list(result.start_logits)
+            end_logits = _as_float_list(result.end_logits)
+            start_indexes = _get_best_indexes(start_logits, n_best_size)
+            end_indexes = _get_best_indexes(end_logits, n_best_size)
+            if version_2_with_negative:
+                feature_null_score = start_logits[0] + end_logits[0]
+                if feature_null_score < score_null:
+                    score_null = feature_null_score
+                    min_null_feature_index = feature_index
+                    null_start_logit = start_logits[0]
+                    null_end_logit = end_logits[0]
+            num_tokens = len(feature.tokens)
+            for start_index in start_indexes:
+                for end_index in end_indexes:
+                    # Spans in the question, the special tokens or the padding are invalid; so are spans
+                    # whose start belongs to another window (max context), reversed or too long spans.
+                    if start_index >= num_tokens or end_index >= num_tokens:
+                        continue
+                    if start_index not in feature.token_to_orig_map or end_index not in feature.token_to_orig_map:
+                        continue
+                    if not feature.token_is_max_context.get(start_index, False):
+                        continue
+                    if end_index < start_index:
+                        continue
+                    if end_index - start_index + 1 > max_answer_length:
+                        continue
+                    prelim_predictions.append(
+                        _PrelimPrediction(
+                            feature_index=feature_index,
+                            start_index=start_index,
+                            end_index=end_index,
+                            start_logit=start_logits[start_index],
+                            end_logit=end_logits[end_index],
+                        )
+                    )
+
+        if version_2_with_negative:
+            prelim_predictions.append(
+                _PrelimPrediction(
+                    feature_index=min_null_feature_index,
+                    start_index=0,
+                    end_index=0,
+                    start_logit=null_start_logit,
+                    end_logit=null_end_logit,
+                )
+            )
+        prelim_predictions.sort(key=lambda x: x.start_logit + x.end_logit, reverse=True)
+
+        seen_predictions: set[str] = set()
+        nbest: list[_NbestPrediction] = []
+        for pred in prelim_predictions:
+            if len(nbest) >= n_best_size:
+                break
+            if pred.start_index > 0:  # a non-null prediction
+                feature = features[pred.feature_index]
+                tok_tokens = feature.tokens[pred.start_index : pred.end_index + 1]
+                orig_doc_start = feature.token_to_orig_map[pred.start_index]
+                orig_doc_end = feature.token_to_orig_map[pred.end_index]
+                orig_tokens = example.doc_tokens[orig_doc_start : orig_doc_end + 1]
+                # De-tokenize the word pieces, then clean the whitespace.
+                tok_text = " ".join(tok_tokens)
+                tok_text = tok_text.replace(" ##", "")
+                tok_text = tok_text.replace("##", "")
+                tok_text = " ".join(tok_text.strip().split())
+                orig_text = " ".join(orig_tokens)
+                final_text = get_final_text(tok_text, orig_text, do_lower_case, verbose_logging, basic_tokenizer)
+                if final_text in seen_predictions:
+                    continue
+            else:
+                final_text = ""
+            seen_predictions.add(final_text)
+            nbest.append(_NbestPrediction(text=final_text, start_logit=pred.start_logit, end_logit=pred.end_logit))
+
+        # If the null answer did not make the n-best list, add it.
+        if version_2_with_negative and "" not in seen_predictions:
+            nbest.append(_NbestPrediction(text="", start_logit=null_start_logit, end_logit=null_end_logit))
+        # In rare cases no span is valid: a nonce prediction, as the original.
+        if not nbest:
+            nbest.append(_NbestPrediction(text="empty", start_logit=0.0, end_logit=0.0))
+
+        total_scores = []
+        best_non_null_entry = None
+        for entry in nbest:
+            total_scores.append(entry.start_logit + entry.end_logit)
+            if best_non_null_entry is None and entry.text:
+                best_non_null_entry = entry
+        probs = _compute_softmax(total_scores)
+
+        nbest_json = []
+        for i, entry in enumerate(nbest):
+            output = collections.OrderedDict()
+            output["text"] = entry.text
+            output["probability"] = probs[i]
+            output["start_logit"] = float(entry.start_logit)
+            output["end_logit"] = float(entry.end_logit)
+            nbest_json.append(output)
+
+        if not version_2_with_negative:
+            all_predictions[example.qas_id] = nbest_json[0]["text"]
+        elif best_non_null_entry is None:
+            # The original crashes here; no non-null candidate means "no answer".
+            scores_diff_json[example.qas_id] = NO_NON_NULL_SCORE_DIFF
+            all_predictions[example.qas_id] = ""
+        else:
+            # Predict "" iff the null score beats the best non-null score by more than the threshold.
+            score_diff = score_null - best_non_null_entry.start_logit - best_non_null_entry.end_logit
+            scores_diff_json[example.qas_id] = float(score_diff)
+            if score_diff > null_score_diff_threshold:
+                all_predictions[example.qas_id] = ""
+            else:
+                all_predictions[example.qas_id] = best_non_null_entry.text
+        all_nbest_json[example.qas_id] = nbest_json
+
+    return SquadPredictions(all_predictions, all_nbest_json, scores_diff_json)
+
+
+def _write_json(path: str | os.PathLike, obj: Mapping) -> None:
+    # The original's layout: json.dumps(indent=4) (ASCII escapes) plus a newline.
+    with atomic_write(path) as f:
+        f.write(json.dumps(obj, indent=4) + "\n")
+
+
+def write_predictions(
+    all_examples: Sequence[SquadExample],
+    all_features: Iterable[InputFeatures],
+    all_results: Iterable[RawResult],
+    n_best_size: int,
+    max_answer_length: int,
+    do_lower_case: bool,
+    output_prediction_file: str | os.PathLike | None,
+    output_nbest_file: str | os.PathLike | None,
+    output_null_log_odds_file: str | os.PathLike | None,
+    version_2_with_negative: bool = False,
+    null_score_diff_threshold: float = 0.0,
+    verbose_logging: bool = False,
+) -> collections.OrderedDict:
+    """Write `predictions.json`, `nbest_predictions.json` and (v2.0) `null_odds.json`; return the answers.
+
+    The rules are `compute_predictions`'s (including its one divergence from the original: no crash in
+    v2.0 when the n-best list has no non-null answer). Each file is `json.dumps(..., indent=4)` plus a
+    newline, written atomically; a path of None skips that file.
+
+    Args:
+        all_examples: the examples, in the order given to `convert_examples_to_features`.
+        all_features: their features.
+        all_results: one `RawResult` per feature (any order).
+        n_best_size: size of the n-best lists (and of the start/end candidates per feature).
+        max_answer_length: the longest answer, in word pieces.
+        do_lower_case: the tokenizer's casing (for `get_final_text`).
+        output_prediction_file: path of `predictions.json` (qas_id -> answer text).
+        output_nbest_file: path of `nbest_predictions.json` (qas_id -> list of
+            {"text", "probability", "start_logit", "end_logit"}).
+        output_null_log_odds_file: path of `null_odds.json` (qas_id -> score_null - best non-null score);
+            written for v2.0 only.
+        version_2_with_negative: SQuAD v2.0: questions may have no answer.
+        null_score_diff_threshold: v2.0: answer "" when the null score beats the best span by more.
+        verbose_logging: log why `get_final_text` could not project an answer.
+
+    Returns:
+        The answers: qas_id -> text, in example order.
+    """
+    result = compute_predictions(
+        all_examples,
+        all_features,
+        all_results,
+        n_best_size,
+        max_answer_length,
+        do_lower_case,
+        version_2_with_negative,
+        null_score_diff_threshold,
+        verbose_logging,
+    )
+    if output_prediction_file is not None:
+        logger.info("Writing predictions to: %s", output_prediction_file)
+        _write_json(output_prediction_file, result.predictions)
+    if output_nbest_file is not None:
+        logger.info("Writing nbest to: %s", output_nbest_file)
+        _write_json(output_nbest_file, result.nbest)
+    if version_2_with_negative and output_null_log_odds_file is not None:
+        _write_json(output_null_log_odds_file, result.null_odds)
+    return result.predictions
