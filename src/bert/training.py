@@ -1,0 +1,685 @@
+"""One small training loop, used by `bert pretrain` and meant for the fine-tuning commands too.
+
+It knows models, optimizers and checkpoints, but no task: a task hands it the model, an iterator of
+per-step micro-batches and a loss function. What it does, in the order of one step:
+
+1. `totals_fn` sums normalisers over the step's micro-batches and all ranks (e.g. the number of
+   examples and the sum of the masked-LM weights of the *global* batch);
+2. for each micro-batch, `loss_fn(model, batch, totals)` returns this micro-batch's contribution to the
+   global batch's loss, which is backpropagated (times the world size, since DDP and FSDP average
+   gradients over ranks); the contributions of all micro-batches and ranks add up to the loss of the
+   whole global batch, so gradient accumulation and data parallelism give the gradient of one big
+   batch, not an average of per-batch losses;
+3. the reduced gradient is clipped to a global norm (1.0, as the original), the optimizer and the
+   scheduler step.
+
+Around it: device and precision (fp32; bf16 autocast; fp16 autocast with a GradScaler), DDP or FSDP
+under `torchrun`, a tqdm bar, metrics every `log_every` steps to `metrics.jsonl` and TensorBoard, and
+checkpoints `output_dir/checkpoint-<step>/` written into a temporary directory and renamed, holding the
+weights in the native layout (`bert.checkpoint.save_pretrained`) and `training_state.pt` (optimizer,
+scheduler, scaler, step, every rank's RNG states and the task's data position) readable with
+`torch.load(weights_only=True)`. Rerunning with the same output directory resumes from the newest one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import random
+import re
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from bert.config import BertConfig
+from bert.errors import InputError
+from bert.optimization import clip_grad_norm
+
+logger = logging.getLogger(__name__)
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+CHECKPOINT_PREFIX = "checkpoint-"
+TRAINING_STATE_NAME = "training_state.pt"
+TRAINER_STATE_NAME = "trainer_state.json"
+METRICS_NAME = "metrics.jsonl"
+# Config fields that fix the shapes of the weights; a checkpoint differing in one cannot be resumed.
+SHAPE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+)
+
+
+# ------------------------------------------------------------------------------------------ devices
+@dataclass
+class DistContext:
+    """Where this process runs: its rank among `world_size` processes and its device."""
+
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum a tensor over ranks, in place (a no-op in a single process)."""
+        if self.distributed:
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM)
+        return t
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order (all ranks receive the list)."""
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        if self.distributed:
+            torch.distributed.barrier()
+
+
+def resolve_device(spec: str | None, local_rank: int = 0) -> torch.device:
+    """`spec` as a torch device; None or "auto" is CUDA (this process's local GPU) if available, else CPU."""
+    if spec in (None, "", "auto"):
+        return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise InputError(f"--device={spec} is not a torch device; use cpu, cuda, cuda:1, ...") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(f"--device={spec}: CUDA is not available on this machine; use --device=cpu")
+        if device.index is None:
+            device = torch.device("cuda", local_rank)
+    return device
+
+
+def init_distributed(device_spec: str | None = None) -> DistContext:
+    """Join the process group when started by `torchrun` (WORLD_SIZE > 1), else a single process.
+
+    The backend is NCCL on CUDA and gloo on CPU. Each process uses GPU `LOCAL_RANK`.
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(device_spec, local_rank)
+    if world_size > 1 and not torch.distributed.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        torch.distributed.init_process_group(backend=backend)
+        logger.info("rank %d of %d joined the %s process group on %s", rank, world_size, backend, device)
+    return DistContext(device=device, rank=rank, world_size=world_size, local_rank=local_rank)
+
+
+def shutdown_distributed() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """Mixed-precision context for the forward pass (fp32: none)."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def wrap_model(model: nn.Module, dist: DistContext, fsdp: bool = False) -> nn.Module:
+    """Move `model` to the device and, under torchrun, wrap it for data parallelism.
+
+    DDP replicates the model; FSDP (PyTorch's `fully_shard`, one unit per encoder block plus the root)
+    shards parameters, gradients and optimizer state. FSDP changes `model` in place (its parameters
+    become sharded DTensors), so build the optimizer after this call, from `model.named_parameters()`.
+    """
+    model.to(dist.device)
+    if not dist.distributed:
+        return model
+    if fsdp:
+        import warnings
+
+        from torch.distributed.fsdp import fully_shard
+
+        # Our outputs are never modified in place, which is what this warning is about.
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+
+        for m in model.modules():
+            if type(m).__name__ == "BertLayer":
+                fully_shard(m)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [dist.device.index] if dist.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids)
+
+
+def _is_fsdp(model: nn.Module) -> bool:
+    return hasattr(model, "set_requires_gradient_sync")
+
+
+# -------------------------------------------------------------------------------------- RNG states
+def get_rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch RNG states, as tensors, lists and numbers (loadable with weights_only)."""
+    version, mt, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": {"version": version, "state": list(mt), "gauss": gauss},
+        "numpy": {"name": name, "keys": keys.tolist(), "pos": int(pos), "has_gauss": int(has_gauss), "cached": cached},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `get_rng_state` returned."""
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    n = state["numpy"]
+    np.random.set_state((n["name"], np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# -------------------------------------------------------------------------------------- checkpoints
+def list_checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """Complete checkpoints `checkpoint-<step>` in `output_dir`, oldest first.
+
+    A checkpoint directory appears under its final name only when complete (it is renamed into place),
+    so temporary `.checkpoint-*` directories of an interrupted save are never listed.
+    """
+    out = []
+    d = Path(output_dir)
+    if not d.is_dir():
+        return out
+    for p in d.iterdir():
+        m = re.fullmatch(rf"{CHECKPOINT_PREFIX}(\d+)", p.name)
+        if m and p.is_dir() and (p / TRAINING_STATE_NAME).is_file():
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def remove_incomplete(output_dir: str | os.PathLike) -> None:
+    """Delete the temporary directories of saves that a crash interrupted."""
+    d = Path(output_dir)
+    if d.is_dir():
+        for p in d.iterdir():
+            if p.is_dir() and re.fullmatch(rf"\.({CHECKPOINT_PREFIX}\d+|model)\.(tmp|old)-.+", p.name):
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    ckpts = list_checkpoints(output_dir)
+    return ckpts[-1][1] if ckpts else None
+
+
+def check_checkpoint_config(checkpoint_dir: Path, config: BertConfig, flag: str = "--bert_config_file") -> None:
+    """Refuse to resume a checkpoint whose model has another shape than `config`."""
+    from bert.checkpoint import CONFIG_NAME
+
+    path = checkpoint_dir / CONFIG_NAME
+    try:
+        saved = BertConfig.from_json_file(path)
+    except (OSError, ValueError, InputError) as e:
+        raise InputError(f"{path}: cannot read the config of the checkpoint to resume ({e})") from None
+    diffs = [
+        f"{k} {getattr(saved, k)} (now {getattr(config, k)})"
+        for k in SHAPE_FIELDS
+        if getattr(saved, k) != getattr(config, k)
+    ]
+    if diffs:
+        raise InputError(
+            f"{path} holds a model of another shape: {', '.join(diffs)}; the output directory is resumed "
+            f"from its newest checkpoint, so pass the {flag} it was trained with, or use a new --output_dir"
+        )
+
+
+def load_training_state(checkpoint_dir: str | os.PathLike) -> dict[str, Any]:
+    """Read `training_state.pt` with `weights_only=True` (it holds no pickled code)."""
+    path = Path(checkpoint_dir) / TRAINING_STATE_NAME
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for a damaged file
+        raise InputError(
+            f"{path}: cannot read the training state ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            f"delete {Path(checkpoint_dir).name} to resume from an older checkpoint"
+        ) from None
+
+
+@contextlib.contextmanager
+def atomic_directory(path: Path):
+    """Yield a temporary directory beside `path`, renamed to `path` when the block succeeds."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def export_model(
+    model: nn.Module, path: str | os.PathLike, vocab_file: str | None = None, do_lower_case: bool | None = None
+) -> Path:
+    """Write weights only (native layout, loadable with `from_pretrained`) to `path`, atomically."""
+    from bert.checkpoint import save_pretrained
+
+    path = Path(path)
+    with atomic_directory(path) as tmp:
+        save_pretrained(model, tmp, vocab_file=vocab_file, do_lower_case=do_lower_case)
+    return path
+
+
+# ------------------------------------------------------------------------------------------ logging
+class MetricsLogger:
+    """Scalars to `output_dir/metrics.jsonl` (one JSON object per line) and to TensorBoard events."""
+
+    def __init__(self, output_dir: str | os.PathLike, start_step: int = 0, tensorboard_subdir: str | None = None):
+        from bert.tensorboard import EventWriter
+
+        self.path = Path(output_dir) / METRICS_NAME
+        if self.path.exists():
+            # A resumed run repeats the steps after its checkpoint: drop their old lines.
+            kept = [
+                line
+                for line in self.path.read_text(encoding="utf-8").splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= start_step
+            ]
+            self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        logdir = Path(output_dir) / tensorboard_subdir if tensorboard_subdir else Path(output_dir)
+        self.events = EventWriter(logdir)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.events.add_scalars(step, {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+
+    def close(self) -> None:
+        self.events.close()
+
+
+@contextlib.contextmanager
+def log_to_file(path: str | os.PathLike, main: bool = True):
+    """Within the block, also log this package's INFO messages to `path` (on the main process; the other
+    ranks log warnings only). Handlers set up by the caller (the CLI's, pytest's) are left in place."""
+    package = logging.getLogger("bert")
+    level = package.level
+    package.setLevel(logging.INFO if main else logging.WARNING)
+    handler = None
+    if main:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(path, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        package.addHandler(handler)
+    try:
+        yield
+    finally:
+        package.setLevel(level)
+        if handler is not None:
+            package.removeHandler(handler)
+            handler.close()
+
+
+def prefetch(iterator: Iterator, depth: int = 2) -> Iterator:
+    """Run `iterator` in a background thread, `depth` items ahead (batch assembly overlaps compute)."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def work() -> None:
+        try:
+            for item in iterator:
+                while not stop.is_set():
+                    try:
+                        q.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put((done, None))
+        except BaseException as e:  # handed to the consumer
+            q.put((None, e))
+
+    thread = threading.Thread(target=work, daemon=True, name="prefetch")
+    thread.start()
+    try:
+        while True:
+            item, err = q.get()
+            if err is not None:
+                raise err
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+# ------------------------------------------------------------------------------------------- trainer
+LossFn = Callable[[nn.Module, dict, dict], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+TotalsFn = Callable[[dict], dict[str, torch.Tensor]]
+
+
+class Trainer:
+    """Runs optimizer steps, logs, saves and resumes checkpoints.
+
+    Args:
+        model: the unwrapped model (its `config` is saved with the weights).
+        wrapped: what `wrap_model` returned (the model itself in a single process).
+        optimizer, scheduler: built from `model` after wrapping; the scheduler steps once per step.
+        dist: from `init_distributed`.
+        output_dir: checkpoints, metrics and events go here (written by rank 0 only).
+        precision: "fp32", "bf16" (autocast) or "fp16" (autocast and a GradScaler).
+        max_grad_norm: global-norm clipping of the reduced gradient (the original: 1.0).
+        save_checkpoints_steps: save every this many steps, and after the last step.
+        keep_checkpoint_max: keep this many newest checkpoints (0 keeps all).
+        log_every: write metrics every this many steps, and after the last step.
+        vocab_file, do_lower_case: saved beside the weights so checkpoints are complete models.
+        examples_per_step: sequences per optimizer step over all ranks (for sequences/s).
+        desc: the progress bar's label.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        wrapped: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        dist: DistContext,
+        output_dir: str | os.PathLike,
+        precision: str = "fp32",
+        max_grad_norm: float = 1.0,
+        save_checkpoints_steps: int = 1000,
+        keep_checkpoint_max: int = 5,
+        log_every: int = 100,
+        vocab_file: str | None = None,
+        do_lower_case: bool | None = None,
+        examples_per_step: int = 1,
+        desc: str = "train",
+    ):
+        if precision not in PRECISIONS:
+            raise InputError(f"--precision={precision} is not one of {', '.join(PRECISIONS)}")
+        self.model = model
+        self.wrapped = wrapped
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.dist = dist
+        self.output_dir = Path(output_dir)
+        self.precision = precision
+        self.max_grad_norm = max_grad_norm
+        self.save_checkpoints_steps = save_checkpoints_steps
+        self.keep_checkpoint_max = keep_checkpoint_max
+        self.log_every = max(1, log_every)
+        self.vocab_file = vocab_file
+        self.do_lower_case = do_lower_case
+        self.examples_per_step = examples_per_step
+        self.desc = desc
+        self.scaler = torch.amp.GradScaler(dist.device.type) if precision == "fp16" else None
+        self.fsdp = _is_fsdp(wrapped)
+        self.global_step = 0
+
+    # ---------------------------------------------------------------------------------- state
+    def _model_state(self) -> dict[str, torch.Tensor]:
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return self.model.state_dict()
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        # Keyed by parameter name (not position) and unsharded, so that a checkpoint resumes in one
+        # process, under DDP or under FSDP alike.
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True) if self.fsdp else StateDictOptions()
+        return get_optimizer_state_dict(self.model, self.optimizer, options=options)
+
+    def _unsharded(self, model_state: dict[str, torch.Tensor]) -> nn.Module:
+        if not self.fsdp:
+            return self.model
+        # save_pretrained wants a module: rebuild an unsharded copy on the CPU, of the class FSDP wrapped.
+        from torch.distributed.fsdp import FSDPModule
+
+        cls = next(c for c in type(self.model).__mro__ if not issubclass(c, FSDPModule))
+        with torch.random.fork_rng(devices=[]):  # its initialisation must not advance the dropout RNG
+            model = cls(self.model.config)
+        model.load_state_dict(model_state)
+        return model
+
+    def export_model(self, path: str | os.PathLike) -> Path | None:
+        """Weights only, in the native layout (collective: call on every rank; rank 0 writes)."""
+        model_state = self._model_state()
+        out = None
+        if self.dist.is_main:
+            out = export_model(self._unsharded(model_state), path, self.vocab_file, self.do_lower_case)
+            logger.info("exported the model to %s", out)
+        self.dist.barrier()
+        return out
+
+    def save_checkpoint(self, step: int, data_state: dict[str, Any], info: dict[str, Any] | None = None) -> Path | None:
+        """Write `checkpoint-<step>` (collective: call on every rank; rank 0 writes) and prune old ones."""
+        rng = self.dist.gather_object(get_rng_state())
+        model_state = self._model_state()
+        optimizer_state = self._optimizer_state()
+        path = self.output_dir / f"{CHECKPOINT_PREFIX}{step}"
+        if self.dist.is_main:
+            state = {
+                "step": step,
+                "optimizer": optimizer_state,
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                "rng": rng,
+                "data": data_state,
+                "world_size": self.dist.world_size,
+            }
+            model = self._unsharded(model_state)
+            with atomic_directory(path) as tmp:
+                from bert.checkpoint import save_pretrained
+
+                save_pretrained(model, tmp, vocab_file=self.vocab_file, do_lower_case=self.do_lower_case)
+                torch.save(state, tmp / TRAINING_STATE_NAME)
+                summary = {"global_step": step, "data": data_state, "world_size": self.dist.world_size, **(info or {})}
+                (tmp / TRAINER_STATE_NAME).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+            logger.info("saved checkpoint %s", path)
+            if self.keep_checkpoint_max > 0:
+                for _, old in list_checkpoints(self.output_dir)[: -self.keep_checkpoint_max]:
+                    shutil.rmtree(old, ignore_errors=True)
+        self.dist.barrier()
+        return path if self.dist.is_main else None
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Load optimizer, scheduler, scaler and RNG states from a `load_training_state` result.
+
+        The weights are loaded separately, into the model before wrapping (see `bert.pretrain`).
+        """
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True) if self.fsdp else StateDictOptions()
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        rng = state["rng"]
+        if len(rng) == self.dist.world_size:
+            set_rng_state(rng[self.dist.rank])
+        else:
+            logger.warning(
+                "the checkpoint was written by %d processes, this run has %d: RNG states (dropout) are re-seeded",
+                len(rng),
+                self.dist.world_size,
+            )
+            torch.manual_seed(int(state["step"]) * 1000 + self.dist.rank)
+        self.global_step = int(state["step"])
+
+    # ---------------------------------------------------------------------------------- loop
+    def train(
+        self,
+        batches: Iterator[list[dict[str, torch.Tensor]]],
+        loss_fn: LossFn,
+        num_train_steps: int,
+        data_state: Callable[[int], dict[str, Any]],
+        totals_fn: TotalsFn | None = None,
+        checkpoint_info: dict[str, Any] | None = None,
+    ) -> dict[str, float]:
+        """Run steps from `self.global_step` to `num_train_steps`.
+
+        Args:
+            batches: per step, this rank's list of micro-batches (dicts of CPU tensors).
+            loss_fn: `(wrapped_model, micro_batch, totals) -> (loss, metrics)`: the micro-batch's
+                contribution to the global batch's loss, and detached scalar contributions to metrics
+                (summed over micro-batches and ranks, averaged over the steps of a log window).
+            num_train_steps: the step to stop at.
+            data_state: `step -> JSON-able data position` reached after `step` steps, saved in checkpoints.
+            totals_fn: per micro-batch normalisers, summed over the step's micro-batches and all ranks
+                and passed to `loss_fn`.
+            checkpoint_info: extra fields for each checkpoint's `trainer_state.json`.
+
+        Returns:
+            The metrics of the last log window (empty when no step ran).
+        """
+        from tqdm import tqdm
+
+        dist, device = self.dist, self.dist.device
+        if dist.is_main:
+            remove_incomplete(self.output_dir)
+        metrics_logger = MetricsLogger(self.output_dir, self.global_step) if dist.is_main else None
+        bar = tqdm(
+            total=num_train_steps,
+            initial=self.global_step,
+            desc=self.desc,
+            unit="step",
+            disable=not dist.is_main,
+            dynamic_ncols=True,
+        )
+        self.wrapped.train()
+        window: dict[str, torch.Tensor] = {}
+        window_steps = 0
+        window_lr = 0.0
+        window_start = time.perf_counter()
+        last: dict[str, float] = {}
+        try:
+            while self.global_step < num_train_steps:
+                micro_batches = [to_device(b, device) for b in next(batches)]
+                totals: dict[str, torch.Tensor] = {}
+                if totals_fn is not None:
+                    parts = [totals_fn(b) for b in micro_batches]
+                    keys = sorted(parts[0])
+                    summed = torch.stack([sum(p[k].float() for p in parts) for k in keys])
+                    totals = dict(zip(keys, dist.all_reduce_sum(summed)))
+                lr = self.optimizer.param_groups[0]["lr"]
+                step_metrics = self._forward_backward(micro_batches, loss_fn, totals)
+                if self.scaler is not None:
+                    self.scaler.unscale_(self.optimizer)
+                grad_norm = clip_grad_norm(self.model.parameters(), self.max_grad_norm)
+                if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor
+                    grad_norm = grad_norm.full_tensor()
+                if self.scaler is not None:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                else:
+                    self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.global_step += 1
+                bar.update(1)
+
+                step_metrics["grad_norm"] = grad_norm.detach().float()
+                for k, v in step_metrics.items():
+                    window[k] = window.get(k, 0) + v
+                window_lr += float(lr)
+                window_steps += 1
+                final = self.global_step == num_train_steps
+                if self.global_step % self.log_every == 0 or final:
+                    seconds = time.perf_counter() - window_start
+                    last = self._log(window, window_steps, window_lr, seconds, metrics_logger, bar)
+                    window, window_steps, window_lr, window_start = {}, 0, 0.0, time.perf_counter()
+                if self.global_step % self.save_checkpoints_steps == 0 or final:
+                    self.save_checkpoint(self.global_step, data_state(self.global_step), checkpoint_info)
+        finally:
+            bar.close()
+            if metrics_logger is not None:
+                metrics_logger.close()
+        return last
+
+    def _forward_backward(
+        self, micro_batches: list[dict[str, torch.Tensor]], loss_fn: LossFn, totals: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        sums: dict[str, torch.Tensor] = {}
+        n = len(micro_batches)
+        for i, batch in enumerate(micro_batches):
+            sync = i == n - 1  # reduce gradients across ranks only after the last micro-batch
+            if self.fsdp:
+                self.wrapped.set_requires_gradient_sync(sync)
+                ctx: contextlib.AbstractContextManager = contextlib.nullcontext()
+            elif self.dist.distributed and not sync:
+                ctx = self.wrapped.no_sync()
+            else:
+                ctx = contextlib.nullcontext()
+            with ctx:
+                with autocast(self.dist.device, self.precision):
+                    loss, metrics = loss_fn(self.wrapped, batch, totals)
+                # DDP and FSDP average gradients over ranks; the contributions are meant to be summed.
+                loss = loss * self.dist.world_size
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0) + v.detach().float()
+        return sums
+
+    def _log(self, window, steps: int, lr_sum: float, seconds: float, metrics_logger, bar) -> dict[str, float]:
+        # Metric contributions are summed over ranks; the gradient norm is the same on every rank.
+        keys = sorted(k for k in window if k != "grad_norm")
+        out: dict[str, float] = {}
+        if keys:
+            values = self.dist.all_reduce_sum(torch.stack([window[k] for k in keys])) / steps
+            out = {k: float(v) for k, v in zip(keys, values.tolist())}
+        out["grad_norm"] = float(window["grad_norm"]) / steps
+        out["learning_rate"] = lr_sum / steps
+        out["sequences_per_second"] = self.examples_per_step * steps / max(seconds, 1e-9)
+        if metrics_logger is not None:
+            metrics_logger.log(self.global_step, out)
+            bar.set_postfix(
+                loss=f"{out.get('loss', float('nan')):.4f}", seq_s=f"{out['sequences_per_second']:.1f}", refresh=False
+            )
+            logger.info(
+                "step %d: %s", self.global_step, ", ".join(f"{k} = {v:.6g}" for k, v in out.items() if k != "step")
+            )
+        return out

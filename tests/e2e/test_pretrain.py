@@ -1,0 +1,438 @@
+"""`bert pretrain` end to end: training, evaluation, checkpoints, exact resume, 2 processes, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bert.cli import main as cli_main
+from bert.errors import InputError
+from bert.pretrain import EVAL_KEYS, PretrainArgs, evaluate, open_pretraining_data, run_pretrain
+from bert.training import TRAINING_STATE_NAME, DistContext, list_checkpoints
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = REPO / "tests" / "fixtures" / "pretraining_tfrecord" / "sample_text_nowwm.tfrecord"
+
+
+def _config(path: Path, vocab_size: int, max_position: int = 128, dropout: float = 0.1, hidden: int = 32) -> Path:
+    path.write_text(
+        json.dumps(
+            {
+                "vocab_size": vocab_size,
+                "hidden_size": hidden,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "intermediate_size": 37,
+                "hidden_act": "gelu",
+                "hidden_dropout_prob": dropout,
+                "attention_probs_dropout_prob": dropout,
+                "max_position_embeddings": max_position,
+                "type_vocab_size": 2,
+                "initializer_range": 0.02,
+            }
+        )
+    )
+    return path
+
+
+def synthetic_data(
+    tmp: Path, n: int = 24, seq: int = 32, preds: int = 5, vocab: int = 99, seed: int = 0
+) -> tuple[Path, Path]:
+    """A small TFRecord of pre-training records like create_pretraining_data's, and its vocab file.
+
+    Vocab ids: 0 [PAD], 1 [UNK], 2 [CLS], 3 [SEP], 4 [MASK], then ordinary words.
+    """
+    from bert.tfrecord import TFRecordWriter
+
+    rng = np.random.default_rng(seed)
+    vocab_file = tmp / "vocab.txt"
+    vocab_file.write_text(
+        "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(5, vocab)])
+    )
+    path = tmp / "synthetic.tfrecord"
+    with TFRecordWriter(path) as w:
+        for _ in range(n):
+            length = int(rng.integers(seq // 2, seq + 1))
+            a = int(rng.integers(1, length - 3))
+            tokens = np.concatenate([[2], rng.integers(5, vocab, a), [3], rng.integers(5, vocab, length - a - 3), [3]])
+            segment = np.r_[np.zeros(a + 2), np.ones(length - a - 2)]
+            cand = np.flatnonzero(tokens >= 5)
+            k = min(preds, max(1, round(length * 0.15)))
+            pos = np.sort(rng.choice(cand, k, replace=False))
+            labels = tokens[pos].copy()
+            masked = tokens.copy()
+            masked[pos] = 4
+            pad = seq - length
+            w.write_example(
+                {
+                    "input_ids": np.r_[masked, np.zeros(pad)].astype(np.int64),
+                    "input_mask": np.r_[np.ones(length), np.zeros(pad)].astype(np.int64),
+                    "segment_ids": np.r_[segment, np.zeros(pad)].astype(np.int64),
+                    "masked_lm_positions": np.r_[pos, np.zeros(preds - k)].astype(np.int64),
+                    "masked_lm_ids": np.r_[labels, np.zeros(preds - k)].astype(np.int64),
+                    "masked_lm_weights": np.r_[np.ones(k), np.zeros(preds - k)].astype(np.float32),
+                    "next_sentence_labels": np.array([rng.integers(0, 2)], dtype=np.int64),
+                }
+            )
+    return path, vocab_file
+
+
+def _metrics(output_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def _env() -> dict[str, str]:
+    # One thread per process: the runs compared bit for bit do the same float reductions, and two
+    # processes share the two cores of a small CI machine.
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+# ------------------------------------------------------------------------------------------------ (c)
+def test_pretrain_on_sample_text(tmp_path):
+    out = tmp_path / "run"
+    args = PretrainArgs(
+        bert_config_file=str(_config(tmp_path / "bert_config.json", 30522)),
+        input_file=str(SAMPLE),
+        output_dir=str(out),
+        do_train=True,
+        do_eval=True,
+        train_batch_size=4,
+        eval_batch_size=4,
+        num_train_steps=20,
+        num_warmup_steps=2,
+        learning_rate=1e-3,
+        save_checkpoints_steps=10,
+        max_eval_steps=2,
+        log_every=1,
+        keep_checkpoint_max=1,
+    )
+    result = run_pretrain(args)
+    assert result["global_step"] == 20
+
+    # Loss goes down (from ~ln(30522) + ln 2 = 11.0).
+    lines = _metrics(out)
+    assert [m["step"] for m in lines] == list(range(1, 21))
+    losses = [m["loss"] for m in lines]
+    assert losses[0] > 10.0
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.5
+    for m in lines:
+        assert m["loss"] == pytest.approx(m["masked_lm_loss"] + m["next_sentence_loss"], rel=1e-5)
+        assert {"grad_norm", "learning_rate", "sequences_per_second"} <= set(m)
+    assert lines[0]["learning_rate"] == 0.0 and lines[1]["learning_rate"] == pytest.approx(5e-4, rel=1e-12)
+
+    # eval_results.txt: the original's six keys, sorted, `key = value`; and its JSON copy.
+    text = (out / "eval_results.txt").read_text().splitlines()
+    assert [line.split(" = ")[0] for line in text] == sorted(EVAL_KEYS)
+    assert text[0] == "global_step = 20"
+    results = json.loads((out / "eval_results.json").read_text())
+    assert set(results) == set(EVAL_KEYS)
+    assert 0.0 <= results["masked_lm_accuracy"] <= 1.0 and 0.0 <= results["next_sentence_accuracy"] <= 1.0
+
+    # Checkpoints: only the newest kept; it and the exported model hold the same weights, which load
+    # with from_pretrained and reproduce the evaluation.
+    assert [s for s, _ in list_checkpoints(out)] == [20]
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary directories left
+    ckpt, final = _weights(out / "checkpoint-20"), _weights(out / "model")
+    assert ckpt.keys() == final.keys() and all(torch.equal(ckpt[k], final[k]) for k in ckpt)
+    state = torch.load(out / "checkpoint-20" / TRAINING_STATE_NAME, weights_only=True)
+    assert state["step"] == 20 and state["data"]["epoch"] * 23 + state["data"]["index"] == 80
+
+    from bert.modeling import BertForPreTraining
+
+    model = BertForPreTraining.from_pretrained(out / "model")
+    loaded = {k: v for k, v in model.state_dict().items() if k in final}
+    assert all(torch.equal(loaded[k], final[k]) for k in final)
+    source = open_pretraining_data(str(SAMPLE), 128, 20, None)
+    again = evaluate(model, source, 4, 2, DistContext(torch.device("cpu")))
+    for key in ("loss", "masked_lm_loss", "masked_lm_accuracy", "next_sentence_loss"):
+        assert again[key] == pytest.approx(results[key], rel=1e-5, abs=1e-6)
+
+    # TensorBoard events: training scalars in output_dir, evaluation in output_dir/eval.
+    from bert.tensorboard import read_scalars
+
+    scalars = read_scalars(out)
+    assert [s for s, _ in scalars["loss"]] == list(range(1, 21))
+    assert [v for _, v in scalars["loss"]] == pytest.approx(losses, rel=1e-6)
+    assert read_scalars(out / "eval")["masked_lm_loss"][0] == (20, pytest.approx(results["masked_lm_loss"], rel=1e-6))
+
+    # Rerunning the finished job resumes at step 20, trains no more, and evaluates the same model.
+    again = run_pretrain(args)
+    assert again["global_step"] == 20 and "train" not in again
+    assert again["eval"]["loss"] == pytest.approx(results["loss"], rel=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ (d)
+def _pretrain_cmd(config: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "bert",
+        "pretrain",
+        f"--bert_config_file={config}",
+        f"--input_file={data}",
+        f"--output_dir={out}",
+        "--do_train",
+        "--train_batch_size=8",
+        "--max_seq_length=32",
+        "--max_predictions_per_seq=5",
+        "--num_warmup_steps=3",
+        "--learning_rate=1e-3",
+        "--log_every=1",
+        *extra,
+    ]
+
+
+def test_resume_after_kill_is_exact(tmp_path):
+    data, vocab = synthetic_data(tmp_path, n=20, seq=32)
+    config = _config(tmp_path / "bert_config.json", 99, max_position=32)  # dropout on: RNG state must resume
+    steps = ["--num_train_steps=40", "--save_checkpoints_steps=5", "--dynamic_masking", f"--vocab_file={vocab}"]
+    ref = tmp_path / "uninterrupted"
+    reference = subprocess.Popen(_pretrain_cmd(config, data, ref, *steps), env=_env(), stderr=subprocess.DEVNULL)
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(_pretrain_cmd(config, data, out, *steps), env=_env(), stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (out / "checkpoint-5").is_dir() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be interrupted"
+    assert not (out / "model").exists()
+    killed_at = max(s for s, _ in list_checkpoints(out))
+    assert 5 <= killed_at < 40
+
+    # The same command again resumes from the newest checkpoint (an init_checkpoint would be ignored).
+    subprocess.run(_pretrain_cmd(config, data, out, *steps), env=_env(), check=True, stderr=subprocess.DEVNULL)
+    assert reference.wait() == 0
+
+    a, b = _weights(ref / "model"), _weights(out / "model")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the uninterrupted run"
+    # metrics.jsonl holds each step once, with the uninterrupted run's values.
+    assert [m["step"] for m in _metrics(out)] == list(range(1, 41))
+    assert [m["loss"] for m in _metrics(out)] == [m["loss"] for m in _metrics(ref)]
+
+
+# ------------------------------------------------------------------------------------------------ (e)
+def test_two_processes_equal_one(tmp_path):
+    data, vocab = synthetic_data(tmp_path, n=24, seq=32)
+    config = _config(tmp_path / "bert_config.json", 99, max_position=32, dropout=0.0)
+    common = ["--num_train_steps=6", "--save_checkpoints_steps=100", "--dynamic_masking", f"--vocab_file={vocab}"]
+    one = tmp_path / "one"
+    run_one = subprocess.Popen(_pretrain_cmd(config, data, one, *common), env=_env(), stderr=subprocess.DEVNULL)
+    two = tmp_path / "two"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "bert"]
+    cmd += _pretrain_cmd(config, data, two, *common)[3:]
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert run_one.wait() == 0
+    a, b = _metrics(one), _metrics(two)
+    assert [m["step"] for m in b] == list(range(1, 7))
+    np.testing.assert_allclose([m["loss"] for m in b], [m["loss"] for m in a], atol=1e-5, rtol=0)
+    np.testing.assert_allclose([m["grad_norm"] for m in b], [m["grad_norm"] for m in a], rtol=1e-4)
+    assert a[-1]["loss"] < a[0]["loss"]
+    wa, wb = _weights(one / "model"), _weights(two / "model")
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-5
+    # The 2-process checkpoint resumes in one process (optimizer state is keyed by parameter name).
+    more = _pretrain_cmd(config, data, two, "--num_train_steps=8", "--dynamic_masking", f"--vocab_file={vocab}")
+    subprocess.run(more, env=_env(), check=True, stderr=subprocess.DEVNULL)
+    assert [m["step"] for m in _metrics(two)] == list(range(1, 9))
+
+
+@pytest.mark.slow
+def test_fsdp_two_processes_equal_one(tmp_path):
+    # FSDP on CPU (gloo) is checked lightly: same losses and weights as one process, and a rerun
+    # resumes the sharded optimizer state from the full checkpoint.
+    data, _ = synthetic_data(tmp_path, n=24, seq=32)
+    config = _config(tmp_path / "bert_config.json", 99, max_position=32, dropout=0.0)
+    common = ["--num_train_steps=6", "--save_checkpoints_steps=3"]
+    one = tmp_path / "one"
+    run_one = subprocess.Popen(_pretrain_cmd(config, data, one, *common), env=_env(), stderr=subprocess.DEVNULL)
+    two = tmp_path / "fsdp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "bert"]
+    cmd += _pretrain_cmd(config, data, two, *common, "--fsdp")[3:]
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert run_one.wait() == 0
+    np.testing.assert_allclose([m["loss"] for m in _metrics(two)], [m["loss"] for m in _metrics(one)], atol=1e-5)
+    wa, wb = _weights(one / "checkpoint-3"), _weights(two / "checkpoint-3")
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-5
+    state = torch.load(two / "checkpoint-6" / TRAINING_STATE_NAME, weights_only=True)
+    assert state["world_size"] == 2 and len(state["rng"]) == 2
+    again = subprocess.run([*cmd, "--do_eval", "--max_eval_steps=2"], env=_env(), capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from" in again.stderr and (two / "eval_results.txt").is_file()
+
+
+def test_gradient_accumulation_equals_one_batch(tmp_path):
+    data, vocab = synthetic_data(tmp_path, n=24, seq=32)
+    config = _config(tmp_path / "bert_config.json", 99, max_position=32, dropout=0.0)
+    runs = {}
+    for accumulation in (1, 4):
+        out = tmp_path / f"acc{accumulation}"
+        run_pretrain(
+            PretrainArgs(
+                bert_config_file=str(config),
+                input_file=str(data),
+                output_dir=str(out),
+                do_train=True,
+                train_batch_size=8,
+                max_seq_length=32,
+                max_predictions_per_seq=5,
+                num_train_steps=4,
+                num_warmup_steps=1,
+                learning_rate=1e-3,
+                log_every=1,
+                gradient_accumulation_steps=accumulation,
+            )
+        )
+        runs[accumulation] = _metrics(out)
+    np.testing.assert_allclose([m["loss"] for m in runs[4]], [m["loss"] for m in runs[1]], atol=1e-5, rtol=0)
+
+
+def test_native_dataset_gives_the_same_run(tmp_path):
+    from bert.datasets import NativeShardWriter, features_to_records
+
+    data, _ = synthetic_data(tmp_path, n=20, seq=32)
+    source = open_pretraining_data(str(data), 32, 5, None)
+    native = tmp_path / "native"
+    with NativeShardWriter(native, 32, 5, vocab_size=99, shard_size=7) as w:  # 3 shards
+        w.write(features_to_records(source.get_batch(np.arange(20)), w.dtype))
+        w.close({"max_seq_length": 32, "max_predictions_per_seq": 5, "vocab_size": 99})
+    config = _config(tmp_path / "bert_config.json", 99, max_position=32)
+    results = {}
+    for name, inputs in (("tfrecord", {"input_file": str(data)}), ("native", {"input_file": str(native)})):
+        out = tmp_path / name
+        result = run_pretrain(
+            PretrainArgs(
+                bert_config_file=str(config),
+                output_dir=str(out),
+                do_train=True,
+                do_eval=True,
+                train_batch_size=8,
+                eval_batch_size=4,
+                max_eval_steps=3,
+                eval_files=str(data),  # the same evaluation data for both
+                max_seq_length=32,
+                max_predictions_per_seq=5,
+                num_train_steps=3,
+                num_warmup_steps=1,
+                learning_rate=1e-3,
+                log_every=1,
+                **inputs,
+            )
+        )
+        results[name] = ([m["loss"] for m in _metrics(out)], result["eval"])
+    assert results["native"] == results["tfrecord"]
+    with pytest.raises(InputError, match="--max_predictions_per_seq=6 does not match the data"):
+        open_pretraining_data(str(native), 32, 6, None)
+
+
+def test_init_from_tf_checkpoint_then_resume_ignores_it(tmp_path, caplog):
+    pytest.importorskip("bert.tf_checkpoint")
+    tiny = REPO / "tests" / "fixtures" / "tf_checkpoint" / "tiny"
+    data, _ = synthetic_data(tmp_path, n=8, seq=32)  # ids < 99, the tiny checkpoint's vocab
+    out = tmp_path / "run"
+    args = dict(
+        bert_config_file=str(tiny / "bert_config.json"),
+        input_file=str(data),
+        output_dir=str(out),
+        init_checkpoint=str(tiny / "bert_model.ckpt"),
+        max_seq_length=32,
+        max_predictions_per_seq=5,
+        eval_batch_size=4,
+        max_eval_steps=2,
+    )
+    result = run_pretrain(PretrainArgs(do_eval=True, **args))
+    assert result["global_step"] == 0
+    from bert.modeling import BertForPreTraining
+
+    model = BertForPreTraining.from_pretrained(tiny / "bert_model.ckpt")
+    want = evaluate(model, open_pretraining_data(str(data), 32, 5, None), 4, 2, DistContext(torch.device("cpu")))
+    assert result["eval"]["loss"] == pytest.approx(want["loss"], rel=1e-6)
+    assert "name = bert.embeddings.word_embeddings.weight, shape = (99, 32), *INIT_FROM_CKPT*" in caplog.text
+
+    run_pretrain(PretrainArgs(do_train=True, train_batch_size=4, num_train_steps=2, num_warmup_steps=0, **args))
+    caplog.clear()
+    args["init_checkpoint"] = str(tmp_path / "missing")  # ignored: the output directory has a checkpoint
+    again = run_pretrain(PretrainArgs(do_train=True, train_batch_size=4, num_train_steps=3, num_warmup_steps=0, **args))
+    assert again["global_step"] == 3 and "is ignored" in caplog.text
+
+
+# ------------------------------------------------------------------------------------------------ (f)
+def _cli_error(capsys, *argv: str) -> str:
+    code = cli_main(["pretrain", *argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_bad_input(tmp_path, capsys):
+    config = _config(tmp_path / "bert_config.json", 30522)
+    base = [f"--bert_config_file={config}", f"--input_file={SAMPLE}"]
+
+    err = _cli_error(capsys, *base, f"--output_dir={tmp_path / 'a'}")
+    assert "do_train" in err and "do_eval" in err
+
+    err = _cli_error(capsys, *base, f"--output_dir={tmp_path / 'b'}", "--do_train", "--max_seq_length=64")
+    assert "--max_seq_length=64" in err and "--max_seq_length=128" in err and SAMPLE.name in err
+
+    err = _cli_error(capsys, *base, f"--output_dir={tmp_path / 'c'}", "--do_train", "--max_predictions_per_seq=10")
+    assert "--max_predictions_per_seq=20" in err
+
+    err = _cli_error(
+        capsys, *base, f"--output_dir={tmp_path / 'c'}", "--do_train", "--gradient_accumulation_steps=4",
+        "--train_batch_size=6",
+    )  # fmt: skip
+    assert "divisible" in err
+
+    # A vocab larger than the config's table.
+    small = _config(tmp_path / "small.json", 1000)
+    vocab = tmp_path / "big_vocab.txt"
+    vocab.write_text("\n".join(f"t{i}" for i in range(2000)))
+    err = _cli_error(
+        capsys, f"--bert_config_file={small}", f"--input_file={SAMPLE}", f"--output_dir={tmp_path / 'd'}",
+        "--do_train", f"--vocab_file={vocab}",
+    )  # fmt: skip
+    assert "vocab_size" in err and "2000" in err
+
+    # Data ids beyond the config's vocab (no vocab file given).
+    err = _cli_error(
+        capsys, f"--bert_config_file={small}", f"--input_file={SAMPLE}", f"--output_dir={tmp_path / 'e'}", "--do_train"
+    )
+    assert SAMPLE.name in err and "vocab_size" in err
+
+    # An output directory holding a checkpoint of another shape.
+    from bert.checkpoint import save_pretrained
+    from bert.config import BertConfig
+    from bert.modeling import BertForPreTraining
+
+    other = tmp_path / "other" / "checkpoint-3"
+    model = BertForPreTraining(BertConfig.from_json_file(_config(tmp_path / "h16.json", 30522, hidden=16)))
+    save_pretrained(model, other)
+    torch.save({"step": 3}, other / TRAINING_STATE_NAME)
+    err = _cli_error(capsys, *base, f"--output_dir={other.parent}", "--do_train")
+    assert str(other / "config.json") in err and "hidden_size 16 (now 32)" in err and "--bert_config_file" in err
+
+    err = _cli_error(capsys, *base, f"--output_dir={tmp_path / 'f'}", "--do_train", "--use_tpu")
+    assert "use_tpu" in err
+    err = _cli_error(capsys, f"--bert_config_file={config}", "--input_file=/nonexistent/*.tfrecord",
+                     f"--output_dir={tmp_path / 'g'}", "--do_train")  # fmt: skip
+    assert "nothing matches" in err
+    assert not (tmp_path / "b").exists()  # nothing written before validation passed
