@@ -190,3 +190,13 @@ def test_encode_batch_in_processes(vocab_files):
     single = tok.encode_batch(texts)
     assert tok.encode_batch(texts, num_workers=2) == single
     assert FullTokenizer(vocab_files["uncased"]).encode_batch(texts, num_workers=2) == single
+
+
+def test_encode_batch_in_spawned_processes(vocab_files, monkeypatch):
+    """The start method used where fork is unavailable (macOS default, Windows)."""
+    import multiprocessing
+
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    texts = _random_texts(8000, seed=4)
+    tok = FullTokenizer(vocab_files["cased"], do_lower_case=False, never_split=["[MASK]"])
+    assert tok.encode_batch(texts, num_workers=2) == tok.encode_batch(texts)
