@@ -1,0 +1,484 @@
+"""`bert prepare-corpus`: raw books to the input layout of `create-pretraining-data`.
+
+The original `create_pretraining_data.py` reads plain text with one sentence per line and a blank line
+between documents (google-research/bert README, "Pre-training with BERT"), but ships no tool that
+produces it. This module does, for raw text such as Project Gutenberg books (plain or gzipped):
+
+1. the Project Gutenberg header and footer are dropped (everything up to the `*** START OF ... ***`
+   line and from the `*** END OF ... ***` / `End of the Project Gutenberg EBook` line on);
+2. hard-wrapped lines are joined into paragraphs (paragraphs are separated by blank lines), or, for
+   files that hold one paragraph per line, each line is a paragraph (`--paragraph_mode=auto` decides
+   per file from the line lengths);
+3. each paragraph is split into sentences by a sentence splitter from PyPI (`pysbd`, rule based, the
+   default; or `blingfire`, faster), imported only when used;
+4. every source file becomes one document, or one document per chapter with `--split_chapters`
+   (a line such as "CHAPTER IV." or "Chapter 12" starts a new document and is itself dropped).
+
+The module also holds the text-reading helpers that `create-pretraining-data` shares: comma lists of
+globs (`expand_input_files`) and line reading that names the file and line of undecodable bytes
+(`iter_lines`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import gzip
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bert.errors import InputError
+from bert.utils import atomic_write
+
+logger = logging.getLogger(__name__)
+
+DECODE_ERRORS = ("strict", "ignore", "replace")
+SENTENCE_SPLITTERS = ("pysbd", "blingfire")
+PARAGRAPH_MODES = ("auto", "blank_line", "line")
+
+# Bytes read at a time by `iter_lines`; a block always ends at a newline, so it never cuts a character.
+_BLOCK_BYTES = 1 << 20
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading text files (shared with create-pretraining-data)
+# ------------------------------------------------------------------------------------------------
+
+
+def expand_input_files(input_file: str, flag: str = "--input_file") -> list[str]:
+    """Expand a comma-separated list of glob patterns, as the original's `tf.gfile.Glob` loop does.
+
+    Each pattern's matches are sorted (the original's order is the file system's); `**` matches any
+    number of directories. Directories are skipped.
+
+    Raises:
+        InputError: a pattern that matches no file, or an empty list.
+    """
+    files: list[str] = []
+    for pattern in (p.strip() for p in input_file.split(",")):
+        if not pattern:
+            continue
+        matches = sorted(m for m in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(m))
+        if not matches:
+            raise InputError(f"{flag}: '{pattern}' matches no file; check the path or the glob pattern")
+        files.extend(matches)
+    if not files:
+        raise InputError(f"{flag} is empty; give one or more files or glob patterns, comma-separated")
+    return files
+
+
+def _open_binary(path: str):
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def iter_lines(
+    path: str, encoding: str = "utf-8", errors: str = "strict", hint: str = "--decode_errors=ignore"
+) -> Iterator[str]:
+    """The lines of a text file (plain, or gzip when the name ends in .gz), without their newline.
+
+    Lines are split at "\\n" only, as the original's `tf.gfile.GFile.readline` does (a "\\r" before it
+    is left to the caller's `strip()`); a last line without a newline is still a line, and a file that
+    ends with a newline has no empty line after it. Decoding is done in 1 MB blocks, which is much
+    faster than line by line.
+
+    Args:
+        path: the file.
+        encoding: an ASCII-compatible text encoding (utf-8, latin-1, cp1252, ...).
+        errors: "strict" raises on undecodable bytes; "ignore" drops them (the original's
+            `convert_to_unicode`); "replace" substitutes U+FFFD.
+        hint: the flag that would accept the file, quoted in the error message.
+
+    Raises:
+        InputError: undecodable bytes with errors="strict", naming the file, line and byte.
+    """
+    line_no = 0  # lines before the current block
+    try:
+        f = _open_binary(path)
+    except OSError as e:
+        raise InputError(f"{path}: cannot open ({e.strerror or e}); check the path and permissions") from e
+    with f:
+        rest = b""
+        while True:
+            try:
+                block = f.read(_BLOCK_BYTES)
+            except (OSError, EOFError, gzip.BadGzipFile) as e:
+                raise InputError(f"{path}: cannot read ({e}); is the file complete and not corrupt?") from e
+            if not block:
+                data, rest = rest, b""
+                if not data:
+                    return
+            else:
+                block = rest + block
+                cut = block.rfind(b"\n") + 1
+                if cut == 0:
+                    rest = block
+                    continue
+                data, rest = block[:cut], block[cut:]
+            try:
+                text = data.decode(encoding, errors)
+            except UnicodeDecodeError as e:
+                bad_line = line_no + data.count(b"\n", 0, e.start) + 1
+                col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+                raise InputError(
+                    f"{path}:{bad_line}: bytes that are not valid {encoding} at column {col} "
+                    f"({data[e.start : e.end]!r}); fix the file, or pass {hint} to drop them"
+                ) from e
+            except LookupError as e:
+                raise InputError(f"unknown text encoding {encoding!r}; use e.g. utf-8 or latin-1") from e
+            lines = text.split("\n")
+            if lines[-1] == "":
+                lines.pop()  # the text after the final newline of the block
+            line_no += data.count(b"\n")
+            yield from lines
+            if not block:
+                return
+
+
+# ------------------------------------------------------------------------------------------------
+# Cleaning: Project Gutenberg boilerplate, paragraphs, chapters
+# ------------------------------------------------------------------------------------------------
+
+_GUTENBERG_START = re.compile(r"^\s*\*{3}\s*START OF (THE|THIS) PROJECT GUTENBERG", re.IGNORECASE)
+_GUTENBERG_END = re.compile(
+    r"^\s*(\*{3}\s*END OF (THE|THIS) PROJECT GUTENBERG|End of (the )?Project Gutenberg)", re.IGNORECASE
+)
+# How far into a file the START line is looked for (real headers are a few dozen lines long).
+_HEADER_LOOKAHEAD = 1000
+
+_NUMBER_WORDS = (
+    "one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|sixteen|"
+    "seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|first|second|third|fourth|fifth|sixth|seventh|"
+    "eighth|ninth|tenth|last"
+)
+_CHAPTER = re.compile(
+    rf"^\s*chapter\s+(the\s+)?([ivxlcdm]+|\d+|({_NUMBER_WORDS})([\s-]+({_NUMBER_WORDS}))?)\b(?!')",
+    re.IGNORECASE,
+)
+# A chapter heading is a short line; a long one starting with "Chapter one" is prose.
+_CHAPTER_MAX_CHARS = 100
+
+# `paragraph_mode=auto`: a file is hard-wrapped when nearly all its lines are at most this long
+# (Project Gutenberg wraps at 70-76 characters).
+_WRAP_WIDTH = 80
+_MAX_PARAGRAPH_CHARS = 20_000
+_SENTENCE_END = frozenset(".!?\"'”’)]")
+
+
+def is_chapter_heading(line: str) -> bool:
+    """True for a line such as "CHAPTER IV.", "Chapter 12: The Storm" or "CHAPTER THE FIRST"."""
+    return len(line) <= _CHAPTER_MAX_CHARS and _CHAPTER.match(line) is not None
+
+
+def strip_gutenberg(lines: Iterable[str]) -> Iterator[str]:
+    """Drop a Project Gutenberg header (up to the START line) and footer (from the END line on).
+
+    A file without a START line within its first 1000 lines is kept from its first line.
+    """
+    it = iter(lines)
+    head: list[str] = []
+    for line in it:
+        if _GUTENBERG_START.match(line):
+            head = []
+            break
+        if _GUTENBERG_END.match(line):
+            yield from head
+            return
+        head.append(line)
+        if len(head) >= _HEADER_LOOKAHEAD:
+            break
+    yield from head
+    for line in it:
+        if _GUTENBERG_END.match(line):
+            return
+        yield line
+
+
+def _wrap_width(lines: list[str]) -> int | None:
+    """The width a text is hard-wrapped at (95th percentile of line lengths), or None if it is not."""
+    lengths = sorted(len(s.rstrip()) for s in lines if s.strip())
+    if not lengths:
+        return _WRAP_WIDTH
+    width = lengths[int(0.95 * (len(lengths) - 1))]
+    return width if width <= _WRAP_WIDTH else None
+
+
+def iter_paragraphs(lines: Iterable[str], mode: str = "auto", split_chapters: bool = False) -> Iterator[str | None]:
+    """Paragraphs as single-line strings; None marks a chapter break (only with `split_chapters`).
+
+    Args:
+        lines: the text's lines.
+        mode: "blank_line": the text is hard-wrapped: consecutive lines are joined, and a paragraph ends
+            at a blank line or after a line much shorter than the wrap width (some books have no blank
+            lines); "line": every non-blank line is a paragraph; "auto": "blank_line" if 95% of the first
+            2000 non-blank lines are at most 80 characters long, else "line".
+        split_chapters: yield None in place of each chapter heading line.
+
+    A paragraph is also cut after a line ending a sentence once it is longer than 20,000 characters, to
+    bound the sentence splitter's work.
+    """
+    it = iter(lines)
+    head: list[str] = []
+    for line in it:
+        head.append(line)
+        if len(head) >= 2000:
+            break
+    width = _wrap_width(head)
+    if mode == "auto":
+        mode = "blank_line" if width is not None else "line"
+    # In a wrapped paragraph every line but the last is nearly full: the next word did not fit.
+    short = int(0.7 * (width or _WRAP_WIDTH))
+    current: list[str] = []
+    size = 0
+    for line in _chain(head, it):
+        stripped = line.strip()
+        if split_chapters and stripped and is_chapter_heading(stripped):
+            if current:
+                yield " ".join(current)
+                current, size = [], 0
+            yield None
+            continue
+        if not stripped:
+            if current:
+                yield " ".join(current)
+                current, size = [], 0
+            continue
+        current.append(stripped)
+        size += len(stripped) + 1
+        if (
+            mode == "line"
+            or len(line.rstrip()) < short
+            or (size > _MAX_PARAGRAPH_CHARS and stripped[-1] in _SENTENCE_END)
+        ):
+            yield " ".join(current)
+            current, size = [], 0
+    if current:
+        yield " ".join(current)
+
+
+def _chain(head: list[str], rest: Iterator[str]) -> Iterator[str]:
+    yield from head
+    yield from rest
+
+
+def make_sentence_splitter(name: str) -> Callable[[str], list[str]]:
+    """A function from a paragraph to its sentences, using the named PyPI package (imported here).
+
+    Raises:
+        InputError: an unknown name, or the package is not installed (with the pip command).
+    """
+    if name == "pysbd":
+        try:
+            import pysbd
+        except ImportError as e:
+            raise InputError(
+                "--sentence_splitter=pysbd needs the pysbd package: pip install 'pysbd>=0.3.4,<0.4' "
+                "(or use --sentence_splitter=blingfire)"
+            ) from e
+        segmenter = pysbd.Segmenter(language="en", clean=False)
+        return segmenter.segment
+    if name == "blingfire":
+        try:
+            import blingfire
+        except ImportError as e:
+            raise InputError(
+                "--sentence_splitter=blingfire needs the blingfire package: pip install 'blingfire>=0.1.8,<0.2' "
+                "(or use --sentence_splitter=pysbd)"
+            ) from e
+        return lambda text: blingfire.text_to_sentences(text).split("\n")
+    raise InputError(f"--sentence_splitter={name!r} is not one of {', '.join(SENTENCE_SPLITTERS)}")
+
+
+def _clean_sentence(sentence: str) -> str:
+    # One line per sentence: every kind of whitespace (including line and paragraph separators)
+    # becomes a single space.
+    return " ".join(sentence.split())
+
+
+def iter_documents(paragraphs: Iterable[str | None], split: Callable[[str], list[str]]) -> Iterator[list[str]]:
+    """Group the sentences of `paragraphs` into documents, a new one at each None (chapter break).
+
+    Empty documents (e.g. between two headings) are skipped.
+    """
+    doc: list[str] = []
+    for para in paragraphs:
+        if para is None:
+            if doc:
+                yield doc
+                doc = []
+            continue
+        for sentence in split(para):
+            sentence = _clean_sentence(sentence)
+            if sentence:
+                doc.append(sentence)
+    if doc:
+        yield doc
+
+
+def prepare_file(
+    path: str,
+    split: Callable[[str], list[str]],
+    split_chapters: bool = False,
+    paragraph_mode: str = "auto",
+    strip_boilerplate: bool = True,
+    encoding: str = "utf-8",
+    decode_errors: str = "strict",
+) -> Iterator[list[str]]:
+    """The documents (lists of sentences) of one raw text file."""
+    lines: Iterable[str] = iter_lines(path, encoding, decode_errors, hint="--decode_errors=replace")
+    if strip_boilerplate:
+        lines = strip_gutenberg(lines)
+    return iter_documents(iter_paragraphs(lines, paragraph_mode, split_chapters), split)
+
+
+# ------------------------------------------------------------------------------------------------
+# The command
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PrepareCorpusArgs:
+    """Raw text (e.g. Project Gutenberg books, plain or .gz) to one sentence per line, blank line between documents."""
+
+    input_file: str = field(
+        metadata={"help": "Input raw text file(s): comma-separated glob patterns; .gz files are decompressed."}
+    )
+    output_file: str = field(
+        metadata={"help": "Output text file: one sentence per line, a blank line between documents (.gz: gzipped)."}
+    )
+    sentence_splitter: str = field(
+        default="pysbd",
+        metadata={
+            "help": "Sentence splitter: pysbd (rule based, handles abbreviations and quotes) or blingfire "
+            "(about 40x faster, splits after 'Mr.').",
+            "choices": SENTENCE_SPLITTERS,
+        },
+    )
+    split_chapters: bool = field(
+        default=False,
+        metadata={"help": "Start a new document at each chapter heading (e.g. 'CHAPTER IV.'), dropping the heading."},
+    )
+    paragraph_mode: str = field(
+        default="auto",
+        metadata={
+            "help": "blank_line: paragraphs are separated by blank lines and wrapped lines are joined; "
+            "line: each line is a paragraph; auto: decide per file from its line lengths.",
+            "choices": PARAGRAPH_MODES,
+        },
+    )
+    strip_gutenberg: bool = field(
+        default=True, metadata={"help": "Drop the Project Gutenberg header and footer (START/END OF lines)."}
+    )
+    encoding: str = field(default="utf-8", metadata={"help": "Text encoding of the input files."})
+    decode_errors: str = field(
+        default="strict",
+        metadata={
+            "help": "Undecodable bytes: strict (error naming file and line), ignore (drop) or replace (U+FFFD).",
+            "choices": DECODE_ERRORS,
+        },
+    )
+    num_workers: int = field(default=1, metadata={"help": "Processes splitting files in parallel."})
+
+
+def _prepare_to_part(job: tuple) -> tuple[str, int, int]:
+    """Worker: one input file to a temporary part file; returns (part path, documents, sentences)."""
+    path, part, splitter, split_chapters, paragraph_mode, strip_boilerplate, encoding, decode_errors = job
+    split = make_sentence_splitter(splitter)
+    n_docs = n_sents = 0
+    with open(part, "w", encoding="utf-8", newline="\n") as out:
+        for doc in prepare_file(
+            path, split, split_chapters, paragraph_mode, strip_boilerplate, encoding, decode_errors
+        ):
+            out.write("\n".join(doc))
+            out.write("\n\n")
+            n_docs += 1
+            n_sents += len(doc)
+    return part, n_docs, n_sents
+
+
+@contextlib.contextmanager
+def _open_output(path: str):
+    with atomic_write(path, "wb") as raw:
+        if path.endswith(".gz"):
+            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+                yield gz
+        else:
+            yield raw
+
+
+def run_prepare_corpus(args: PrepareCorpusArgs) -> dict:
+    """Write `args.output_file` from `args.input_file`; returns counts of files, documents, sentences."""
+    if args.num_workers < 1:
+        raise InputError(f"--num_workers={args.num_workers} must be at least 1")
+    files = expand_input_files(args.input_file)
+    make_sentence_splitter(args.sentence_splitter)  # fail early when the package is missing
+    start = time.time()
+    n_docs = n_sents = 0
+    in_bytes = sum(os.path.getsize(f) for f in files)
+    from tqdm import tqdm
+
+    out_dir = Path(args.output_file).resolve().parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".prepare-corpus-", dir=out_dir) as tmp:
+        jobs = [
+            (
+                f,
+                os.path.join(tmp, f"part{i:06d}.txt"),
+                args.sentence_splitter,
+                args.split_chapters,
+                args.paragraph_mode,
+                args.strip_gutenberg,
+                args.encoding,
+                args.decode_errors,
+            )
+            for i, f in enumerate(files)
+        ]
+        with _open_output(args.output_file) as out, tqdm(total=len(files), unit="file", desc="prepare-corpus") as bar:
+            if args.num_workers == 1:
+                results: Iterable[tuple[str, int, int]] = map(_prepare_to_part, jobs)
+                pool = None
+            else:
+                import multiprocessing
+
+                pool = multiprocessing.get_context("spawn").Pool(min(args.num_workers, len(files)))
+                results = pool.imap(_prepare_to_part, jobs)
+            try:
+                for part, d, s in results:
+                    with open(part, "rb") as fp:
+                        shutil.copyfileobj(fp, out)
+                    os.unlink(part)
+                    n_docs += d
+                    n_sents += s
+                    bar.update(1)
+            finally:
+                if pool is not None:
+                    pool.terminate()
+                    pool.join()
+            if n_docs == 0:
+                raise InputError(
+                    f"--input_file={args.input_file}: no sentences found in {len(files)} file(s); "
+                    "are they empty, or is everything inside the Project Gutenberg header/footer?"
+                )
+    seconds = time.time() - start
+    result = {
+        "files": len(files),
+        "documents": n_docs,
+        "sentences": n_sents,
+        "input_bytes": in_bytes,
+        "seconds": round(seconds, 3),
+    }
+    logger.info(
+        "Wrote %d documents, %d sentences from %d files to %s in %.1f s",
+        n_docs,
+        n_sents,
+        len(files),
+        args.output_file,
+        seconds,
+    )
+    return result
