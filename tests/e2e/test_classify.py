@@ -1,0 +1,393 @@
+"""`bert classify` end to end on a tiny random model: MRPC with the README flags (step arithmetic, the
+original's output files), STS-B regression, own files, dynamic padding equal to padding to
+max_seq_length, evaluation during training with the best checkpoint and early stopping, resuming a
+finished run, and bad input (exit 2, one line, nothing written)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bert.classify import ClassifyArgs, run_classify
+from bert.cli import main as cli_main
+from bert.metrics import f1_binary
+from conftest import shared_path
+
+README_FLAGS = dict(
+    do_train=True,
+    do_eval=True,
+    do_predict=True,
+    max_seq_length=128,
+    train_batch_size=32,
+    learning_rate=2e-5,
+    num_train_epochs=3.0,
+)
+ORIGINAL_KEYS = {"eval_accuracy", "eval_loss", "global_step", "loss"}
+
+
+def tiny_config(path: Path, dropout: float = 0.1, classifier_dropout: float | None = None) -> Path:
+    """Hidden 32, 2 layers, the uncased vocab; attention dropout off (it dominates the step time on CPU)."""
+    cfg = {
+        "vocab_size": 30522,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 37,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": dropout,
+        "attention_probs_dropout_prob": 0.0,
+        "max_position_embeddings": 128,
+        "type_vocab_size": 2,
+        "initializer_range": 0.02,
+    }
+    if classifier_dropout is not None:
+        cfg["classifier_dropout"] = classifier_dropout
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_files(tmp_path_factory):
+    """(config file, vocab file, init checkpoint): a random pre-training model saved with save_pretrained."""
+    from bert.checkpoint import save_pretrained
+    from bert.config import BertConfig
+    from bert.modeling import BertForPreTraining
+
+    vocab = shared_path("data", "vocab", "uncased.txt")
+    d = tmp_path_factory.mktemp("tiny")
+    config = tiny_config(d / "bert_config.json")
+    torch.manual_seed(0)
+    save_pretrained(BertForPreTraining(BertConfig.from_json_file(config)), d / "init", vocab, do_lower_case=True)
+    return config, vocab, d / "init"
+
+
+def glue_slice(src: Path, dst: Path, **rows: int | None) -> Path:
+    """Copy `name=n` files of a GLUE folder keeping the header line and the first n rows (None: all)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for name, n in rows.items():
+        lines = (src / f"{name}.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
+        (dst / f"{name}.tsv").write_text("".join(lines if n is None else lines[: n + 1]), encoding="utf-8")
+    return dst
+
+
+def args_for(model_files, data_dir, output_dir, **kw) -> ClassifyArgs:
+    config, vocab, init = model_files
+    base = dict(
+        task_name="MRPC",
+        data_dir=str(data_dir),
+        output_dir=str(output_dir),
+        vocab_file=str(vocab),
+        bert_config_file=str(config),
+        init_checkpoint=str(init),
+        device="cpu",
+    )
+    return ClassifyArgs(**{**base, **kw})
+
+
+def read_results(path: Path) -> dict[str, str]:
+    lines = path.read_text().splitlines()
+    assert lines == sorted(lines), "eval_results.txt keys must be sorted"
+    return dict(line.split(" = ") for line in lines)
+
+
+def read_tsv(path: Path) -> np.ndarray:
+    return np.array([[float(x) for x in line.split("\t")] for line in path.read_text().splitlines()])
+
+
+def check_mrpc_outputs(out: Path, steps: int, n_dev: int) -> dict[str, str]:
+    results = read_results(out / "eval_results.txt")
+    assert set(results) == ORIGINAL_KEYS | {"eval_f1"}
+    assert results["global_step"] == str(steps)
+    probs = read_tsv(out / "test_results.tsv")
+    assert probs.shape == (1725, 2)  # one line per test example, no header
+    np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-5)
+    for name in ("args.json", "log.txt", "metrics.jsonl", "eval_results.json"):
+        assert (out / name).is_file(), name
+    assert json.loads((out / "args.json").read_text())["command"] == "classify"
+    steps_logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps_logged[-1] == steps
+    assert 0.0 <= float(results["eval_accuracy"]) <= 1.0 and np.isfinite(float(results["eval_loss"]))
+    # The dev set has batches of 8: the Estimator's `loss` is the mean of equal batches' means.
+    if n_dev % 8 == 0:
+        assert abs(float(results["loss"]) - float(results["eval_loss"])) < 1e-5
+    return results
+
+
+def test_mrpc_with_the_readme_flags_then_resume(model_files, tmp_path):
+    """The README's MRPC command on the full data (a tiny model): global_step = 343, the original's files."""
+    mrpc = shared_path("data", "glue", "MRPC")
+    out = tmp_path / "out"
+    result = run_classify(args_for(model_files, mrpc, out, **README_FLAGS))
+    steps = int(3668 / 32 * 3.0)
+    assert result["num_train_steps"] == result["global_step"] == steps == 343  # the README's global_step = 343
+    results = check_mrpc_outputs(out, steps, 408)
+
+    # eval_f1 is the F1 of the dev predictions; recompute it from the model saved in model/.
+    from bert.modeling import BertForSequenceClassification
+
+    model = BertForSequenceClassification.from_pretrained(out / "model")
+    assert model.num_labels == 2 and model.config.extra["id2label"] == {"0": "0", "1": "1"}
+    assert json.loads((out / "model" / "tokenizer_config.json").read_text())["do_lower_case"] is True
+    preds = _dev_preds(model, mrpc, out / "model" / "vocab.txt")
+    assert float(results["eval_f1"]) == pytest.approx(f1_binary(preds, _dev_gold(mrpc)), abs=1e-6)
+
+    # A second run with the same output_dir resumes the finished training: no step is repeated.
+    ckpt = out / f"checkpoint-{steps}"
+    stamp = (ckpt / "training_state.pt").stat().st_mtime_ns
+    metrics = (out / "metrics.jsonl").read_text()
+    eval_txt, test_tsv = (out / "eval_results.txt").read_text(), (out / "test_results.tsv").read_text()
+    again = run_classify(args_for(model_files, mrpc, out, **README_FLAGS))
+    assert "train" not in again and again["global_step"] == steps
+    assert (ckpt / "training_state.pt").stat().st_mtime_ns == stamp
+    assert (out / "metrics.jsonl").read_text() == metrics
+    assert (out / "eval_results.txt").read_text() == eval_txt
+    assert (out / "test_results.tsv").read_text() == test_tsv
+
+
+def _dev_gold(data: Path) -> np.ndarray:
+    rows = (data / "dev.tsv").read_text(encoding="utf-8-sig").splitlines()[1:]
+    return np.array([int(r.split("\t")[0]) for r in rows])
+
+
+def _dev_preds(model, data: Path, vocab: Path) -> np.ndarray:
+    """Argmax predictions of `model` on the dev set, one example at a time, unpadded."""
+    from bert.tasks import get_processor
+    from bert.tasks.glue import convert_examples_to_features
+    from bert.tokenization import FullTokenizer
+
+    tok = FullTokenizer(vocab, do_lower_case=True)
+    examples = get_processor("mrpc").get_dev_examples(data)
+    feats = convert_examples_to_features(examples, ["0", "1"], 128, tok, pad=False)
+    model.eval()
+    with torch.no_grad():
+        logits = [model(torch.tensor([f.input_ids]), None, torch.tensor([f.segment_ids])).logits for f in feats]
+    return np.array([int(x.argmax()) for x in logits])
+
+
+def test_dynamic_padding_equals_padding_to_max_seq_length(model_files, tmp_path):
+    """Length-grouped, dynamically padded batches give the predictions of the original's fixed padding,
+    in evaluation and prediction and, without dropout, in training too; so do accumulated micro-batches."""
+    config, vocab, init = model_files
+    no_dropout = tiny_config(tmp_path / "no_dropout.json", dropout=0.0, classifier_dropout=0.0)
+    data = glue_slice(shared_path("data", "glue", "MRPC"), tmp_path / "data", train=48, dev=24, test=30)
+    runs = {}
+    variants = (
+        ("dynamic", {}),
+        ("fixed", {"pad_to_max_seq_length": True}),
+        ("accumulated", {"gradient_accumulation_steps": 2}),  # two micro-batches of 8, each its own padding
+    )
+    for name, padding in variants:
+        out = tmp_path / name
+        run_classify(
+            args_for(
+                (no_dropout, vocab, init),
+                data,
+                out,
+                do_train=True,
+                do_eval=True,
+                do_predict=True,
+                train_batch_size=16,
+                num_train_epochs=1.0,
+                eval_batch_size=7,
+                predict_batch_size=9,
+                learning_rate=1e-3,
+                log_every=1,
+                **({"group_by_length": False} | padding),
+            )
+        )
+        runs[name] = out
+    losses = {
+        k: [json.loads(s)["loss"] for s in (v / "metrics.jsonl").read_text().splitlines()] for k, v in runs.items()
+    }
+    assert len(losses["dynamic"]) == 3
+    np.testing.assert_allclose(losses["dynamic"], losses["fixed"], rtol=1e-4)
+    np.testing.assert_allclose(losses["dynamic"], losses["accumulated"], rtol=1e-4)
+    for name in ("fixed", "accumulated"):
+        np.testing.assert_allclose(
+            read_tsv(runs["dynamic"] / "test_results.tsv"), read_tsv(runs[name] / "test_results.tsv"), atol=1e-5
+        )
+
+    # Evaluation alone, with the trained model: grouped + dynamic vs sequential + fixed padding.
+    probs = {}
+    for name, padding in (("grouped", {}), ("fixed", {"pad_to_max_seq_length": True, "group_by_length": False})):
+        out = tmp_path / f"eval-{name}"
+        result = run_classify(
+            args_for((config, vocab, runs["dynamic"] / "model"), data, out, do_eval=True, do_predict=True, **padding)
+        )
+        probs[name] = read_tsv(out / "test_results.tsv")
+        assert result["eval"]["global_step"] == 0
+    np.testing.assert_allclose(probs["grouped"], probs["fixed"], atol=1e-5)
+    assert (probs["grouped"].argmax(1) == probs["fixed"].argmax(1)).all()
+
+
+def test_resuming_from_a_middle_checkpoint_is_exact(model_files, tmp_path):
+    """A run restarted from its step-2 checkpoint (as after a crash) ends with the uninterrupted run's weights:
+    the same batches (length-grouped), the same dropout (RNG states restored), the same optimizer state."""
+    from safetensors.torch import load_file
+
+    data = glue_slice(shared_path("data", "glue", "MRPC"), tmp_path / "data", train=64, dev=8)
+    flags = dict(do_train=True, train_batch_size=8, num_train_epochs=0.5, save_checkpoints_steps=2)
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    run_classify(args_for(model_files, data, full, keep_checkpoint_max=0, log_every=1, **flags))
+    assert (full / "checkpoint-2").is_dir()
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
+    result = run_classify(args_for(model_files, data, resumed, log_every=1, **flags))
+    assert result["global_step"] == 4
+    a, b = load_file(full / "model" / "model.safetensors"), load_file(resumed / "model" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    def losses(d):
+        return [json.loads(s)["loss"] for s in (d / "metrics.jsonl").read_text().splitlines()]
+
+    assert losses(resumed) == losses(full)[2:]
+
+
+def test_stsb_trains_as_regression(model_files, tmp_path):
+    data = glue_slice(shared_path("data", "glue", "STS-B"), tmp_path / "data", train=96, dev=40, test=30)
+    out = tmp_path / "out"
+    result = run_classify(
+        args_for(
+            model_files,
+            data,
+            out,
+            task_name="STS-B",
+            do_train=True,
+            do_eval=True,
+            do_predict=True,
+            train_batch_size=16,
+            num_train_epochs=1.0,
+            learning_rate=1e-3,
+        )
+    )
+    results = read_results(out / "eval_results.txt")
+    assert set(results) == {"eval_corr", "eval_loss", "eval_pearson", "eval_spearman", "global_step", "loss"}
+    assert results["global_step"] == "6"
+    scores = read_tsv(out / "test_results.tsv")
+    assert scores.shape == (30, 1)
+    # eval_loss is the mean squared error of the dev predictions (scores 0..5).
+    assert result["eval"]["eval_loss"] > 0 and np.isfinite(result["eval"]["eval_loss"])
+    from bert.modeling import BertForSequenceClassification
+
+    assert BertForSequenceClassification.from_pretrained(out / "model").num_labels == 1
+
+
+def test_generic_task_reads_own_files_and_keeps_its_labels(model_files, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    words = ["good", "bad", "fine", "awful", "great", "poor"]
+    rows = [f"id{i}\tthe film was {words[i % 6]}\t{'pos' if i % 2 == 0 else 'neg'}" for i in range(48)]
+    (data / "train.tsv").write_text("id\ttext\tsentiment\n" + "\n".join(rows[:32]) + "\n")
+    (data / "dev.tsv").write_text("id\ttext\tsentiment\n" + "\n".join(rows[32:]) + "\n")
+    flags = dict(task_name="generic", text_a_column="text", label_column="sentiment", has_header=True)
+    out = tmp_path / "out"
+    run_classify(
+        args_for(
+            model_files,
+            data,
+            out,
+            do_train=True,
+            do_eval=True,
+            train_batch_size=8,
+            num_train_epochs=1.0,
+            learning_rate=1e-3,
+            **flags,
+        )
+    )
+    saved = json.loads((out / "model" / "config.json").read_text())
+    assert saved["id2label"] == {"0": "neg", "1": "pos"}  # sorted labels of the training file
+    first = read_results(out / "eval_results.txt")
+    assert set(first) == ORIGINAL_KEYS and first["global_step"] == "4"
+    # Evaluation alone reads the labels saved with the model: no training file needed.
+    (data / "train.tsv").unlink()
+    run_classify(args_for(model_files, data, out, do_eval=True, **flags))
+    again = read_results(out / "eval_results.txt")
+    assert again == first
+
+
+def test_eval_every_steps_keeps_the_best_checkpoint_and_stops_early(model_files, tmp_path):
+    data = glue_slice(shared_path("data", "glue", "MRPC"), tmp_path / "data", train=96, dev=24)
+    out = tmp_path / "out"
+    flags = dict(
+        do_train=True,
+        do_eval=True,
+        train_batch_size=8,
+        num_train_epochs=1.0,  # 12 steps
+        learning_rate=1e-9,  # predictions never change, so the first evaluation stays the best
+        eval_every_steps=2,
+        early_stopping_patience=2,
+        metric_for_best_model="eval_accuracy",
+    )
+    result = run_classify(args_for(model_files, data, out, **flags))
+    history = json.loads((out / "eval_history.json").read_text())
+    assert [e["step"] for e in history["evaluations"]] == [2, 4, 6]
+    assert history["best_step"] == 2 and history["stopped_at"] == 6
+    assert result["global_step"] == 2 and read_results(out / "eval_results.txt")["global_step"] == "2"
+    assert json.loads((out / "model" / "finetune_state.json").read_text())["global_step"] == 2
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-6"]
+    evals = [json.loads(s) for s in (out / "metrics.jsonl").read_text().splitlines() if "eval_accuracy" in s]
+    assert [e["step"] for e in evals] == [2, 4, 6]
+    # A rerun sees the early stop and trains no further.
+    again = run_classify(args_for(model_files, data, out, **flags))
+    assert "train" not in again and again["global_step"] == 2
+    assert not (out / "checkpoint-8").exists()
+
+
+def _cli_error(capsys, *argv: str) -> str:
+    code = cli_main(["classify", *argv])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("bert classify: error:")]
+    assert code == 2 and len(errors) == 1, err[-2000:]
+    return errors[0]
+
+
+def test_bad_input_fails_before_writing(model_files, tmp_path, capsys):
+    config, vocab, init = model_files
+    mrpc = shared_path("data", "glue", "MRPC")
+    out = tmp_path / "out"
+    common = [
+        f"--vocab_file={vocab}",
+        f"--bert_config_file={config}",
+        f"--init_checkpoint={init}",
+        f"--output_dir={out}",
+        "--device=cpu",
+    ]
+
+    def data_with(name: str, text: str, base: Path = mrpc) -> str:
+        d = tmp_path / f"data-{len(list(tmp_path.iterdir()))}"
+        glue_slice(base, d, train=20, dev=10, test=10)
+        (d / name).write_text(text, encoding="utf-8")
+        return str(d)
+
+    header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+    short_row = data_with("train.tsv", header + "1\t2\tonly three\n")
+    bad_label = data_with("dev.tsv", header + "7\t1\t2\ta\tb\n")
+    empty = data_with("train.tsv", "")
+    no_header = data_with("test.tsv", "0\t1\t2\ta\tb\n")
+    cases = {
+        "no do_*": (["--task_name=MRPC", f"--data_dir={mrpc}"], "do_train"),
+        "missing columns": (["--task_name=MRPC", "--do_train", f"--data_dir={short_row}"], "train.tsv:2: expected"),
+        "label not in list": (["--task_name=MRPC", "--do_eval", f"--data_dir={bad_label}"], "label '7'"),
+        "empty file": (["--task_name=MRPC", "--do_train", f"--data_dir={empty}"], "is empty"),
+        "test.tsv without header": (["--task_name=MRPC", "--do_predict", f"--data_dir={no_header}"], "header line"),
+        "unknown task": (["--task_name=nope", "--do_train", f"--data_dir={mrpc}"], "Task not found"),
+        "too long": (["--task_name=MRPC", "--do_train", f"--data_dir={mrpc}", "--max_seq_length=512"], "512"),
+        "casing": (["--task_name=MRPC", "--do_train", f"--data_dir={mrpc}", "--do_lower_case=false"], "do_lower_case"),
+        "tpu": (["--task_name=MRPC", "--do_train", f"--data_dir={mrpc}", "--use_tpu=true"], "use_tpu"),
+        "column flag": (["--task_name=MRPC", "--do_train", f"--data_dir={mrpc}", "--label_column=0"], "generic"),
+    }
+    for name, (argv, expected) in cases.items():
+        err = _cli_error(capsys, *argv, *common)
+        assert expected in err, (name, err)
+        assert not out.exists(), f"{name}: {out} was written"
+
+    small = tmp_path / "small_vocab_config.json"
+    small.write_text(config.read_text().replace("30522", "1000"))
+    argv = ["--task_name=MRPC", "--do_train", f"--data_dir={mrpc}", *common, f"--bert_config_file={small}"]
+    err = _cli_error(capsys, *argv)
+    assert "vocab_size" in err and not out.exists()

@@ -1,0 +1,175 @@
+"""`bert ner` end to end on a tiny random model and a CoNLL-2003 slice: the output files, entity F1
+recomputed from the written predictions equal to eval_results.txt, and bad CoNLL input (exit 2, one
+line, nothing written)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bert.cli import main as cli_main
+from bert.metrics import ner_metrics
+from bert.ner import NerArgs, run_ner
+from bert.tasks.ner import read_conll, read_prediction_file
+from conftest import shared_path
+
+
+@pytest.fixture(scope="module")
+def model_files(tmp_path_factory):
+    """(config file, vocab file, init checkpoint): a random 2-layer, hidden-32 model with the cased vocab."""
+    from bert.checkpoint import save_pretrained
+    from bert.config import BertConfig
+    from bert.modeling import BertForPreTraining
+
+    vocab = shared_path("data", "vocab", "cased.txt")
+    d = tmp_path_factory.mktemp("tiny")
+    config = d / "bert_config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "vocab_size": sum(1 for _ in open(vocab, encoding="utf-8")),
+                "hidden_size": 32,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "intermediate_size": 37,
+                "hidden_act": "gelu",
+                "hidden_dropout_prob": 0.1,
+                "attention_probs_dropout_prob": 0.0,
+                "max_position_embeddings": 128,
+                "type_vocab_size": 2,
+            }
+        )
+    )
+    torch.manual_seed(0)
+    save_pretrained(BertForPreTraining(BertConfig.from_json_file(config)), d / "init", vocab, do_lower_case=False)
+    return config, vocab, d / "init"
+
+
+def conll_slice(dst: Path, sentences: int) -> Path:
+    """The first `sentences` sentences (and the -DOCSTART- lines before them) of each CoNLL-2003 file."""
+    src = shared_path("data", "conll2003")
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ("train.txt", "valid.txt", "test.txt"):
+        out, count, in_sentence = [], 0, False
+        for line in (src / name).read_text(encoding="utf-8").splitlines(keepends=True):
+            if not line.strip():
+                count += in_sentence
+                in_sentence = False
+                if count >= sentences:
+                    break
+            elif not line.startswith("-DOCSTART-"):
+                in_sentence = True
+            out.append(line)
+        (dst / name).write_text("".join(out) + "\n", encoding="utf-8")
+    return dst
+
+
+def args_for(model_files, data_dir, output_dir, **kw) -> NerArgs:
+    config, vocab, init = model_files
+    base = dict(
+        data_dir=str(data_dir),
+        output_dir=str(output_dir),
+        vocab_file=str(vocab),
+        bert_config_file=str(config),
+        init_checkpoint=str(init),
+        do_lower_case=False,
+        device="cpu",
+    )
+    return NerArgs(**{**base, **kw})
+
+
+def read_results(path: Path) -> dict[str, str]:
+    return dict(line.split(" = ") for line in path.read_text().splitlines())
+
+
+def test_ner_on_a_conll2003_slice(model_files, tmp_path):
+    data = conll_slice(tmp_path / "data", 200)
+    assert len(read_conll(data / "train.txt")) == 200
+    out = tmp_path / "out"
+    result = run_ner(
+        args_for(
+            model_files,
+            data,
+            out,
+            do_train=True,
+            do_eval=True,
+            do_predict=True,
+            max_seq_length=64,
+            train_batch_size=16,
+            eval_batch_size=32,
+            predict_batch_size=32,
+            num_train_epochs=1.0,
+            learning_rate=1e-3,
+        )
+    )
+    assert result["global_step"] == int(200 / 16 * 1.0)  # 12: sentences / batch x epochs
+    results = read_results(out / "eval_results.txt")
+    assert set(results) == {
+        "eval_accuracy",
+        "eval_f1",
+        "eval_loss",
+        "eval_precision",
+        "eval_recall",
+        "global_step",
+        "loss",
+    }
+    assert results["global_step"] == "12"
+    assert np.isfinite(float(results["eval_loss"]))
+
+    # Entity scores recomputed from the written dev predictions equal eval_results.txt.
+    gold, pred = read_prediction_file(out / "eval_predictions.txt")
+    dev = read_conll(data / "valid.txt")
+    assert gold == [ex.labels for ex in dev]
+    scores = ner_metrics(gold, pred)
+    for key in ("f1", "precision", "recall", "accuracy"):
+        assert results[f"eval_{key}"] == str(np.float32(scores[key])), key
+
+    # test_predictions.txt: `token gold pred`, one line per word, a blank line after each sentence.
+    test = read_conll(data / "test.txt")
+    lines = (out / "test_predictions.txt").read_text(encoding="utf-8").split("\n")
+    words = [line.split() for line in lines if line]
+    assert len(words) == sum(len(ex.words) for ex in test)
+    assert [w[0] for w in words] == [w for ex in test for w in ex.words]
+    assert [w[1] for w in words] == [label for ex in test for label in ex.labels]
+    assert {w[2] for w in words} <= set(json.loads((out / "model" / "config.json").read_text())["label2id"])
+    gold, pred = read_prediction_file(out / "test_predictions.txt")
+    assert read_results(out / "test_results.txt")["test_f1"] == str(np.float32(ner_metrics(gold, pred)["f1"]))
+
+    from bert.modeling import BertForTokenClassification
+
+    model = BertForTokenClassification.from_pretrained(out / "model")
+    assert model.num_labels == 9 and model.config.extra["id2label"]["0"] == "O"
+
+
+def _cli_error(capsys, *argv: str) -> str:
+    code = cli_main(["ner", *argv])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("bert ner: error:")]
+    assert code == 2 and len(errors) == 1, err[-2000:]
+    return errors[0]
+
+
+def test_bad_conll_input_fails_before_writing(model_files, tmp_path, capsys):
+    config, vocab, init = model_files
+    out = tmp_path / "out"
+    common = [f"--vocab_file={vocab}", f"--bert_config_file={config}", f"--init_checkpoint={init}"]
+    common += [f"--output_dir={out}", "--do_lower_case=false", "--device=cpu"]
+    good = "EU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\n"
+    cases = {
+        "wrong number of columns": (good + "German JJ B-MISC\ncall NN I-NP O\n", "train.txt:4: expected 4"),
+        "label not in the list": (good + "German JJ B-NP B-FOO\n", "label 'B-FOO'"),
+        "empty file": ("", "holds no sentences"),
+    }
+    for name, (text, expected) in cases.items():
+        data = tmp_path / name.replace(" ", "_")
+        data.mkdir()
+        (data / "train.txt").write_text(text, encoding="utf-8")
+        err = _cli_error(capsys, "--do_train", f"--data_dir={data}", *common)
+        assert expected in err, (name, err)
+        assert not out.exists(), f"{name}: {out} was written"
+    err = _cli_error(capsys, f"--data_dir={tmp_path}", *common)
+    assert "do_train" in err and not out.exists()
