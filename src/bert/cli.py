@@ -25,6 +25,12 @@ from bert.errors import InputError
 # name -> (module, args class, run function, one-line description). Modules are imported lazily so that
 # `bert tokenize` never pays for importing torch.
 COMMANDS: dict[str, tuple[str, str, str, str]] = {
+    "quickstart": (
+        "bert.quickstart",
+        "QuickstartArgs",
+        "run_quickstart",
+        "the whole pipeline on built-in data in minutes: pre-train a tiny BERT, fine-tune, evaluate",
+    ),
     "tokenize": (
         "bert.tokenization",
         "TokenizeArgs",
@@ -48,6 +54,30 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "PretrainArgs",
         "run_pretrain",
         "masked-LM and next-sentence pre-training (run_pretraining.py)",
+    ),
+    "classify": (
+        "bert.classify",
+        "ClassifyArgs",
+        "run_classify",
+        "sentence (pair) classification and regression: GLUE, XNLI, own files (run_classifier.py)",
+    ),
+    "ner": (
+        "bert.ner",
+        "NerArgs",
+        "run_ner",
+        "named-entity recognition on CoNLL-2003 files (token classification)",
+    ),
+    "squad": (
+        "bert.squad",
+        "SquadArgs",
+        "run_squad",
+        "question answering on SQuAD v1.1/v2.0, with the official evaluation (run_squad.py)",
+    ),
+    "swag": (
+        "bert.swag",
+        "SwagArgs",
+        "run_swag",
+        "multiple choice on SWAG files",
     ),
     "extract-features": (
         "bert.extract_features",
