@@ -155,8 +155,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work_dir", default="/tmp/bert-bench-pretraining-data")
     parser.add_argument("--full", action="store_true", help="also the whole corpus, streaming mode")
-    parser.add_argument("--results", default=str(REPO / "bench" / "RESULTS_pretraining_data.md"))
-    parser.add_argument("--no_write", action="store_true", help="print only; leave the results file alone")
+    parser.add_argument("--results", default=None, help="also write the table as markdown to this file")
     opts = parser.parse_args()
     work = Path(opts.work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -199,7 +198,7 @@ def main() -> None:
             )
     cores = (cores_before + effective_cores()) / 2
     print(f"effective cores for two CPU-bound processes: {cores:.2f}")
-    if not opts.no_write:
+    if opts.results:
         write_results(Path(opts.results), rows, cores)
 
 
