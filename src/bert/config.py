@@ -44,6 +44,17 @@ _ORIGINAL_KEYS = (
     "initializer_range",
 )
 
+# The fields that fix the shapes of the weights: positive integers, and equal in any checkpoint of a model.
+SHAPE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+)
+
 # transformers keys whose only value we can honour is the given one: anything else would be silently
 # ignored by this implementation, so it is refused instead.
 _MUST_EQUAL = {
@@ -100,15 +111,7 @@ class BertConfig:
     `id2label`), kept so they survive a round trip."""
 
     def __post_init__(self) -> None:
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "type_vocab_size",
-        ):
+        for name in SHAPE_FIELDS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise InputError(f"config field {name} must be a positive integer, got {value!r}")

@@ -149,9 +149,11 @@ class BertSelfAttention(nn.Module):
 
 
 class BertSelfOutput(nn.Module):
-    def __init__(self, config: BertConfig):
+    """dense -> dropout -> add the sub-layer's input -> LayerNorm, after attention (`attention/output`)."""
+
+    def __init__(self, config: BertConfig, in_features: int | None = None):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(in_features or config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
@@ -179,17 +181,11 @@ class BertIntermediate(nn.Module):
         return self.intermediate_act_fn(self.dense(hidden))  # [B, T, I]
 
 
-class BertOutput(nn.Module):
-    """The feed-forward output sub-layer (`layer_n/output` in TF)."""
+class BertOutput(BertSelfOutput):
+    """The same, after the feed-forward layer (`layer_n/output` in TF): its input is I wide."""
 
     def __init__(self, config: BertConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-
-    def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
+        super().__init__(config, config.intermediate_size)
 
 
 class BertLayer(nn.Module):

@@ -36,7 +36,6 @@ Two divergences, both because a batch is padded to its own longest window instea
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 import random
@@ -50,6 +49,7 @@ import torch
 
 from bert.errors import InputError
 from bert.finetune import FinetuneArgs, FinetuneTask, run_finetune
+from bert.utils import load_json_file
 
 logger = logging.getLogger(__name__)
 
@@ -170,20 +170,6 @@ def validate_flags_or_throw(args: SquadArgs) -> None:
         raise InputError(f"--max_query_length={args.max_query_length} must not be negative")
 
 
-def _load_json(path: str, flag: str) -> Any:
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"--{flag}={path}: no such file")
-    opener = gzip.open if p.suffix == ".gz" else open
-    try:
-        with opener(p, "rt", encoding="utf-8") as f:
-            return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as e:
-        raise InputError(
-            f"--{flag}={path} is not valid UTF-8 JSON ({e}); give a SQuAD .json (or .json.gz) file"
-        ) from None
-
-
 def gold_dataset(dataset_json: dict, version_2_with_negative: bool, source: str) -> list | None:
     """The `data` list to evaluate predictions against, or None when the file holds no gold answers.
 
@@ -247,7 +233,7 @@ class SquadTask(FinetuneTask):
 
         a = self.args
         if split == "train":
-            data = _load_json(a.train_file, "train_file")
+            data = load_json_file(a.train_file, "--train_file")
             examples = squad_examples_from_json(data, True, a.version_2_with_negative, source=a.train_file)
             if not examples:
                 raise InputError(f"--train_file={a.train_file} holds no usable questions; give a SQuAD training file")
@@ -255,7 +241,7 @@ class SquadTask(FinetuneTask):
             random.Random(TRAIN_SHUFFLE_SEED).shuffle(examples)
             return examples
         if split == "test":
-            data = _load_json(a.predict_file, "predict_file")
+            data = load_json_file(a.predict_file, "--predict_file")
             examples = squad_examples_from_json(data, False, a.version_2_with_negative, source=a.predict_file)
             self.gold = gold_dataset(data, a.version_2_with_negative, a.predict_file)
             return examples

@@ -13,35 +13,21 @@ misses predicted questions are reported as one-line errors instead.
 from __future__ import annotations
 
 import collections
-import gzip
 import json
 import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from bert.errors import InputError
 from bert.metrics import squad_question_scores_v1, squad_question_scores_v2
-from bert.utils import atomic_write
+from bert.utils import atomic_write, load_json_file
 
 logger = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------------------------------
 # Reading and checking the inputs
-
-
-def _load_json(path: str | Path, what: str):
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{what} file {path} does not exist; check the path")
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as e:
-        raise InputError(f"{what} file {path} is not valid JSON ({e}); give a JSON file") from None
 
 
 def iter_questions(dataset: list, source: str = "dataset") -> Iterator[dict]:
@@ -307,11 +293,11 @@ def _detect_version(dataset_json: dict, path: str) -> str:
 
 def run_evaluate_squad(args: EvaluateSquadArgs) -> dict:
     """Evaluate, then print the metrics as the official script does (or write them to --out-file)."""
-    dataset_json = _load_json(args.dataset_file, "dataset")
+    dataset_json = load_json_file(args.dataset_file, "dataset file")
     if not isinstance(dataset_json, dict) or "data" not in dataset_json:
         raise InputError(f'dataset file {args.dataset_file} has no "data" field; give a SQuAD dataset JSON')
     version = args.version or _detect_version(dataset_json, args.dataset_file)
-    preds = _check_predictions(_load_json(args.prediction_file, "predictions"), args.prediction_file)
+    preds = _check_predictions(load_json_file(args.prediction_file, "predictions file"), args.prediction_file)
     dataset = dataset_json["data"]
     try:
         if version == "1.1":
@@ -326,7 +312,7 @@ def run_evaluate_squad(args: EvaluateSquadArgs) -> dict:
         else:
             na_probs = None
             if args.na_prob_file is not None:
-                na_probs = _check_na_probs(_load_json(args.na_prob_file, "na_prob"), args.na_prob_file)
+                na_probs = _check_na_probs(load_json_file(args.na_prob_file, "na_prob file"), args.na_prob_file)
             result = evaluate_v2(dataset, preds, na_probs, args.na_prob_thresh)
     except InputError as e:
         # Name the files behind the generic "dataset:"/"predictions:" prefixes.

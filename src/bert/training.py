@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bert.config import BertConfig
+from bert.config import SHAPE_FIELDS, BertConfig
 from bert.errors import InputError
 from bert.optimization import clip_grad_norm
 
@@ -54,16 +54,6 @@ CHECKPOINT_PREFIX = "checkpoint-"
 TRAINING_STATE_NAME = "training_state.pt"
 TRAINER_STATE_NAME = "trainer_state.json"
 METRICS_NAME = "metrics.jsonl"
-# Config fields that fix the shapes of the weights; a checkpoint differing in one cannot be resumed.
-SHAPE_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "max_position_embeddings",
-    "type_vocab_size",
-)
 
 
 # ------------------------------------------------------------------------------------------ devices

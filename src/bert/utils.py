@@ -87,3 +87,21 @@ def write_run_info(output_dir: str | os.PathLike, command: str, args: object) ->
         json.dump(info, f, indent=2, sort_keys=True, default=str)
         f.write("\n")
     return path
+
+
+def load_json_file(path: str | os.PathLike, what: str):
+    """Parse a JSON (or gzipped JSON) file; `what` names it in errors, e.g. "--predict_file" or "dataset"."""
+    import gzip
+    import json
+
+    from bert.errors import InputError
+
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{what} {path}: no such file; check the path")
+    opener = gzip.open if p.suffix == ".gz" else open
+    try:
+        with opener(p, "rt", encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as e:
+        raise InputError(f"{what} {path} is not valid JSON ({e}); give a UTF-8 .json or .json.gz file") from None

@@ -211,7 +211,7 @@ def test_bad_files(tmp_path):
         _run(tmp_path, good, ["not", "an", "object"])
     with pytest.raises(InputError, match="not valid JSON"):
         _run(tmp_path, "{oops", {})
-    with pytest.raises(InputError, match="does not exist"):
+    with pytest.raises(InputError, match="nope.json: no such file"):
         run_evaluate_squad(EvaluateSquadArgs(str(tmp_path / "nope.json"), str(tmp_path / "p.json")))
     with pytest.raises(InputError, match="p.json: no answer for 1 of 1 questions"):
         _run(tmp_path, good, {})

@@ -23,19 +23,17 @@ question and the field. Nothing here imports torch or model code: logits come in
 from __future__ import annotations
 
 import collections
-import gzip
 import json
 import logging
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from bert.errors import InputError
 from bert.tokenization import BasicTokenizer, whitespace_tokenize
-from bert.utils import atomic_write
+from bert.utils import atomic_write, load_json_file
 
 logger = logging.getLogger(__name__)
 
@@ -93,20 +91,6 @@ class SquadExample:
         return s
 
 
-def _load_squad_json(input_file: str | os.PathLike) -> Any:
-    path = Path(input_file)
-    if not path.is_file():
-        raise InputError(f"SQuAD file {path} does not exist; check --train_file / --predict_file")
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as e:
-        raise InputError(
-            f"SQuAD file {path} is not valid UTF-8 JSON ({e}); give a SQuAD .json (or .json.gz) file"
-        ) from None
-
-
 def read_squad_examples(
     input_file: str | os.PathLike, is_training: bool, version_2_with_negative: bool = False
 ) -> list[SquadExample]:
@@ -132,7 +116,7 @@ def read_squad_examples(
         InputError: the file is missing, is not JSON, or lacks a field that is read.
     """
     return squad_examples_from_json(
-        _load_squad_json(input_file), is_training, version_2_with_negative, source=os.fspath(input_file)
+        load_json_file(input_file, "SQuAD file"), is_training, version_2_with_negative, source=os.fspath(input_file)
     )
 
 
