@@ -152,6 +152,9 @@ class FinetuneArgs:
     gradient_checkpointing: bool = field(
         default=False, metadata={"help": "Recompute activations in the backward pass: less memory, more compute."}
     )
+    compile: bool = field(
+        default=False, metadata={"help": "torch.compile the model (eager fallback if compilation fails)."}
+    )
     eval_every_steps: int = field(
         default=0,
         metadata={
@@ -777,6 +780,10 @@ def _run(args: FinetuneArgs, task: FinetuneTask, dist, stack: contextlib.ExitSta
     logger.info("%s: %d parameters", type(model).__name__, num_parameters(model))
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
+    if args.compile:
+        from bert.pretrain import compile_model
+
+        compile_model(model)
     wrapped = training.wrap_model(model, dist)
     metric = args.metric_for_best_model or task.default_metric
     history = EvalHistory(output_dir / EVAL_HISTORY_NAME, metric, args.early_stopping_patience)

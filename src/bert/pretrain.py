@@ -155,6 +155,9 @@ class PretrainArgs:
     fsdp: bool = field(
         default=False, metadata={"help": "Under torchrun, shard the model with FSDP instead of replicating it (DDP)."}
     )
+    compile: bool = field(
+        default=False, metadata={"help": "torch.compile the model (eager fallback if compilation fails)."}
+    )
 
 
 # ---------------------------------------------------------------------------------------- reading data
@@ -589,6 +592,41 @@ def write_eval_results(output_dir: str | os.PathLike, results: dict[str, Any]) -
 
 
 # ---------------------------------------------------------------------------------------- the command
+def compile_model(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
+    """`torch.compile` the model in place (`--compile`), with a fallback to eager execution.
+
+    In place, like `nn.Module.compile`: the class, the parameter names and the state dict stay as they
+    are, and DDP or FSDP wrap the model afterwards as usual (DDP's forward marks the compiled frame so that
+    dynamo splits the graph at gradient buckets). Compilation happens at the first call; when torch.compile
+    itself fails there (no C++ compiler or Triton, an unsupported operator, ...), a warning is logged and
+    the model runs eagerly from then on. Errors of the inputs are raised as in eager mode.
+
+    Args:
+        model: the unwrapped model.
+        compile_kwargs: passed to `torch.compile` (e.g. `backend`, `mode`, `dynamic`).
+
+    Returns:
+        `model` itself.
+    """
+    try:
+        compiled = torch.compile(model._call_impl, **compile_kwargs)
+    except Exception as e:  # torch.compile unsupported on this platform or Python version
+        logger.warning("--compile: torch.compile is unavailable (%s: %s); running eagerly", type(e).__name__, e)
+        return model
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return compiled(*args, **kwargs)
+        except torch._dynamo.exc.TorchDynamoException as e:
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            logger.warning("--compile: compilation failed (%s: %s); running eagerly", type(e).__name__, reason)
+            model._compiled_call_impl = None
+            return model._call_impl(*args, **kwargs)
+
+    model._compiled_call_impl = call
+    return model
+
+
 def _check_flags(args: PretrainArgs, world_size: int) -> None:
     """Everything that can be checked from the flags alone, before any file is read."""
     if not args.do_train and not args.do_eval:
@@ -736,6 +774,8 @@ def _run(args: PretrainArgs, dist, stack: contextlib.ExitStack) -> dict[str, Any
     logger.info("%d parameters", num_parameters(model))
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
+    if args.compile:
+        compile_model(model)
     wrapped = training.wrap_model(model, dist, fsdp=args.fsdp)
     torch.manual_seed(args.seed + dist.rank)  # dropout differs across ranks, as their examples do
     optimizer, scheduler = create_optimizer(
