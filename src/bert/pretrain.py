@@ -509,7 +509,14 @@ def pretraining_loss(
     mlm = (w * out.masked_lm_example_loss).sum() / (totals["masked_lm_weight"] + 1e-5)
     nsp = out.next_sentence_example_loss.sum() / totals["examples"]
     loss = mlm + nsp
-    return loss, {"loss": loss.detach(), "masked_lm_loss": mlm.detach(), "next_sentence_loss": nsp.detach()}
+    correct = (out.mlm_logits.detach().argmax(-1).reshape(-1) == batch["masked_lm_ids"].reshape(-1)).float()
+    accuracy = (w * correct).sum() / (totals["masked_lm_weight"] + 1e-5)
+    return loss, {
+        "loss": loss.detach(),
+        "masked_lm_loss": mlm.detach(),
+        "next_sentence_loss": nsp.detach(),
+        "masked_lm_accuracy": accuracy,
+    }
 
 
 # ---------------------------------------------------------------------------------------- evaluation
