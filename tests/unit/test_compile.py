@@ -80,6 +80,7 @@ def _run(name: str, model, batch: dict[str, torch.Tensor], seed: int):
 
 def _models(name: str, config):
     config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    config.num_hidden_layers = 1  # every kind of block once: compilation time grows with the graph
     torch.manual_seed(0)
     eager = BertForPreTraining(config) if name == "BertForPreTraining" else BertForSequenceClassification(config, 3)
     return eager.train(), copy.deepcopy(eager).train()
@@ -143,3 +144,18 @@ def test_compiled_model_raises_input_errors_unchanged(tiny_config, caplog):
         torch._dynamo.reset()
     assert "running eagerly" not in caplog.text
     assert compiled._compiled_call_impl is not None
+
+
+@pytest.mark.parametrize("name", ["pretrain", "classify", "squad", "ner", "swag"])
+def test_every_training_command_has_the_compile_flag(name):
+    import argparse
+    import dataclasses
+
+    from bert import cli
+
+    args_cls, _ = cli._resolve(name)
+    flag = {f.name: f for f in dataclasses.fields(args_cls)}["compile"]
+    assert flag.default is False and "eager fallback" in flag.metadata["help"]
+    parser = argparse.ArgumentParser()
+    cli.add_dataclass_flags(parser, args_cls)
+    assert "--compile" in parser._option_string_actions
