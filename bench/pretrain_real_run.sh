@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-bench/out/real_run}
-STEPS=${2:-450}
+STEPS=${2:-1500}
 CORPUS=../shared/data/corpus
 mkdir -p "$OUT"
 HELD_OUT=$CORPUS/nltk_gutenberg/chesterton-thursday.txt.gz
@@ -26,4 +26,4 @@ bert pretrain --bert_config_file=mini --vocab_file=$VOCAB --input_file="$OUT/tra
   --eval_files="$OUT/eval_data" --output_dir="$OUT/pretrain" --do_train=true --do_eval=true \
   --train_batch_size=32 --eval_batch_size=32 --max_seq_length=128 --max_predictions_per_seq=20 \
   --num_train_steps="$STEPS" --num_warmup_steps=$((STEPS / 10)) --learning_rate=3e-4 \
-  --save_checkpoints_steps=150 --log_every=25 --max_eval_steps=50
+  --save_checkpoints_steps=300 --log_every=25 --max_eval_steps=50
