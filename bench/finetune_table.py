@@ -61,6 +61,10 @@ def squad_split(out: Path) -> tuple[Path, Path]:
         return picked
 
     train, test = take(articles, 1500), take(articles[::-1], 1000)[::-1]
+    for article in train:  # run_squad trains on exactly one answer per question: keep the first
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                qa["answers"] = qa["answers"][:1]
     paths = out / "squad_train.json", out / "squad_test.json"
     for path, part in zip(paths, (train, test)):
         path.write_text(json.dumps({"data": part, "version": "1.1"}))
