@@ -153,7 +153,7 @@ def machine() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work_dir", default="/tmp/bert-bench-pretraining-data")
+    parser.add_argument("--work_dir", default=os.path.join(tempfile.gettempdir(), "bert-bench-pretraining-data"))
     parser.add_argument("--full", action="store_true", help="also the whole corpus, streaming mode")
     parser.add_argument("--results", default=None, help="also write the table as markdown to this file")
     opts = parser.parse_args()

@@ -8,7 +8,8 @@ Optional, separately (torch.compile variants add a minute or more of compilation
 
     PYTHONPATH=src python bench/gpu.py --out bench/out/gpu-compile --compile --sections pretrain,squad,inference
 
-CPU smoke test (tiny shapes, a few steps, every table): `python bench/gpu.py --device cpu --quick --out /tmp/gpu_smoke`.
+CPU smoke test (tiny shapes, a few steps, every table):
+    python bench/gpu.py --device cpu --quick --out bench/out/gpu_smoke
 
 Sections (every row: forward + backward + global-norm clipping at 1.0 + the original's AdamWeightDecay step,
 bf16 autocast with fp32 master weights, dropout as configured (0.1), inputs already on the device):
