@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from bert.errors import InputError
+from bert.training import TpuCompatArgs
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +66,11 @@ MODEL_DIR = "model"
 FINETUNE_STATE_NAME = "finetune_state.json"  # in model/: the step its weights come from
 # Batches per length-grouped mega-batch (the usual choice of length-grouped samplers).
 GROUP_BATCHES = 50
-_COMPAT = "Accepted for compatibility with run_classifier.py; TPUs are not supported."
 
 
 # ------------------------------------------------------------------------------------------------ flags
 @dataclass(kw_only=True)
-class FinetuneArgs:
+class FinetuneArgs(TpuCompatArgs):
     """Flags shared by the fine-tuning commands: run_classifier.py's, plus training options."""
 
     data_dir: str = field(
@@ -129,15 +129,6 @@ class FinetuneArgs:
         },
     )
     save_checkpoints_steps: int = field(default=1000, metadata={"help": "How often to save the model checkpoint."})
-    iterations_per_loop: int = field(
-        default=1000, metadata={"help": "How many steps to make in each estimator call. Accepted; no effect."}
-    )
-    use_tpu: bool = field(default=False, metadata={"help": "Whether to use TPU or GPU/CPU. Must stay false."})
-    tpu_name: str | None = field(default=None, metadata={"help": _COMPAT})
-    tpu_zone: str | None = field(default=None, metadata={"help": _COMPAT})
-    gcp_project: str | None = field(default=None, metadata={"help": _COMPAT})
-    master: str | None = field(default=None, metadata={"help": _COMPAT})
-    num_tpu_cores: int = field(default=8, metadata={"help": _COMPAT})
     seed: int = field(default=12345, metadata={"help": "Seed of the head's initialisation, data order and dropout."})
     gradient_accumulation_steps: int = field(
         default=1, metadata={"help": "Micro-batches per optimizer step; train_batch_size is split into them."}
@@ -496,8 +487,7 @@ def _check_flags(args: FinetuneArgs, task: FinetuneTask, world_size: int) -> Non
             "At least one of `do_train`, `do_eval` or `do_predict` must be True: pass --do_train=true, "
             "--do_eval=true and/or --do_predict=true"
         )
-    if args.use_tpu:
-        raise InputError("--use_tpu=true is not supported; drop it (CPU and GPU are chosen with --device)")
+    args.check_no_tpu()
     positive = ["max_seq_length", "save_checkpoints_steps", "log_every", "gradient_accumulation_steps"]
     positive += ["train_batch_size"] * args.do_train + ["eval_batch_size"] * args.do_eval
     positive += ["predict_batch_size"] * args.do_predict

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from bert.errors import InputError
+from bert.training import TpuCompatArgs
 
 logger = logging.getLogger(__name__)
 
@@ -65,11 +66,10 @@ EVAL_KEYS = (
     "next_sentence_accuracy",
     "next_sentence_loss",
 )
-_COMPAT = "Accepted for compatibility with run_pretraining.py; TPUs are not supported."
 
 
 @dataclass
-class PretrainArgs:
+class PretrainArgs(TpuCompatArgs):
     """Pre-train BERT with the masked-LM and next-sentence objectives (run_pretraining.py).
 
     Resumes from the newest checkpoint in --output_dir when there is one. Under
@@ -112,16 +112,7 @@ class PretrainArgs:
     num_train_steps: int = field(default=100000, metadata={"help": "Number of training steps."})
     num_warmup_steps: int = field(default=10000, metadata={"help": "Number of warmup steps."})
     save_checkpoints_steps: int = field(default=1000, metadata={"help": "How often to save the model checkpoint."})
-    iterations_per_loop: int = field(
-        default=1000, metadata={"help": "How many steps to make in each estimator call. Accepted; no effect."}
-    )
     max_eval_steps: int = field(default=100, metadata={"help": "Maximum number of eval steps."})
-    use_tpu: bool = field(default=False, metadata={"help": "Whether to use TPU or GPU/CPU. Must stay false."})
-    tpu_name: str | None = field(default=None, metadata={"help": _COMPAT})
-    tpu_zone: str | None = field(default=None, metadata={"help": _COMPAT})
-    gcp_project: str | None = field(default=None, metadata={"help": _COMPAT})
-    master: str | None = field(default=None, metadata={"help": _COMPAT})
-    num_tpu_cores: int = field(default=8, metadata={"help": _COMPAT})
     seed: int = field(default=12345, metadata={"help": "Seed of the initialisation, data order, dropout and masking."})
     gradient_accumulation_steps: int = field(
         default=1, metadata={"help": "Micro-batches per optimizer step; train_batch_size is split into them."}
@@ -638,8 +629,7 @@ def _check_flags(args: PretrainArgs, world_size: int) -> None:
     """Everything that can be checked from the flags alone, before any file is read."""
     if not args.do_train and not args.do_eval:
         raise InputError("At least one of `do_train` or `do_eval` must be True: pass --do_train and/or --do_eval")
-    if args.use_tpu:
-        raise InputError("--use_tpu=true is not supported; drop it (CPU and GPU are chosen with --device)")
+    args.check_no_tpu()
     positive = ["train_batch_size", "eval_batch_size", "save_checkpoints_steps", "max_eval_steps", "log_every"]
     positive += ["gradient_accumulation_steps", "max_seq_length", "max_predictions_per_seq"]
     if args.do_train:

@@ -35,7 +35,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,29 @@ CHECKPOINT_PREFIX = "checkpoint-"
 TRAINING_STATE_NAME = "training_state.pt"
 TRAINER_STATE_NAME = "trainer_state.json"
 METRICS_NAME = "metrics.jsonl"
+
+
+_TPU = "Accepted for compatibility with the original scripts; TPUs are not supported."
+
+
+@dataclass(kw_only=True)
+class TpuCompatArgs:
+    """The original scripts' TPU flags, shared by the training commands: accepted so that their command
+    lines run unchanged, and ignored, except that --use_tpu must stay false."""
+
+    iterations_per_loop: int = field(
+        default=1000, metadata={"help": "How many steps to make in each estimator call. Accepted; no effect."}
+    )
+    use_tpu: bool = field(default=False, metadata={"help": "Whether to use TPU or GPU/CPU. Must stay false."})
+    tpu_name: str | None = field(default=None, metadata={"help": _TPU})
+    tpu_zone: str | None = field(default=None, metadata={"help": _TPU})
+    gcp_project: str | None = field(default=None, metadata={"help": _TPU})
+    master: str | None = field(default=None, metadata={"help": _TPU})
+    num_tpu_cores: int = field(default=8, metadata={"help": _TPU})
+
+    def check_no_tpu(self) -> None:
+        if self.use_tpu:
+            raise InputError("--use_tpu=true is not supported; drop it (CPU and GPU are chosen with --device)")
 
 
 # ------------------------------------------------------------------------------------------ devices
