@@ -1,11 +1,15 @@
 """Dev scores of a pre-trained model next to the same shape from random initialisation.
 
     python bench/finetune_table.py PRETRAINED_MODEL_DIR [--out bench/out/finetune_table] [--tasks ...]
+        [--seeds 12345,1,2] [--label NAME]
 
 Runs the real commands (`bert classify`, `bert ner`, `bert squad`) on the shared data, once from the
-pre-trained weights and once from random initialisation (the pre-trained model's config.json), and prints
-a markdown table. SQuAD 1.1 has no training set here: the model is fine-tuned on the first 1,500 questions
-of the dev set and evaluated on the last 1,000 (different articles), and is labelled as such.
+pre-trained weights and once from random initialisation (the pre-trained model's config.json), for each
+fine-tuning seed, and prints a markdown table of the means (with the spread over seeds when there are
+several). Runs are kept under OUT/LABEL/TASK/seedN and OUT/random/TASK/seedN and reused when present, so
+several pre-trained models share the random-init runs. SQuAD 1.1 has no training set here: the model is
+fine-tuned on the first 1,500 questions of the dev set and evaluated on the last 1,000 (different
+articles), and is labelled as such.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 COMMON = [
@@ -71,14 +77,15 @@ def squad_split(out: Path) -> tuple[Path, Path]:
     return paths
 
 
-def run(name: str, init: str, model_dir: Path, out: Path) -> dict[str, float]:
+def run(name: str, label: str | None, model_dir: Path, out: Path, seed: int) -> dict[str, float]:
+    """One fine-tuning run: from `model_dir`'s weights under `label`, or from random init if `label` is None."""
     command, flags, _ = TASKS[name]
-    target = out / f"{name.split()[0]}_{init}"
-    results = target / ("eval_results.json")
+    target = out / (label or "random") / name.split()[0] / f"seed{seed}"
+    results = target / "eval_results.json"
     if not results.exists():
         init_flags = (
             [f"--init_checkpoint={model_dir}"]
-            if init == "pretrained"
+            if label
             else [f"--bert_config_file={model_dir / 'config.json'}", f"--vocab_file={model_dir / 'vocab.txt'}"]
         )
         if command == "squad":
@@ -97,9 +104,14 @@ def run(name: str, init: str, model_dir: Path, out: Path) -> dict[str, float]:
             ]
         else:
             args = COMMON + flags
-        cmd = [sys.executable, "-m", "bert", command, f"--output_dir={target}", *init_flags, *args]
+        cmd = [sys.executable, "-m", "bert", command, f"--output_dir={target}", f"--seed={seed}", *init_flags, *args]
         subprocess.run(cmd, check=True, capture_output=True)
     return json.loads(results.read_text())
+
+
+def summary(values: list[float]) -> str:
+    mean = float(np.mean(values))
+    return f"{mean:.4f}" if len(values) == 1 else f"{mean:.4f} ± {float(np.std(values)):.4f}"
 
 
 def main() -> None:
@@ -107,22 +119,31 @@ def main() -> None:
     parser.add_argument("model_dir")
     parser.add_argument("--out", default="bench/out/finetune_table")
     parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--seeds", default="12345", help="fine-tuning seeds, comma-separated")
+    parser.add_argument("--label", help="name of the pre-trained model's runs (default: its parent folder's name)")
     opts = parser.parse_args()
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     model_dir = Path(opts.model_dir)
-    rows = ["| task | metric | pre-trained | random init | difference |", "|---|---|---:|---:|---:|"]
+    label = opts.label or model_dir.resolve().parent.name
+    seeds = [int(s) for s in opts.seeds.split(",")]
+    rows = [
+        f"| task | metric | pre-trained ({label}) | random init | difference | seeds |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for name in opts.tasks.split(","):
         try:
-            res = {init: run(name, init, model_dir, out) for init in ("pretrained", "random")}
+            res = {init: [run(name, init, model_dir, out, seed) for seed in seeds] for init in (label, None)}
         except subprocess.CalledProcessError as e:
             print(f"{name}: failed: {e.stderr.decode()[-500:]}", file=sys.stderr)
             continue
         for metric in TASKS[name][2]:
-            a, b = float(res["pretrained"][metric]), float(res["random"][metric])
-            rows.append(f"| {name} | {metric} | {a:.4f} | {b:.4f} | {a - b:+.4f} |")
+            a = [float(r[metric]) for r in res[label]]
+            b = [float(r[metric]) for r in res[None]]
+            diff = float(np.mean(a) - np.mean(b))
+            rows.append(f"| {name} | {metric} | {summary(a)} | {summary(b)} | {diff:+.4f} | {len(seeds)} |")
         print("\n".join(rows), flush=True)
-    (out / "table.md").write_text("\n".join(rows) + "\n")
+    (out / f"table_{label}.md").write_text("\n".join(rows) + "\n")
 
 
 if __name__ == "__main__":
