@@ -887,7 +887,8 @@ def _run(args: FinetuneArgs, task: FinetuneTask, dist, stack: contextlib.ExitSta
                     dist.world_size,
                     args.gradient_accumulation_steps,
                     pad_to,
-                )
+                ),
+                pin=dist.device.type == "cuda",
             )
             try:
                 result["train"] = trainer.train(

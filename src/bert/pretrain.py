@@ -841,7 +841,8 @@ def _run(args: PretrainArgs, dist, stack: contextlib.ExitStack) -> dict[str, Any
                     dist.world_size,
                     args.gradient_accumulation_steps,
                     masking,
-                )
+                ),
+                pin=dist.device.type == "cuda",
             )
 
             def data_state(step: int) -> dict[str, int]:

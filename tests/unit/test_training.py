@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import struct
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -150,6 +151,25 @@ def test_prefetch_keeps_order_and_raises_errors():
     assert next(it) == 1
     with pytest.raises(ValueError, match="bad record"):
         next(it)
+
+
+def test_prefetch_pins_batches_in_its_thread(monkeypatch):
+    # Pinning needs a GPU build: record where and what Tensor.pin_memory is asked to pin instead.
+    pinned = []
+
+    def fake_pin(self):
+        pinned.append((threading.current_thread().name, self.clone()))
+        return self + 0
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
+    items = [[{"a": torch.full((2,), i), "n": i}] for i in range(3)]
+    out = list(prefetch(iter(items), pin=True))
+    assert [b[0]["n"] for b in out] == [0, 1, 2]
+    assert all(torch.equal(b[0]["a"], torch.full((2,), i)) for i, b in enumerate(out))
+    assert [name for name, _ in pinned] == ["prefetch"] * 3
+    assert all(b[0]["a"] is not item[0]["a"] for b, item in zip(out, items))  # the pinned copies are handed on
+    assert [b[0]["a"] for b in prefetch(iter(items))] == [item[0]["a"] for item in items]
+    assert len(pinned) == 3  # the default never pins
 
 
 def test_record_stream_epochs_are_seeded_permutations():
