@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import torch
 from bert.cli import main as cli_main
 from bert.errors import InputError
 from bert.pretrain import EVAL_KEYS, PretrainArgs, evaluate, open_pretraining_data, run_pretrain
-from bert.training import TRAINING_STATE_NAME, DistContext, list_checkpoints
+from bert.training import TRAINING_STATE_NAME, DistContext, list_checkpoints, load_training_state
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "tests" / "fixtures" / "pretraining_tfrecord" / "sample_text_nowwm.tfrecord"
@@ -303,6 +304,69 @@ def test_gradient_accumulation_equals_one_batch(tmp_path):
         )
         runs[accumulation] = _metrics(out)
     np.testing.assert_allclose([m["loss"] for m in runs[4]], [m["loss"] for m in runs[1]], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_follows_the_fp32_curve(tmp_path, precision):
+    data, vocab = synthetic_data(tmp_path, n=64, seq=32)
+    config = _config(tmp_path / "bert_config.json", 99, max_position=32, dropout=0.0)
+    curves = {}
+    for p in ("fp32", precision):
+        out = tmp_path / p
+        run_pretrain(
+            PretrainArgs(
+                bert_config_file=str(config),
+                input_file=str(data),
+                output_dir=str(out),
+                do_train=True,
+                train_batch_size=16,
+                max_seq_length=32,
+                max_predictions_per_seq=5,
+                num_train_steps=30,
+                num_warmup_steps=3,
+                learning_rate=3e-3,
+                log_every=1,
+                precision=p,
+            )
+        )
+        curves[p] = np.array([m["loss"] for m in _metrics(out)])
+        assert (out / "model" / "model.safetensors").exists()
+    assert curves["fp32"][-5:].mean() < curves["fp32"][:5].mean() - 0.3  # it learns, so the curves can differ
+    np.testing.assert_allclose(curves[precision], curves["fp32"], rtol=0.02)
+    weights = _weights(tmp_path / precision / "model")
+    assert all(w.dtype == torch.float32 for w in weights.values())  # fp32 master weights
+    scaler = load_training_state(tmp_path / precision / "checkpoint-30")["scaler"]
+    assert (scaler is not None and scaler["scale"] > 0) == (precision == "fp16")
+
+
+def test_lamb_trains(tmp_path):
+    data, vocab = synthetic_data(tmp_path, n=64, seq=32)
+    config = _config(tmp_path / "bert_config.json", 99, max_position=32, dropout=0.0)
+    out = tmp_path / "lamb"
+    args = dict(
+        bert_config_file=str(config),
+        input_file=str(data),
+        output_dir=str(out),
+        do_train=True,
+        train_batch_size=16,
+        max_seq_length=32,
+        max_predictions_per_seq=5,
+        num_train_steps=30,
+        num_warmup_steps=3,
+        learning_rate=5e-2,  # LAMB moves each tensor by lr * ||w|| per step: it takes larger rates than Adam
+        log_every=1,
+        optimizer="lamb",
+        save_checkpoints_steps=15,
+    )
+    run_pretrain(PretrainArgs(**args))
+    losses = [m["loss"] for m in _metrics(out)]
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.3
+    assert json.loads((out / "checkpoint-30" / "trainer_state.json").read_text())["optimizer"] == "lamb"
+    # Resuming reloads LAMB's moments: the last 15 steps again from checkpoint-15 give the same weights.
+    shutil.rmtree(out / "checkpoint-30")
+    run_pretrain(PretrainArgs(**args))
+    again = _weights(out / "checkpoint-30")
+    assert all(torch.equal(again[k], v) for k, v in _weights(out / "model").items())
 
 
 def test_native_dataset_gives_the_same_run(tmp_path):
