@@ -25,7 +25,9 @@ process and N processes give the same loss curve.
 Dynamic masking (`--dynamic_masking`). The records hold masked inputs; the original tokens are put back
 from `masked_lm_ids` at `masked_lm_positions`, and new positions are drawn each epoch, as many as the
 record had, among the tokens that are not [CLS] or [SEP], each replaced 80% by [MASK], 10% kept, 10% by
-a random vocabulary entry (the original's rule, applied to single word pieces). The draw depends only on
+a random vocabulary entry (the original's rule). Pieces are drawn one by one, or, with
+`--do_whole_word_mask`, whole words at a time (a word: a piece and the "##" pieces after it), skipping a
+word that would overshoot the record's count, as create_pretraining_data does. The draw depends only on
 `(--seed, epoch, record index)`, never on the number of processes.
 """
 
@@ -136,6 +138,10 @@ class PretrainArgs(TpuCompatArgs):
     )
     dynamic_masking: bool = field(
         default=False, metadata={"help": "Draw new masked positions for every epoch (needs --vocab_file)."}
+    )
+    do_whole_word_mask: bool = field(
+        default=False,
+        metadata={"help": "With --dynamic_masking: mask all the WordPiece pieces of a word together."},
     )
     eval_files: str | None = field(
         default=None, metadata={"help": "Evaluate on these files instead of --input_file (globs, comma separated)."}
@@ -387,6 +393,28 @@ class MaskingVocab:
     cls_id: int
     sep_id: int
     mask_id: int
+    continuation: np.ndarray | None = None  # [vocab_size] bool, True for "##" pieces: whole-word masking
+
+
+def whole_word_positions(
+    candidates: np.ndarray, continuation: np.ndarray, count: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Up to `count` positions, whole words at a time, in random word order (sorted on return).
+
+    Args:
+        candidates: the maskable positions, ascending.
+        continuation: for each candidate, whether its piece starts with "##".
+    """
+    # A word starts at a non-"##" piece or after a gap (a "##" piece right after [SEP] starts its own).
+    starts = np.flatnonzero(~continuation | (np.diff(candidates, prepend=-2) != 1))
+    words = np.split(candidates, starts[1:])
+    picked: list[int] = []
+    for w in rng.permutation(len(words)):
+        if len(picked) >= count:
+            break
+        if len(picked) + len(words[w]) <= count:
+            picked.extend(words[w].tolist())
+    return np.sort(np.asarray(picked, dtype=candidates.dtype))
 
 
 def restore_original_tokens(features: dict[str, np.ndarray]) -> np.ndarray:
@@ -421,7 +449,11 @@ def dynamic_mask(
         rng = np.random.default_rng([seed, int(epochs[b]), int(indices[b]), 1])  # 1: a stream apart from shuffling
         cand = np.flatnonzero(candidates[b])
         n = min(int(counts[b]), len(cand), P)
-        chosen = np.sort(rng.choice(cand, size=n, replace=False))
+        if vocab.continuation is None:
+            chosen = np.sort(rng.choice(cand, size=n, replace=False))
+        else:
+            chosen = whole_word_positions(cand, vocab.continuation[original[b, cand]], n, rng)
+            n = len(chosen)
         draw = rng.random(n)
         random_ids = rng.integers(0, vocab.vocab_size, size=n)
         kept = original[b, chosen]
@@ -656,15 +688,25 @@ def _check_flags(args: PretrainArgs, world_size: int) -> None:
         raise InputError(f"--eval_batch_size={args.eval_batch_size} must be divisible by the {world_size} processes")
     if args.dynamic_masking and not args.vocab_file:
         raise InputError("--dynamic_masking needs --vocab_file (for the [MASK], [CLS] and [SEP] ids)")
+    if args.do_whole_word_mask and not args.dynamic_masking:
+        raise InputError(
+            "--do_whole_word_mask applies to --dynamic_masking only (static records keep the masks "
+            "create-pretraining-data drew): add --dynamic_masking=true"
+        )
     if args.fsdp and world_size == 1:
         logger.warning("--fsdp has no effect in a single process; start with torchrun --nproc_per_node=N")
 
 
-def _masking_vocab(vocab: dict[str, int], vocab_file: str) -> MaskingVocab:
+def _masking_vocab(vocab: dict[str, int], vocab_file: str, whole_word: bool) -> MaskingVocab:
     missing = [t for t in ("[CLS]", "[SEP]", "[MASK]") if t not in vocab]
     if missing:
         raise InputError(f"--vocab_file={vocab_file} lacks {', '.join(missing)}, which --dynamic_masking needs")
-    return MaskingVocab(max(vocab.values()) + 1, vocab["[CLS]"], vocab["[SEP]"], vocab["[MASK]"])
+    size = max(vocab.values()) + 1
+    continuation = None
+    if whole_word:
+        continuation = np.zeros(size, dtype=bool)
+        continuation[[i for t, i in vocab.items() if t.startswith("##")]] = True
+    return MaskingVocab(size, vocab["[CLS]"], vocab["[SEP]"], vocab["[MASK]"], continuation)
 
 
 def run_pretrain(args: PretrainArgs) -> dict[str, Any]:
@@ -692,7 +734,9 @@ def _run(args: PretrainArgs, dist, stack: contextlib.ExitStack) -> dict[str, Any
     _check_flags(args, dist.world_size)
     vocab = load_vocab(args.vocab_file) if args.vocab_file else None
     vocab_entries = max(vocab.values()) + 1 if vocab else None
-    masking = (args.seed, _masking_vocab(vocab, args.vocab_file)) if args.dynamic_masking else None
+    masking = (
+        (args.seed, _masking_vocab(vocab, args.vocab_file, args.do_whole_word_mask)) if args.dynamic_masking else None
+    )
     train_source = open_pretraining_data(
         args.input_file, args.max_seq_length, args.max_predictions_per_seq, args.vocab_file
     )

@@ -496,6 +496,8 @@ def test_bad_input(tmp_path, capsys):
 
     err = _cli_error(capsys, *base, f"--output_dir={tmp_path / 'f'}", "--do_train", "--use_tpu")
     assert "use_tpu" in err
+    err = _cli_error(capsys, *base, f"--output_dir={tmp_path / 'f'}", "--do_train", "--do_whole_word_mask")
+    assert "--do_whole_word_mask" in err and "--dynamic_masking=true" in err
     err = _cli_error(capsys, f"--bert_config_file={config}", "--input_file=/nonexistent/*.tfrecord",
                      f"--output_dir={tmp_path / 'g'}", "--do_train")  # fmt: skip
     assert "nothing matches" in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import struct
@@ -18,10 +19,12 @@ from bert.optimization import create_optimizer
 from bert.pretrain import (
     MaskingVocab,
     RecordStream,
+    _masking_vocab,
     dynamic_mask,
     open_pretraining_data,
     rank_batches,
     restore_original_tokens,
+    whole_word_positions,
 )
 from bert.tensorboard import EventWriter, encode_scalar_value, read_events, read_scalars
 from bert.training import (
@@ -170,6 +173,52 @@ def test_prefetch_pins_batches_in_its_thread(monkeypatch):
     assert all(b[0]["a"] is not item[0]["a"] for b, item in zip(out, items))  # the pinned copies are handed on
     assert [b[0]["a"] for b in prefetch(iter(items))] == [item[0]["a"] for item in items]
     assert len(pinned) == 3  # the default never pins
+
+
+def test_whole_word_positions_take_whole_words():
+    # Pieces at 1,2 form one word ("##" at 2); 6 is "##" but follows a gap (a [SEP] at 5): its own word.
+    candidates = np.array([1, 2, 3, 4, 6, 7])
+    continuation = np.array([False, True, False, False, True, False])
+    words = [{1, 2}, {3}, {4}, {6}, {7}]
+    seen = set()
+    for seed in range(50):
+        got = whole_word_positions(candidates, continuation, 3, np.random.default_rng(seed))
+        assert list(got) == sorted(got) and len(got) <= 3
+        assert all(w <= set(got) or not (w & set(got)) for w in words)
+        seen.add(tuple(got))
+    assert len(got) == 3 and len(seen) > 5
+    vocab = _masking_vocab({"[CLS]": 0, "[SEP]": 1, "[MASK]": 2, "a": 3, "##b": 4}, "vocab.txt", whole_word=True)
+    assert vocab.continuation.tolist() == [False, False, False, False, True]
+    assert _masking_vocab({"[CLS]": 0, "[SEP]": 1, "[MASK]": 2}, "vocab.txt", whole_word=False).continuation is None
+
+
+def test_whole_word_dynamic_masking():
+    records = [json.loads(line) for line in SAMPLE_JSONL.read_text().splitlines()]
+    continuation = np.zeros(UNCASED.vocab_size, bool)
+    for r in records:
+        for ids, tokens in ((r["input_ids"], r["tokens"]), (r["masked_lm_ids"], r["masked_lm_tokens"])):
+            for i, t in zip(ids, tokens):
+                continuation[i] |= t.startswith("##")
+    source = open_pretraining_data(str(SAMPLE), 128, 20, None)
+    indices = np.arange(len(source))
+    features = source.get_batch(indices)
+    original = restore_original_tokens(features)
+    counts = (features["masked_lm_weights"] > 0).sum(1)
+    # A "##" piece is masked exactly when the piece before it is: single-piece masking splits words.
+    follows = continuation[original[:, 1:]] & ~np.isin(original[:, :-1], [UNCASED.cls_id, UNCASED.sep_id])
+    split = {}
+    for name, vocab in (("pieces", UNCASED), ("words", dataclasses.replace(UNCASED, continuation=continuation))):
+        split[name] = 0
+        for epoch in range(3):
+            new = dynamic_mask(features, indices, np.full(len(indices), epoch), 12345, vocab)
+            w = new["masked_lm_weights"] > 0
+            masked = np.zeros_like(original, dtype=bool)
+            for b in range(len(indices)):
+                masked[b, new["masked_lm_positions"][b, w[b]]] = True
+            assert (w.sum(1) <= counts).all() and w.sum() > 0.9 * counts.sum() and w.any(1).all()
+            assert np.array_equal(new["masked_lm_ids"][w], original[np.nonzero(w)[0], new["masked_lm_positions"][w]])
+            split[name] += int((follows & (masked[:, 1:] != masked[:, :-1])).sum())
+    assert split["words"] == 0 and split["pieces"] > 0
 
 
 def test_record_stream_epochs_are_seeded_permutations():
