@@ -1,7 +1,8 @@
-"""Shared fixtures: a tiny config, paths to the repo's fixtures and to the shared data folder."""
+"""Shared fixtures: tiny configs and models, paths to the repo's fixtures and to the shared data folder."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,38 @@ def tiny_config():
         max_position_embeddings=64,
         type_vocab_size=2,
     )
+
+
+def write_tiny_config(path: Path, vocab_size: int = 30522, **overrides) -> Path:
+    """A BERT config file: hidden 32, 2 layers, attention dropout off (it dominates the step time on CPU)."""
+    config = {
+        "vocab_size": vocab_size,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 37,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.0,
+        "max_position_embeddings": 128,
+        "type_vocab_size": 2,
+        "initializer_range": 0.02,
+    }
+    path.write_text(json.dumps({**config, **overrides}))
+    return path
+
+
+def save_tiny_model(directory: Path, vocab: Path, do_lower_case: bool, **overrides) -> tuple[Path, Path, Path]:
+    """(config file, vocab file, init checkpoint): a random tiny pre-training model over `vocab`."""
+    import torch
+
+    from bert.checkpoint import save_pretrained
+    from bert.config import BertConfig
+    from bert.modeling import BertForPreTraining
+
+    vocab_size = sum(1 for _ in open(vocab, encoding="utf-8"))
+    config = write_tiny_config(directory / "bert_config.json", vocab_size, **overrides)
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig.from_json_file(config))
+    save_pretrained(model, directory / "init", vocab, do_lower_case=do_lower_case)
+    return config, vocab, directory / "init"

@@ -16,7 +16,7 @@ import torch
 from bert.classify import ClassifyArgs, run_classify
 from bert.cli import main as cli_main
 from bert.metrics import f1_binary
-from conftest import shared_path
+from conftest import save_tiny_model, shared_path, write_tiny_config
 
 README_FLAGS = dict(
     do_train=True,
@@ -30,40 +30,10 @@ README_FLAGS = dict(
 ORIGINAL_KEYS = {"eval_accuracy", "eval_loss", "global_step", "loss"}
 
 
-def tiny_config(path: Path, dropout: float = 0.1, classifier_dropout: float | None = None) -> Path:
-    """Hidden 32, 2 layers, the uncased vocab; attention dropout off (it dominates the step time on CPU)."""
-    cfg = {
-        "vocab_size": 30522,
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "intermediate_size": 37,
-        "hidden_act": "gelu",
-        "hidden_dropout_prob": dropout,
-        "attention_probs_dropout_prob": 0.0,
-        "max_position_embeddings": 128,
-        "type_vocab_size": 2,
-        "initializer_range": 0.02,
-    }
-    if classifier_dropout is not None:
-        cfg["classifier_dropout"] = classifier_dropout
-    path.write_text(json.dumps(cfg))
-    return path
-
-
 @pytest.fixture(scope="module")
 def model_files(tmp_path_factory):
-    """(config file, vocab file, init checkpoint): a random pre-training model saved with save_pretrained."""
-    from bert.checkpoint import save_pretrained
-    from bert.config import BertConfig
-    from bert.modeling import BertForPreTraining
-
-    vocab = shared_path("data", "vocab", "uncased.txt")
-    d = tmp_path_factory.mktemp("tiny")
-    config = tiny_config(d / "bert_config.json")
-    torch.manual_seed(0)
-    save_pretrained(BertForPreTraining(BertConfig.from_json_file(config)), d / "init", vocab, do_lower_case=True)
-    return config, vocab, d / "init"
+    """(config file, vocab file, init checkpoint): a random tiny model with the uncased vocab."""
+    return save_tiny_model(tmp_path_factory.mktemp("tiny"), shared_path("data", "vocab", "uncased.txt"), True)
 
 
 def glue_slice(src: Path, dst: Path, **rows: int | None) -> Path:
@@ -173,7 +143,7 @@ def test_dynamic_padding_equals_padding_to_max_seq_length(model_files, tmp_path)
     """Length-grouped, dynamically padded batches give the predictions of the original's fixed padding,
     in evaluation and prediction and, without dropout, in training too; so do accumulated micro-batches."""
     config, vocab, init = model_files
-    no_dropout = tiny_config(tmp_path / "no_dropout.json", dropout=0.0, classifier_dropout=0.0)
+    no_dropout = write_tiny_config(tmp_path / "no_dropout.json", hidden_dropout_prob=0.0, classifier_dropout=0.0)
     data = glue_slice(shared_path("data", "glue", "MRPC"), tmp_path / "data", train=48, dev=24, test=30)
     runs = {}
     variants = (

@@ -9,44 +9,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from bert.cli import main as cli_main
 from bert.metrics import ner_metrics
 from bert.ner import NerArgs, run_ner
 from bert.tasks.ner import read_conll, read_prediction_file
-from conftest import shared_path
+from conftest import save_tiny_model, shared_path
 
 
 @pytest.fixture(scope="module")
 def model_files(tmp_path_factory):
-    """(config file, vocab file, init checkpoint): a random 2-layer, hidden-32 model with the cased vocab."""
-    from bert.checkpoint import save_pretrained
-    from bert.config import BertConfig
-    from bert.modeling import BertForPreTraining
-
-    vocab = shared_path("data", "vocab", "cased.txt")
-    d = tmp_path_factory.mktemp("tiny")
-    config = d / "bert_config.json"
-    config.write_text(
-        json.dumps(
-            {
-                "vocab_size": sum(1 for _ in open(vocab, encoding="utf-8")),
-                "hidden_size": 32,
-                "num_hidden_layers": 2,
-                "num_attention_heads": 4,
-                "intermediate_size": 37,
-                "hidden_act": "gelu",
-                "hidden_dropout_prob": 0.1,
-                "attention_probs_dropout_prob": 0.0,
-                "max_position_embeddings": 128,
-                "type_vocab_size": 2,
-            }
-        )
-    )
-    torch.manual_seed(0)
-    save_pretrained(BertForPreTraining(BertConfig.from_json_file(config)), d / "init", vocab, do_lower_case=False)
-    return config, vocab, d / "init"
+    """(config file, vocab file, init checkpoint): a random tiny model with the cased vocab."""
+    return save_tiny_model(tmp_path_factory.mktemp("tiny"), shared_path("data", "vocab", "cased.txt"), False)
 
 
 def conll_slice(dst: Path, sentences: int) -> Path:

@@ -280,57 +280,37 @@ def test_fsdp_two_processes_equal_one(tmp_path):
     assert "resuming from" in again.stderr and (two / "eval_results.txt").is_file()
 
 
-def test_gradient_accumulation_equals_one_batch(tmp_path):
-    data, vocab = synthetic_data(tmp_path, n=24, seq=32)
+def synthetic_run(tmp_path: Path, name: str, records: int, **flags) -> list[dict]:
+    """Pre-train the 99-word tiny model (no dropout) on synthetic 32-token records into tmp_path/name."""
+    data = tmp_path / "synthetic.tfrecord"
+    if not data.exists():
+        synthetic_data(tmp_path, n=records, seq=32)
     config = _config(tmp_path / "bert_config.json", 99, max_position=32, dropout=0.0)
-    runs = {}
-    for accumulation in (1, 4):
-        out = tmp_path / f"acc{accumulation}"
-        run_pretrain(
-            PretrainArgs(
-                bert_config_file=str(config),
-                input_file=str(data),
-                output_dir=str(out),
-                do_train=True,
-                train_batch_size=8,
-                max_seq_length=32,
-                max_predictions_per_seq=5,
-                num_train_steps=4,
-                num_warmup_steps=1,
-                learning_rate=1e-3,
-                log_every=1,
-                gradient_accumulation_steps=accumulation,
-            )
-        )
-        runs[accumulation] = _metrics(out)
-    np.testing.assert_allclose([m["loss"] for m in runs[4]], [m["loss"] for m in runs[1]], atol=1e-5, rtol=0)
+    args = dict(
+        bert_config_file=str(config),
+        input_file=str(data),
+        output_dir=str(tmp_path / name),
+        do_train=True,
+        max_seq_length=32,
+        max_predictions_per_seq=5,
+        log_every=1,
+    )
+    run_pretrain(PretrainArgs(**args, **flags))
+    return _metrics(tmp_path / name)
+
+
+def test_gradient_accumulation_equals_one_batch(tmp_path):
+    flags = dict(train_batch_size=8, num_train_steps=4, num_warmup_steps=1, learning_rate=1e-3)
+    one = synthetic_run(tmp_path, "acc1", 24, **flags)
+    four = synthetic_run(tmp_path, "acc4", 24, gradient_accumulation_steps=4, **flags)
+    np.testing.assert_allclose([m["loss"] for m in four], [m["loss"] for m in one], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_follows_the_fp32_curve(tmp_path, precision):
-    data, vocab = synthetic_data(tmp_path, n=64, seq=32)
-    config = _config(tmp_path / "bert_config.json", 99, max_position=32, dropout=0.0)
-    curves = {}
-    for p in ("fp32", precision):
-        out = tmp_path / p
-        run_pretrain(
-            PretrainArgs(
-                bert_config_file=str(config),
-                input_file=str(data),
-                output_dir=str(out),
-                do_train=True,
-                train_batch_size=16,
-                max_seq_length=32,
-                max_predictions_per_seq=5,
-                num_train_steps=30,
-                num_warmup_steps=3,
-                learning_rate=3e-3,
-                log_every=1,
-                precision=p,
-            )
-        )
-        curves[p] = np.array([m["loss"] for m in _metrics(out)])
-        assert (out / "model" / "model.safetensors").exists()
+    flags = dict(train_batch_size=16, num_train_steps=30, num_warmup_steps=3, learning_rate=3e-3)
+    curves = {p: np.array([m["loss"] for m in synthetic_run(tmp_path, p, 64, precision=p, **flags)])
+              for p in ("fp32", precision)}  # fmt: skip
     assert curves["fp32"][-5:].mean() < curves["fp32"][:5].mean() - 0.3  # it learns, so the curves can differ
     np.testing.assert_allclose(curves[precision], curves["fp32"], rtol=0.02)
     weights = _weights(tmp_path / precision / "model")
@@ -339,34 +319,19 @@ def test_mixed_precision_follows_the_fp32_curve(tmp_path, precision):
     assert (scaler is not None and scaler["scale"] > 0) == (precision == "fp16")
 
 
-def test_lamb_trains(tmp_path):
-    data, vocab = synthetic_data(tmp_path, n=64, seq=32)
-    config = _config(tmp_path / "bert_config.json", 99, max_position=32, dropout=0.0)
-    out = tmp_path / "lamb"
-    args = dict(
-        bert_config_file=str(config),
-        input_file=str(data),
-        output_dir=str(out),
-        do_train=True,
-        train_batch_size=16,
-        max_seq_length=32,
-        max_predictions_per_seq=5,
-        num_train_steps=30,
-        num_warmup_steps=3,
-        learning_rate=5e-2,  # LAMB moves each tensor by lr * ||w|| per step: it takes larger rates than Adam
-        log_every=1,
-        optimizer="lamb",
-        save_checkpoints_steps=15,
-    )
-    run_pretrain(PretrainArgs(**args))
-    losses = [m["loss"] for m in _metrics(out)]
+def test_lamb_trains_and_resumes_exactly(tmp_path):
+    # LAMB moves each tensor by about lr * ||w|| per step: it takes larger rates than Adam.
+    flags = dict(train_batch_size=16, num_train_steps=30, num_warmup_steps=3, learning_rate=5e-2, optimizer="lamb")
+    losses = [m["loss"] for m in synthetic_run(tmp_path, "lamb", 64, save_checkpoints_steps=15, **flags)]
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.3
+    out = tmp_path / "lamb"
     assert json.loads((out / "checkpoint-30" / "trainer_state.json").read_text())["optimizer"] == "lamb"
     # Resuming reloads LAMB's moments: the last 15 steps again from checkpoint-15 give the same weights.
+    first = _weights(out / "model")
     shutil.rmtree(out / "checkpoint-30")
-    run_pretrain(PretrainArgs(**args))
+    synthetic_run(tmp_path, "lamb", 64, save_checkpoints_steps=15, **flags)
     again = _weights(out / "checkpoint-30")
-    assert all(torch.equal(again[k], v) for k, v in _weights(out / "model").items())
+    assert first.keys() == again.keys() and all(torch.equal(again[k], v) for k, v in first.items())
 
 
 def test_native_dataset_gives_the_same_run(tmp_path):

@@ -18,7 +18,7 @@ from bert.squad import SquadArgs, run_squad
 from bert.squad_evaluate import evaluate_v1, evaluate_v2
 from bert.tasks.squad import NO_NON_NULL_SCORE_DIFF, convert_examples_to_features, read_squad_examples
 from bert.tokenization import FullTokenizer
-from conftest import shared_path
+from conftest import save_tiny_model, shared_path
 
 MAX_SEQ_LENGTH = 128
 MAX_QUERY_LENGTH = 32
@@ -27,33 +27,15 @@ DOC_STRIDE = 32
 
 @pytest.fixture(scope="module")
 def model_files(tmp_path_factory):
-    """(config file, vocab file, init checkpoint): a random 2-layer, hidden-32 model with the uncased vocab."""
-    from bert.checkpoint import save_pretrained
-    from bert.config import BertConfig
-    from bert.modeling import BertForPreTraining
-
+    """(config file, vocab file, init checkpoint): a random tiny model with the uncased vocab."""
     vocab = shared_path("data", "vocab", "uncased.txt")
-    d = tmp_path_factory.mktemp("tiny")
-    config = d / "bert_config.json"
-    config.write_text(
-        json.dumps(
-            {
-                "vocab_size": sum(1 for _ in open(vocab, encoding="utf-8")),
-                "hidden_size": 32,
-                "num_hidden_layers": 2,
-                "num_attention_heads": 4,
-                "intermediate_size": 37,
-                "hidden_act": "gelu",
-                "hidden_dropout_prob": 0.1,
-                "attention_probs_dropout_prob": 0.1,
-                "max_position_embeddings": MAX_SEQ_LENGTH,
-                "type_vocab_size": 2,
-            }
-        )
+    return save_tiny_model(
+        tmp_path_factory.mktemp("tiny"),
+        vocab,
+        True,
+        attention_probs_dropout_prob=0.1,
+        max_position_embeddings=MAX_SEQ_LENGTH,
     )
-    torch.manual_seed(0)
-    save_pretrained(BertForPreTraining(BertConfig.from_json_file(config)), d / "init", vocab, do_lower_case=True)
-    return config, vocab, d / "init"
 
 
 def squad_slice(version: str, start: int, count: int, path: Path, training: bool) -> Path:

@@ -2,47 +2,26 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from bert.cli import main as cli_main
 from bert.swag import SwagArgs, run_swag
-from conftest import FIXTURES, shared_path
+from conftest import FIXTURES, save_tiny_model, shared_path
 
 SWAG = FIXTURES / "tasks" / "swag"
 
 
 @pytest.fixture(scope="module")
 def model_files(tmp_path_factory):
-    from bert.checkpoint import save_pretrained
-    from bert.config import BertConfig
-    from bert.modeling import BertForPreTraining
-
+    """(config file, vocab file, init checkpoint): a random tiny model with the uncased vocab."""
     vocab = shared_path("data", "vocab", "uncased.txt")
-    d = tmp_path_factory.mktemp("tiny")
-    config = d / "bert_config.json"
-    config.write_text(
-        json.dumps(
-            {
-                "vocab_size": 30522,
-                "hidden_size": 32,
-                "num_hidden_layers": 2,
-                "num_attention_heads": 4,
-                "intermediate_size": 37,
-                "hidden_act": "gelu",
-                "max_position_embeddings": 64,
-                "type_vocab_size": 2,
-            }
-        )
+    return save_tiny_model(
+        tmp_path_factory.mktemp("tiny"), vocab, True, attention_probs_dropout_prob=0.1, max_position_embeddings=64
     )
-    torch.manual_seed(0)
-    save_pretrained(BertForPreTraining(BertConfig.from_json_file(config)), d / "init", vocab, do_lower_case=True)
-    return config, vocab, d / "init"
 
 
 def args_for(model_files, data_dir, output_dir, **kw) -> SwagArgs:
