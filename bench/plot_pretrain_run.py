@@ -2,8 +2,8 @@
 
     python bench/plot_pretrain_run.py [OUT_DIR]
 
-Evaluates every kept checkpoint (and the random initialisation, step 0) on the held-out data with the
-real `bert pretrain --do_eval`, computes the unigram baseline of masked-LM accuracy on the same data
+Evaluates every kept checkpoint of both phases (and the random initialisation, step 0) on the held-out
+data with the real `bert pretrain --do_eval`, computes the unigram baseline of masked-LM accuracy on the same data
 (always predicting its most frequent masked token), and writes bench/pretrain_real_run.png and
 bench/pretrain_real_run.json.
 """
@@ -65,12 +65,17 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     out = Path(sys.argv[1] if len(sys.argv) > 1 else BENCH / "out" / "real_run")
-    metrics = [json.loads(line) for line in (out / "pretrain" / "metrics.jsonl").read_text().splitlines()]
-    checkpoints = sorted((out / "pretrain").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
-    evals = {0: eval_checkpoint(out, 0, None)}
-    for ckpt in checkpoints:
-        step = int(ckpt.name.split("-")[1])
-        evals[step] = eval_checkpoint(out, step, ckpt)
+    # Phase 2 (pretrain2, if run) continues from phase 1's last step: its steps are counted on from there.
+    metrics, evals, offset = [], {0: eval_checkpoint(out, 0, None)}, 0
+    for phase in ("pretrain", "pretrain2"):
+        if not (out / phase / "metrics.jsonl").exists():
+            break
+        lines = [json.loads(line) for line in (out / phase / "metrics.jsonl").read_text().splitlines()]
+        metrics += [{**m, "step": m["step"] + offset, "phase": phase} for m in lines]
+        for ckpt in sorted((out / phase).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1])):
+            step = int(ckpt.name.split("-")[1]) + offset
+            evals[step] = eval_checkpoint(out, step, ckpt)
+        offset = metrics[-1]["step"]
     baseline, token = unigram_baseline(out / "eval_data")
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
