@@ -57,7 +57,7 @@ import numpy as np
 import torch
 
 from bert.errors import InputError
-from bert.training import TpuCompatArgs
+from bert.training import PerformanceArgs, TpuCompatArgs
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ GROUP_BATCHES = 50
 
 # ------------------------------------------------------------------------------------------------ flags
 @dataclass(kw_only=True)
-class FinetuneArgs(TpuCompatArgs):
+class FinetuneArgs(TpuCompatArgs, PerformanceArgs):
     """Flags shared by the fine-tuning commands: run_classifier.py's, plus training options."""
 
     data_dir: str = field(
@@ -130,22 +130,6 @@ class FinetuneArgs(TpuCompatArgs):
     )
     save_checkpoints_steps: int = field(default=1000, metadata={"help": "How often to save the model checkpoint."})
     seed: int = field(default=12345, metadata={"help": "Seed of the head's initialisation, data order and dropout."})
-    gradient_accumulation_steps: int = field(
-        default=1, metadata={"help": "Micro-batches per optimizer step; train_batch_size is split into them."}
-    )
-    precision: str = field(
-        default="fp32",
-        metadata={
-            "help": "fp32, bf16 (autocast) or fp16 (autocast and loss scaling).",
-            "choices": ["fp32", "bf16", "fp16"],
-        },
-    )
-    gradient_checkpointing: bool = field(
-        default=False, metadata={"help": "Recompute activations in the backward pass: less memory, more compute."}
-    )
-    compile: bool = field(
-        default=False, metadata={"help": "torch.compile the model (eager fallback if compilation fails)."}
-    )
     eval_every_steps: int = field(
         default=0,
         metadata={

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from bert.errors import InputError
-from bert.training import TpuCompatArgs
+from bert.training import PerformanceArgs, TpuCompatArgs
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ EVAL_KEYS = (
 
 
 @dataclass
-class PretrainArgs(TpuCompatArgs):
+class PretrainArgs(TpuCompatArgs, PerformanceArgs):
     """Pre-train BERT with the masked-LM and next-sentence objectives (run_pretraining.py).
 
     Resumes from the newest checkpoint in --output_dir when there is one. Under
@@ -116,19 +116,6 @@ class PretrainArgs(TpuCompatArgs):
     save_checkpoints_steps: int = field(default=1000, metadata={"help": "How often to save the model checkpoint."})
     max_eval_steps: int = field(default=100, metadata={"help": "Maximum number of eval steps."})
     seed: int = field(default=12345, metadata={"help": "Seed of the initialisation, data order, dropout and masking."})
-    gradient_accumulation_steps: int = field(
-        default=1, metadata={"help": "Micro-batches per optimizer step; train_batch_size is split into them."}
-    )
-    precision: str = field(
-        default="fp32",
-        metadata={
-            "help": "fp32, bf16 (autocast) or fp16 (autocast and loss scaling).",
-            "choices": ["fp32", "bf16", "fp16"],
-        },
-    )
-    gradient_checkpointing: bool = field(
-        default=False, metadata={"help": "Recompute activations in the backward pass to save memory."}
-    )
     optimizer: str = field(
         default="adamw_bert",
         metadata={
@@ -151,9 +138,6 @@ class PretrainArgs(TpuCompatArgs):
     device: str | None = field(default=None, metadata={"help": "torch device; default cuda if available, else cpu."})
     fsdp: bool = field(
         default=False, metadata={"help": "Under torchrun, shard the model with FSDP instead of replicating it (DDP)."}
-    )
-    compile: bool = field(
-        default=False, metadata={"help": "torch.compile the model (eager fallback if compilation fails)."}
     )
 
 

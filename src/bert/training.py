@@ -79,6 +79,25 @@ class TpuCompatArgs:
             raise InputError("--use_tpu=true is not supported; drop it (CPU and GPU are chosen with --device)")
 
 
+@dataclass(kw_only=True)
+class PerformanceArgs:
+    """How the training commands compute a step: flags shared by pretrain and every fine-tuning command."""
+
+    gradient_accumulation_steps: int = field(
+        default=1, metadata={"help": "Micro-batches per optimizer step; train_batch_size is split into them."}
+    )
+    precision: str = field(
+        default="fp32",
+        metadata={"help": "fp32, bf16 (autocast) or fp16 (autocast and loss scaling).", "choices": list(PRECISIONS)},
+    )
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "Recompute activations in the backward pass: less memory, more compute."}
+    )
+    compile: bool = field(
+        default=False, metadata={"help": "torch.compile the model (eager fallback if compilation fails)."}
+    )
+
+
 # ------------------------------------------------------------------------------------------ devices
 @dataclass
 class DistContext:
