@@ -89,3 +89,14 @@ def save_tiny_model(directory: Path, vocab: Path, do_lower_case: bool, **overrid
     model = BertForPreTraining(BertConfig.from_json_file(config))
     save_pretrained(model, directory / "init", vocab, do_lower_case=do_lower_case)
     return config, vocab, directory / "init"
+
+
+def cli_error(capsys, command: str, *argv: str) -> str:
+    """Run `bert COMMAND ARGV...`; assert exit code 2 and exactly one error line, and return that line."""
+    from bert.cli import main
+
+    code = main([command, *argv])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith(f"bert {command}: error:")]
+    assert code == 2 and len(errors) == 1, err[-2000:]
+    return errors[0]

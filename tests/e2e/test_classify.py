@@ -14,9 +14,8 @@ import pytest
 import torch
 
 from bert.classify import ClassifyArgs, run_classify
-from bert.cli import main as cli_main
 from bert.metrics import f1_binary
-from conftest import save_tiny_model, shared_path, write_tiny_config
+from conftest import cli_error, save_tiny_model, shared_path, write_tiny_config
 
 README_FLAGS = dict(
     do_train=True,
@@ -308,14 +307,6 @@ def test_eval_every_steps_keeps_the_best_checkpoint_and_stops_early(model_files,
     assert not (out / "checkpoint-8").exists()
 
 
-def _cli_error(capsys, *argv: str) -> str:
-    code = cli_main(["classify", *argv])
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if line.startswith("bert classify: error:")]
-    assert code == 2 and len(errors) == 1, err[-2000:]
-    return errors[0]
-
-
 def test_bad_input_fails_before_writing(model_files, tmp_path, capsys):
     config, vocab, init = model_files
     mrpc = shared_path("data", "glue", "MRPC")
@@ -352,12 +343,12 @@ def test_bad_input_fails_before_writing(model_files, tmp_path, capsys):
         "column flag": (["--task_name=MRPC", "--do_train", f"--data_dir={mrpc}", "--label_column=0"], "generic"),
     }
     for name, (argv, expected) in cases.items():
-        err = _cli_error(capsys, *argv, *common)
+        err = cli_error(capsys, "classify", *argv, *common)
         assert expected in err, (name, err)
         assert not out.exists(), f"{name}: {out} was written"
 
     small = tmp_path / "small_vocab_config.json"
     small.write_text(config.read_text().replace("30522", "1000"))
     argv = ["--task_name=MRPC", "--do_train", f"--data_dir={mrpc}", *common, f"--bert_config_file={small}"]
-    err = _cli_error(capsys, *argv)
+    err = cli_error(capsys, "classify", *argv)
     assert "vocab_size" in err and not out.exists()

@@ -10,11 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bert.cli import main as cli_main
 from bert.metrics import ner_metrics
 from bert.ner import NerArgs, run_ner
 from bert.tasks.ner import read_conll, read_prediction_file
-from conftest import save_tiny_model, shared_path
+from conftest import cli_error, save_tiny_model, shared_path
 
 
 @pytest.fixture(scope="module")
@@ -119,14 +118,6 @@ def test_ner_on_a_conll2003_slice(model_files, tmp_path):
     assert model.num_labels == 9 and model.config.extra["id2label"]["0"] == "O"
 
 
-def _cli_error(capsys, *argv: str) -> str:
-    code = cli_main(["ner", *argv])
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if line.startswith("bert ner: error:")]
-    assert code == 2 and len(errors) == 1, err[-2000:]
-    return errors[0]
-
-
 def test_bad_conll_input_fails_before_writing(model_files, tmp_path, capsys):
     config, vocab, init = model_files
     out = tmp_path / "out"
@@ -142,8 +133,8 @@ def test_bad_conll_input_fails_before_writing(model_files, tmp_path, capsys):
         data = tmp_path / name.replace(" ", "_")
         data.mkdir()
         (data / "train.txt").write_text(text, encoding="utf-8")
-        err = _cli_error(capsys, "--do_train", f"--data_dir={data}", *common)
+        err = cli_error(capsys, "ner", "--do_train", f"--data_dir={data}", *common)
         assert expected in err, (name, err)
         assert not out.exists(), f"{name}: {out} was written"
-    err = _cli_error(capsys, f"--data_dir={tmp_path}", *common)
+    err = cli_error(capsys, "ner", f"--data_dir={tmp_path}", *common)
     assert "do_train" in err and not out.exists()

@@ -13,12 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from bert.cli import main as cli_main
 from bert.squad import SquadArgs, run_squad
 from bert.squad_evaluate import evaluate_v1, evaluate_v2
 from bert.tasks.squad import NO_NON_NULL_SCORE_DIFF, convert_examples_to_features, read_squad_examples
 from bert.tokenization import FullTokenizer
-from conftest import save_tiny_model, shared_path
+from conftest import cli_error, save_tiny_model, shared_path
 
 MAX_SEQ_LENGTH = 128
 MAX_QUERY_LENGTH = 32
@@ -234,14 +233,6 @@ def test_v2_with_negative(model_files, tmp_path):
     assert results["best_f1"] >= results["f1"] - 1e-9 and results["best_exact"] >= results["exact"] - 1e-9
 
 
-def _cli_error(capsys, *argv: str) -> str:
-    code = cli_main(["squad", *argv])
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if line.startswith("bert squad: error:")]
-    assert code == 2 and len(errors) == 1, err[-2000:]
-    return errors[0]
-
-
 def test_bad_input_fails_before_writing(model_files, tmp_path, capsys):
     config, vocab, init = model_files
     good = squad_slice("1.1", 0, 3, tmp_path / "good.json", training=True)
@@ -284,7 +275,7 @@ def test_bad_input_fails_before_writing(model_files, tmp_path, capsys):
         ),
     }
     for name, (argv, expected) in cases.items():
-        err = _cli_error(capsys, *common, *argv)  # the case's flags come last and win
+        err = cli_error(capsys, "squad", *common, *argv)  # the case's flags come last and win
         assert expected in err, (name, err)
         assert not (out / "predictions.json").exists() and not out.exists(), f"{name}: {out} was written"
 
