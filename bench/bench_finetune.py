@@ -55,7 +55,7 @@ def make_init(shape: str, vocab: Path, out: Path) -> Path:
 
 
 def run_ours(data: Path, init: Path, out: Path, batch: int, skip: int, fixed: bool = False) -> dict[str, float]:
-    from bert.classify import ClassifyArgs, run_classify
+    from bert.commands.classify import ClassifyArgs, run_classify
 
     args = ClassifyArgs(
         task_name="sst-2",

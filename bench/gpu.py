@@ -78,8 +78,7 @@ from torch import nn
 from bert.config import BertConfig, named_config
 from bert.modeling import BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification
 from bert.optimization import create_optimizer
-from bert.pretrain import compile_model
-from bert.training import autocast, resolve_device
+from bert.training import autocast, compile_model, resolve_device
 
 REPO = Path(__file__).resolve().parents[1]
 # The shared data folder beside the checkout (as the tests expect it), or inside it (the device copy).
@@ -710,7 +709,7 @@ def section_inference(args, device, hf: bool) -> list[Row]:
 def loss_curve_data(c: BertConfig, data: Path | None, quick: bool, batch: int, seq: int, preds: int, seed: int):
     """Pre-training batches of real text (the shared corpus, or sample_text.txt with --quick), made by the
     original's instance creation; random ids with a warning when the data is absent."""
-    from bert.pretraining_data import create_training_instances, instance_to_features, read_documents
+    from bert.pretraining.instances import create_training_instances, instance_to_features, read_documents
 
     tokenizer = tokenizer_of(data)
     files: list[Path] = []

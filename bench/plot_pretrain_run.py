@@ -46,7 +46,7 @@ def eval_checkpoint(out: Path, step: int, checkpoint: Path | None) -> dict[str, 
 
 
 def unigram_baseline(data_dir: Path) -> tuple[float, int]:
-    from bert.datasets import open_native_dataset
+    from bert.formats.native import open_native_dataset
 
     _, records = open_native_dataset(data_dir)
     counts: Counter = Counter()

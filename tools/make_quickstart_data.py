@@ -25,8 +25,18 @@ OUT = REPO / "src" / "bert" / "data" / "quickstart"
 def prepare(book: str, tmp: Path) -> Path:
     out = tmp / f"{book}.txt"
     src = SHARED / "corpus" / "british-novels" / f"{book}.txt.gz"
-    subprocess.run([sys.executable, "-m", "bert", "prepare-corpus", f"--input_file={src}", f"--output_file={out}",
-                    "--split_chapters=true"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bert",
+            "prepare-corpus",
+            f"--input_file={src}",
+            f"--output_file={out}",
+            "--split_chapters=true",
+        ],
+        check=True,
+    )
     return out
 
 

@@ -4,7 +4,7 @@ Formats read (detected from what is on disk):
 - native / transformers: a directory with `model.safetensors` or `pytorch_model.bin` and `config.json`
   (the two layouts coincide by design: our parameter names are transformers' names);
 - original TensorFlow: `bert_model.ckpt.index` + `.data-*` (with `bert_config.json` beside it), read
-  without TensorFlow by `bert.tf_checkpoint`; optimizer slots and `global_step` are skipped.
+  without TensorFlow by `bert.formats.tf_checkpoint`; optimizer slots and `global_step` are skipped.
 
 Formats written: native (safetensors + config.json + vocab.txt + tokenizer_config.json), the
 transformers layout, and a TF checkpoint with an original `bert_config.json`.
@@ -22,11 +22,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save
 from torch import nn
 
 from bert.config import BertConfig
-from bert.convert import state_dict_to_tf_variables, tf_variables_to_state_dict
 from bert.errors import InputError
+from bert.formats import tf_checkpoint
+from bert.formats.keymaps import state_dict_to_tf_variables, tf_variables_to_state_dict
 from bert.utils import atomic_write
 
 logger = logging.getLogger(__name__)
@@ -71,8 +74,6 @@ def _find_beside(base: Path, names: tuple[str, ...]) -> Path | None:
 
 
 def _read_tf(path: str) -> tuple[dict[str, torch.Tensor], Path]:
-    from bert import tf_checkpoint
-
     prefix = tf_checkpoint.resolve_checkpoint_prefix(path)
     variables = tf_checkpoint.load_variables(prefix)
     state = tf_variables_to_state_dict(variables)
@@ -82,9 +83,6 @@ def _read_tf(path: str) -> tuple[dict[str, torch.Tensor], Path]:
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, RuntimeError) as e:
@@ -251,8 +249,6 @@ def save_pretrained(
     The native layout is also transformers' layout; `hf_layout=True` only names the architecture the
     weights belong to, so `transformers.AutoModel*` pick the right class.
     """
-    from safetensors.torch import save
-
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     config: BertConfig = model.config
@@ -279,8 +275,6 @@ def export_tf(
     do_lower_case: bool | None = None,
 ) -> Path:
     """Write `bert_model.ckpt.*` with the original variable names, and an original `bert_config.json`."""
-    from bert import tf_checkpoint
-
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().float().numpy() for k, v in model.state_dict().items() if not k.endswith(TIED_KEY)}

@@ -56,8 +56,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from bert import training
+from bert.checkpoint import load_into, read_checkpoint
+from bert.config import BertConfig
 from bert.errors import InputError
-from bert.training import PerformanceArgs, TpuCompatArgs
+from bert.formats.results import write_results
+from bert.formats.tensorboard import EventWriter
+from bert.modeling import num_parameters
+from bert.optimization import create_optimizer
+from bert.tasks.common import num_train_steps, num_warmup_steps
+from bert.tokenization import FullTokenizer, load_vocab, validate_case_matches_checkpoint
+from bert.training import METRICS_NAME, PerformanceArgs, TpuCompatArgs, autocast, list_checkpoints
+from bert.utils import atomic_write, write_run_info
 
 logger = logging.getLogger(__name__)
 
@@ -245,26 +255,6 @@ class FinetuneTask:
         raise NotImplementedError
 
 
-def column_spec(value: str | None) -> int | str | None:
-    """A column flag: a 0-based number (negative counts from the end) or a header name."""
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        return value
-
-
-def label_list_flag(value: str | None) -> list[str] | None:
-    """`--labels=a,b,c` -> ["a", "b", "c"]."""
-    if value is None:
-        return None
-    labels = [x.strip() for x in value.split(",")]
-    if not all(labels) or len(set(labels)) != len(labels):
-        raise InputError(f"--labels={value!r}: give distinct, non-empty labels separated by commas")
-    return labels
-
-
 def saved_label_list(config) -> list[str] | None:
     """The label list a fine-tuned model saved in its config (`id2label`), or None (also for transformers'
     placeholder names LABEL_0, LABEL_1, ...)."""
@@ -400,7 +390,6 @@ def predict(
     """Run `model` (unwrapped) over `features` in batches of `batch_size`, sorted by length when
     `group_by_length`, each padded to its longest feature or to `pad_to`. Under torchrun every rank
     runs every world_size-th batch and all ranks receive all outputs."""
-    from bert.training import autocast
 
     lengths = np.array([task.feature_length(f) for f in features])
     order = np.argsort(-lengths, kind="stable") if group_by_length else np.arange(len(features))
@@ -446,22 +435,6 @@ def loss_metrics(pred: Predictions, eval_batch_size: int) -> dict[str, float]:
         "eval_loss": float(pred.loss_sum.sum() / total),
         "loss": float(np.mean(batch_losses)) if batch_losses else 0.0,
     }
-
-
-def format_results(results: dict[str, Any]) -> dict[str, Any]:
-    """Values as the original prints them: global_step an int, every other number a numpy float32."""
-    return {k: int(v) if k == "global_step" else np.float32(v) for k, v in results.items()}
-
-
-def write_results(output_dir: Path, results: dict[str, Any], name: str = "eval_results") -> None:
-    """`<name>.txt` in the original's `key = value` layout and `<name>.json` with full precision."""
-    from bert.tasks.glue import write_eval_results
-    from bert.utils import atomic_write
-
-    write_eval_results(output_dir / f"{name}.txt", format_results(results))
-    with atomic_write(output_dir / f"{name}.json") as f:
-        json.dump({k: float(v) if k != "global_step" else int(v) for k, v in results.items()}, f, indent=2)
-        f.write("\n")
 
 
 # ------------------------------------------------------------------------------------------ the runner
@@ -516,9 +489,6 @@ class ModelFiles:
 
 
 def _resolve_model_files(args: FinetuneArgs, resume_dir: Path | None) -> ModelFiles:
-    from bert.checkpoint import read_checkpoint
-    from bert.config import BertConfig
-    from bert.tokenization import load_vocab, validate_case_matches_checkpoint
 
     validate_case_matches_checkpoint(args.do_lower_case, args.init_checkpoint)
     ckpt = read_checkpoint(args.init_checkpoint) if args.init_checkpoint else None
@@ -584,7 +554,6 @@ class EvalHistory:
         self.stopped_at = stopped if stopped is not None and stopped <= up_to_step else None
 
     def save(self) -> None:
-        from bert.utils import atomic_write
 
         best = self.best()
         data = {
@@ -633,7 +602,6 @@ class EvalHistory:
 
 def _prune_checkpoints(output_dir: Path, keep: int, protect: int | None) -> None:
     """Keep the `keep` newest checkpoints (all when 0) and the one of step `protect`."""
-    from bert.training import list_checkpoints
 
     if keep <= 0:
         return
@@ -652,8 +620,6 @@ def _exported_step(model_dir: Path) -> int:
 
 def _log_eval(output_dir: Path, step: int, metrics: dict[str, float]) -> None:
     """An evaluation during training: a line of metrics.jsonl and TensorBoard scalars under eval/."""
-    from bert.tensorboard import EventWriter
-    from bert.training import METRICS_NAME
 
     scalars = {k: v for k, v in metrics.items() if k != "loss"}
     with open(output_dir / METRICS_NAME, "a", encoding="utf-8") as f:
@@ -665,7 +631,6 @@ def _log_eval(output_dir: Path, step: int, metrics: dict[str, float]) -> None:
 def run_finetune(args: FinetuneArgs, task: FinetuneTask) -> dict[str, Any]:
     """Train, evaluate and/or predict as the flags say; returns
     `{"output_dir", "global_step", "num_train_steps", "train", "eval", "predict"}`."""
-    from bert import training
 
     dist = training.init_distributed(args.device)
     try:
@@ -676,13 +641,6 @@ def run_finetune(args: FinetuneArgs, task: FinetuneTask) -> dict[str, Any]:
 
 
 def _run(args: FinetuneArgs, task: FinetuneTask, dist, stack: contextlib.ExitStack) -> dict[str, Any]:
-    from bert import training
-    from bert.checkpoint import load_into, read_checkpoint
-    from bert.modeling import num_parameters
-    from bert.optimization import create_optimizer
-    from bert.tasks.glue import num_train_steps, num_warmup_steps
-    from bert.tokenization import FullTokenizer
-    from bert.utils import set_seed, write_run_info
 
     # 1. Flags, model files and data, all checked before anything is written.
     _check_flags(args, task, dist.world_size)
@@ -731,7 +689,7 @@ def _run(args: FinetuneArgs, task: FinetuneTask, dist, stack: contextlib.ExitSta
 
     # 3. The model: training resumes from the newest checkpoint, else starts from --init_checkpoint;
     # evaluation alone uses the model a finished training chose (model/), else the newest checkpoint.
-    set_seed(args.seed)
+    training.set_seed(args.seed)
     model = task.model_class(config, **task.model_kwargs())
     state = None
     global_step = 0
@@ -755,9 +713,7 @@ def _run(args: FinetuneArgs, task: FinetuneTask, dist, stack: contextlib.ExitSta
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if args.compile:
-        from bert.pretrain import compile_model
-
-        compile_model(model)
+        training.compile_model(model)
     wrapped = training.wrap_model(model, dist)
     metric = args.metric_for_best_model or task.default_metric
     history = EvalHistory(output_dir / EVAL_HISTORY_NAME, metric, args.early_stopping_patience)

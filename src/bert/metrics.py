@@ -4,7 +4,7 @@
   `pearson`, `spearman`, and `glue_metrics(task_name, preds, labels)` that picks them per task.
 - SQuAD: answer normalisation and per-question exact match / F1, written to give exactly the numbers
   of the official `evaluate-v1.1.py` and `evaluate-v2.0.py` (including their integer/float result types,
-  so sums come out bit for bit the same). The dataset-level scores live in `bert.squad_evaluate`.
+  so sums come out bit for bit the same). The dataset-level scores live in `bert.tasks.squad_evaluate`.
 - NER: entity-level precision / recall / F1, per-type scores and token accuracy, computed the way the
   CoNLL shared task's `conlleval` script computes them (IOB1, IOB2/BIO and IOBE tags), but returned
   as fractions in [0, 1] where conlleval prints percentages.

@@ -32,10 +32,8 @@ removed every Unicode category starting with "C"), `never_split` (chunks passed 
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
 import gc
-import io
 import itertools
 import json
 import os
@@ -43,7 +41,7 @@ import re
 import sys
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from bert.errors import InputError
@@ -52,7 +50,6 @@ __all__ = [
     "BasicTokenizer",
     "CaseMismatchError",
     "FullTokenizer",
-    "TokenizeArgs",
     "WordpieceTokenizer",
     "convert_by_vocab",
     "convert_ids_to_tokens",
@@ -60,7 +57,7 @@ __all__ = [
     "convert_tokens_to_ids",
     "load_vocab",
     "printable_text",
-    "run_tokenize",
+    "read_texts",
     "validate_case_matches_checkpoint",
     "whitespace_tokenize",
 ]
@@ -152,6 +149,31 @@ def convert_to_unicode(text: str | bytes) -> str:
 def printable_text(text: str | bytes) -> str:
     """Return `text` in a form suitable for logging (a `str`; under Python 3 the same as `convert_to_unicode`)."""
     return convert_to_unicode(text)
+
+
+def read_texts(lines: Iterable[bytes], name: str) -> Iterator[str]:
+    """Texts of an input stream: each line is plain text, or a JSON object whose "text" field is the text."""
+    for lineno, raw in enumerate(lines, start=1):
+        line = convert_to_unicode(raw)  # invalid UTF-8 bytes are dropped, as the original does
+        if lineno == 1 and line.startswith("\ufeff"):
+            line = line[1:]
+        line = line[:-1] if line.endswith("\n") else line
+        line = line[:-1] if line.endswith("\r") else line
+        if line.lstrip().startswith("{"):
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                obj = None
+            if isinstance(obj, dict) and "text" in obj:
+                text = obj["text"]
+                if not isinstance(text, str):
+                    raise InputError(
+                        f'{name} line {lineno}: field "text" must be a string, got {type(text).__name__}; '
+                        f"fix the JSON line or pass it as plain text"
+                    )
+                yield text
+                continue
+        yield line
 
 
 def load_vocab(vocab_file: str | os.PathLike) -> collections.OrderedDict[str, int]:
@@ -880,114 +902,3 @@ def _encode_in_processes(tok: FullTokenizer, texts: Sequence[str | bytes], num_w
         with ctx.Pool(num_workers, initializer=_init_worker, initargs=(tok.vocab, tok._init_kwargs)) as pool:
             parts = pool.map(_encode_span, [(a, b, list(texts[a:b])) for a, b in spans], chunksize=1)
     return [ids for part in parts for ids in part]
-
-
-# ---------------------------------------------------------------------------------------------------------
-# `bert tokenize`
-# ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class TokenizeArgs:
-    """Tokenize text with a WordPiece vocab: one input line (plain text, or a JSON object with a "text"
-    field) -> one output JSON line {"text": ..., "tokens": [...], "ids": [...]}."""
-
-    vocab_file: str = field(metadata={"help": "The vocabulary file that the BERT model was trained on."})
-    do_lower_case: bool = field(
-        default=True,
-        metadata={
-            "help": "Whether to lower case the input text. Should be True for uncased models and False "
-            "for cased models."
-        },
-    )
-    input_file: str | None = field(
-        default=None,
-        metadata={"help": "Input text file (one text per line, or JSON lines with a 'text' field); stdin if unset."},
-    )
-    output_file: str | None = field(default=None, metadata={"help": "Output JSON-lines file; stdout if unset."})
-
-
-_BATCH_LINES = 4096
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _read_texts(lines: Iterable[bytes], name: str) -> Iterator[str]:
-    """Texts of an input stream: each line is plain text, or a JSON object whose "text" field is the text."""
-    for lineno, raw in enumerate(lines, start=1):
-        line = convert_to_unicode(raw)  # invalid UTF-8 bytes are dropped, as the original does
-        if lineno == 1 and line.startswith("\ufeff"):
-            line = line[1:]
-        line = line[:-1] if line.endswith("\n") else line
-        line = line[:-1] if line.endswith("\r") else line
-        if line.lstrip().startswith("{"):
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                obj = None
-            if isinstance(obj, dict) and "text" in obj:
-                text = obj["text"]
-                if not isinstance(text, str):
-                    raise InputError(
-                        f'{name} line {lineno}: field "text" must be a string, got {type(text).__name__}; '
-                        f"fix the JSON line or pass it as plain text"
-                    )
-                yield text
-                continue
-        yield line
-
-
-def run_tokenize(args: TokenizeArgs) -> dict[str, Any]:
-    """Tokenize every input line and write one JSON line per input line.
-
-    Returns:
-        {"lines": number of lines, "tokens": total number of word pieces, "output_file": path or None}.
-    """
-    if not os.path.isfile(args.vocab_file):
-        raise InputError(
-            f"--vocab_file={args.vocab_file}: file not found; pass the vocab.txt of your model "
-            f"(e.g. --vocab_file=uncased_L-12_H-768_A-12/vocab.txt)"
-        )
-    if args.input_file is not None and not os.path.isfile(args.input_file):
-        raise InputError(
-            f"--input_file={args.input_file}: file not found; pass an existing text file or omit it to read stdin"
-        )
-    tokenizer = FullTokenizer(args.vocab_file, do_lower_case=args.do_lower_case)
-    n_lines = n_tokens = 0
-
-    def convert(out, stream, name: str) -> None:
-        nonlocal n_lines, n_tokens
-        texts = _read_texts(stream, name)
-        while batch := list(itertools.islice(texts, _BATCH_LINES)):
-            for text, tokens in zip(batch, tokenizer.tokenize_batch(batch)):
-                record = {"text": text, "tokens": tokens, "ids": tokenizer.convert_tokens_to_ids(tokens)}
-                line = json.dumps(record, ensure_ascii=False)
-                if _LONE_SURROGATE.search(line) is not None:  # from a JSON escape; not encodable as UTF-8
-                    line = json.dumps(record)
-                out.write(line)
-                out.write("\n")
-                n_tokens += len(tokens)
-            n_lines += len(batch)
-
-    from bert.utils import atomic_write
-
-    if args.input_file is None:
-        stream_cm: Any = contextlib.nullcontext(sys.stdin.buffer)
-        in_name = "<stdin>"
-    else:
-        stream_cm = open(args.input_file, "rb")
-        in_name = args.input_file
-    with stream_cm as stream:
-        if args.output_file is None:
-            sys.stdout.flush()
-            if hasattr(sys.stdout, "buffer"):  # UTF-8 whatever the console's encoding, "\n" line ends
-                out = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
-                convert(out, stream, in_name)
-                out.flush()
-                out.detach()  # leave sys.stdout open
-            else:
-                convert(sys.stdout, stream, in_name)
-                sys.stdout.flush()
-        else:
-            with atomic_write(args.output_file) as out:
-                convert(out, stream, in_name)
-    return {"lines": n_lines, "tokens": n_tokens, "output_file": args.output_file}

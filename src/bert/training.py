@@ -215,6 +215,92 @@ def _is_fsdp(model: nn.Module) -> bool:
     return hasattr(model, "set_requires_gradient_sync")
 
 
+def set_seed(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices) from one integer."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def compile_model(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
+    """`torch.compile` the model in place (`--compile`), with a fallback to eager execution.
+
+    In place, like `nn.Module.compile`: the class, the parameter names and the state dict stay as they
+    are, and DDP or FSDP wrap the model afterwards as usual (DDP's forward marks the compiled frame so that
+    dynamo splits the graph at gradient buckets). Compilation happens at the first call; when torch.compile
+    itself fails there (no C++ compiler or Triton, an unsupported operator, ...), a warning is logged and
+    the model runs eagerly from then on. Errors of the inputs are raised as in eager mode.
+
+    Args:
+        model: the unwrapped model.
+        compile_kwargs: passed to `torch.compile` (e.g. `backend`, `mode`, `dynamic`).
+
+    Returns:
+        `model` itself.
+    """
+    try:
+        compiled = torch.compile(model._call_impl, **compile_kwargs)
+    except Exception as e:  # torch.compile unsupported on this platform or Python version
+        logger.warning("--compile: torch.compile is unavailable (%s: %s); running eagerly", type(e).__name__, e)
+        return model
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return compiled(*args, **kwargs)
+        except torch._dynamo.exc.TorchDynamoException as e:
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            logger.warning("--compile: compilation failed (%s: %s); running eagerly", type(e).__name__, reason)
+            model._compiled_call_impl = None
+            return model._call_impl(*args, **kwargs)
+
+    model._compiled_call_impl = call
+    return model
+
+
+class RecordStream:
+    """The endless stream of record indices: epoch e is a permutation of all N records seeded by (seed, e).
+
+    Position `a` (an absolute count of records taken) is (epoch a // N, index a % N).
+
+    Args:
+        num_records: N.
+        seed: the data-order seed.
+        shuffle: False gives 0..N-1 every epoch (evaluation reads sequentially, as the original does).
+    """
+
+    def __init__(self, num_records: int, seed: int, shuffle: bool = True):
+        self.n = num_records
+        self.seed = seed
+        self.shuffle = shuffle
+        self._cache: dict[int, np.ndarray] = {}
+
+    def order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.n)
+        if epoch not in self._cache:
+            if len(self._cache) > 2:
+                self._cache.pop(min(self._cache))
+            self._cache[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.n)
+        return self._cache[epoch]
+
+    def take(self, position: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Record indices and their epochs at stream positions `position .. position + count - 1`."""
+        absolute = np.arange(position, position + count, dtype=np.int64)
+        epochs, within = np.divmod(absolute, self.n)
+        indices = np.empty(count, dtype=np.int64)
+        for e in np.unique(epochs):
+            m = epochs == e
+            indices[m] = self.order(int(e))[within[m]]
+        return indices, epochs
+
+    def position(self, epoch: int, index: int) -> int:
+        return epoch * self.n + index
+
+    def state(self, position: int) -> dict[str, int]:
+        epoch, index = divmod(position, self.n)
+        return {"epoch": int(epoch), "index": int(index), "num_records": self.n, "seed": self.seed}
+
+
 # -------------------------------------------------------------------------------------- RNG states
 def get_rng_state() -> dict[str, Any]:
     """Python, NumPy and torch RNG states, as tensors, lists and numbers (loadable with weights_only)."""
@@ -342,7 +428,7 @@ class MetricsLogger:
     """Scalars to `output_dir/metrics.jsonl` (one JSON object per line) and to TensorBoard events."""
 
     def __init__(self, output_dir: str | os.PathLike, start_step: int = 0, tensorboard_subdir: str | None = None):
-        from bert.tensorboard import EventWriter
+        from bert.formats.tensorboard import EventWriter
 
         self.path = Path(output_dir) / METRICS_NAME
         if self.path.exists():

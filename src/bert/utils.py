@@ -1,15 +1,25 @@
-"""Small helpers shared by the commands: atomic file writes, seeding, logging set-up."""
+"""Small helpers below everything else: atomic file writes, reading text files (plain or gzipped, globs,
+undecodable bytes named by line), logging set-up and the record of what a command did. No torch here.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import glob
+import gzip
+import json
 import logging
 import os
-import random
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+from bert import __version__
+from bert.errors import InputError
 
 
 @contextlib.contextmanager
@@ -42,16 +52,6 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
         raise
 
 
-def set_seed(seed: int) -> None:
-    """Seed Python, NumPy and torch (all devices) from one integer."""
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
 def setup_logging(output_dir: str | os.PathLike | None = None, log_name: str = "log.txt") -> None:
     """Log INFO to stderr and, when an output directory is given, to a file inside it."""
     handlers: list[logging.Handler] = [logging.StreamHandler()]
@@ -68,13 +68,6 @@ def setup_logging(output_dir: str | os.PathLike | None = None, log_name: str = "
 
 def write_run_info(output_dir: str | os.PathLike, command: str, args: object) -> Path:
     """Record what a command did in `output_dir/args.json`: its resolved arguments and command line."""
-    import dataclasses
-    import json
-    import sys
-    import time
-
-    from bert import __version__
-
     info = {
         "command": command,
         "args": dataclasses.asdict(args) if dataclasses.is_dataclass(args) else dict(vars(args)),
@@ -91,11 +84,6 @@ def write_run_info(output_dir: str | os.PathLike, command: str, args: object) ->
 
 def load_json_file(path: str | os.PathLike, what: str):
     """Parse a JSON (or gzipped JSON) file; `what` names it in errors, e.g. "--predict_file" or "dataset"."""
-    import gzip
-    import json
-
-    from bert.errors import InputError
-
     p = Path(path)
     if not p.is_file():
         raise InputError(f"{what} {path}: no such file; check the path")
@@ -105,3 +93,99 @@ def load_json_file(path: str | os.PathLike, what: str):
             return json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as e:
         raise InputError(f"{what} {path} is not valid JSON ({e}); give a UTF-8 .json or .json.gz file") from None
+
+
+# Bytes read at a time by `iter_lines`; a block always ends at a newline, so it never cuts a character.
+_BLOCK_BYTES = 1 << 20
+DECODE_ERRORS = ("strict", "ignore", "replace")
+
+
+def expand_input_files(input_file: str, flag: str = "--input_file", directories: bool = False) -> list[str]:
+    """Expand a comma-separated list of glob patterns, as the original's `tf.gfile.Glob` loop does.
+
+    Each pattern's matches are sorted (the original's order is the file system's); `**` matches any
+    number of directories. Directories are skipped unless `directories` (native pre-training datasets
+    are directories).
+
+    Raises:
+        InputError: a pattern that matches no file, or an empty list.
+    """
+    files: list[str] = []
+    for pattern in (p.strip() for p in input_file.split(",")):
+        if not pattern:
+            continue
+        matches = glob.glob(os.path.expanduser(pattern), recursive=True)
+        matches = sorted(m for m in matches if directories or os.path.isfile(m))
+        if not matches:
+            raise InputError(f"{flag}: nothing matches {pattern}; check the path or the glob pattern")
+        files.extend(matches)
+    if not files:
+        raise InputError(f"{flag} is empty; give one or more files or glob patterns, comma-separated")
+    return files
+
+
+def _open_binary(path: str):
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def iter_lines(
+    path: str, encoding: str = "utf-8", errors: str = "strict", hint: str = "--decode_errors=ignore"
+) -> Iterator[str]:
+    """The lines of a text file (plain, or gzip when the name ends in .gz), without their newline.
+
+    Lines are split at "\\n" only, as the original's `tf.gfile.GFile.readline` does (a "\\r" before it
+    is left to the caller's `strip()`); a last line without a newline is still a line, and a file that
+    ends with a newline has no empty line after it. Decoding is done in 1 MB blocks, which is much
+    faster than line by line.
+
+    Args:
+        path: the file.
+        encoding: an ASCII-compatible text encoding (utf-8, latin-1, cp1252, ...).
+        errors: "strict" raises on undecodable bytes; "ignore" drops them (the original's
+            `convert_to_unicode`); "replace" substitutes U+FFFD.
+        hint: the flag that would accept the file, quoted in the error message.
+
+    Raises:
+        InputError: undecodable bytes with errors="strict", naming the file, line and byte.
+    """
+    line_no = 0  # lines before the current block
+    try:
+        f = _open_binary(path)
+    except OSError as e:
+        raise InputError(f"{path}: cannot open ({e.strerror or e}); check the path and permissions") from e
+    with f:
+        rest = b""
+        while True:
+            try:
+                block = f.read(_BLOCK_BYTES)
+            except (OSError, EOFError, gzip.BadGzipFile) as e:
+                raise InputError(f"{path}: cannot read ({e}); is the file complete and not corrupt?") from e
+            if not block:
+                data, rest = rest, b""
+                if not data:
+                    return
+            else:
+                block = rest + block
+                cut = block.rfind(b"\n") + 1
+                if cut == 0:
+                    rest = block
+                    continue
+                data, rest = block[:cut], block[cut:]
+            try:
+                text = data.decode(encoding, errors)
+            except UnicodeDecodeError as e:
+                bad_line = line_no + data.count(b"\n", 0, e.start) + 1
+                col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+                raise InputError(
+                    f"{path}:{bad_line}: bytes that are not valid {encoding} at column {col} "
+                    f"({data[e.start : e.end]!r}); fix the file, or pass {hint} to drop them"
+                ) from e
+            except LookupError as e:
+                raise InputError(f"unknown text encoding {encoding!r}; use e.g. utf-8 or latin-1") from e
+            lines = text.split("\n")
+            if lines[-1] == "":
+                lines.pop()  # the text after the final newline of the block
+            line_no += data.count(b"\n")
+            yield from lines
+            if not block:
+                return

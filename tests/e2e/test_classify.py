@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from bert.classify import ClassifyArgs, run_classify
+from bert.commands.classify import ClassifyArgs, run_classify
 from bert.metrics import f1_binary
 from conftest import cli_error, save_tiny_model, shared_path, write_tiny_config
 

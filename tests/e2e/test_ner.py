@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bert.commands.ner import NerArgs, run_ner
 from bert.metrics import ner_metrics
-from bert.ner import NerArgs, run_ner
 from bert.tasks.ner import read_conll, read_prediction_file
 from conftest import cli_error, save_tiny_model, shared_path
 

@@ -16,8 +16,10 @@ import pytest
 import torch
 
 from bert.cli import main as cli_main
+from bert.commands.pretrain import PretrainArgs, run_pretrain
 from bert.errors import InputError
-from bert.pretrain import EVAL_KEYS, PretrainArgs, evaluate, open_pretraining_data, run_pretrain
+from bert.pretraining.evaluation import EVAL_KEYS, evaluate
+from bert.pretraining.inputs import open_pretraining_data
 from bert.training import TRAINING_STATE_NAME, DistContext, list_checkpoints, load_training_state
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +54,7 @@ def synthetic_data(
 
     Vocab ids: 0 [PAD], 1 [UNK], 2 [CLS], 3 [SEP], 4 [MASK], then ordinary words.
     """
-    from bert.tfrecord import TFRecordWriter
+    from bert.formats.tfrecord import TFRecordWriter
 
     rng = np.random.default_rng(seed)
     vocab_file = tmp / "vocab.txt"
@@ -164,7 +166,7 @@ def test_pretrain_on_sample_text(tmp_path):
         assert again[key] == pytest.approx(results[key], rel=1e-5, abs=1e-6)
 
     # TensorBoard events: training scalars in output_dir, evaluation in output_dir/eval.
-    from bert.tensorboard import read_scalars
+    from bert.formats.tensorboard import read_scalars
 
     scalars = read_scalars(out)
     assert [s for s, _ in scalars["loss"]] == list(range(1, 21))
@@ -335,7 +337,7 @@ def test_lamb_trains_and_resumes_exactly(tmp_path):
 
 
 def test_native_dataset_gives_the_same_run(tmp_path):
-    from bert.datasets import NativeShardWriter, features_to_records
+    from bert.formats.native import NativeShardWriter, features_to_records
 
     data, _ = synthetic_data(tmp_path, n=20, seq=32)
     source = open_pretraining_data(str(data), 32, 5, None)
@@ -373,7 +375,7 @@ def test_native_dataset_gives_the_same_run(tmp_path):
 
 
 def test_init_from_tf_checkpoint_then_resume_ignores_it(tmp_path, caplog):
-    pytest.importorskip("bert.tf_checkpoint")
+    pytest.importorskip("bert.formats.tf_checkpoint")
     tiny = REPO / "tests" / "fixtures" / "tf_checkpoint" / "tiny"
     data, _ = synthetic_data(tmp_path, n=8, seq=32)  # ids < 99, the tiny checkpoint's vocab
     out = tmp_path / "run"

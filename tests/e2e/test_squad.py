@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from bert.squad import SquadArgs, run_squad
-from bert.squad_evaluate import evaluate_v1, evaluate_v2
+from bert.commands.squad import SquadArgs, run_squad
 from bert.tasks.squad import NO_NON_NULL_SCORE_DIFF, convert_examples_to_features, read_squad_examples
+from bert.tasks.squad_evaluate import evaluate_v1, evaluate_v2
 from bert.tokenization import FullTokenizer
 from conftest import cli_error, save_tiny_model, shared_path
 
@@ -321,7 +321,7 @@ def test_the_original_flags_and_defaults():
 
 
 def test_loss_is_the_original_on_real_positions_and_ignores_padding():
-    from bert.squad import SquadTask
+    from bert.commands.squad import SquadTask
 
     task = SquadTask(SquadArgs(output_dir="unused"))
     torch.manual_seed(1)

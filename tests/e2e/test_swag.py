@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bert.cli import main as cli_main
-from bert.swag import SwagArgs, run_swag
+from bert.commands.swag import SwagArgs, run_swag
 from conftest import FIXTURES, save_tiny_model, shared_path
 
 SWAG = FIXTURES / "tasks" / "swag"

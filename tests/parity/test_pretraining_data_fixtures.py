@@ -11,14 +11,9 @@ import numpy as np
 import pytest
 
 from bert.cli import main
-from bert.datasets import open_native_dataset
-from bert.pretraining_data import (
-    FEATURE_TYPES,
-    create_training_instances,
-    instance_to_features,
-    read_documents,
-)
-from bert.tfrecord import read_examples
+from bert.formats.native import open_native_dataset
+from bert.formats.tfrecord import PRETRAINING_FEATURES, read_examples
+from bert.pretraining.instances import create_training_instances, instance_to_features, read_documents
 from conftest import FIXTURES, shared_path
 
 CASES = [("nowwm", False), ("wwm", True)]
@@ -64,7 +59,7 @@ def test_in_memory_api_reproduces_the_original(tokenizer, name, wwm):
     assert len(instances) == len(expected)
     for i, (instance, record) in enumerate(zip(instances, expected)):
         features = instance_to_features(instance, tokenizer.vocab, 128, 20)
-        for key in FEATURE_TYPES:
+        for key in PRETRAINING_FEATURES:
             assert features[key] == record[key], f"record {i}, feature {key}"
         assert instance.tokens == record["tokens"], f"record {i}"
         assert instance.masked_lm_labels == record["masked_lm_tokens"], f"record {i}"
@@ -78,9 +73,9 @@ def test_cli_tfrecord_reads_back_to_the_original_records(tmp_path, name, wwm):
     records = list(read_examples(out))
     assert len(records) == len(expected)
     for i, (got, want) in enumerate(zip(records, expected)):
-        assert set(got) == set(FEATURE_TYPES)
+        assert set(got) == set(PRETRAINING_FEATURES)
         assert got["masked_lm_weights"].dtype == np.float32
-        for key in FEATURE_TYPES:
+        for key in PRETRAINING_FEATURES:
             np.testing.assert_array_equal(got[key], np.asarray(want[key]), err_msg=f"record {i}, {key}")
     # The statistics written beside the output agree with the fixture's own.
     stats = json.loads((tmp_path / f"{name}.tfrecord.stats.json").read_text())
@@ -111,5 +106,5 @@ def test_compat_native_format_holds_the_original_records(tmp_path):
     manifest, records = open_native_dataset(out)
     assert manifest["mode"] == "compat" and manifest["total_instances"] == len(records) == len(expected)
     batch = records.get_batch(np.arange(len(records)))
-    for key in FEATURE_TYPES:
+    for key in PRETRAINING_FEATURES:
         np.testing.assert_array_equal(batch[key].reshape(len(expected), -1), [r[key] for r in expected], err_msg=key)

@@ -1,4 +1,4 @@
-"""bert.squad_evaluate against the official SQuAD evaluation scripts' own outputs (tests/fixtures/squad_eval),
+"""bert.tasks.squad_evaluate against the official SQuAD evaluation scripts' own outputs (tests/fixtures/squad_eval),
 and on the full official dev sets when shared/data is present."""
 
 import collections
@@ -13,16 +13,15 @@ from pathlib import Path
 import pytest
 
 from bert import cli
+from bert.commands.evaluate_squad import EvaluateSquadArgs, run_evaluate_squad
 from bert.errors import InputError
-from bert.squad_evaluate import (
-    EvaluateSquadArgs,
+from bert.tasks.squad_evaluate import (
     evaluate_v1,
     evaluate_v2,
     find_best_thresh,
     get_raw_scores_v1,
     get_raw_scores_v2,
     make_qid_to_has_ans,
-    run_evaluate_squad,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "squad_eval"
@@ -53,7 +52,7 @@ def test_v1_totals():
 
 
 def test_v1_unanswered_message(caplog):
-    with caplog.at_level(logging.WARNING, logger="bert.squad_evaluate"):
+    with caplog.at_level(logging.WARNING, logger="bert.tasks.squad_evaluate"):
         evaluate_v1(load("dataset_v1.1.json")["data"], load("predictions_v1.1.json"))
     expected = (FIXTURES / "eval_v1.1.stderr.txt").read_text().strip()
     assert [r.getMessage() for r in caplog.records] == [expected]

@@ -110,7 +110,7 @@ def test_bin_with_pickled_code_is_refused(tmp_path, tiny_config):
 
 
 def test_tf_export_round_trip_lossless_native_hf_tf_native(tmp_path, tiny_config):
-    pytest.importorskip("bert.tf_checkpoint")
+    pytest.importorskip("bert.formats.tf_checkpoint")
     tiny_config.hidden_act = "gelu"  # the erf form must survive the original's spelling
     model = modeling.BertForPreTraining(tiny_config)
     model.save_pretrained(tmp_path / "native")
@@ -126,7 +126,7 @@ def test_tf_export_round_trip_lossless_native_hf_tf_native(tmp_path, tiny_config
 
 
 def test_tf_export_of_fixture_reads_back_the_same_variables(tmp_path):
-    tf_checkpoint = pytest.importorskip("bert.tf_checkpoint")
+    tf_checkpoint = pytest.importorskip("bert.formats.tf_checkpoint")
     src = FIXTURES / "tf_checkpoint" / "tiny_weights_only"
     model = modeling.BertForPreTraining.from_pretrained(src)
     export_tf(model, tmp_path)

@@ -11,7 +11,7 @@ import torch
 
 from bert.errors import InputError
 from bert.modeling import BertForPreTraining, BertForSequenceClassification
-from bert.pretrain import compile_model
+from bert.training import compile_model
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 

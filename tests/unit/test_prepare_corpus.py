@@ -5,17 +5,10 @@ import gzip
 import pytest
 
 from bert.cli import main
+from bert.commands.prepare_corpus import PrepareCorpusArgs, run_prepare_corpus
 from bert.errors import InputError
-from bert.prepare_corpus import (
-    PrepareCorpusArgs,
-    expand_input_files,
-    is_chapter_heading,
-    iter_documents,
-    iter_lines,
-    iter_paragraphs,
-    run_prepare_corpus,
-    strip_gutenberg,
-)
+from bert.pretraining.corpus import is_chapter_heading, iter_documents, iter_paragraphs, strip_gutenberg
+from bert.utils import expand_input_files, iter_lines
 
 WRAPPED = """\
 It is a truth universally acknowledged, that a single man in possession
@@ -141,7 +134,7 @@ def test_iter_lines_names_file_and_line_of_bad_bytes(tmp_path):
 
 
 def test_iter_lines_long_file_counts_lines_across_blocks(tmp_path, monkeypatch):
-    import bert.prepare_corpus as pc
+    import bert.utils as pc
 
     monkeypatch.setattr(pc, "_BLOCK_BYTES", 16)
     path = tmp_path / "long.txt"
@@ -155,7 +148,7 @@ def test_expand_input_files(tmp_path):
         (tmp_path / name).write_text("x")
     files = expand_input_files(f"{tmp_path}/*.txt,{tmp_path}/c.gz")
     assert [p.rsplit("/", 1)[1] for p in files] == ["a.txt", "b.txt", "c.gz"]
-    with pytest.raises(InputError, match="matches no file"):
+    with pytest.raises(InputError, match="nothing matches"):
         expand_input_files(f"{tmp_path}/*.txt,{tmp_path}/missing*.txt")
 
 

@@ -10,27 +10,18 @@ import numpy as np
 import pytest
 
 from bert.cli import main
-from bert.datasets import (
+from bert.commands.create_pretraining_data import CreatePretrainingDataArgs, run_create_pretraining_data
+from bert.errors import InputError
+from bert.formats.native import (
     NativeShardWriter,
     check_manifest,
     open_native_dataset,
     record_dtype,
     records_to_features,
 )
-from bert.errors import InputError
-from bert.pretraining_data import (
-    FEATURE_TYPES,
-    CreatePretrainingDataArgs,
-    _BufferProcessor,
-    _Settings,
-    create_masked_lm_predictions,
-    encode_pretraining_examples,
-    iter_buffers,
-    run_create_pretraining_data,
-    truncate_seq_pair,
-    truncated_lengths,
-)
-from bert.tfrecord import encode_example, read_examples
+from bert.formats.tfrecord import PRETRAINING_FEATURES, encode_example, encode_pretraining_examples, read_examples
+from bert.pretraining.instances import create_masked_lm_predictions, truncate_seq_pair
+from bert.pretraining.streaming import BufferProcessor, GenerationSettings, iter_buffers, truncated_lengths
 from conftest import shared_path
 
 # A tiny vocab: specials, some words, and "##" pieces for whole-word masking.
@@ -90,11 +81,13 @@ def test_encode_pretraining_examples_is_byte_identical_to_encode_example():
     }
     feats["input_ids"][0] = 0
     fast = encode_pretraining_examples(feats)
-    assert fast == [encode_example({k: feats[k][i] for k in FEATURE_TYPES}, FEATURE_TYPES) for i in range(n)]
+    assert fast == [
+        encode_example({k: feats[k][i] for k in PRETRAINING_FEATURES}, PRETRAINING_FEATURES) for i in range(n)
+    ]
 
 
 def _processor(vocab_file, tmp_path, wwm=False, max_seq_length=16, max_predictions=4):
-    settings = _Settings(
+    settings = GenerationSettings(
         vocab_file=vocab_file,
         do_lower_case=True,
         max_seq_length=max_seq_length,
@@ -107,7 +100,7 @@ def _processor(vocab_file, tmp_path, wwm=False, max_seq_length=16, max_predictio
         output_format="native",
         part_dir=str(tmp_path),
     )
-    return _BufferProcessor(settings)
+    return BufferProcessor(settings)
 
 
 @pytest.mark.parametrize("wwm", [False, True])
@@ -173,7 +166,7 @@ def test_original_masking_wwm_groups_pieces_across_sep():
 def book_corpus(tmp_path_factory):
     """The first ~200 KB of Jane Austen's Emma through prepare-corpus, split at chapters."""
     pytest.importorskip("pysbd")
-    from bert.prepare_corpus import PrepareCorpusArgs, run_prepare_corpus
+    from bert.commands.prepare_corpus import PrepareCorpusArgs, run_prepare_corpus
 
     src = shared_path("data", "corpus", "nltk_gutenberg", "austen-emma.txt.gz")
     tmp = tmp_path_factory.mktemp("book")
@@ -283,7 +276,7 @@ def test_native_streaming_round_trip_and_manifest(tmp_path, vocab_file):
     tf = _read_all(tmp_path / "t.tfrecord")
     batch = records.get_batch(np.arange(len(records)))
     assert len(tf) == len(records)
-    for key in FEATURE_TYPES:
+    for key in PRETRAINING_FEATURES:
         np.testing.assert_array_equal(batch[key].reshape(len(tf), -1), [r[key] for r in tf], err_msg=key)
     one = records[len(records) - 1]
     assert one["input_ids"].shape == (24,) and one["next_sentence_labels"].shape == (1,)
@@ -347,7 +340,7 @@ def _run_cli(capsys, *flags):
 def test_glob_matching_nothing(tmp_path, capsys, vocab_file):
     code, err = _run_cli(capsys, f"--input_file={tmp_path}/nothing*.txt", f"--output_file={tmp_path}/o.tfrecord",
                          f"--vocab_file={vocab_file}")  # fmt: skip
-    assert code == 2 and "matches no file" in err
+    assert code == 2 and "nothing matches" in err
 
 
 @pytest.mark.parametrize("output", ["o.tfrecord", "native_dir"])

@@ -307,9 +307,6 @@ def test_truncation_pops_the_longer_side(tokenizer):
         "[SEP]",
     ]
     assert f.segment_ids == [0] * 6 + [1] * 4
-    a, b = ["a"] * 9, ["b"] * 2
-    glue.truncate_seq_pair(a, b, 6)
-    assert (len(a), len(b)) == (4, 2)
 
 
 def test_single_sentence_truncation_and_unknown_words(tokenizer):
@@ -372,32 +369,6 @@ def test_conversion_errors(tokenizer):
 
 # --------------------------------------------------------------------------------------------------
 # Step arithmetic and output files
-
-
-def test_step_arithmetic():
-    assert glue.num_train_steps(3668, 32, 3.0) == 343  # README: global_step = 343
-    assert glue.num_warmup_steps(343, 0.1) == 34
-    assert glue.num_train_steps(100, 32, 1.0) == 3  # truncation, not rounding up
-    assert glue.num_train_steps(10, 4, 2.5) == 6
-
-
-def test_write_eval_results(tmp_path):
-    path = tmp_path / "out" / "eval_results.txt"
-    glue.write_eval_results(
-        path, {"loss": 0.505248, "eval_loss": np.float32(0.5052481), "global_step": 343, "eval_accuracy": 0.845588}
-    )
-    assert path.read_text() == ("eval_accuracy = 0.845588\neval_loss = 0.5052481\nglobal_step = 343\nloss = 0.505248\n")
-
-
-def test_write_test_results(tmp_path):
-    path = tmp_path / "test_results.tsv"
-    probs = np.array([[1 / 3, 2 / 3], [0.1, 0.9], [1.0, 0.0]])  # float64 in, float32 str() out
-    glue.write_test_results(path, probs, num_examples=3)
-    assert path.read_text() == "0.33333334\t0.6666667\n0.1\t0.9\n1.0\t0.0\n"
-    glue.write_test_results(path, [2.5, 4.0])  # one value per example (regression)
-    assert path.read_text() == "2.5\n4.0\n"
-    with pytest.raises(ValueError, match="3 rows of probabilities for 4 test examples"):
-        glue.write_test_results(path, probs, num_examples=4)
 
 
 # --------------------------------------------------------------------------------------------------

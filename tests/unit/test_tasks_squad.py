@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from bert.errors import InputError
-from bert.squad_evaluate import evaluate_v1
 from bert.tasks import squad
 from bert.tasks.squad import (
     FIRST_UNIQUE_ID,
@@ -30,6 +29,7 @@ from bert.tasks.squad import (
     squad_examples_from_json,
     write_predictions,
 )
+from bert.tasks.squad_evaluate import evaluate_v1
 from bert.tokenization import FullTokenizer
 from conftest import shared_path
 

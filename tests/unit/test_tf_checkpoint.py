@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from bert import crc32c
 from bert.errors import InputError
-from bert.tf_checkpoint import (
+from bert.formats import crc32c
+from bert.formats.tf_checkpoint import (
     _block_entries,
     _read_block,
     _read_varint,

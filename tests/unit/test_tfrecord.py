@@ -8,9 +8,9 @@ import struct
 import numpy as np
 import pytest
 
-from bert import crc32c as crc
 from bert.errors import InputError
-from bert.tfrecord import (
+from bert.formats import crc32c as crc
+from bert.formats.tfrecord import (
     TFRecordWriter,
     decode_example,
     encode_example,

@@ -14,23 +14,23 @@ import pytest
 import torch
 
 from bert.errors import InputError
+from bert.formats.tensorboard import EventWriter, encode_scalar_value, read_events, read_scalars
 from bert.modeling import BertForPreTraining
 from bert.optimization import create_optimizer
-from bert.pretrain import (
+from bert.pretraining.inputs import (
     MaskingVocab,
-    RecordStream,
-    _masking_vocab,
     dynamic_mask,
+    masking_vocab,
     open_pretraining_data,
     rank_batches,
     restore_original_tokens,
     whole_word_positions,
 )
-from bert.tensorboard import EventWriter, encode_scalar_value, read_events, read_scalars
 from bert.training import (
     TRAINING_STATE_NAME,
     DistContext,
     MetricsLogger,
+    RecordStream,
     Trainer,
     check_checkpoint_config,
     get_rng_state,
@@ -124,7 +124,7 @@ def test_tensorboard_event_file(tmp_path):
     with EventWriter(tmp_path) as w:
         w.add_scalars(1, {"loss": 2.5, "learning_rate": 1e-4}, wall_time=100.0)
         w.add_scalars(2, {"loss": 1.25})
-    events = read_events(w.path)  # bert.tfrecord checks every length and data CRC
+    events = read_events(w.path)  # bert.formats.tfrecord checks every length and data CRC
     assert w.path.name.startswith("events.out.tfevents.")
     assert events[0]["file_version"] == "brain.Event:2"
     assert events[1] == {"wall_time": 100.0, "step": 1, "scalars": {"loss": 2.5, "learning_rate": np.float32(1e-4)}}
@@ -187,9 +187,9 @@ def test_whole_word_positions_take_whole_words():
         assert all(w <= set(got) or not (w & set(got)) for w in words)
         seen.add(tuple(got))
     assert len(got) == 3 and len(seen) > 5
-    vocab = _masking_vocab({"[CLS]": 0, "[SEP]": 1, "[MASK]": 2, "a": 3, "##b": 4}, "vocab.txt", whole_word=True)
+    vocab = masking_vocab({"[CLS]": 0, "[SEP]": 1, "[MASK]": 2, "a": 3, "##b": 4}, "vocab.txt", whole_word=True)
     assert vocab.continuation.tolist() == [False, False, False, False, True]
-    assert _masking_vocab({"[CLS]": 0, "[SEP]": 1, "[MASK]": 2}, "vocab.txt", whole_word=False).continuation is None
+    assert masking_vocab({"[CLS]": 0, "[SEP]": 1, "[MASK]": 2}, "vocab.txt", whole_word=False).continuation is None
 
 
 def test_whole_word_dynamic_masking():

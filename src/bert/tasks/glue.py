@@ -27,15 +27,15 @@ import csv
 import json
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bert.errors import InputError
+from bert.tasks.common import pad_2d, truncate_seq_pair
 from bert.tokenization import printable_text
-from bert.utils import atomic_write
 
 if TYPE_CHECKING:
     from bert.tokenization import FullTokenizer
@@ -63,13 +63,7 @@ __all__ = [
     "convert_single_example",
     "features_to_arrays",
     "is_regression_labels",
-    "num_train_steps",
-    "num_warmup_steps",
-    "pad_2d",
     "read_rows",
-    "truncate_seq_pair",
-    "write_eval_results",
-    "write_test_results",
 ]
 
 
@@ -692,21 +686,6 @@ class GenericProcessor(DataProcessor):
 # Feature conversion (spec §6.4)
 
 
-def truncate_seq_pair(tokens_a: list[str], tokens_b: list[str], max_length: int) -> None:
-    """Truncates a sequence pair in place to `max_length` tokens in all, one token at a time from the end
-    of the longer sequence (of B when they are equal), as the original's `_truncate_seq_pair`."""
-    # Truncating the longer side makes more sense than an equal share: when one sequence is very short,
-    # each of its tokens likely carries more information (the original's comment).
-    while True:
-        total_length = len(tokens_a) + len(tokens_b)
-        if total_length <= max_length:
-            break
-        if len(tokens_a) > len(tokens_b):
-            tokens_a.pop()
-        else:
-            tokens_b.pop()
-
-
 def is_regression_labels(label_list: Sequence[Any] | None) -> bool:
     """True for a regression task's label list: None or `[None]` (STS-B)."""
     return label_list is None or list(label_list) == [None]
@@ -841,21 +820,6 @@ def convert_examples_to_features(
     return features
 
 
-def pad_2d(rows: Sequence[Sequence[int]], length: int | None = None, value: int = 0, dtype=np.int64) -> np.ndarray:
-    """Rows of varying length as one [len(rows), length] array, each right-padded with `value`.
-
-    `length` defaults to the longest row; longer rows are an error.
-    """
-    longest = max((len(r) for r in rows), default=0)
-    length = longest if length is None else length
-    if longest > length:
-        raise ValueError(f"a row has {longest} entries, more than the padded length {length}")
-    out = np.full((len(rows), length), value, dtype=dtype)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    return out
-
-
 def features_to_arrays(features: Sequence[InputFeatures], pad_to: int | None = None) -> dict[str, np.ndarray]:
     """A batch of features as NumPy arrays, padded (with 0) to `pad_to` or to the longest feature.
 
@@ -874,48 +838,3 @@ def features_to_arrays(features: Sequence[InputFeatures], pad_to: int | None = N
 
 # --------------------------------------------------------------------------------------------------
 # Step arithmetic and output files (spec §6.1, §6.6)
-
-
-def num_train_steps(num_examples: int, train_batch_size: int, num_train_epochs: float) -> int:
-    """`int(num_examples / train_batch_size * num_train_epochs)`, truncated as the original (MRPC: 3668
-    examples, batch 32, 3 epochs -> 343)."""
-    return int(num_examples / train_batch_size * num_train_epochs)
-
-
-def num_warmup_steps(num_train_steps: int, warmup_proportion: float) -> int:
-    """`int(num_train_steps * warmup_proportion)` (MRPC: 343 steps, 0.1 -> 34)."""
-    return int(num_train_steps * warmup_proportion)
-
-
-def write_eval_results(path: str | os.PathLike, result: Mapping[str, Any]) -> None:
-    """Write `eval_results.txt` as the original: one `key = value` line per key, keys sorted, `str(value)`.
-
-    Also logs them under `***** Eval results *****`.
-    """
-    logger.info("***** Eval results *****")
-    with atomic_write(path) as writer:
-        for key in sorted(result.keys()):
-            logger.info("  %s = %s", key, str(result[key]))
-            writer.write(f"{key} = {result[key]!s}\n")
-
-
-def write_test_results(path: str | os.PathLike, probabilities: Any, num_examples: int | None = None) -> None:
-    """Write `test_results.tsv` as the original: no header, no ids, one line per example holding its class
-    probabilities in label-list order, tab separated, each printed as `str()` of a numpy float32.
-
-    Args:
-        path: the output file.
-        probabilities: [N, num_labels] (or [N] for one value per example, e.g. a regression score).
-        num_examples: when given, the number of lines written must equal it (the original's assertion).
-    """
-    probs = np.asarray(probabilities, dtype=np.float32)
-    if probs.ndim == 1:
-        probs = probs[:, None]
-    if probs.ndim != 2:
-        raise ValueError(f"probabilities must be [N, num_labels], got shape {probs.shape}")
-    if num_examples is not None and probs.shape[0] != num_examples:
-        raise ValueError(f"{probs.shape[0]} rows of probabilities for {num_examples} test examples")
-    logger.info("***** Predict results *****")
-    with atomic_write(path) as writer:
-        for row in probs:
-            writer.write("\t".join(str(p) for p in row) + "\n")

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bert.errors import InputError
-from bert.tasks.glue import pad_2d
+from bert.tasks.common import pad_2d
 from bert.tokenization import printable_text
 from bert.utils import atomic_write
 

@@ -23,7 +23,8 @@ import numpy as np
 
 from bert.errors import InputError
 from bert.metrics import accuracy
-from bert.tasks.glue import pad_2d, read_rows, truncate_seq_pair
+from bert.tasks.common import pad_2d, truncate_seq_pair
+from bert.tasks.glue import read_rows
 from bert.tokenization import printable_text
 
 if TYPE_CHECKING:

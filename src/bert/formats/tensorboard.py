@@ -1,6 +1,6 @@
 """TensorBoard scalar event files, written by hand: no tensorboard or protobuf dependency.
 
-An event file is a TFRecord file (see `bert.tfrecord`): each record is framed as
+An event file is a TFRecord file (see `bert.formats.tfrecord`): each record is framed as
 
     uint64 length | uint32 masked_crc32c(length) | data | uint32 masked_crc32c(data)
 
@@ -25,7 +25,7 @@ import struct
 import time
 from pathlib import Path
 
-from bert.crc32c import masked_crc32c
+from bert.formats.crc32c import masked_crc32c
 
 FILE_VERSION = "brain.Event:2"
 _counter = itertools.count()
@@ -169,7 +169,7 @@ def decode_event(data: bytes) -> dict:
 
 def read_events(path: str | os.PathLike) -> list[dict]:
     """Decode every event of an event file (checking the framing CRCs)."""
-    from bert.tfrecord import read_records
+    from bert.formats.tfrecord import read_records
 
     return [decode_event(r) for r in read_records(path)]
 

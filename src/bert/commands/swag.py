@@ -25,6 +25,9 @@ import torch
 
 from bert.errors import InputError
 from bert.finetune import FinetuneArgs, FinetuneTask, run_finetune
+from bert.formats.results import write_test_results
+from bert.modeling import BertForMultipleChoice
+from bert.tasks.swag import convert_swag_examples_to_features, read_swag_examples, swag_features_to_arrays, swag_metrics
 
 
 @dataclass(kw_only=True)
@@ -46,13 +49,11 @@ class SwagTask(FinetuneTask):
     default_metric = "eval_accuracy"
 
     def __init__(self, args: SwagArgs):
-        from bert.modeling import BertForMultipleChoice
 
         self.args = args
         self.model_class = BertForMultipleChoice
 
     def read_examples(self, split: str) -> list:
-        from bert.tasks.swag import read_swag_examples
 
         name = {"train": self.args.train_file, "dev": self.args.dev_file, "test": self.args.test_file}[split]
         if not os.path.isdir(self.args.data_dir):
@@ -60,7 +61,6 @@ class SwagTask(FinetuneTask):
         return read_swag_examples(os.path.join(self.args.data_dir, name), has_label=None if split == "test" else True)
 
     def convert(self, examples: Sequence, tokenizer, max_seq_length: int, pad: bool) -> list:
-        from bert.tasks.swag import convert_swag_examples_to_features
 
         return convert_swag_examples_to_features(examples, max_seq_length, tokenizer, pad=pad)
 
@@ -68,7 +68,6 @@ class SwagTask(FinetuneTask):
         return max(int(sum(m)) for m in feature.input_mask)
 
     def collate(self, features: Sequence, pad_to: int | None) -> dict[str, np.ndarray]:
-        from bert.tasks.swag import swag_features_to_arrays
 
         a = swag_features_to_arrays(features, pad_to)
         return {
@@ -79,7 +78,6 @@ class SwagTask(FinetuneTask):
         }
 
     def metrics(self, examples: Sequence, features: Sequence, outputs: list[np.ndarray]) -> dict[str, Any]:
-        from bert.tasks.swag import swag_metrics
 
         found = swag_metrics(np.stack(outputs), [f.label for f in features])
         return {f"eval_{k}": v for k, v in found.items()}
@@ -87,7 +85,6 @@ class SwagTask(FinetuneTask):
     def write_predictions(
         self, output_dir: Path, examples: Sequence, features: Sequence, outputs: list
     ) -> dict[str, Any]:
-        from bert.tasks.glue import write_test_results
 
         probs = torch.softmax(torch.from_numpy(np.stack(outputs)), dim=-1)  # [N, 4]
         path = output_dir / "test_results.tsv"

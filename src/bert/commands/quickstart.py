@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from bert.commands.classify import ClassifyArgs, run_classify
+from bert.commands.create_pretraining_data import CreatePretrainingDataArgs, run_create_pretraining_data
+from bert.commands.pretrain import PretrainArgs, run_pretrain
 from bert.errors import InputError
 
 logger = logging.getLogger(__name__)
@@ -90,9 +93,6 @@ def _print_results(title: str, results: dict) -> None:
 
 
 def run_quickstart(args: QuickstartArgs) -> dict:
-    from bert.classify import ClassifyArgs, run_classify
-    from bert.pretrain import PretrainArgs, run_pretrain
-    from bert.pretraining_data import CreatePretrainingDataArgs, run_create_pretraining_data
 
     if args.pretrain_steps < 1:
         raise InputError(f"--pretrain_steps={args.pretrain_steps} must be at least 1")

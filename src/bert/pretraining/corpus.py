@@ -1,4 +1,4 @@
-"""`bert prepare-corpus`: raw books to the input layout of `create-pretraining-data`.
+"""Raw books to the input layout of `create-pretraining-data`: the library of `bert prepare-corpus`.
 
 The original `create_pretraining_data.py` reads plain text with one sentence per line and a blank line
 between documents (google-research/bert README, "Pre-training with BERT"), but ships no tool that
@@ -7,138 +7,33 @@ produces it. This module does, for raw text such as Project Gutenberg books (pla
 1. the Project Gutenberg header and footer are dropped (everything up to the `*** START OF ... ***`
    line and from the `*** END OF ... ***` / `End of the Project Gutenberg EBook` line on);
 2. hard-wrapped lines are joined into paragraphs (paragraphs are separated by blank lines), or, for
-   files that hold one paragraph per line, each line is a paragraph (`--paragraph_mode=auto` decides
+   files that hold one paragraph per line, each line is a paragraph (`paragraph_mode="auto"` decides
    per file from the line lengths);
 3. each paragraph is split into sentences by a sentence splitter from PyPI (`pysbd`, rule based, the
    default; or `blingfire`, faster), imported only when used;
-4. every source file becomes one document, or one document per chapter with `--split_chapters`
+4. every source file becomes one document, or one document per chapter with `split_chapters`
    (a line such as "CHAPTER IV." or "Chapter 12" starts a new document and is itself dropped).
-
-The module also holds the text-reading helpers that `create-pretraining-data` shares: comma lists of
-globs (`expand_input_files`) and line reading that names the file and line of undecodable bytes
-(`iter_lines`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import glob
 import gzip
 import logging
 import os
 import re
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from bert.errors import InputError
-from bert.utils import atomic_write
+from bert.utils import atomic_write, iter_lines
 
 logger = logging.getLogger(__name__)
 
-DECODE_ERRORS = ("strict", "ignore", "replace")
 SENTENCE_SPLITTERS = ("pysbd", "blingfire")
 PARAGRAPH_MODES = ("auto", "blank_line", "line")
-
-# Bytes read at a time by `iter_lines`; a block always ends at a newline, so it never cuts a character.
-_BLOCK_BYTES = 1 << 20
-
-
-# ------------------------------------------------------------------------------------------------
-# Reading text files (shared with create-pretraining-data)
-# ------------------------------------------------------------------------------------------------
-
-
-def expand_input_files(input_file: str, flag: str = "--input_file") -> list[str]:
-    """Expand a comma-separated list of glob patterns, as the original's `tf.gfile.Glob` loop does.
-
-    Each pattern's matches are sorted (the original's order is the file system's); `**` matches any
-    number of directories. Directories are skipped.
-
-    Raises:
-        InputError: a pattern that matches no file, or an empty list.
-    """
-    files: list[str] = []
-    for pattern in (p.strip() for p in input_file.split(",")):
-        if not pattern:
-            continue
-        matches = sorted(m for m in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(m))
-        if not matches:
-            raise InputError(f"{flag}: '{pattern}' matches no file; check the path or the glob pattern")
-        files.extend(matches)
-    if not files:
-        raise InputError(f"{flag} is empty; give one or more files or glob patterns, comma-separated")
-    return files
-
-
-def _open_binary(path: str):
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
-
-
-def iter_lines(
-    path: str, encoding: str = "utf-8", errors: str = "strict", hint: str = "--decode_errors=ignore"
-) -> Iterator[str]:
-    """The lines of a text file (plain, or gzip when the name ends in .gz), without their newline.
-
-    Lines are split at "\\n" only, as the original's `tf.gfile.GFile.readline` does (a "\\r" before it
-    is left to the caller's `strip()`); a last line without a newline is still a line, and a file that
-    ends with a newline has no empty line after it. Decoding is done in 1 MB blocks, which is much
-    faster than line by line.
-
-    Args:
-        path: the file.
-        encoding: an ASCII-compatible text encoding (utf-8, latin-1, cp1252, ...).
-        errors: "strict" raises on undecodable bytes; "ignore" drops them (the original's
-            `convert_to_unicode`); "replace" substitutes U+FFFD.
-        hint: the flag that would accept the file, quoted in the error message.
-
-    Raises:
-        InputError: undecodable bytes with errors="strict", naming the file, line and byte.
-    """
-    line_no = 0  # lines before the current block
-    try:
-        f = _open_binary(path)
-    except OSError as e:
-        raise InputError(f"{path}: cannot open ({e.strerror or e}); check the path and permissions") from e
-    with f:
-        rest = b""
-        while True:
-            try:
-                block = f.read(_BLOCK_BYTES)
-            except (OSError, EOFError, gzip.BadGzipFile) as e:
-                raise InputError(f"{path}: cannot read ({e}); is the file complete and not corrupt?") from e
-            if not block:
-                data, rest = rest, b""
-                if not data:
-                    return
-            else:
-                block = rest + block
-                cut = block.rfind(b"\n") + 1
-                if cut == 0:
-                    rest = block
-                    continue
-                data, rest = block[:cut], block[cut:]
-            try:
-                text = data.decode(encoding, errors)
-            except UnicodeDecodeError as e:
-                bad_line = line_no + data.count(b"\n", 0, e.start) + 1
-                col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-                raise InputError(
-                    f"{path}:{bad_line}: bytes that are not valid {encoding} at column {col} "
-                    f"({data[e.start : e.end]!r}); fix the file, or pass {hint} to drop them"
-                ) from e
-            except LookupError as e:
-                raise InputError(f"unknown text encoding {encoding!r}; use e.g. utf-8 or latin-1") from e
-            lines = text.split("\n")
-            if lines[-1] == "":
-                lines.pop()  # the text after the final newline of the block
-            line_no += data.count(b"\n")
-            yield from lines
-            if not block:
-                return
 
 
 # ------------------------------------------------------------------------------------------------
@@ -338,52 +233,8 @@ def prepare_file(
 
 
 # ------------------------------------------------------------------------------------------------
-# The command
+# Many files, in parallel, into one output
 # ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class PrepareCorpusArgs:
-    """Raw text (e.g. Project Gutenberg books, plain or .gz) to one sentence per line, blank line between documents."""
-
-    input_file: str = field(
-        metadata={"help": "Input raw text file(s): comma-separated glob patterns; .gz files are decompressed."}
-    )
-    output_file: str = field(
-        metadata={"help": "Output text file: one sentence per line, a blank line between documents (.gz: gzipped)."}
-    )
-    sentence_splitter: str = field(
-        default="pysbd",
-        metadata={
-            "help": "Sentence splitter: pysbd (rule based, handles abbreviations and quotes) or blingfire "
-            "(about 40x faster, splits after 'Mr.').",
-            "choices": SENTENCE_SPLITTERS,
-        },
-    )
-    split_chapters: bool = field(
-        default=False,
-        metadata={"help": "Start a new document at each chapter heading (e.g. 'CHAPTER IV.'), dropping the heading."},
-    )
-    paragraph_mode: str = field(
-        default="auto",
-        metadata={
-            "help": "blank_line: paragraphs are separated by blank lines and wrapped lines are joined; "
-            "line: each line is a paragraph; auto: decide per file from its line lengths.",
-            "choices": PARAGRAPH_MODES,
-        },
-    )
-    strip_gutenberg: bool = field(
-        default=True, metadata={"help": "Drop the Project Gutenberg header and footer (START/END OF lines)."}
-    )
-    encoding: str = field(default="utf-8", metadata={"help": "Text encoding of the input files."})
-    decode_errors: str = field(
-        default="strict",
-        metadata={
-            "help": "Undecodable bytes: strict (error naming file and line), ignore (drop) or replace (U+FFFD).",
-            "choices": DECODE_ERRORS,
-        },
-    )
-    num_workers: int = field(default=1, metadata={"help": "Processes splitting files in parallel."})
 
 
 def _prepare_to_part(job: tuple) -> tuple[str, int, int]:
@@ -412,41 +263,43 @@ def _open_output(path: str):
             yield raw
 
 
-def run_prepare_corpus(args: PrepareCorpusArgs) -> dict:
-    """Write `args.output_file` from `args.input_file`; returns counts of files, documents, sentences."""
-    if args.num_workers < 1:
-        raise InputError(f"--num_workers={args.num_workers} must be at least 1")
-    files = expand_input_files(args.input_file)
-    make_sentence_splitter(args.sentence_splitter)  # fail early when the package is missing
-    start = time.time()
-    n_docs = n_sents = 0
-    in_bytes = sum(os.path.getsize(f) for f in files)
-    from tqdm import tqdm
+def prepare_corpus(
+    files: list[str],
+    output_file: str,
+    sentence_splitter: str = "pysbd",
+    split_chapters: bool = False,
+    paragraph_mode: str = "auto",
+    strip_boilerplate: bool = True,
+    encoding: str = "utf-8",
+    decode_errors: str = "strict",
+    num_workers: int = 1,
+    on_file_done: Callable[[], None] | None = None,
+) -> tuple[int, int]:
+    """Write the documents of `files`, in order, to `output_file` (atomically; .gz: gzipped).
 
-    out_dir = Path(args.output_file).resolve().parent
+    Each file is prepared into a temporary part beside the output (by `num_workers` processes), and the
+    parts are appended in file order. Returns (documents, sentences).
+
+    Raises:
+        InputError: no sentence in any file, or a file that cannot be read or decoded.
+    """
+    n_docs = n_sents = 0
+    out_dir = Path(output_file).resolve().parent
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".prepare-corpus-", dir=out_dir) as tmp:
         jobs = [
-            (
-                f,
-                os.path.join(tmp, f"part{i:06d}.txt"),
-                args.sentence_splitter,
-                args.split_chapters,
-                args.paragraph_mode,
-                args.strip_gutenberg,
-                args.encoding,
-                args.decode_errors,
-            )
+            (f, os.path.join(tmp, f"part{i:06d}.txt"), sentence_splitter, split_chapters, paragraph_mode)
+            + (strip_boilerplate, encoding, decode_errors)
             for i, f in enumerate(files)
         ]
-        with _open_output(args.output_file) as out, tqdm(total=len(files), unit="file", desc="prepare-corpus") as bar:
-            if args.num_workers == 1:
+        with _open_output(output_file) as out:
+            if num_workers == 1:
                 results: Iterable[tuple[str, int, int]] = map(_prepare_to_part, jobs)
                 pool = None
             else:
                 import multiprocessing
 
-                pool = multiprocessing.get_context("spawn").Pool(min(args.num_workers, len(files)))
+                pool = multiprocessing.get_context("spawn").Pool(min(num_workers, len(files)))
                 results = pool.imap(_prepare_to_part, jobs)
             try:
                 for part, d, s in results:
@@ -455,30 +308,15 @@ def run_prepare_corpus(args: PrepareCorpusArgs) -> dict:
                     os.unlink(part)
                     n_docs += d
                     n_sents += s
-                    bar.update(1)
+                    if on_file_done is not None:
+                        on_file_done()
             finally:
                 if pool is not None:
                     pool.terminate()
                     pool.join()
             if n_docs == 0:
                 raise InputError(
-                    f"--input_file={args.input_file}: no sentences found in {len(files)} file(s); "
+                    f"no sentences found in {len(files)} file(s) ({files[0]}{', ...' if len(files) > 1 else ''}); "
                     "are they empty, or is everything inside the Project Gutenberg header/footer?"
                 )
-    seconds = time.time() - start
-    result = {
-        "files": len(files),
-        "documents": n_docs,
-        "sentences": n_sents,
-        "input_bytes": in_bytes,
-        "seconds": round(seconds, 3),
-    }
-    logger.info(
-        "Wrote %d documents, %d sentences from %d files to %s in %.1f s",
-        n_docs,
-        n_sents,
-        len(files),
-        args.output_file,
-        seconds,
-    )
-    return result
+    return n_docs, n_sents

@@ -19,7 +19,7 @@ Writing emits packed lists and the features in the order of the dict; reading ac
 lists and any field order, and skips unknown fields, as a protobuf parser does.
 
 Speed: varints of small non-negative ints come from a precomputed table, floats and CRCs are done with
-NumPy, and the writer computes the CRCs of many records at once (`bert.crc32c.crc32c_many`).
+NumPy, and the writer computes the CRCs of many records at once (`bert.formats.crc32c.crc32c_many`).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bert.crc32c import crc32c_many, mask, masked_crc32c
 from bert.errors import InputError
+from bert.formats.crc32c import crc32c_many, mask, masked_crc32c
 from bert.utils import atomic_write
 
 __all__ = [
@@ -396,6 +396,86 @@ def decode_example(data: bytes, path: str = "<bytes>", index: int = 0) -> dict[s
 
 # ----------------------------------------------------------------------------------------------------
 # Framing.
+
+
+# ------------------------------------------------------------------------------- pre-training records
+# The seven features of the original's pre-training records and their kinds
+# (create_pretraining_data.py, `write_instance_to_example_files`).
+PRETRAINING_FEATURES = {
+    "input_ids": "int64",
+    "input_mask": "int64",
+    "segment_ids": "int64",
+    "masked_lm_positions": "int64",
+    "masked_lm_ids": "int64",
+    "masked_lm_weights": "float",
+    "next_sentence_labels": "int64",
+}
+
+
+def _packed_varints(values: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """Protobuf packed varints of each row of a non-negative int matrix [N, L]: (bytes, row sizes [N])."""
+    v = np.asarray(values)
+    if v.size and v.min() < 0:
+        raise ValueError("pre-training features are non-negative")
+    top = int(v.max(initial=0))
+    if top < 0x80:  # one byte per value: the values themselves
+        return v.astype(np.uint8).tobytes(), np.full(len(v), v.shape[1], np.int64)
+    u = v.astype(np.uint64).reshape(-1)
+    width = (top.bit_length() + 6) // 7
+    nbytes = np.ones(u.shape, np.int64)
+    for k in range(1, width):
+        nbytes += u >= np.uint64(1 << (7 * k))
+    ends = np.cumsum(nbytes)
+    out = np.empty(int(ends[-1]), np.uint8)
+    start = ends - nbytes  # where each value's varint begins; rows stay contiguous, in order
+    for k in range(width):
+        byte = ((u >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
+        byte |= (nbytes > k + 1).astype(np.uint8) << 7  # continuation bit
+        if k == 0:
+            out[start] = byte
+        else:
+            m = nbytes > k
+            out[start[m] + k] = byte[m]
+    return out.tobytes(), nbytes.reshape(v.shape).sum(axis=1)
+
+
+def encode_pretraining_examples(features: dict[str, np.ndarray]) -> list[bytes]:
+    """Serialized `tf.train.Example`s of stacked pre-training features [N, ...], many at a time.
+
+    A fast path for the fixed 7-feature schema, byte-identical to `encode_example(...,
+    PRETRAINING_FEATURES)` on each row (tested): the varints of all rows are computed at once with NumPy, the
+    per-feature headers depend only on the payload size and are cached, and rows are joined in C.
+    """
+    n = len(features["input_ids"])
+    columns: list[list[bytes]] = []
+    total = np.zeros(n, np.int64)
+    for name, kind in PRETRAINING_FEATURES.items():
+        values = np.asarray(features[name]).reshape(n, -1)
+        if kind == "float":
+            data = values.astype("<f4").tobytes()
+            sizes = np.full(n, values.shape[1] * 4, np.int64)
+        else:
+            data, sizes = _packed_varints(values)
+        key = name.encode()
+        tag = b"\x12" if kind == "float" else b"\x1a"  # Feature.float_list = 2, Feature.int64_list = 3
+        cache: dict[int, bytes] = {}
+        for size in np.unique(sizes).tolist():
+            # map entry {key = name, value = Feature {kind {value = payload (packed)}}}
+            inner = (b"\x0a" + _varint(size)) if size else b""
+            feature = tag + _varint(len(inner) + size) + inner
+            entry = b"\x0a" + _varint(len(key)) + key + b"\x12" + _varint(len(feature) + size) + feature
+            cache[size] = b"\x0a" + _varint(len(entry) + size) + entry
+        size_list = sizes.tolist()
+        headers = [cache[x] for x in size_list]
+        ends = np.cumsum(sizes).tolist()
+        starts = [0, *ends[:-1]]
+        columns.append(headers)
+        columns.append([data[a:b] for a, b in zip(starts, ends)])
+        total += sizes + np.array([len(h) for h in cache.values()])[np.searchsorted(list(cache), sizes)]
+    prefix_cache = {t: b"\x0a" + _varint(t) for t in np.unique(total).tolist()}
+    prefixes = [prefix_cache[t] for t in total.tolist()]
+    return list(map(b"".join, zip(prefixes, *columns)))
+
 
 _HEADER = struct.Struct("<QI")
 _BATCH_RECORDS = 512

@@ -20,7 +20,7 @@ dynamic-padding batches are the shared runner's (`bert.finetune`).
 Prediction: `predictions.json`, `nbest_predictions.json` and, for v2.0, `null_odds.json`
 (`bert.tasks.squad.write_predictions`: the original's n-best post-processing, its v2.0 crash fixed). When
 every question of `--predict_file` carries gold answers (a dev file), the official evaluation runs
-(`bert.squad_evaluate`: evaluate-v1.1.py's `exact_match`, `f1`; evaluate-v2.0.py's `exact`, `f1`,
+(`bert.tasks.squad_evaluate`: evaluate-v1.1.py's `exact_match`, `f1`; evaluate-v2.0.py's `exact`, `f1`,
 `HasAns_*`, `NoAns_*` and, with `null_odds.json` as the no-answer probabilities, as the original README
 runs it, `best_exact`, `best_f1` and their thresholds) and its result goes to `eval_results.json` and
 `eval_results.txt` (sorted `key = value` lines).
@@ -49,6 +49,11 @@ import torch
 
 from bert.errors import InputError
 from bert.finetune import FinetuneArgs, FinetuneTask, run_finetune
+from bert.formats.results import write_results
+from bert.modeling import BertForQuestionAnswering
+from bert.tasks.common import pad_2d
+from bert.tasks.squad import RawResult, convert_examples_to_features, squad_examples_from_json, write_predictions
+from bert.tasks.squad_evaluate import evaluate_v1, evaluate_v2, iter_questions
 from bert.utils import load_json_file
 
 logger = logging.getLogger(__name__)
@@ -181,7 +186,6 @@ def gold_dataset(dataset_json: dict, version_2_with_negative: bool, source: str)
         InputError: only some questions have answers, an answer has no text, or (v1.1) a question has an
             empty answer list.
     """
-    from bert.squad_evaluate import iter_questions
 
     questions = [
         qa for article in dataset_json["data"] for paragraph in article["paragraphs"] for qa in paragraph["qas"]
@@ -221,7 +225,6 @@ class SquadTask(FinetuneTask):
     command = "squad"
 
     def __init__(self, args: SquadArgs):
-        from bert.modeling import BertForQuestionAnswering
 
         self.args = args
         self.model_class = BertForQuestionAnswering
@@ -229,7 +232,6 @@ class SquadTask(FinetuneTask):
         self.eval_results: dict[str, Any] | None = None
 
     def read_examples(self, split: str) -> list:
-        from bert.tasks.squad import squad_examples_from_json
 
         a = self.args
         if split == "train":
@@ -248,7 +250,6 @@ class SquadTask(FinetuneTask):
         raise InputError(_NO_EVAL)
 
     def convert(self, examples: Sequence, tokenizer, max_seq_length: int, pad: bool) -> list:
-        from bert.tasks.squad import convert_examples_to_features
 
         # Training examples carry answer positions (-1 for impossible ones); prediction examples none.
         is_training = any(ex.start_position is not None for ex in examples)
@@ -270,7 +271,6 @@ class SquadTask(FinetuneTask):
         return len(feature.tokens)
 
     def collate(self, features: Sequence, pad_to: int | None) -> dict[str, np.ndarray]:
-        from bert.tasks.glue import pad_2d
 
         labels = [[f.start_position or 0, f.end_position or 0, len(f.tokens)] for f in features]
         return {
@@ -306,7 +306,6 @@ class SquadTask(FinetuneTask):
         self, output_dir: Path, examples: Sequence, features: Sequence, outputs: list
     ) -> dict[str, Any]:
         """The three prediction files and, for a file with answers, the official evaluation."""
-        from bert.tasks.squad import RawResult, write_predictions
 
         a = self.args
         results = [RawResult(f.unique_id, out[:, 0], out[:, 1]) for f, out in zip(features, outputs)]
@@ -343,19 +342,13 @@ def evaluate_predictions(
 ) -> dict[str, Any]:
     """Score `predictions` with the official v1.1 or v2.0 evaluation (v2.0: `null_odds.json` of `output_dir`
     as the no-answer probabilities) and write `eval_results.json` and `eval_results.txt`."""
-    from bert.squad_evaluate import evaluate_v1, evaluate_v2
-    from bert.tasks.glue import write_eval_results
-    from bert.utils import atomic_write
 
     if version_2_with_negative:
         null_odds = json.loads((output_dir / NULL_ODDS_NAME).read_text(encoding="utf-8"))
         result = dict(evaluate_v2(dataset, predictions, na_probs=null_odds))
     else:
         result = evaluate_v1(dataset, predictions)
-    with atomic_write(output_dir / "eval_results.json") as f:
-        json.dump(result, f, indent=2)
-        f.write("\n")
-    write_eval_results(output_dir / "eval_results.txt", result)
+    write_results(output_dir, result, as_float32=False)
     return result
 
 

@@ -1,4 +1,4 @@
-"""The official SQuAD evaluation (`evaluate-v1.1.py`, `evaluate-v2.0.py`) and the `evaluate-squad` command.
+"""The official SQuAD evaluation (`evaluate-v1.1.py`, `evaluate-v2.0.py`).
 
 The numbers, the keys and their order, the no-answer threshold rule, the best-threshold search and
 the printed output are those of the official scripts, so a run here can be compared with any
@@ -13,15 +13,11 @@ misses predicted questions are reported as one-line errors instead.
 from __future__ import annotations
 
 import collections
-import json
 import logging
-import sys
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 
 from bert.errors import InputError
 from bert.metrics import squad_question_scores_v1, squad_question_scores_v2
-from bert.utils import atomic_write, load_json_file
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +54,7 @@ def iter_questions(dataset: list, source: str = "dataset") -> Iterator[dict]:
                 yield qa
 
 
-def _check_predictions(preds, source: str = "predictions") -> dict[str, str]:
+def check_predictions(preds, source: str = "predictions") -> dict[str, str]:
     if not isinstance(preds, dict):
         raise InputError(f"{source}: must be a JSON object {{question id: answer text}}")
     for qid, text in preds.items():
@@ -67,7 +63,7 @@ def _check_predictions(preds, source: str = "predictions") -> dict[str, str]:
     return preds
 
 
-def _check_na_probs(na_probs, source: str = "na_probs") -> dict[str, float]:
+def check_na_probs(na_probs, source: str = "na_probs") -> dict[str, float]:
     if not isinstance(na_probs, dict):
         raise InputError(f"{source}: must be a JSON object {{question id: no-answer probability}}")
     for qid, p in na_probs.items():
@@ -110,7 +106,7 @@ def evaluate_v1(
     (the file's "data" list). An unanswered question scores 0 and is reported through `warn` (default:
     a logging warning) as "Unanswered question {qid} will receive score 0."
     """
-    _check_predictions(predictions)
+    check_predictions(predictions)
     warn = warn or logger.warning
     exact, f1 = get_raw_scores_v1(dataset, predictions)
     total = 0
@@ -210,7 +206,7 @@ def evaluate_v2(
     `na_probs` maps question ids to no-answer probabilities (without it every probability is 0.0, so no
     threshold applies).
     """
-    _check_predictions(preds)
+    check_predictions(preds)
     qid_to_has_ans = make_qid_to_has_ans(dataset)
     if not qid_to_has_ans:
         raise InputError("dataset: has no questions; give a SQuAD dataset with questions")
@@ -222,7 +218,7 @@ def evaluate_v2(
         )
     use_na = na_probs is not None
     if use_na:
-        _check_na_probs(na_probs)
+        check_na_probs(na_probs)
         absent = [q for q in preds if q in qid_to_has_ans and q not in na_probs]
         if absent:
             raise InputError(
@@ -247,89 +243,3 @@ def evaluate_v2(
 
 
 # --------------------------------------------------------------------------------------------------
-# The command
-
-
-@dataclass
-class EvaluateSquadArgs:
-    """Score SQuAD predictions with the official v1.1 or v2.0 evaluation and print what it prints."""
-
-    dataset_file: str = field(
-        metadata={"help": "SQuAD dataset JSON (e.g. dev-v1.1.json; .gz accepted)", "positional": True}
-    )
-    prediction_file: str = field(metadata={"help": "predictions JSON: {question id: answer text}", "positional": True})
-    version: str | None = field(
-        default=None,
-        metadata={
-            "help": 'evaluation to run; by default taken from the dataset\'s "version" field',
-            "choices": ["1.1", "2.0"],
-        },
-    )
-    na_prob_file: str | None = field(
-        default=None,
-        metadata={"help": "v2.0: JSON {question id: probability of no answer}", "flag": "--na-prob-file"},
-    )
-    na_prob_thresh: float = field(
-        default=1.0,
-        metadata={"help": "v2.0: predict no answer when the probability is above this", "flag": "--na-prob-thresh"},
-    )
-    out_file: str | None = field(
-        default=None,
-        metadata={"help": "write the metrics JSON to this file instead of printing them", "flag": "--out-file"},
-    )
-
-
-def _detect_version(dataset_json: dict, path: str) -> str:
-    v = str(dataset_json.get("version", "")).lstrip("vV")
-    if v.startswith("1."):
-        return "1.1"
-    if v.startswith("2."):
-        return "2.0"
-    raise InputError(
-        f'{path}: no recognisable "version" field (got {dataset_json.get("version")!r}); '
-        "pass --version 1.1 or --version 2.0"
-    )
-
-
-def run_evaluate_squad(args: EvaluateSquadArgs) -> dict:
-    """Evaluate, then print the metrics as the official script does (or write them to --out-file)."""
-    dataset_json = load_json_file(args.dataset_file, "dataset file")
-    if not isinstance(dataset_json, dict) or "data" not in dataset_json:
-        raise InputError(f'dataset file {args.dataset_file} has no "data" field; give a SQuAD dataset JSON')
-    version = args.version or _detect_version(dataset_json, args.dataset_file)
-    preds = _check_predictions(load_json_file(args.prediction_file, "predictions file"), args.prediction_file)
-    dataset = dataset_json["data"]
-    try:
-        if version == "1.1":
-            if args.na_prob_file is not None:
-                raise InputError("--na-prob-file is for SQuAD 2.0; drop it or pass --version 2.0")
-            if dataset_json.get("version") != "1.1":
-                print(
-                    f"Evaluation expects v-1.1, but got dataset with v-{dataset_json.get('version')}",
-                    file=sys.stderr,
-                )
-            result = evaluate_v1(dataset, preds, warn=lambda m: print(m, file=sys.stderr))
-        else:
-            na_probs = None
-            if args.na_prob_file is not None:
-                na_probs = _check_na_probs(load_json_file(args.na_prob_file, "na_prob file"), args.na_prob_file)
-            result = evaluate_v2(dataset, preds, na_probs, args.na_prob_thresh)
-    except InputError as e:
-        # Name the files behind the generic "dataset:"/"predictions:" prefixes.
-        msg = str(e)
-        for prefix, path in (
-            ("dataset:", args.dataset_file),
-            ("predictions:", args.prediction_file),
-            ("na_probs:", args.na_prob_file),
-        ):
-            if msg.startswith(prefix):
-                msg = f"{path}:{msg[len(prefix) :]}"
-        raise InputError(msg) from None
-    if args.out_file:
-        with atomic_write(args.out_file) as f:
-            json.dump(result, f)
-    elif version == "1.1":
-        print(json.dumps(result))
-    else:
-        print(json.dumps(result, indent=2))
-    return dict(result)

@@ -38,7 +38,13 @@ import numpy as np
 import torch
 
 from bert.errors import InputError
-from bert.finetune import FinetuneArgs, FinetuneTask, column_spec, label_list_flag, run_finetune
+from bert.finetune import FinetuneArgs, FinetuneTask, run_finetune
+from bert.formats.results import write_test_results
+from bert.metrics import accuracy, glue_metrics, pearson, spearman
+from bert.modeling import BertForSequenceClassification
+from bert.tasks import ALIASES, TASKS, get_processor
+from bert.tasks.common import column_spec, label_list_flag
+from bert.tasks.glue import convert_examples_to_features, features_to_arrays
 
 logger = logging.getLogger(__name__)
 
@@ -96,8 +102,6 @@ class ClassifyTask(FinetuneTask):
     classifier_dropout = 0.1  # run_classifier.create_model: keep_prob=0.9, not read from the config
 
     def __init__(self, args: ClassifyArgs):
-        from bert.modeling import BertForSequenceClassification
-        from bert.tasks import ALIASES
 
         self.args = args
         self.model_class = BertForSequenceClassification
@@ -122,7 +126,6 @@ class ClassifyTask(FinetuneTask):
         return ["eval_accuracy"] + ([f"eval_{extra}"] if extra else [])
 
     def check_flags(self) -> None:
-        from bert.tasks import TASKS
 
         if self.name not in TASKS:
             raise InputError(f"Task not found: {self.args.task_name!r}; --task_name must be one of {', '.join(TASKS)}")
@@ -138,7 +141,6 @@ class ClassifyTask(FinetuneTask):
         label_list_flag(self.args.labels)
 
     def setup(self, saved_labels: list[str] | None, do_train: bool) -> None:
-        from bert.tasks import get_processor
 
         a = self.args
         kwargs: dict[str, Any] = {}
@@ -182,7 +184,6 @@ class ClassifyTask(FinetuneTask):
         return {"num_labels": 1 if self.is_regression else len(self.processor.get_labels())}
 
     def convert(self, examples: Sequence, tokenizer, max_seq_length: int, pad: bool) -> list:
-        from bert.tasks.glue import convert_examples_to_features
 
         label_list = [None] if self.is_regression else self.processor.get_labels()
         return convert_examples_to_features(examples, label_list, max_seq_length, tokenizer, pad=pad)
@@ -191,7 +192,6 @@ class ClassifyTask(FinetuneTask):
         return int(sum(feature.input_mask))
 
     def collate(self, features: Sequence, pad_to: int | None) -> dict[str, np.ndarray]:
-        from bert.tasks.glue import features_to_arrays
 
         a = features_to_arrays(features, pad_to)
         labels = a["label_ids"].astype(np.float32 if self.is_regression else np.int64)
@@ -209,7 +209,6 @@ class ClassifyTask(FinetuneTask):
         return super().loss_terms(logits, labels)
 
     def metrics(self, examples: Sequence, features: Sequence, outputs: list[np.ndarray]) -> dict[str, Any]:
-        from bert.metrics import accuracy, glue_metrics, pearson, spearman
 
         logits = np.stack(outputs)  # [N, L]
         gold = np.array([f.label_id for f in features])
@@ -230,7 +229,6 @@ class ClassifyTask(FinetuneTask):
     def write_predictions(
         self, output_dir: Path, examples: Sequence, features: Sequence, outputs: list
     ) -> dict[str, Any]:
-        from bert.tasks.glue import write_test_results
 
         logits = torch.from_numpy(np.stack(outputs))  # [N, L]
         values = logits[:, 0] if self.is_regression else torch.softmax(logits, dim=-1)

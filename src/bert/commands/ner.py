@@ -31,7 +31,20 @@ import numpy as np
 import torch
 
 from bert.errors import InputError
-from bert.finetune import FinetuneArgs, FinetuneTask, label_list_flag, run_finetune, write_results
+from bert.finetune import FinetuneArgs, FinetuneTask, run_finetune
+from bert.formats.results import write_results
+from bert.metrics import ner_metrics
+from bert.modeling import BertForTokenClassification
+from bert.tasks.common import label_list_flag, pad_2d
+from bert.tasks.ner import (
+    CONLL2003_LABELS,
+    IGNORE_INDEX,
+    convert_ner_examples_to_features,
+    ner_features_to_arrays,
+    read_conll,
+    word_predictions,
+    write_conll_predictions,
+)
 
 _METRICS = ("precision", "recall", "f1", "accuracy")
 
@@ -59,7 +72,6 @@ class NerTask(FinetuneTask):
     default_metric = "eval_f1"
 
     def __init__(self, args: NerArgs):
-        from bert.modeling import BertForTokenClassification
 
         self.args = args
         self.model_class = BertForTokenClassification
@@ -72,13 +84,11 @@ class NerTask(FinetuneTask):
         return [f"eval_{m}" for m in _METRICS]
 
     def setup(self, saved_labels: list[str] | None, do_train: bool) -> None:
-        from bert.tasks.ner import CONLL2003_LABELS
 
         given = label_list_flag(self.args.labels)
         self.label_list = given or (saved_labels if saved_labels and not do_train else list(CONLL2003_LABELS))
 
     def read_examples(self, split: str) -> list:
-        from bert.tasks.ner import read_conll
 
         name = {"train": self.args.train_file, "dev": self.args.dev_file, "test": self.args.test_file}[split]
         if not os.path.isdir(self.args.data_dir):
@@ -92,7 +102,6 @@ class NerTask(FinetuneTask):
         return {"num_labels": len(self.label_list)}
 
     def convert(self, examples: Sequence, tokenizer, max_seq_length: int, pad: bool) -> list:
-        from bert.tasks.ner import convert_ner_examples_to_features
 
         return convert_ner_examples_to_features(examples, self.label_list, max_seq_length, tokenizer, pad=pad)
 
@@ -100,7 +109,6 @@ class NerTask(FinetuneTask):
         return int(sum(feature.input_mask))
 
     def collate(self, features: Sequence, pad_to: int | None) -> dict[str, np.ndarray]:
-        from bert.tasks.ner import ner_features_to_arrays
 
         a = ner_features_to_arrays(features, pad_to)
         return {
@@ -111,7 +119,6 @@ class NerTask(FinetuneTask):
         }
 
     def loss_terms(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        from bert.tasks.ner import IGNORE_INDEX
 
         B, T, L = logits.shape
         losses = torch.nn.functional.cross_entropy(
@@ -120,7 +127,6 @@ class NerTask(FinetuneTask):
         return losses.sum(-1), (labels != IGNORE_INDEX).sum(-1).to(losses.dtype)
 
     def count(self, labels: torch.Tensor) -> torch.Tensor:
-        from bert.tasks.ner import IGNORE_INDEX
 
         return (labels != IGNORE_INDEX).sum().float()
 
@@ -130,13 +136,10 @@ class NerTask(FinetuneTask):
         return [row[:n] for row, n in zip(ids, lengths)]
 
     def _word_predictions(self, examples: Sequence, features: Sequence, outputs: list) -> list[list[str]]:
-        from bert.tasks.glue import pad_2d
-        from bert.tasks.ner import word_predictions
 
         return word_predictions(examples, features, pad_2d(outputs), self.label_list)
 
     def _scores(self, prefix: str, examples: Sequence, predicted: list[list[str]]) -> dict[str, Any]:
-        from bert.metrics import ner_metrics
 
         scores = ner_metrics([ex.labels for ex in examples], predicted)
         return {f"{prefix}_{m}": scores[m] for m in _METRICS}
@@ -145,7 +148,6 @@ class NerTask(FinetuneTask):
         return self._scores("eval", examples, self._word_predictions(examples, features, outputs))
 
     def write_eval_files(self, output_dir: Path, examples: Sequence, features: Sequence, outputs: list) -> None:
-        from bert.tasks.ner import write_conll_predictions
 
         write_conll_predictions(
             output_dir / "eval_predictions.txt", examples, self._word_predictions(examples, features, outputs)
@@ -154,7 +156,6 @@ class NerTask(FinetuneTask):
     def write_predictions(
         self, output_dir: Path, examples: Sequence, features: Sequence, outputs: list
     ) -> dict[str, Any]:
-        from bert.tasks.ner import write_conll_predictions
 
         predicted = self._word_predictions(examples, features, outputs)
         path = output_dir / "test_predictions.txt"

@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bert.crc32c import crc32c, mask, masked_crc32c
 from bert.errors import InputError
+from bert.formats.crc32c import crc32c, mask, masked_crc32c
 from bert.utils import atomic_write
 
 __all__ = ["list_variables", "load_variables", "resolve_checkpoint_prefix", "write_checkpoint"]

@@ -1,0 +1,61 @@
+"""`bert convert`: a checkpoint from one format (TF, transformers, native; detected) into another."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bert import checkpoint
+from bert.errors import InputError
+from bert.modeling import MODEL_CLASSES
+from bert.utils import write_run_info
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ConvertArgs:
+    """Convert a checkpoint (TF, transformers or native; detected) into another format."""
+
+    input: str = field(metadata={"help": "Checkpoint to read: a directory, a TF prefix, or a weights file."})
+    output: str = field(metadata={"help": "Directory to write the converted checkpoint into."})
+    format: str = field(
+        default="native",
+        metadata={"help": "Output format.", "choices": ["native", "hf", "tf"]},
+    )
+    bert_config_file: str | None = field(
+        default=None, metadata={"help": "Config JSON; needed when the input has no config beside it."}
+    )
+    vocab_file: str | None = field(
+        default=None, metadata={"help": "vocab.txt to copy beside the weights (found beside the input if absent)."}
+    )
+    do_lower_case: bool | None = field(
+        default=None, metadata={"help": "Tokenizer casing to record (read from the input's settings if absent)."}
+    )
+    model_class: str = field(
+        default="BertForPreTraining",
+        metadata={"help": "Which model the weights belong to (decides the heads that are kept)."},
+    )
+
+
+def run_convert(args: ConvertArgs) -> dict:
+    """Read `--input` in any format and write it as `--format`; returns the output path and tensor count."""
+    if args.model_class not in MODEL_CLASSES:
+        raise InputError(f"--model_class={args.model_class} is unknown; use one of {', '.join(MODEL_CLASSES)}")
+    src = checkpoint.read_checkpoint(args.input, config_file=args.bert_config_file)
+    vocab_file = args.vocab_file or src.vocab_file
+    do_lower_case = (
+        args.do_lower_case if args.do_lower_case is not None else src.tokenizer_settings.get("do_lower_case")
+    )
+    model = checkpoint.load_pretrained(MODEL_CLASSES[args.model_class], args.input, config=src.config, checkpoint=src)
+    out = Path(args.output)
+    if args.format == "tf":
+        checkpoint.export_tf(model, out, vocab_file=vocab_file, do_lower_case=do_lower_case)
+    else:
+        checkpoint.save_pretrained(
+            model, out, vocab_file=vocab_file, do_lower_case=do_lower_case, hf_layout=args.format == "hf"
+        )
+    write_run_info(out, "convert", args)
+    logger.info("wrote %s checkpoint of %s to %s", args.format, args.model_class, out)
+    return {"output": str(out), "format": args.format, "num_tensors": len(model.state_dict())}

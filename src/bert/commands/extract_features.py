@@ -1,0 +1,99 @@
+"""`bert extract-features`: fixed contextual vectors per token as JSON lines (the original's extract_features.py).
+
+See `bert.extract_features` for the output layout. With no flags but --output_file, it runs on the
+built-in demo: five sentences and a tiny checkpoint written by the original TensorFlow code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from bert.checkpoint import load_pretrained, read_checkpoint
+from bert.config import BertConfig
+from bert.errors import InputError
+from bert.extract_features import convert_examples_to_features, demo_file, extract, parse_layers, read_examples
+from bert.modeling import BertModel
+from bert.tokenization import FullTokenizer, load_vocab
+from bert.utils import atomic_write
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ExtractFeaturesArgs:
+    """Extract fixed features from a BERT checkpoint (extract_features.py).
+
+    With no flags but --output_file, it runs on the built-in demo: five sentences and the tiny
+    checkpoint written by the original TensorFlow code (random weights; a check that everything works).
+    """
+
+    output_file: str = field(metadata={"help": "Where to write the JSON lines."})
+    input_file: str | None = field(
+        default=None, metadata={"help": "One example per line; 'A ||| B' for a pair. Default: built-in demo text."}
+    )
+    layers: str = field(default="-1,-2,-3,-4", metadata={"help": "Encoder layers to output, e.g. -1,-2."})
+    bert_config_file: str | None = field(
+        default=None, metadata={"help": "Config of the pre-trained model (found beside the checkpoint if absent)."}
+    )
+    max_seq_length: int = field(
+        default=128, metadata={"help": "Maximum total length after WordPiece; longer inputs are truncated."}
+    )
+    init_checkpoint: str | None = field(
+        default=None, metadata={"help": "Checkpoint in any supported format. Default: the built-in tiny model."}
+    )
+    vocab_file: str | None = field(
+        default=None, metadata={"help": "vocab.txt of the model (found beside the checkpoint if absent)."}
+    )
+    do_lower_case: bool = field(default=True, metadata={"help": "Lower-case the input (True for uncased models)."})
+    batch_size: int = field(default=32, metadata={"help": "Batch size for predictions."})
+    use_tpu: bool = field(default=False, metadata={"help": "Accepted for compatibility; must stay false."})
+    use_one_hot_embeddings: bool = field(default=False, metadata={"help": "Accepted for compatibility; no effect."})
+    device: str | None = field(default=None, metadata={"help": "torch device; default cuda if available, else cpu."})
+
+
+def run_extract_features(args: ExtractFeaturesArgs) -> dict:
+    """Write the features of every input line; returns the number of examples and the output file."""
+    if args.use_tpu:
+        raise InputError("--use_tpu=true is not supported; drop it (CPU and GPU are chosen with --device)")
+    if args.batch_size < 1:
+        raise InputError(f"--batch_size={args.batch_size} must be at least 1")
+    input_file = args.input_file or demo_file("input.txt")
+    init_checkpoint = args.init_checkpoint or demo_file("bert_model.ckpt")
+    if not Path(input_file).is_file():
+        raise InputError(f"input file {input_file} does not exist; pass --input_file=PATH")
+    ckpt = read_checkpoint(init_checkpoint, config_file=args.bert_config_file)
+    config: BertConfig | None = ckpt.config
+    if config is None:
+        raise InputError(f"no config found beside {init_checkpoint}; pass --bert_config_file=PATH")
+    vocab_file = args.vocab_file or ckpt.vocab_file
+    if vocab_file is None or not Path(vocab_file).is_file():
+        raise InputError(f"vocab file {vocab_file or '(none beside the checkpoint)'} not found; pass --vocab_file=PATH")
+    config.validate_vocab(len(load_vocab(vocab_file)), vocab_file)
+    if args.max_seq_length > config.max_position_embeddings:
+        raise InputError(
+            f"--max_seq_length={args.max_seq_length} exceeds the model's max_position_embeddings="
+            f"{config.max_position_embeddings}; lower it"
+        )
+    if args.max_seq_length < 3:
+        raise InputError(f"--max_seq_length={args.max_seq_length} leaves no room for [CLS] and [SEP]; use at least 3")
+    layer_indexes = parse_layers(args.layers, config.num_hidden_layers)
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = load_pretrained(BertModel, init_checkpoint, config=config, checkpoint=ckpt).to(device).eval()
+    tokenizer = FullTokenizer(vocab_file, do_lower_case=args.do_lower_case)
+    features = convert_examples_to_features(read_examples(input_file), args.max_seq_length, tokenizer)
+
+    n = 0
+    with atomic_write(args.output_file) as f:
+        for obj in extract(model, features, layer_indexes, args.batch_size, device):
+            f.write(json.dumps(obj) + "\n")
+            n += 1
+    with atomic_write(str(args.output_file) + ".args.json") as f:
+        json.dump({"command": "extract-features", "args": vars(args), "examples": n}, f, indent=2)
+    logger.info("wrote features of %d examples to %s", n, args.output_file)
+    return {"examples": n, "output_file": args.output_file}

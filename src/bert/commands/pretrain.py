@@ -1,0 +1,372 @@
+"""`bert pretrain`: masked-LM and next-sentence pre-training (the original's run_pretraining.py).
+
+Same flags and defaults as the original, the same losses (the model's, `bert.modeling.pretraining_losses`),
+the same optimizer and schedule (`bert.optimization`), the same evaluation metrics and
+`eval_results.txt`. Added: resumable checkpoints with exact data position, gradient accumulation,
+bf16/fp16, gradient checkpointing, LAMB, dynamic masking, separate evaluation files, and data
+parallelism under `torchrun` (DDP, or FSDP with `--fsdp`).
+
+Data. `--input_file` is a comma-separated list of globs, each matching TFRecord files written by
+`create_pretraining_data` (original or ours; read whole into compact arrays) or native dataset
+directories (`bert create-pretraining-data --output_format=native`; memory-mapped, better for large
+corpora). The records are one stream: every epoch is a permutation of all records drawn from
+`(--seed, epoch)`, and a step takes the next `--train_batch_size` records of the stream, crossing
+epoch boundaries (the original repeats, shuffles and batches with `drop_remainder`). The position in
+the stream (epoch, index) is saved with each checkpoint, so a resumed run sees the same batches as an
+uninterrupted one.
+
+Batch sizes. `--train_batch_size` is the *global* batch of one optimizer step, as in the original: it is
+split over the `torchrun` processes and then into `--gradient_accumulation_steps` micro-batches, so it
+must be divisible by their product. Every micro-batch's loss is normalised by the totals of the global
+batch (the sum of masked-LM weights, the number of sequences), so a step's gradient is the gradient of
+the original loss over the whole global batch, whatever the number of processes and micro-batches: one
+process and N processes give the same loss curve.
+
+Dynamic masking (`--dynamic_masking`): see `bert.pretraining.inputs`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bert import training
+from bert.checkpoint import load_into, read_checkpoint
+from bert.config import resolve_config
+from bert.errors import InputError
+from bert.formats.results import write_results
+from bert.formats.tensorboard import EventWriter
+from bert.modeling import BertForPreTraining, num_parameters
+from bert.optimization import create_optimizer, polynomial_warmup_lr
+from bert.pretraining.evaluation import evaluate
+from bert.pretraining.inputs import (
+    FEATURE_LENGTHS,
+    masking_vocab,
+    open_pretraining_data,
+    pretraining_loss,
+    pretraining_totals,
+    rank_batches,
+)
+from bert.tokenization import load_vocab
+from bert.training import PerformanceArgs, RecordStream, TpuCompatArgs
+from bert.utils import write_run_info
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PretrainArgs(TpuCompatArgs, PerformanceArgs):
+    """Pre-train BERT with the masked-LM and next-sentence objectives (run_pretraining.py).
+
+    Resumes from the newest checkpoint in --output_dir when there is one. Under
+    `torchrun --nproc_per_node=N bert pretrain ...` the processes share the global batch.
+    """
+
+    bert_config_file: str = field(
+        metadata={
+            "help": "The config json file corresponding to the pre-trained BERT model. This specifies the model "
+            "architecture. Or a released shape: tiny, mini, small, medium, base, large, L-4_H-256, ..."
+        }
+    )
+    input_file: str = field(
+        metadata={"help": "Input TF example files (can be a glob or comma separated), or native dataset directories."}
+    )
+    output_dir: str = field(metadata={"help": "The output directory where the model checkpoints will be written."})
+    init_checkpoint: str | None = field(
+        default=None, metadata={"help": "Initial checkpoint (usually from a pre-trained BERT model)."}
+    )
+    vocab_file: str | None = field(
+        default=None,
+        metadata={"help": "The vocabulary of the data: gives vocab_size for a shape name, checked against the config."},
+    )
+    max_seq_length: int = field(
+        default=128,
+        metadata={
+            "help": "The maximum total input sequence length after WordPiece tokenization. Sequences longer than "
+            "this will be truncated, and sequences shorter than this will be padded. Must match data generation."
+        },
+    )
+    max_predictions_per_seq: int = field(
+        default=20,
+        metadata={"help": "Maximum number of masked LM predictions per sequence. Must match data generation."},
+    )
+    do_train: bool = field(default=False, metadata={"help": "Whether to run training."})
+    do_eval: bool = field(default=False, metadata={"help": "Whether to run eval on the dev set."})
+    train_batch_size: int = field(default=32, metadata={"help": "Total batch size for training."})
+    eval_batch_size: int = field(default=8, metadata={"help": "Total batch size for eval."})
+    learning_rate: float = field(default=5e-5, metadata={"help": "The initial learning rate for Adam."})
+    num_train_steps: int = field(default=100000, metadata={"help": "Number of training steps."})
+    num_warmup_steps: int = field(default=10000, metadata={"help": "Number of warmup steps."})
+    save_checkpoints_steps: int = field(default=1000, metadata={"help": "How often to save the model checkpoint."})
+    max_eval_steps: int = field(default=100, metadata={"help": "Maximum number of eval steps."})
+    seed: int = field(default=12345, metadata={"help": "Seed of the initialisation, data order, dropout and masking."})
+    optimizer: str = field(
+        default="adamw_bert",
+        metadata={
+            "help": "adamw_bert (the original AdamWeightDecayOptimizer) or lamb (for large batches).",
+            "choices": ["adamw_bert", "lamb"],
+        },
+    )
+    dynamic_masking: bool = field(
+        default=False, metadata={"help": "Draw new masked positions for every epoch (needs --vocab_file)."}
+    )
+    do_whole_word_mask: bool = field(
+        default=False,
+        metadata={"help": "With --dynamic_masking: mask all the WordPiece pieces of a word together."},
+    )
+    eval_files: str | None = field(
+        default=None, metadata={"help": "Evaluate on these files instead of --input_file (globs, comma separated)."}
+    )
+    keep_checkpoint_max: int = field(default=5, metadata={"help": "Keep this many newest checkpoints (0: all)."})
+    log_every: int = field(default=100, metadata={"help": "Write metrics every this many steps."})
+    device: str | None = field(default=None, metadata={"help": "torch device; default cuda if available, else cpu."})
+    fsdp: bool = field(
+        default=False, metadata={"help": "Under torchrun, shard the model with FSDP instead of replicating it (DDP)."}
+    )
+
+
+def _check_flags(args: PretrainArgs, world_size: int) -> None:
+    """Everything that can be checked from the flags alone, before any file is read."""
+    if not args.do_train and not args.do_eval:
+        raise InputError("At least one of `do_train` or `do_eval` must be True: pass --do_train and/or --do_eval")
+    args.check_no_tpu()
+    positive = ["train_batch_size", "eval_batch_size", "save_checkpoints_steps", "max_eval_steps", "log_every"]
+    positive += ["gradient_accumulation_steps", "max_seq_length", "max_predictions_per_seq"]
+    if args.do_train:
+        positive.append("num_train_steps")
+    for name in positive:
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name}={getattr(args, name)} must be at least 1")
+    for name in ("num_warmup_steps", "keep_checkpoint_max"):
+        if getattr(args, name) < 0:
+            raise InputError(f"--{name}={getattr(args, name)} must not be negative")
+    if args.do_train and not args.learning_rate > 0:
+        raise InputError(f"--learning_rate={args.learning_rate} must be positive")
+    if args.precision not in ("fp32", "bf16", "fp16"):
+        raise InputError(f"--precision={args.precision} must be fp32, bf16 or fp16")
+    if args.optimizer not in ("adamw_bert", "lamb"):
+        raise InputError(f"--optimizer={args.optimizer} must be adamw_bert or lamb")
+    parts = world_size * args.gradient_accumulation_steps
+    if args.do_train and args.train_batch_size % parts:
+        raise InputError(
+            f"--train_batch_size={args.train_batch_size} must be divisible by processes x "
+            f"--gradient_accumulation_steps = {world_size} x {args.gradient_accumulation_steps} = {parts}"
+        )
+    if args.do_eval and args.eval_batch_size % world_size:
+        raise InputError(f"--eval_batch_size={args.eval_batch_size} must be divisible by the {world_size} processes")
+    if args.dynamic_masking and not args.vocab_file:
+        raise InputError("--dynamic_masking needs --vocab_file (for the [MASK], [CLS] and [SEP] ids)")
+    if args.do_whole_word_mask and not args.dynamic_masking:
+        raise InputError(
+            "--do_whole_word_mask applies to --dynamic_masking only (static records keep the masks "
+            "create-pretraining-data drew): add --dynamic_masking=true"
+        )
+    if args.fsdp and world_size == 1:
+        logger.warning("--fsdp has no effect in a single process; start with torchrun --nproc_per_node=N")
+
+
+def run_pretrain(args: PretrainArgs) -> dict[str, Any]:
+    """Train and/or evaluate; returns {"global_step", "train": last logged metrics, "eval": results}."""
+    dist = training.init_distributed(args.device)
+    try:
+        with contextlib.ExitStack() as stack:
+            return _run(args, dist, stack)
+    finally:
+        training.shutdown_distributed()
+
+
+def _run(args: PretrainArgs, dist, stack: contextlib.ExitStack) -> dict[str, Any]:
+    # 1. Flags, vocab, data, config, output directory: all checked before any model is built.
+    _check_flags(args, dist.world_size)
+    vocab = load_vocab(args.vocab_file) if args.vocab_file else None
+    vocab_entries = max(vocab.values()) + 1 if vocab else None
+    masking = (
+        (args.seed, masking_vocab(vocab, args.vocab_file, args.do_whole_word_mask)) if args.dynamic_masking else None
+    )
+    train_source = open_pretraining_data(
+        args.input_file, args.max_seq_length, args.max_predictions_per_seq, args.vocab_file
+    )
+    eval_source = train_source
+    if args.do_eval and args.eval_files:
+        eval_source = open_pretraining_data(
+            args.eval_files, args.max_seq_length, args.max_predictions_per_seq, args.vocab_file, flag="--eval_files"
+        )
+    manifests = train_source.manifests
+    config_is_file = os.path.exists(args.bert_config_file)
+    vocab_size = vocab_entries
+    if vocab_size is None and not config_is_file:
+        sizes = {int(m["vocab_size"]) for m in manifests if "vocab_size" in m}
+        if len(sizes) != 1:
+            raise InputError(
+                f"--bert_config_file={args.bert_config_file} names a shape, so its vocab_size comes from the vocab: "
+                "pass --vocab_file=PATH"
+            )
+        vocab_size = sizes.pop()
+    config = resolve_config(args.bert_config_file, vocab_size)
+    if vocab_entries is not None:
+        config.validate_vocab(vocab_entries, args.vocab_file)
+    if args.max_seq_length > config.max_position_embeddings:
+        raise InputError(
+            f"--max_seq_length={args.max_seq_length} exceeds the model's max_position_embeddings="
+            f"{config.max_position_embeddings}; use a shorter max_seq_length (and data made with it)"
+        )
+    for source in {id(train_source): train_source, id(eval_source): eval_source}.values():
+        source.check_ids(config.vocab_size, config.type_vocab_size)
+    resume_dir = training.latest_checkpoint(args.output_dir)
+    if resume_dir is not None:
+        training.check_checkpoint_config(resume_dir, config)
+        info_path = resume_dir / training.TRAINER_STATE_NAME
+        info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
+        if args.do_train and info.get("optimizer", args.optimizer) != args.optimizer:
+            raise InputError(
+                f"{info_path} was trained with --optimizer={info['optimizer']}; pass --optimizer={info['optimizer']} "
+                "to resume it, or use a new --output_dir"
+            )
+    init = None
+    if resume_dir is None and args.init_checkpoint:
+        init = read_checkpoint(args.init_checkpoint)
+    do_lower_case = None
+    if manifests and "do_lower_case" in manifests[0]:
+        do_lower_case = bool(manifests[0]["do_lower_case"])
+
+    # 2. The model.
+    stack.enter_context(training.log_to_file(Path(args.output_dir) / "log.txt", dist.is_main))
+    if dist.is_main:
+        write_run_info(args.output_dir, "pretrain", args)
+    training.set_seed(args.seed)
+    model = BertForPreTraining(config)
+    state = None
+    if resume_dir is not None:
+        if args.init_checkpoint:
+            logger.info("resuming from %s: --init_checkpoint=%s is ignored", resume_dir, args.init_checkpoint)
+        else:
+            logger.info("resuming from %s", resume_dir)
+        init = read_checkpoint(resume_dir)
+        state = training.load_training_state(resume_dir)
+    elif init is None and not args.do_train:
+        logger.warning("evaluating a randomly initialised model: no checkpoint in --output_dir, no --init_checkpoint")
+    restored: set[str] = set()
+    if init is not None:
+        load_into(model, init)
+        # Names as in the model: an encoder-only checkpoint's keys lack the "bert." prefix.
+        prefixed = any(k.startswith("bert.") for k in init.state_dict)
+        restored = {k if prefixed or k.startswith("cls.") else f"bert.{k}" for k in init.state_dict}
+    logger.info("*** Features ***")
+    for name, flag in FEATURE_LENGTHS.items():
+        length = getattr(args, flag) if flag else 1
+        logger.info("  name = %s, shape = (%d, %d)", name, args.train_batch_size, length)
+    logger.info("**** Trainable Variables ****")
+    for name, p in model.named_parameters():
+        logger.info("  name = %s, shape = %s%s", name, tuple(p.shape), ", *INIT_FROM_CKPT*" if name in restored else "")
+    logger.info("%d parameters", num_parameters(model))
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if args.compile:
+        training.compile_model(model)
+    wrapped = training.wrap_model(model, dist, fsdp=args.fsdp)
+    torch.manual_seed(args.seed + dist.rank)  # dropout differs across ranks, as their examples do
+    optimizer, scheduler = create_optimizer(
+        model, args.learning_rate, max(args.num_train_steps, 1), args.num_warmup_steps, args.optimizer
+    )
+    trainer = training.Trainer(
+        model,
+        wrapped,
+        optimizer,
+        scheduler,
+        dist,
+        args.output_dir,
+        precision=args.precision,
+        max_grad_norm=1.0,
+        save_checkpoints_steps=args.save_checkpoints_steps,
+        keep_checkpoint_max=args.keep_checkpoint_max,
+        log_every=args.log_every,
+        vocab_file=args.vocab_file,
+        do_lower_case=do_lower_case,
+        examples_per_step=args.train_batch_size,
+        desc="pretrain",
+    )
+    stream = RecordStream(len(train_source), args.seed)
+    position = 0
+    if state is not None:
+        trainer.restore(state)
+        # The schedule follows this run's flags, as the original rebuilds it from them on every run
+        # (the same arithmetic as the LambdaLR, so an unchanged command resumes bit for bit).
+        scheduler.base_lrs = [args.learning_rate] * len(optimizer.param_groups)
+        factor = polynomial_warmup_lr(trainer.global_step, 1.0, max(args.num_train_steps, 1), args.num_warmup_steps)
+        for group in optimizer.param_groups:
+            group["initial_lr"] = args.learning_rate
+            group["lr"] = args.learning_rate * factor
+        data = state.get("data", {})
+        if data.get("num_records") != len(train_source) or data.get("seed") != args.seed:
+            logger.warning(
+                "the data (%s records, seed %s) differs from the checkpoint's (%s records, seed %s): the data "
+                "order continues but is not the one of an uninterrupted run",
+                len(train_source),
+                args.seed,
+                data.get("num_records"),
+                data.get("seed"),
+            )
+        position = stream.position(int(data.get("epoch", 0)), int(data.get("index", 0)))
+
+    result: dict[str, Any] = {"output_dir": args.output_dir}
+    if args.do_train:
+        start_step, start_position = trainer.global_step, position
+        if start_step >= args.num_train_steps:
+            logger.info("global step %d already reached --num_train_steps=%d", start_step, args.num_train_steps)
+        else:
+            logger.info(
+                "***** Running training ***** batch size %d, steps %d to %d, %d records",
+                args.train_batch_size,
+                start_step,
+                args.num_train_steps,
+                len(train_source),
+            )
+            batches = training.prefetch(
+                rank_batches(
+                    train_source,
+                    stream,
+                    position,
+                    args.train_batch_size,
+                    dist.rank,
+                    dist.world_size,
+                    args.gradient_accumulation_steps,
+                    masking,
+                ),
+                pin=dist.device.type == "cuda",
+            )
+
+            def data_state(step: int) -> dict[str, int]:
+                return stream.state(start_position + (step - start_step) * args.train_batch_size)
+
+            result["train"] = trainer.train(
+                batches,
+                pretraining_loss,
+                args.num_train_steps,
+                data_state,
+                totals_fn=pretraining_totals,
+                checkpoint_info={
+                    "optimizer": args.optimizer,
+                    "train_batch_size": args.train_batch_size,
+                    "seed": args.seed,
+                },
+            )
+            batches.close()
+        trainer.export_model(Path(args.output_dir) / "model")
+    result["global_step"] = trainer.global_step
+    if args.do_eval:
+        logger.info("***** Running evaluation ***** batch size %d, %d steps", args.eval_batch_size, args.max_eval_steps)
+        metrics = evaluate(wrapped, eval_source, args.eval_batch_size, args.max_eval_steps, dist, args.precision)
+        metrics["global_step"] = trainer.global_step
+        if dist.is_main:
+            write_results(args.output_dir, metrics)
+            with EventWriter(Path(args.output_dir) / "eval") as w:
+                w.add_scalars(trainer.global_step, {k: v for k, v in metrics.items() if k != "global_step"})
+        result["eval"] = metrics
+    return result

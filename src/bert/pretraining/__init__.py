@@ -1,0 +1,1 @@
+"""Pre-training: the corpus, the instances (the original algorithm and its streaming form), the inputs."""

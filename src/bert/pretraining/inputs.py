@@ -1,0 +1,368 @@
+"""What pre-training reads: the original's records (TFRecord files, read whole into compact arrays, or
+memory-mapped native dataset directories) as one sequence, dynamic masking, and the per-rank
+micro-batches of each step.
+
+Dynamic masking (`--dynamic_masking`). The records hold masked inputs; the original tokens are put back
+from `masked_lm_ids` at `masked_lm_positions`, and new positions are drawn each epoch, as many as the
+record had, among the tokens that are not [CLS] or [SEP], each replaced 80% by [MASK], 10% kept, 10% by
+a random vocabulary entry (the original's rule). Pieces are drawn one by one, or, with whole-word
+masking, whole words at a time (a word: a piece and the "##" pieces after it), skipping a word that
+would overshoot the record's count, as create_pretraining_data does. The draw depends only on
+`(seed, epoch, record index)`, never on the number of processes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bert.errors import InputError
+from bert.formats.native import MANIFEST_NAME, check_manifest, open_native_dataset
+from bert.formats.tfrecord import read_examples
+from bert.training import RecordStream
+from bert.utils import expand_input_files
+
+FEATURE_LENGTHS = {  # feature -> which flag fixes its length
+    "input_ids": "max_seq_length",
+    "input_mask": "max_seq_length",
+    "segment_ids": "max_seq_length",
+    "masked_lm_positions": "max_predictions_per_seq",
+    "masked_lm_ids": "max_predictions_per_seq",
+    "masked_lm_weights": "max_predictions_per_seq",
+    "next_sentence_labels": None,
+}
+
+
+class TFRecordSource:
+    """All records of some TFRecord files, in memory as compact arrays.
+
+    Args:
+        paths: the files, read in this order.
+        max_seq_length, max_predictions_per_seq: the lengths every record must have (the flags).
+    """
+
+    def __init__(self, paths: Sequence[str], max_seq_length: int, max_predictions_per_seq: int):
+        self.paths = list(paths)
+        expected = {"max_seq_length": max_seq_length, "max_predictions_per_seq": max_predictions_per_seq}
+        columns: dict[str, list[np.ndarray]] = {name: [] for name in FEATURE_LENGTHS}
+        self.file_ends: list[int] = []
+        n = 0
+        for path in self.paths:
+            for index, example in enumerate(read_examples(path)):
+                missing = [k for k in FEATURE_LENGTHS if k not in example]
+                if missing:
+                    raise InputError(
+                        f"{path} record {index} lacks the features {', '.join(missing)}; --input_file must be "
+                        "pre-training data written by create_pretraining_data"
+                    )
+                for name, flag in FEATURE_LENGTHS.items():
+                    got = len(example[name])
+                    want = expected[flag] if flag else 1
+                    if got != want:
+                        if flag is None:
+                            raise InputError(f"{path} record {index}: next_sentence_labels has {got} values, not 1")
+                        raise InputError(
+                            f"--{flag}={want} does not match the data: {path} record {index} has {got} {name}; "
+                            f"pass --{flag}={got} (it must equal the value the data was created with)"
+                        )
+                    columns[name].append(example[name])
+                n += 1
+            self.file_ends.append(n)
+        if n == 0:
+            raise InputError(f"--input_file: {', '.join(self.paths)} hold no records")
+        # Compact storage: ids fit int32, masks and labels int8.
+        self.arrays = {
+            "input_ids": np.stack(columns["input_ids"]).astype(np.int32),
+            "input_mask": np.stack(columns["input_mask"]).astype(np.int8),
+            "segment_ids": np.stack(columns["segment_ids"]).astype(np.int8),
+            "masked_lm_positions": np.stack(columns["masked_lm_positions"]).astype(np.int32),
+            "masked_lm_ids": np.stack(columns["masked_lm_ids"]).astype(np.int32),
+            "masked_lm_weights": np.stack(columns["masked_lm_weights"]).astype(np.float32),
+            "next_sentence_labels": np.stack(columns["next_sentence_labels"]).astype(np.int8),
+        }
+
+    def __len__(self) -> int:
+        return len(self.arrays["input_ids"])
+
+    def get_batch(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        return {
+            k: v[indices].astype(np.float32 if k == "masked_lm_weights" else np.int64) for k, v in self.arrays.items()
+        }
+
+    def check_ids(self, vocab_size: int, type_vocab_size: int) -> None:
+        """Refuse ids the model's embedding tables do not have, naming the file and record."""
+        for name, limit, what in (
+            ("input_ids", vocab_size, "vocab_size"),
+            ("masked_lm_ids", vocab_size, "vocab_size"),
+            ("segment_ids", type_vocab_size, "type_vocab_size"),
+        ):
+            bad = np.flatnonzero((self.arrays[name] >= limit).any(axis=1) | (self.arrays[name] < 0).any(axis=1))
+            if len(bad):
+                i = int(bad[0])
+                f = int(np.searchsorted(self.file_ends, i, side="right"))
+                start = self.file_ends[f - 1] if f else 0
+                raise InputError(
+                    f"{self.paths[f]} record {i - start}: {name} contains {int(self.arrays[name][i].max())}, but the "
+                    f"config's {what} is {limit}; use the bert_config.json and vocab the data was made for"
+                )
+
+
+class NativeSource:
+    """Records of one native dataset directory (memory-mapped)."""
+
+    def __init__(self, path: str, max_seq_length: int, max_predictions_per_seq: int, vocab_file: str | None):
+        self.path = path
+        self.manifest, self.dataset = open_native_dataset(path)
+        check_manifest(
+            self.manifest,
+            max_seq_length=max_seq_length,
+            max_predictions_per_seq=max_predictions_per_seq,
+            vocab_file=vocab_file,
+            source=str(Path(path) / MANIFEST_NAME),
+        )
+        if len(self.dataset) == 0:
+            raise InputError(f"--input_file: the native dataset {path} holds no records")
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def get_batch(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        return self.dataset.get_batch(indices)
+
+    def check_ids(self, vocab_size: int, type_vocab_size: int) -> None:
+        data_vocab = self.manifest.get("vocab_size")
+        if data_vocab is not None and int(data_vocab) > vocab_size:
+            raise InputError(
+                f"{self.path}: the data was made with a {data_vocab}-token vocab, but the config's vocab_size is "
+                f"{vocab_size}; use a bert_config.json with vocab_size >= {data_vocab}"
+            )
+
+
+class ConcatSource:
+    """Several sources as one sequence of records."""
+
+    def __init__(self, sources: Sequence[TFRecordSource | NativeSource]):
+        self.sources = list(sources)
+        self.ends = np.cumsum([len(s) for s in self.sources])
+
+    def __len__(self) -> int:
+        return int(self.ends[-1])
+
+    def get_batch(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        indices = np.asarray(indices, dtype=np.int64)
+        if len(self.sources) == 1:
+            return self.sources[0].get_batch(indices)
+        which = np.searchsorted(self.ends, indices, side="right")
+        starts = np.concatenate([[0], self.ends[:-1]])
+        out: dict[str, np.ndarray] = {}
+        for s in np.unique(which):
+            m = which == s
+            part = self.sources[s].get_batch(indices[m] - starts[s])
+            for k, v in part.items():
+                if k not in out:
+                    out[k] = np.empty((len(indices), *v.shape[1:]), v.dtype)
+                out[k][m] = v
+        return out
+
+    def check_ids(self, vocab_size: int, type_vocab_size: int) -> None:
+        for s in self.sources:
+            s.check_ids(vocab_size, type_vocab_size)
+
+    @property
+    def manifests(self) -> list[dict]:
+        return [s.manifest for s in self.sources if isinstance(s, NativeSource)]
+
+
+def open_pretraining_data(
+    spec: str, max_seq_length: int, max_predictions_per_seq: int, vocab_file: str | None, flag: str = "--input_file"
+) -> ConcatSource:
+    """Open TFRecord files and native dataset directories named by `spec`, checking the record lengths."""
+    sources: list[TFRecordSource | NativeSource] = []
+    tfrecords: list[str] = []
+    for path in expand_input_files(spec, flag, directories=True):
+        if os.path.isdir(path):
+            if not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+                raise InputError(
+                    f"{flag}: {path} is a directory without {MANIFEST_NAME}; pass TFRecord files or a native "
+                    "dataset directory written by `bert create-pretraining-data --output_format=native`"
+                )
+            sources.append(NativeSource(path, max_seq_length, max_predictions_per_seq, vocab_file))
+        else:
+            tfrecords.append(path)
+    if tfrecords:
+        sources.insert(0, TFRecordSource(tfrecords, max_seq_length, max_predictions_per_seq))
+    return ConcatSource(sources)
+
+
+@dataclass
+class MaskingVocab:
+    """What dynamic masking needs from the vocabulary."""
+
+    vocab_size: int  # random replacements are drawn from ids [0, vocab_size)
+    cls_id: int
+    sep_id: int
+    mask_id: int
+    continuation: np.ndarray | None = None  # [vocab_size] bool, True for "##" pieces: whole-word masking
+
+
+def masking_vocab(vocab: dict[str, int], vocab_file: str, whole_word: bool) -> MaskingVocab:
+    """What dynamic masking needs from `vocab` (read from `vocab_file`, named in errors)."""
+    missing = [t for t in ("[CLS]", "[SEP]", "[MASK]") if t not in vocab]
+    if missing:
+        raise InputError(f"--vocab_file={vocab_file} lacks {', '.join(missing)}, which --dynamic_masking needs")
+    size = max(vocab.values()) + 1
+    continuation = None
+    if whole_word:
+        continuation = np.zeros(size, dtype=bool)
+        continuation[[i for t, i in vocab.items() if t.startswith("##")]] = True
+    return MaskingVocab(size, vocab["[CLS]"], vocab["[SEP]"], vocab["[MASK]"], continuation)
+
+
+def whole_word_positions(
+    candidates: np.ndarray, continuation: np.ndarray, count: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Up to `count` positions, whole words at a time, in random word order (sorted on return).
+
+    Args:
+        candidates: the maskable positions, ascending.
+        continuation: for each candidate, whether its piece starts with "##".
+    """
+    # A word starts at a non-"##" piece or after a gap (a "##" piece right after [SEP] starts its own).
+    starts = np.flatnonzero(~continuation | (np.diff(candidates, prepend=-2) != 1))
+    words = np.split(candidates, starts[1:])
+    picked: list[int] = []
+    for w in rng.permutation(len(words)):
+        if len(picked) >= count:
+            break
+        if len(picked) + len(words[w]) <= count:
+            picked.extend(words[w].tolist())
+    return np.sort(np.asarray(picked, dtype=candidates.dtype))
+
+
+def restore_original_tokens(features: dict[str, np.ndarray]) -> np.ndarray:
+    """input_ids with the masked positions put back to their labels: [B, T]."""
+    ids = features["input_ids"].copy()
+    weights = features["masked_lm_weights"] > 0  # [B, P]
+    rows = np.broadcast_to(np.arange(len(ids))[:, None], weights.shape)
+    ids[rows[weights], features["masked_lm_positions"][weights]] = features["masked_lm_ids"][weights]
+    return ids
+
+
+def dynamic_mask(
+    features: dict[str, np.ndarray], indices: np.ndarray, epochs: np.ndarray, seed: int, vocab: MaskingVocab
+) -> dict[str, np.ndarray]:
+    """New masked-LM inputs and labels for a batch (see the module docstring); other features unchanged.
+
+    Args:
+        features: the batch's 7 features [B, ...].
+        indices, epochs: each row's record index and epoch: with `seed`, they seed its draw.
+        vocab: special ids and the size of the random-replacement range.
+    """
+    original = restore_original_tokens(features)
+    out = dict(features)
+    ids = original.copy()
+    P = features["masked_lm_positions"].shape[1]
+    positions = np.zeros_like(features["masked_lm_positions"])
+    labels = np.zeros_like(features["masked_lm_ids"])
+    weights = np.zeros_like(features["masked_lm_weights"])
+    counts = (features["masked_lm_weights"] > 0).sum(axis=1)
+    candidates = (features["input_mask"] > 0) & (original != vocab.cls_id) & (original != vocab.sep_id)
+    for b in range(len(ids)):
+        rng = np.random.default_rng([seed, int(epochs[b]), int(indices[b]), 1])  # 1: a stream apart from shuffling
+        cand = np.flatnonzero(candidates[b])
+        n = min(int(counts[b]), len(cand), P)
+        if vocab.continuation is None:
+            chosen = np.sort(rng.choice(cand, size=n, replace=False))
+        else:
+            chosen = whole_word_positions(cand, vocab.continuation[original[b, cand]], n, rng)
+            n = len(chosen)
+        draw = rng.random(n)
+        random_ids = rng.integers(0, vocab.vocab_size, size=n)
+        kept = original[b, chosen]
+        ids[b, chosen] = np.where(draw < 0.8, vocab.mask_id, np.where(draw < 0.9, kept, random_ids))
+        positions[b, :n] = chosen
+        labels[b, :n] = kept
+        weights[b, :n] = 1.0
+    out.update(input_ids=ids, masked_lm_positions=positions, masked_lm_ids=labels, masked_lm_weights=weights)
+    return out
+
+
+def features_to_model_inputs(features: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """The one conversion from the original's feature names to `BertForPreTraining.forward` arguments."""
+    return {
+        "input_ids": torch.from_numpy(np.ascontiguousarray(features["input_ids"], dtype=np.int64)),
+        "attention_mask": torch.from_numpy(np.ascontiguousarray(features["input_mask"], dtype=np.int64)),
+        "token_type_ids": torch.from_numpy(np.ascontiguousarray(features["segment_ids"], dtype=np.int64)),
+        "masked_lm_positions": torch.from_numpy(np.ascontiguousarray(features["masked_lm_positions"], dtype=np.int64)),
+        "masked_lm_ids": torch.from_numpy(np.ascontiguousarray(features["masked_lm_ids"], dtype=np.int64)),
+        "masked_lm_weights": torch.from_numpy(np.ascontiguousarray(features["masked_lm_weights"], dtype=np.float32)),
+        "next_sentence_labels": torch.from_numpy(
+            np.ascontiguousarray(features["next_sentence_labels"], dtype=np.int64).reshape(-1)
+        ),
+    }
+
+
+def rank_batches(
+    source,
+    stream: RecordStream,
+    position: int,
+    global_batch: int,
+    rank: int,
+    world_size: int,
+    micro_batches: int,
+    masking: tuple[int, MaskingVocab] | None = None,
+) -> Iterator[list[dict[str, torch.Tensor]]]:
+    """Per step, this rank's micro-batches of the next global batch of the stream.
+
+    Rank r takes rows [r * B/W, (r+1) * B/W) of the global batch, cut into `micro_batches` pieces.
+
+    Args:
+        masking: (seed, vocab) to re-draw the masks (dynamic masking), or None.
+    """
+    per_rank = global_batch // world_size
+    micro = per_rank // micro_batches
+    while True:
+        indices, epochs = stream.take(position, global_batch)
+        position += global_batch
+        mine = slice(rank * per_rank, (rank + 1) * per_rank)
+        features = source.get_batch(indices[mine])
+        if masking is not None:
+            features = dynamic_mask(features, indices[mine], epochs[mine], masking[0], masking[1])
+        inputs = features_to_model_inputs(features)
+        yield [{k: v[j * micro : (j + 1) * micro] for k, v in inputs.items()} for j in range(micro_batches)]
+
+
+def pretraining_totals(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Normalisers of the original's losses: the masked-LM weight sum and the number of sequences."""
+    return {
+        "masked_lm_weight": batch["masked_lm_weights"].float().sum(),
+        "examples": torch.tensor(float(len(batch["input_ids"])), device=batch["input_ids"].device),
+    }
+
+
+def pretraining_loss(
+    model: torch.nn.Module, batch: dict[str, torch.Tensor], totals: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """This micro-batch's share of the original's loss over the global batch.
+
+    masked_lm_loss = sum(w * loss) / (W + 1e-5) and next_sentence_loss = sum(loss) / B, with W and B the
+    global batch's weight sum and size: the shares of all micro-batches add up to the original's losses.
+    """
+    out = model(**batch)
+    w = batch["masked_lm_weights"].reshape(-1).float()
+    mlm = (w * out.masked_lm_example_loss).sum() / (totals["masked_lm_weight"] + 1e-5)
+    nsp = out.next_sentence_example_loss.sum() / totals["examples"]
+    loss = mlm + nsp
+    correct = (out.mlm_logits.detach().argmax(-1).reshape(-1) == batch["masked_lm_ids"].reshape(-1)).float()
+    accuracy = (w * correct).sum() / (totals["masked_lm_weight"] + 1e-5)
+    return loss, {
+        "loss": loss.detach(),
+        "masked_lm_loss": mlm.detach(),
+        "next_sentence_loss": nsp.detach(),
+        "masked_lm_accuracy": accuracy,
+    }
