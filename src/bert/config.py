@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert.errors import InputError
+from bert.utils import atomic_write
 
 # Activations the model implements, by transformers' names. "gelu_pytorch_tanh" is the same tanh
 # formula as "gelu_new", computed by torch's fused kernel.
@@ -245,8 +246,6 @@ class BertConfig:
         return json.dumps(d, indent=2, sort_keys=True) + "\n"
 
     def to_json_file(self, path: str | os.PathLike) -> None:
-        from bert.utils import atomic_write
-
         with atomic_write(path) as f:
             f.write(self.to_json_string())
 

@@ -2,7 +2,7 @@
 
 A command describes its task with a `FinetuneTask` (which files, which model head, how features
 become batches, how outputs become metrics and files); this module does the rest, the same way for
-every task, following run_classifier.py's `main` (spec §6):
+every task, following run_classifier.py's `main`:
 
 1. Validation before any work: the flags (at least one `do_*`, `--use_tpu=false`, positive sizes), the
    model files (config, vocab, checkpoint; `--max_seq_length` <= `max_position_embeddings`, vocab not
@@ -43,7 +43,6 @@ training is not repeated (evaluation and prediction run again and give the same 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -62,12 +61,20 @@ from bert.config import BertConfig
 from bert.errors import InputError
 from bert.formats.results import write_results
 from bert.formats.tensorboard import EventWriter
-from bert.modeling import num_parameters
+from bert.modeling import MODEL_CLASSES, num_parameters
 from bert.optimization import create_optimizer
-from bert.tasks.common import num_train_steps, num_warmup_steps
+from bert.tasks.common import FinetuneTask, num_train_steps, num_warmup_steps
 from bert.tokenization import FullTokenizer, load_vocab, validate_case_matches_checkpoint
-from bert.training import METRICS_NAME, PerformanceArgs, TpuCompatArgs, autocast, list_checkpoints
-from bert.utils import atomic_write, write_run_info
+from bert.training import (
+    METRICS_NAME,
+    PerformanceArgs,
+    RecordStream,
+    TpuCompatArgs,
+    autocast,
+    list_checkpoints,
+    to_device,
+)
+from bert.utils import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -177,82 +184,6 @@ class FinetuneArgs(TpuCompatArgs, PerformanceArgs):
 
 
 # ------------------------------------------------------------------------------------------------- tasks
-class FinetuneTask:
-    """What a fine-tuning command tells the runner about its task. Subclasses set the attributes and
-    implement the methods; features are made unpadded (the runner pads each batch).
-
-    Attributes:
-        command: the subcommand's name (recorded in args.json).
-        model_class: the `bert.modeling` head class.
-        default_metric: the eval_results key that picks the best checkpoint by default.
-        classifier_dropout: dropout before the head when the config sets none (the original's classifier
-            hard-codes 0.1); None leaves the config's choice (hidden_dropout_prob).
-    """
-
-    command: str = ""
-    model_class: type  # set by each task
-    default_metric: str = "eval_accuracy"
-    classifier_dropout: float | None = None
-
-    def check_flags(self) -> None:
-        """Task flags that can be checked before any file is read."""
-
-    def setup(self, saved_labels: list[str] | None, do_train: bool) -> None:
-        """Called once the model files are known: `saved_labels` is the `id2label` list of the checkpoint
-        the run starts from (None when it has none)."""
-
-    def read_examples(self, split: str) -> list:
-        """The examples of `split` ("train", "dev" or "test"); raises InputError on bad data."""
-        raise NotImplementedError
-
-    def labels(self) -> list | None:
-        """The label list saved with the model as id2label (None: nothing to save)."""
-        return None
-
-    def model_kwargs(self) -> dict[str, Any]:
-        return {}
-
-    def metric_names(self) -> list[str]:
-        """The eval_results keys the evaluation produces, besides eval_loss, loss and global_step."""
-        return ["eval_accuracy"]
-
-    def convert(self, examples: Sequence, tokenizer, max_seq_length: int, pad: bool) -> list:
-        raise NotImplementedError
-
-    def feature_length(self, feature) -> int:
-        """The number of real tokens (of the longest sequence of a multi-sequence feature)."""
-        raise NotImplementedError
-
-    def collate(self, features: Sequence, pad_to: int | None) -> dict[str, np.ndarray]:
-        """A batch: `input_ids`, `attention_mask`, `token_type_ids`, `labels` as NumPy arrays."""
-        raise NotImplementedError
-
-    def loss_terms(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per feature [B]: the sum of its loss terms and their number (the loss is sum / number)."""
-        losses = torch.nn.functional.cross_entropy(logits.float(), labels.long(), reduction="none")
-        return losses, torch.ones_like(losses)
-
-    def count(self, labels: torch.Tensor) -> torch.Tensor:
-        """The number of loss terms in a batch (what `loss_terms` counts), from the labels alone."""
-        return torch.tensor(float(labels.shape[0]), device=labels.device)
-
-    def feature_outputs(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> list[np.ndarray]:
-        """What to keep of a batch's logits: one NumPy array per feature (its logits; NER keeps the
-        predicted label ids of its real tokens)."""
-        return list(logits.float().cpu().numpy())
-
-    def metrics(self, examples: Sequence, features: Sequence, outputs: list[np.ndarray]) -> dict[str, Any]:
-        """eval_* metrics of the dev set from the kept outputs (in feature order)."""
-        raise NotImplementedError
-
-    def write_eval_files(self, output_dir: Path, examples: Sequence, features: Sequence, outputs: list) -> None:
-        """Extra evaluation files (NER: the dev predictions)."""
-
-    def write_predictions(
-        self, output_dir: Path, examples: Sequence, features: Sequence, outputs: list
-    ) -> dict[str, Any]:
-        """Write the test-set prediction files; returns what to report (file names, test metrics)."""
-        raise NotImplementedError
 
 
 def saved_label_list(config) -> list[str] | None:
@@ -295,31 +226,15 @@ class BatchPlan:
         self.seed = seed
         self.group_by_length = group_by_length
         self.group_batches = group_batches if group_by_length else 1
-        self._epochs: dict[int, np.ndarray] = {}
+        self.stream = RecordStream(self.n, seed)
         self._group: tuple[int, list[np.ndarray]] | None = None
-
-    def _order(self, epoch: int) -> np.ndarray:
-        if epoch not in self._epochs:
-            if len(self._epochs) > 2:
-                self._epochs.pop(min(self._epochs))
-            self._epochs[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.n)
-        return self._epochs[epoch]
-
-    def _take(self, position: int, count: int) -> np.ndarray:
-        """Feature indices at stream positions `position .. position + count - 1`."""
-        epochs, within = np.divmod(np.arange(position, position + count, dtype=np.int64), self.n)
-        out = np.empty(count, dtype=np.int64)
-        for e in np.unique(epochs):
-            m = epochs == e
-            out[m] = self._order(int(e))[within[m]]
-        return out
 
     def batch(self, step: int) -> np.ndarray:
         """The feature indices of 0-based step `step`'s batch (sorted by length when grouping)."""
         g, k = divmod(step, self.group_batches)
         if self._group is None or self._group[0] != g:
             size = self.group_batches * self.batch_size
-            indices = self._take(g * size, size)
+            indices, _ = self.stream.take(g * size, size)
             if self.group_by_length:
                 indices = indices[np.argsort(-self.lengths[indices], kind="stable")]
                 batches = [indices[i : i + self.batch_size] for i in range(0, size, self.batch_size)]
@@ -389,8 +304,7 @@ def predict(
 ) -> Predictions:
     """Run `model` (unwrapped) over `features` in batches of `batch_size`, sorted by length when
     `group_by_length`, each padded to its longest feature or to `pad_to`. Under torchrun every rank
-    runs every world_size-th batch and all ranks receive all outputs."""
-
+    runs every world_size-th batch and all ranks receive all outputs. The loss terms are the head's."""
     lengths = np.array([task.feature_length(f) for f in features])
     order = np.argsort(-lengths, kind="stable") if group_by_length else np.arange(len(features))
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
@@ -398,17 +312,11 @@ def predict(
     model.eval()
     mine: list[tuple[np.ndarray, list[np.ndarray], np.ndarray, np.ndarray]] = []
     for idx in batches[dist.rank :: dist.world_size]:
-        batch = {k: v.to(dist.device) for k, v in to_tensors(task.collate([features[i] for i in idx], pad_to)).items()}
+        arrays = task.collate([features[i] for i in idx], pad_to)
         with autocast(dist.device, precision):
-            out = model(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                token_type_ids=batch["token_type_ids"],
-            )
-        logits = out.logits.float()
-        s, c = task.loss_terms(logits, batch["labels"])
-        kept = task.feature_outputs(logits, batch)
-        mine.append((idx, kept, s.double().cpu().numpy(), c.double().cpu().numpy()))
+            out = model(**to_device(to_tensors(arrays), dist.device))
+        kept = task.feature_outputs(out.logits.float().cpu().numpy(), arrays)
+        mine.append((idx, kept, out.example_loss.double().cpu().numpy(), out.example_count.double().cpu().numpy()))
     model.train(was_training)
     outputs: list[np.ndarray | None] = [None] * len(features)
     loss_sum = np.zeros(len(features))
@@ -631,244 +539,256 @@ def _log_eval(output_dir: Path, step: int, metrics: dict[str, float]) -> None:
 def run_finetune(args: FinetuneArgs, task: FinetuneTask) -> dict[str, Any]:
     """Train, evaluate and/or predict as the flags say; returns
     `{"output_dir", "global_step", "num_train_steps", "train", "eval", "predict"}`."""
-
-    dist = training.init_distributed(args.device)
-    try:
-        with contextlib.ExitStack() as stack:
-            return _run(args, task, dist, stack)
-    finally:
-        training.shutdown_distributed()
+    with training.distributed(args.device) as dist:
+        run = _FinetuneRun(args, task, dist)
+        with training.run_directory(args.output_dir, task.command, args, dist):
+            return run.run()
 
 
-def _run(args: FinetuneArgs, task: FinetuneTask, dist, stack: contextlib.ExitStack) -> dict[str, Any]:
+class _FinetuneRun:
+    """One run of `run_finetune`, in the module docstring's order: everything is checked when it is built
+    (before the output directory is written to), then `run` loads the model, trains, exports, evaluates
+    and predicts."""
 
-    # 1. Flags, model files and data, all checked before anything is written.
-    _check_flags(args, task, dist.world_size)
-    output_dir = Path(args.output_dir)
-    resume_dir = training.latest_checkpoint(output_dir)
-    files = _resolve_model_files(args, resume_dir)
-    config = files.config
-    if resume_dir is not None:
-        training.check_checkpoint_config(resume_dir, config)
-    if task.classifier_dropout is not None and config.classifier_dropout is None:
-        config.classifier_dropout = task.classifier_dropout
-    task.setup(files.saved_labels, args.do_train)
-    evaluate_during_training = args.do_train and args.eval_every_steps > 0
-    train_examples = task.read_examples("train") if args.do_train else None
-    dev_examples = task.read_examples("dev") if args.do_eval or evaluate_during_training else None
-    test_examples = task.read_examples("test") if args.do_predict else None
-    labels = task.labels()
-    if args.do_train and resume_dir is not None and files.saved_labels not in (None, labels):
-        raise InputError(
-            f"{resume_dir} was trained with the labels {files.saved_labels}, the data now has {labels}; resume "
-            "with the same labels (--labels), or use a new --output_dir"
-        )
-    if labels is not None:
-        config.extra["id2label"] = {str(i): str(label) for i, label in enumerate(labels)}
-        config.extra["label2id"] = {str(label): i for i, label in enumerate(labels)}
-    total_steps = warmup_steps = 0
-    if args.do_train:
-        total_steps = num_train_steps(len(train_examples), args.train_batch_size, args.num_train_epochs)
-        warmup_steps = num_warmup_steps(total_steps, args.warmup_proportion)
-        if total_steps < 1:
+    def __init__(self, args: FinetuneArgs, task: FinetuneTask, dist: training.DistContext):
+        self.args, self.task, self.dist = args, task, dist
+        # 1. Flags, model files and data, all checked before anything is written.
+        _check_flags(args, task, dist.world_size)
+        self.output_dir = Path(args.output_dir)
+        self.exported = self.output_dir / MODEL_DIR
+        self.resume_dir = training.latest_checkpoint(self.output_dir)
+        self.files = _resolve_model_files(args, self.resume_dir)
+        config = self.files.config
+        if self.resume_dir is not None:
+            training.check_checkpoint_config(self.resume_dir, config)
+        if task.classifier_dropout is not None and config.classifier_dropout is None:
+            config.classifier_dropout = task.classifier_dropout
+        task.setup(self.files.saved_labels, args.do_train)
+        self.evaluate_during_training = args.do_train and args.eval_every_steps > 0
+        self.train_examples = task.read_examples("train") if args.do_train else None
+        self.dev_examples = task.read_examples("dev") if args.do_eval or self.evaluate_during_training else None
+        self.test_examples = task.read_examples("test") if args.do_predict else None
+        labels = task.labels()
+        if args.do_train and self.resume_dir is not None and self.files.saved_labels not in (None, labels):
             raise InputError(
-                f"{len(train_examples)} training examples / --train_batch_size={args.train_batch_size} x "
-                f"--num_train_epochs={args.num_train_epochs} gives 0 training steps; use a smaller batch or "
-                "more epochs"
+                f"{self.resume_dir} was trained with the labels {self.files.saved_labels}, the data now has {labels}; "
+                "resume with the same labels (--labels), or use a new --output_dir"
             )
-
-    # 2. Logging, tokenizer, features.
-    stack.enter_context(training.log_to_file(output_dir / "log.txt", dist.is_main))
-    if dist.is_main:
-        write_run_info(output_dir, task.command, args)
-    tokenizer = FullTokenizer(files.vocab_file, do_lower_case=args.do_lower_case)
-    pad_to = args.max_seq_length if args.pad_to_max_seq_length else None
-
-    def features_of(examples):
-        return task.convert(examples, tokenizer, args.max_seq_length, pad=args.pad_to_max_seq_length)
-
-    # 3. The model: training resumes from the newest checkpoint, else starts from --init_checkpoint;
-    # evaluation alone uses the model a finished training chose (model/), else the newest checkpoint.
-    training.set_seed(args.seed)
-    model = task.model_class(config, **task.model_kwargs())
-    state = None
-    global_step = 0
-    exported = output_dir / MODEL_DIR
-    if not args.do_train and (exported / "config.json").is_file():
-        logger.info("evaluating the model in %s", exported)
-        load_into(model, read_checkpoint(exported))
-        global_step = _exported_step(exported)
-    elif resume_dir is not None:
-        logger.info("resuming from %s%s", resume_dir, " (--init_checkpoint is ignored)" if files.checkpoint else "")
-        load_into(model, read_checkpoint(resume_dir))
-        global_step = int(resume_dir.name[len(training.CHECKPOINT_PREFIX) :])
+        if labels is not None:
+            config.extra["id2label"] = {str(i): str(label) for i, label in enumerate(labels)}
+            config.extra["label2id"] = {str(label): i for i, label in enumerate(labels)}
+        config.extra.update(task.inference_config(), max_seq_length=args.max_seq_length)
+        self.total_steps = self.warmup_steps = 0
         if args.do_train:
-            state = training.load_training_state(resume_dir)
-    elif files.checkpoint is not None:
-        load_into(model, files.checkpoint)
-    else:
-        logger.warning("no --init_checkpoint: the model starts from random weights")
-    files.checkpoint = None  # the weights are in the model now
-    logger.info("%s: %d parameters", type(model).__name__, num_parameters(model))
-    if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    if args.compile:
-        training.compile_model(model)
-    wrapped = training.wrap_model(model, dist)
-    metric = args.metric_for_best_model or task.default_metric
-    history = EvalHistory(output_dir / EVAL_HISTORY_NAME, metric, args.early_stopping_patience)
-    if evaluate_during_training:
-        history.load(global_step)
-    dev_features = features_of(dev_examples) if dev_examples is not None else None
+            n = len(self.train_examples)
+            self.total_steps = num_train_steps(n, args.train_batch_size, args.num_train_epochs)
+            self.warmup_steps = num_warmup_steps(self.total_steps, args.warmup_proportion)
+            if self.total_steps < 1:
+                raise InputError(
+                    f"{n} training examples / --train_batch_size={args.train_batch_size} x "
+                    f"--num_train_epochs={args.num_train_epochs} gives 0 training steps; use a smaller batch or "
+                    "more epochs"
+                )
+        self.metric = args.metric_for_best_model or task.default_metric
+        self.history = EvalHistory(self.output_dir / EVAL_HISTORY_NAME, self.metric, args.early_stopping_patience)
+        self.pad_to = args.max_seq_length if args.pad_to_max_seq_length else None
 
-    def evaluate(step: int) -> dict[str, Any]:
+    def run(self) -> dict[str, Any]:
+        args = self.args
+        # 2. Tokenizer and features.
+        self.tokenizer = FullTokenizer(self.files.vocab_file, do_lower_case=args.do_lower_case)
+        self.dev_features = self.features_of(self.dev_examples) if self.dev_examples is not None else None
+        # 3. The model, 4. training and 5. the exported model.
+        self.model, self.global_step, state = self.load_model()
+        result: dict[str, Any] = {"output_dir": str(self.output_dir), "num_train_steps": self.total_steps}
+        if args.do_train:
+            last = self.train(state)
+            if last is not None:
+                result["train"] = last
+        result["global_step"] = self.global_step
+        # 6. Evaluation and prediction.
+        if args.do_eval:
+            ev = self.evaluate(self.global_step)
+            if self.dist.is_main:
+                write_results(self.output_dir, ev["results"])
+                self.task.write_eval_files(self.output_dir, self.dev_examples, self.dev_features, ev["pred"].outputs)
+            result["eval"] = ev["results"]
+        if args.do_predict:
+            result["predict"] = self.predict_test_set()
+        return result
+
+    def features_of(self, examples: Sequence) -> list:
+        args = self.args
+        return self.task.convert(examples, self.tokenizer, args.max_seq_length, pad=args.pad_to_max_seq_length)
+
+    def load_model(self) -> tuple[torch.nn.Module, int, dict | None]:
+        """The model, the step its weights come from, and the training state to resume (or None).
+
+        Training resumes from the newest checkpoint, else starts from --init_checkpoint; evaluation
+        alone uses the model a finished training chose (model/), else the newest checkpoint.
+        """
+        args, files = self.args, self.files
+        training.set_seed(args.seed)
+        model = MODEL_CLASSES[self.task.head](files.config, **self.task.model_kwargs())
+        state = None
+        global_step = 0
+        if not args.do_train and (self.exported / "config.json").is_file():
+            logger.info("evaluating the model in %s", self.exported)
+            load_into(model, read_checkpoint(self.exported))
+            global_step = _exported_step(self.exported)
+        elif self.resume_dir is not None:
+            ignored = " (--init_checkpoint is ignored)" if files.checkpoint else ""
+            logger.info("resuming from %s%s", self.resume_dir, ignored)
+            load_into(model, read_checkpoint(self.resume_dir))
+            global_step = int(self.resume_dir.name[len(training.CHECKPOINT_PREFIX) :])
+            if args.do_train:
+                state = training.load_training_state(self.resume_dir)
+        elif files.checkpoint is not None:
+            load_into(model, files.checkpoint)
+        else:
+            logger.warning("no --init_checkpoint: the model starts from random weights")
+        files.checkpoint = None  # the weights are in the model now
+        logger.info("%s: %d parameters", type(model).__name__, num_parameters(model))
+        self.wrapped = training.prepare_model(model, args, self.dist)
+        if self.evaluate_during_training:
+            self.history.load(global_step)
+        return model, global_step, state
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        """The dev set's metrics at `step` ({"results", "pred"})."""
+        args, examples, features = self.args, self.dev_examples, self.dev_features
         logger.info("***** Running evaluation *****")
-        logger.info("  Num examples = %d (%d actual, 0 padding)", len(dev_examples), len(dev_examples))
+        logger.info("  Num examples = %d (%d actual, 0 padding)", len(examples), len(examples))
         logger.info("  Batch size = %d", args.eval_batch_size)
         pred = predict(
-            model, task, dev_features, args.eval_batch_size, dist, args.precision, args.group_by_length, pad_to
+            self.model,
+            self.task,
+            features,
+            args.eval_batch_size,
+            self.dist,
+            args.precision,
+            args.group_by_length,
+            self.pad_to,
         )
-        results = {**task.metrics(dev_examples, dev_features, pred.outputs), **loss_metrics(pred, args.eval_batch_size)}
+        results = {**self.task.metrics(examples, features, pred.outputs), **loss_metrics(pred, args.eval_batch_size)}
         results["global_step"] = step
         return {"results": results, "pred": pred}
 
-    result: dict[str, Any] = {"output_dir": str(output_dir), "num_train_steps": total_steps}
+    def predict_test_set(self) -> dict[str, Any] | None:
+        args, examples = self.args, self.test_examples
+        features = self.features_of(examples)
+        logger.info("***** Running prediction*****")
+        logger.info("  Num examples = %d (%d actual, 0 padding)", len(examples), len(examples))
+        logger.info("  Batch size = %d", args.predict_batch_size)
+        pred = predict(
+            self.model,
+            self.task,
+            features,
+            args.predict_batch_size,
+            self.dist,
+            args.precision,
+            args.group_by_length,
+            self.pad_to,
+        )
+        written = None
+        if self.dist.is_main:
+            written = self.task.write_predictions(self.output_dir, examples, features, pred.outputs)
+        self.dist.barrier()
+        return written
 
-    # 4. Training.
-    if args.do_train:
-        train_features = features_of(train_examples)
-        optimizer, scheduler = create_optimizer(model, args.learning_rate, total_steps, warmup_steps)
-        trainer = training.Trainer(
-            model,
-            wrapped,
-            optimizer,
-            scheduler,
-            dist,
-            output_dir,
+    def train(self, state: dict | None) -> dict[str, float] | None:
+        """Steps up to `num_train_steps` (with evaluations and early stopping when asked), then the export
+        of the final model: the best checkpoint when the dev set was scored during training, else the last.
+        Returns the last logged training metrics, None when no step was left to run."""
+        args, task, dist = self.args, self.task, self.dist
+        features = self.features_of(self.train_examples)
+        optimizer, scheduler = create_optimizer(self.model, args.learning_rate, self.total_steps, self.warmup_steps)
+        settings = training.TrainerSettings(
             precision=args.precision,
-            max_grad_norm=1.0,
             save_checkpoints_steps=args.save_checkpoints_steps,
-            keep_checkpoint_max=0 if evaluate_during_training else args.keep_checkpoint_max,
+            keep_checkpoint_max=0 if self.evaluate_during_training else args.keep_checkpoint_max,
             log_every=args.log_every,
-            vocab_file=files.vocab_file,
-            do_lower_case=args.do_lower_case,
             examples_per_step=args.train_batch_size,
+            vocab_file=self.files.vocab_file,
+            do_lower_case=args.do_lower_case,
             desc=task.command,
         )
+        trainer = training.Trainer(self.model, self.wrapped, optimizer, scheduler, dist, self.output_dir, settings)
         torch.manual_seed(args.seed + dist.rank)  # dropout differs across ranks, as their examples do
         if state is not None:
             trainer.restore(state)
             data = state.get("data", {})
-            if data.get("num_features") != len(train_features) or data.get("batch_size") != args.train_batch_size:
+            if data.get("num_features") != len(features) or data.get("batch_size") != args.train_batch_size:
                 logger.warning(
                     "the training data or batch size differ from the checkpoint's (%s features, batch %s): the "
                     "run continues, but not as an uninterrupted one would",
                     data.get("num_features"),
                     data.get("batch_size"),
                 )
-        lengths = np.array([task.feature_length(f) for f in train_features])
-        plan = BatchPlan(lengths, args.train_batch_size, args.seed, args.group_by_length)
+        plan = BatchPlan(
+            [task.feature_length(f) for f in features], args.train_batch_size, args.seed, args.group_by_length
+        )
         logger.info("***** Running training *****")
-        logger.info("  Num examples = %d", len(train_examples))
+        logger.info("  Num examples = %d", len(self.train_examples))
         logger.info("  Batch size = %d", args.train_batch_size)
-        logger.info("  Num steps = %d", total_steps)
-        logger.info("  Warmup steps = %d", warmup_steps)
-
-        def loss_fn(m, batch, totals):
-            out = m(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                token_type_ids=batch["token_type_ids"],
-            )
-            s, _ = task.loss_terms(out.logits, batch["labels"])
-            loss = s.sum() / totals["count"].clamp(min=1.0)
-            return loss, {"loss": loss.detach()}
-
-        def totals_fn(batch):
-            return {"count": task.count(batch["labels"])}
-
-        checkpoint_info = {"command": task.command, "num_train_steps": total_steps, "seed": args.seed}
-        if trainer.global_step >= total_steps:
-            logger.info("training already finished at step %d (%s)", trainer.global_step, resume_dir)
-        while True:
+        logger.info("  Num steps = %d", self.total_steps)
+        logger.info("  Warmup steps = %d", self.warmup_steps)
+        if trainer.global_step >= self.total_steps:
+            logger.info("training already finished at step %d (%s)", trainer.global_step, self.resume_dir)
+        last: dict[str, float] | None = None
+        while not self.evaluate_if_due(trainer.global_step):
             step = trainer.global_step
-            due = step > 0 and (step % max(args.eval_every_steps, 1) == 0 or step == total_steps)
-            if evaluate_during_training and due and not history.evaluated(step):
-                metrics = {k: float(v) for k, v in evaluate(step)["results"].items() if k != "global_step"}
-                stop = history.add(step, metrics)
-                if dist.is_main:
-                    history.save()
-                    _log_eval(output_dir, step, metrics)
-                    best = history.best()
-                    logger.info(
-                        "step %d: %s = %.6g (best %.6g at step %d)",
-                        step,
-                        metric,
-                        metrics[metric],
-                        best["metrics"][metric],
-                        best["step"],
-                    )
-                    _prune_checkpoints(output_dir, args.keep_checkpoint_max, best["step"])
-                dist.barrier()
-                if stop:
-                    break
-            if step >= total_steps or history.stopped_at is not None:
-                break
-            chunk_end = total_steps
-            if evaluate_during_training:
-                chunk_end = min(total_steps, (step // args.eval_every_steps + 1) * args.eval_every_steps)
-            batches = training.prefetch(
-                train_batches(
-                    plan,
-                    task,
-                    train_features,
-                    step,
-                    dist.rank,
-                    dist.world_size,
-                    args.gradient_accumulation_steps,
-                    pad_to,
-                ),
-                pin=dist.device.type == "cuda",
-            )
+            chunk_end = self.total_steps
+            if self.evaluate_during_training:
+                chunk_end = min(self.total_steps, (step // args.eval_every_steps + 1) * args.eval_every_steps)
+            accumulation = args.gradient_accumulation_steps
+            batches = train_batches(plan, task, features, step, dist.rank, dist.world_size, accumulation, self.pad_to)
+            batches = training.prefetch(batches, pin=dist.device.type == "cuda")
             try:
-                result["train"] = trainer.train(
-                    batches, loss_fn, chunk_end, plan.state, totals_fn=totals_fn, checkpoint_info=checkpoint_info
+                last = trainer.train(
+                    batches,
+                    training.head_loss,
+                    chunk_end,
+                    plan.state,
+                    totals_fn=type(self.model).loss_normalizers,
+                    checkpoint_info={"command": task.command, "num_train_steps": self.total_steps, "seed": args.seed},
                 )
             finally:
                 batches.close()
-        global_step = trainer.global_step
-        # 5. The final model: the best checkpoint when the dev set was scored during training, else the last.
-        best = history.best() if evaluate_during_training else None
-        if best is not None and best["step"] != global_step:
-            best_dir = output_dir / f"{training.CHECKPOINT_PREFIX}{best['step']}"
-            logger.info("using the best checkpoint %s (%s = %.6g)", best_dir, metric, best["metrics"][metric])
-            load_into(model, read_checkpoint(best_dir))
-            global_step = best["step"]
-        if dist.is_main:
-            training.export_model(model, exported, files.vocab_file, args.do_lower_case)
-            with open(exported / FINETUNE_STATE_NAME, "w", encoding="utf-8") as f:
-                json.dump({"command": task.command, "global_step": global_step}, f)
-                f.write("\n")
-            logger.info("saved the model of step %d to %s", global_step, exported)
-        dist.barrier()
-    result["global_step"] = global_step
+        self.global_step = trainer.global_step
+        best = self.history.best() if self.evaluate_during_training else None
+        if best is not None and best["step"] != self.global_step:
+            best_dir = self.output_dir / f"{training.CHECKPOINT_PREFIX}{best['step']}"
+            logger.info("using the best checkpoint %s (%s = %.6g)", best_dir, self.metric, best["metrics"][self.metric])
+            load_into(self.model, read_checkpoint(best_dir))
+            self.global_step = best["step"]
+        state_file = {FINETUNE_STATE_NAME: {"command": task.command, "global_step": self.global_step}}
+        trainer.export_model(self.exported, extra_files=state_file)
+        logger.info("saved the model of step %d to %s", self.global_step, self.exported)
+        return last
 
-    # 6. Evaluation and prediction.
-    if args.do_eval:
-        ev = evaluate(global_step)
-        if dist.is_main:
-            write_results(output_dir, ev["results"])
-            task.write_eval_files(output_dir, dev_examples, dev_features, ev["pred"].outputs)
-        result["eval"] = ev["results"]
-    if args.do_predict:
-        test_features = features_of(test_examples)
-        logger.info("***** Running prediction*****")
-        logger.info("  Num examples = %d (%d actual, 0 padding)", len(test_examples), len(test_examples))
-        logger.info("  Batch size = %d", args.predict_batch_size)
-        pred = predict(
-            model, task, test_features, args.predict_batch_size, dist, args.precision, args.group_by_length, pad_to
-        )
-        if dist.is_main:
-            result["predict"] = task.write_predictions(output_dir, test_examples, test_features, pred.outputs)
-        dist.barrier()
-    return result
+    def evaluate_if_due(self, step: int) -> bool:
+        """Score the dev set when `step` is an evaluation step; True when training is over (the last step,
+        or early stopping)."""
+        args, dist, history, metric = self.args, self.dist, self.history, self.metric
+        due = step > 0 and (step % max(args.eval_every_steps, 1) == 0 or step == self.total_steps)
+        if self.evaluate_during_training and due and not history.evaluated(step):
+            metrics = {k: float(v) for k, v in self.evaluate(step)["results"].items() if k != "global_step"}
+            stop = history.add(step, metrics)
+            if dist.is_main:
+                history.save()
+                _log_eval(self.output_dir, step, metrics)
+                best = history.best()
+                logger.info(
+                    "step %d: %s = %.6g (best %.6g at step %d)",
+                    step,
+                    metric,
+                    metrics[metric],
+                    best["metrics"][metric],
+                    best["step"],
+                )
+                _prune_checkpoints(self.output_dir, args.keep_checkpoint_max, best["step"])
+            dist.barrier()
+            if stop:
+                return True
+        return step >= self.total_steps or history.stopped_at is not None

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from bert.checkpoint import load_pretrained, save_pretrained
 from bert.config import BertConfig
 from bert.errors import InputError
 
@@ -61,8 +62,13 @@ class PreTrainingOutput:
 
 @dataclass
 class TaskOutput:
+    """A fine-tuning head's output. With labels, `loss` = `example_loss.sum()` / the normaliser (the
+    number of loss terms of this batch, or of the global batch when the caller passes it)."""
+
     logits: torch.Tensor  # head-specific, see each head
     loss: torch.Tensor | None = None
+    example_loss: torch.Tensor | None = None  # [B] the sum of each example's loss terms
+    example_count: torch.Tensor | None = None  # [B] the number of each example's loss terms
     hidden: EncoderOutput | None = None
 
 
@@ -269,14 +275,10 @@ class BertPreTrainedModel(nn.Module):
         original's `get_assignment_map_from_checkpoint` does. Extra keyword arguments go to the class
         constructor (e.g. `num_labels=3`).
         """
-        from bert.checkpoint import load_pretrained
-
         return load_pretrained(cls, path, config=config, **kwargs)
 
     def save_pretrained(self, output_dir: str | os.PathLike) -> None:
         """Write `model.safetensors` and `config.json` into `output_dir` (atomically)."""
-        from bert.checkpoint import save_pretrained
-
         save_pretrained(self, output_dir)
 
 
@@ -403,25 +405,39 @@ def gather_positions(sequence_output: torch.Tensor, positions: torch.Tensor) -> 
     return torch.gather(sequence_output, 1, index)
 
 
+def pretraining_loss_normalizers(masked_lm_weights: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What the pre-training losses divide by: the sum of the masked-LM weights and the number of
+    sequences ([B, P] weights). A training loop sums these over the micro-batches and processes of a
+    global batch and passes them back as `loss_normalizers`, so the shares add up to its loss."""
+    return {
+        "masked_lm_weight": masked_lm_weights.float().sum(),
+        "examples": torch.tensor(float(masked_lm_weights.shape[0]), device=masked_lm_weights.device),
+    }
+
+
 def pretraining_losses(
     mlm_logits: torch.Tensor,
     nsp_logits: torch.Tensor,
     masked_lm_ids: torch.Tensor,
     masked_lm_weights: torch.Tensor,
     next_sentence_labels: torch.Tensor,
+    loss_normalizers: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The losses of `run_pretraining.py`, in fp32 whatever the logits' dtype.
+    """The losses of `run_pretraining.py` (`get_masked_lm_output`, `get_next_sentence_output`), in fp32
+    whatever the logits' dtype.
 
     masked_lm_loss = sum(w * -log p(label)) / (sum(w) + 1e-5) over every slot, padding slots (weight
-    0) included; next_sentence_loss = mean over the batch; total_loss = their sum.
+    0) included; next_sentence_loss = mean over the batch; total_loss = their sum. With
+    `loss_normalizers` (see `pretraining_loss_normalizers`), sum(w) and the batch size are those given.
     """
     V = mlm_logits.shape[-1]
     log_probs = F.log_softmax(mlm_logits.float().reshape(-1, V), dim=-1)  # [B, P, V] -> [B*P, V]
     example_loss = -log_probs.gather(1, masked_lm_ids.reshape(-1, 1).long()).squeeze(1)  # [B*P]
     weights = masked_lm_weights.reshape(-1).float()  # [B*P]
-    masked_lm_loss = (weights * example_loss).sum() / (weights.sum() + 1e-5)
+    norm = loss_normalizers or pretraining_loss_normalizers(masked_lm_weights)
+    masked_lm_loss = (weights * example_loss).sum() / (norm["masked_lm_weight"] + 1e-5)
     nsp_example_loss = F.cross_entropy(nsp_logits.float(), next_sentence_labels.reshape(-1).long(), reduction="none")
-    nsp_loss = nsp_example_loss.mean()
+    nsp_loss = nsp_example_loss.sum() / norm["examples"]
     return {
         "total_loss": masked_lm_loss + nsp_loss,
         "masked_lm_loss": masked_lm_loss,
@@ -450,6 +466,7 @@ class BertForPreTraining(BertPreTrainedModel):
         masked_lm_ids: torch.Tensor | None = None,
         masked_lm_weights: torch.Tensor | None = None,
         next_sentence_labels: torch.Tensor | None = None,
+        loss_normalizers: dict[str, torch.Tensor] | None = None,
     ) -> PreTrainingOutput:
         """Args as `BertModel`, plus the pre-training features of the original's records.
 
@@ -458,6 +475,7 @@ class BertForPreTraining(BertPreTrainedModel):
                 original does), otherwise at every position.
             masked_lm_ids, masked_lm_weights: [B, P] labels and weights (0 marks a padding slot).
             next_sentence_labels: [B] (0 = is next, 1 = random).
+            loss_normalizers: the global batch's (see `pretraining_losses`); default this batch's.
         The losses are computed when all labels are given.
         """
         out = self.bert(input_ids, attention_mask, token_type_ids)
@@ -471,14 +489,55 @@ class BertForPreTraining(BertPreTrainedModel):
             if masked_lm_weights is None:
                 masked_lm_weights = torch.ones_like(masked_lm_ids, dtype=torch.float32)
             for name, value in pretraining_losses(
-                mlm_logits, nsp_logits, masked_lm_ids, masked_lm_weights, next_sentence_labels
+                mlm_logits, nsp_logits, masked_lm_ids, masked_lm_weights, next_sentence_labels, loss_normalizers
             ).items():
                 setattr(result, name, value)
         return result
 
+    @staticmethod
+    def loss_normalizers(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return pretraining_loss_normalizers(batch["masked_lm_weights"])
+
 
 # --------------------------------------------------------------------------------- fine-tuning heads
-class BertForSequenceClassification(BertPreTrainedModel):
+# Labels of this value (non-first sub-tokens, padding) are not predicted: the torch convention.
+IGNORE_INDEX = -100
+
+
+def _task_output(
+    logits: torch.Tensor,
+    example_loss: torch.Tensor | None,
+    example_count: torch.Tensor | None,
+    loss_normalizers: dict[str, torch.Tensor] | None,
+    hidden: EncoderOutput,
+) -> TaskOutput:
+    if example_loss is None:
+        return TaskOutput(logits, hidden=hidden)
+    count = loss_normalizers["count"] if loss_normalizers is not None else example_count.sum()
+    loss = example_loss.sum() / count.clamp(min=1.0)
+    return TaskOutput(logits, loss, example_loss, example_count, hidden)
+
+
+class _FineTuningHead(BertPreTrainedModel):
+    """What every fine-tuning head shares: one loss term per example unless a head says otherwise."""
+
+    @staticmethod
+    def loss_normalizers(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The number of loss terms of a batch, from its inputs and labels alone (before the forward
+        pass): a training loop sums it over the global batch and passes it back as `loss_normalizers`."""
+        ids = batch["input_ids"]
+        return {"count": torch.tensor(float(ids.shape[0]), device=ids.device)}
+
+
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor, regression: bool = False) -> torch.Tensor:
+    """Per example [B]: softmax cross-entropy of [B, L] logits (run_classifier.py, `create_model`), or the
+    squared error of [B, 1] logits for regression."""
+    if regression:
+        return (logits.float().squeeze(-1) - labels.float()) ** 2
+    return F.cross_entropy(logits.float(), labels.long(), reduction="none")
+
+
+class BertForSequenceClassification(_FineTuningHead):
     """Pooled output -> dropout -> linear, as `run_classifier.create_model`; num_labels=1 is regression."""
 
     def __init__(self, config: BertConfig, num_labels: int = 2):
@@ -491,20 +550,20 @@ class BertForSequenceClassification(BertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.init_weights()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> TaskOutput:
+    def forward(
+        self, input_ids, attention_mask=None, token_type_ids=None, labels=None, loss_normalizers=None
+    ) -> TaskOutput:
         """Returns logits [B, L] (L = num_labels; [B, 1] for regression). Loss: cross-entropy, or MSE."""
         out = self.bert(input_ids, attention_mask, token_type_ids)
         logits = self.classifier(self.dropout(out.pooled_output))  # [B, L]
-        loss = None
+        example_loss = count = None
         if labels is not None:
-            if self.num_labels == 1:
-                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
-            else:
-                loss = F.cross_entropy(logits.float(), labels.long())
-        return TaskOutput(logits, loss, out)
+            example_loss = classification_loss(logits, labels, regression=self.num_labels == 1)
+            count = torch.ones_like(example_loss)
+        return _task_output(logits, example_loss, count, loss_normalizers, out)
 
 
-class BertForQuestionAnswering(BertPreTrainedModel):
+class BertForQuestionAnswering(_FineTuningHead):
     """Start and end logits per token, as `run_squad.create_model` (`cls/squad` in TF)."""
 
     def __init__(self, config: BertConfig):
@@ -515,22 +574,34 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         self.init_weights()
 
     def forward(
-        self, input_ids, attention_mask=None, token_type_ids=None, start_positions=None, end_positions=None
+        self,
+        input_ids,
+        attention_mask=None,
+        token_type_ids=None,
+        start_positions=None,
+        end_positions=None,
+        loss_normalizers=None,
     ) -> TaskOutput:
-        """Returns logits [B, T, 2] (start, end). Loss: mean of the start and end cross-entropies."""
+        """Returns logits [B, T, 2] (start, end). Loss: mean of the start and end cross-entropies, whose
+        softmax runs over the real tokens only (the original's also runs over the padding up to
+        max_seq_length, which no prediction reads; masking it makes the loss independent of padding)."""
         out = self.bert(input_ids, attention_mask, token_type_ids)
         logits = self.qa_outputs(out.sequence_output)  # [B, T, 2]
-        loss = None
+        example_loss = count = None
         if start_positions is not None and end_positions is not None:
-            start_logits, end_logits = logits.float().unbind(-1)  # 2 x [B, T]
-            loss = (
-                F.cross_entropy(start_logits, start_positions.long())
-                + F.cross_entropy(end_logits, end_positions.long())
-            ) / 2
-        return TaskOutput(logits, loss, out)
+            scores = logits.float()
+            if attention_mask is not None:
+                scores = scores.masked_fill((attention_mask == 0)[..., None], float("-inf"))  # [B, T, 1] mask
+            start_logits, end_logits = scores.unbind(-1)  # 2 x [B, T]
+            example_loss = (
+                F.cross_entropy(start_logits, start_positions.long(), reduction="none")
+                + F.cross_entropy(end_logits, end_positions.long(), reduction="none")
+            ) / 2  # [B]
+            count = torch.ones_like(example_loss)
+        return _task_output(logits, example_loss, count, loss_normalizers, out)
 
 
-class BertForTokenClassification(BertPreTrainedModel):
+class BertForTokenClassification(_FineTuningHead):
     """A label per token (NER); labels of -100 (non-first sub-tokens, padding) are ignored by the loss."""
 
     def __init__(self, config: BertConfig, num_labels: int = 2):
@@ -543,19 +614,28 @@ class BertForTokenClassification(BertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.init_weights()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> TaskOutput:
-        """Returns logits [B, T, L]."""
+    def forward(
+        self, input_ids, attention_mask=None, token_type_ids=None, labels=None, loss_normalizers=None
+    ) -> TaskOutput:
+        """Returns logits [B, T, L]. Loss: the mean cross-entropy over the labelled tokens."""
         out = self.bert(input_ids, attention_mask, token_type_ids)
         logits = self.classifier(self.dropout(out.sequence_output))  # [B, T, L]
-        loss = None
+        example_loss = count = None
         if labels is not None:
-            loss = F.cross_entropy(
-                logits.float().reshape(-1, self.num_labels), labels.reshape(-1).long(), ignore_index=-100
-            )
-        return TaskOutput(logits, loss, out)
+            B, T, L = logits.shape
+            token_loss = F.cross_entropy(
+                logits.float().reshape(B * T, L), labels.reshape(-1).long(), ignore_index=IGNORE_INDEX, reduction="none"
+            ).view(B, T)  # [B*T] -> [B, T]
+            example_loss = token_loss.sum(-1)
+            count = (labels != IGNORE_INDEX).sum(-1).to(token_loss.dtype)
+        return _task_output(logits, example_loss, count, loss_normalizers, out)
+
+    @staticmethod
+    def loss_normalizers(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {"count": (batch["labels"] != IGNORE_INDEX).sum().float()}
 
 
-class BertForMultipleChoice(BertPreTrainedModel):
+class BertForMultipleChoice(_FineTuningHead):
     """One score per choice from its pooled output (SWAG); inputs are [B, C, T]."""
 
     def __init__(self, config: BertConfig):
@@ -567,8 +647,10 @@ class BertForMultipleChoice(BertPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.init_weights()
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> TaskOutput:
-        """Returns logits [B, C]."""
+    def forward(
+        self, input_ids, attention_mask=None, token_type_ids=None, labels=None, loss_normalizers=None
+    ) -> TaskOutput:
+        """Returns logits [B, C]. Loss: cross-entropy of the softmax over the choices."""
         B, C, T = input_ids.shape
 
         def flat(x):
@@ -576,8 +658,11 @@ class BertForMultipleChoice(BertPreTrainedModel):
 
         out = self.bert(flat(input_ids), flat(attention_mask), flat(token_type_ids))
         logits = self.classifier(self.dropout(out.pooled_output)).view(B, C)  # [B*C, 1] -> [B, C]
-        loss = F.cross_entropy(logits.float(), labels.long()) if labels is not None else None
-        return TaskOutput(logits, loss, out)
+        example_loss = count = None
+        if labels is not None:
+            example_loss = classification_loss(logits, labels)
+            count = torch.ones_like(example_loss)
+        return _task_output(logits, example_loss, count, loss_normalizers, out)
 
 
 MODEL_CLASSES = {

@@ -36,6 +36,7 @@ import functools
 import gc
 import itertools
 import json
+import multiprocessing
 import os
 import re
 import sys
@@ -885,8 +886,6 @@ def _encode_span(task: tuple[int, int, Sequence[str | bytes] | None]) -> list[li
 
 def _encode_in_processes(tok: FullTokenizer, texts: Sequence[str | bytes], num_workers: int) -> list[list[int]]:
     global _WORKER_STATE
-    import multiprocessing
-
     n_tasks = max(num_workers, min(4 * num_workers, len(texts) // _MIN_TEXTS_PER_TASK))
     step = -(-len(texts) // n_tasks)
     spans = [(i, min(i + step, len(texts))) for i in range(0, len(texts), step)]

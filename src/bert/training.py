@@ -34,6 +34,7 @@ import shutil
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,10 +43,22 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
 
+from bert.checkpoint import CONFIG_NAME, save_pretrained
 from bert.config import SHAPE_FIELDS, BertConfig
 from bert.errors import InputError
+from bert.formats.tensorboard import EventWriter
 from bert.optimization import clip_grad_norm
+from bert.utils import write_run_info
 
 logger = logging.getLogger(__name__)
 
@@ -193,10 +206,6 @@ def wrap_model(model: nn.Module, dist: DistContext, fsdp: bool = False) -> nn.Mo
     if not dist.distributed:
         return model
     if fsdp:
-        import warnings
-
-        from torch.distributed.fsdp import fully_shard
-
         # Our outputs are never modified in place, which is what this warning is about.
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
@@ -205,10 +214,45 @@ def wrap_model(model: nn.Module, dist: DistContext, fsdp: bool = False) -> nn.Mo
                 fully_shard(m)
         fully_shard(model)
         return model
-    from torch.nn.parallel import DistributedDataParallel
 
     ids = [dist.device.index] if dist.device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids)
+
+
+@contextlib.contextmanager
+def distributed(device_spec: str | None = None) -> Iterator[DistContext]:
+    """`init_distributed` for the duration of a run; the process group is left at the end."""
+    dist = init_distributed(device_spec)
+    try:
+        yield dist
+    finally:
+        shutdown_distributed()
+
+
+@contextlib.contextmanager
+def run_directory(output_dir: str | os.PathLike, command: str, args: Any, dist: DistContext) -> Iterator[Path]:
+    """The output directory of a training command during its run: this package's INFO log goes to
+    `log.txt` in it, and `args.json` records the command and its resolved arguments (rank 0 writes)."""
+    output_dir = Path(output_dir)
+    with log_to_file(output_dir / "log.txt", dist.is_main):
+        if dist.is_main:
+            write_run_info(output_dir, command, args)
+        yield output_dir
+
+
+def prepare_model(model: nn.Module, args: PerformanceArgs, dist: DistContext, fsdp: bool = False) -> nn.Module:
+    """Gradient checkpointing and `--compile` as the flags say, then `wrap_model`; returns the wrapped model."""
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if args.compile:
+        compile_model(model)
+    return wrap_model(model, dist, fsdp=fsdp)
+
+
+def head_loss(model: nn.Module, batch: dict, totals: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A `LossFn` for the fine-tuning heads: the head's own loss over the global batch's loss terms."""
+    out = model(**batch, loss_normalizers=totals)
+    return out.loss, {"loss": out.loss.detach()}
 
 
 def _is_fsdp(model: nn.Module) -> bool:
@@ -361,8 +405,6 @@ def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
 
 def check_checkpoint_config(checkpoint_dir: Path, config: BertConfig, flag: str = "--bert_config_file") -> None:
     """Refuse to resume a checkpoint whose model has another shape than `config`."""
-    from bert.checkpoint import CONFIG_NAME
-
     path = checkpoint_dir / CONFIG_NAME
     try:
         saved = BertConfig.from_json_file(path)
@@ -412,14 +454,19 @@ def atomic_directory(path: Path):
 
 
 def export_model(
-    model: nn.Module, path: str | os.PathLike, vocab_file: str | None = None, do_lower_case: bool | None = None
+    model: nn.Module,
+    path: str | os.PathLike,
+    vocab_file: str | None = None,
+    do_lower_case: bool | None = None,
+    extra_files: dict[str, dict] | None = None,
 ) -> Path:
-    """Write weights only (native layout, loadable with `from_pretrained`) to `path`, atomically."""
-    from bert.checkpoint import save_pretrained
-
+    """Write weights only (native layout, loadable with `from_pretrained`) to `path`, atomically, with
+    `extra_files` ({name: JSON object}) beside them."""
     path = Path(path)
     with atomic_directory(path) as tmp:
         save_pretrained(model, tmp, vocab_file=vocab_file, do_lower_case=do_lower_case)
+        for name, obj in (extra_files or {}).items():
+            (tmp / name).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path
 
 
@@ -428,8 +475,6 @@ class MetricsLogger:
     """Scalars to `output_dir/metrics.jsonl` (one JSON object per line) and to TensorBoard events."""
 
     def __init__(self, output_dir: str | os.PathLike, start_step: int = 0, tensorboard_subdir: str | None = None):
-        from bert.formats.tensorboard import EventWriter
-
         self.path = Path(output_dir) / METRICS_NAME
         if self.path.exists():
             # A resumed run repeats the steps after its checkpoint: drop their old lines.
@@ -534,6 +579,32 @@ LossFn = Callable[[nn.Module, dict, dict], tuple[torch.Tensor, dict[str, torch.T
 TotalsFn = Callable[[dict], dict[str, torch.Tensor]]
 
 
+@dataclass
+class TrainerSettings:
+    """How a `Trainer` steps, logs and saves: job settings the training commands take from their flags.
+
+    Attributes:
+        precision: "fp32", "bf16" (autocast) or "fp16" (autocast and a GradScaler).
+        max_grad_norm: global-norm clipping of the reduced gradient (the original: 1.0).
+        save_checkpoints_steps: save every this many steps, and after the last step.
+        keep_checkpoint_max: keep this many newest checkpoints (0 keeps all).
+        log_every: write metrics every this many steps, and after the last step.
+        examples_per_step: sequences per optimizer step over all ranks (for sequences/s).
+        vocab_file, do_lower_case: saved beside the weights so checkpoints are complete models.
+        desc: the progress bar's label.
+    """
+
+    precision: str = "fp32"
+    max_grad_norm: float = 1.0
+    save_checkpoints_steps: int = 1000
+    keep_checkpoint_max: int = 5
+    log_every: int = 100
+    examples_per_step: int = 1
+    vocab_file: str | None = None
+    do_lower_case: bool | None = None
+    desc: str = "train"
+
+
 class Trainer:
     """Runs optimizer steps, logs, saves and resumes checkpoints.
 
@@ -543,14 +614,7 @@ class Trainer:
         optimizer, scheduler: built from `model` after wrapping; the scheduler steps once per step.
         dist: from `init_distributed`.
         output_dir: checkpoints, metrics and events go here (written by rank 0 only).
-        precision: "fp32", "bf16" (autocast) or "fp16" (autocast and a GradScaler).
-        max_grad_norm: global-norm clipping of the reduced gradient (the original: 1.0).
-        save_checkpoints_steps: save every this many steps, and after the last step.
-        keep_checkpoint_max: keep this many newest checkpoints (0 keeps all).
-        log_every: write metrics every this many steps, and after the last step.
-        vocab_file, do_lower_case: saved beside the weights so checkpoints are complete models.
-        examples_per_step: sequences per optimizer step over all ranks (for sequences/s).
-        desc: the progress bar's label.
+        settings: precision, clipping, checkpoint and log intervals (see `TrainerSettings`).
     """
 
     def __init__(
@@ -561,49 +625,31 @@ class Trainer:
         scheduler: torch.optim.lr_scheduler.LRScheduler,
         dist: DistContext,
         output_dir: str | os.PathLike,
-        precision: str = "fp32",
-        max_grad_norm: float = 1.0,
-        save_checkpoints_steps: int = 1000,
-        keep_checkpoint_max: int = 5,
-        log_every: int = 100,
-        vocab_file: str | None = None,
-        do_lower_case: bool | None = None,
-        examples_per_step: int = 1,
-        desc: str = "train",
+        settings: TrainerSettings,
     ):
-        if precision not in PRECISIONS:
-            raise InputError(f"--precision={precision} is not one of {', '.join(PRECISIONS)}")
+        if settings.precision not in PRECISIONS:
+            raise InputError(f"--precision={settings.precision} is not one of {', '.join(PRECISIONS)}")
         self.model = model
         self.wrapped = wrapped
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.dist = dist
         self.output_dir = Path(output_dir)
-        self.precision = precision
-        self.max_grad_norm = max_grad_norm
-        self.save_checkpoints_steps = save_checkpoints_steps
-        self.keep_checkpoint_max = keep_checkpoint_max
-        self.log_every = max(1, log_every)
-        self.vocab_file = vocab_file
-        self.do_lower_case = do_lower_case
-        self.examples_per_step = examples_per_step
-        self.desc = desc
-        self.scaler = torch.amp.GradScaler(dist.device.type) if precision == "fp16" else None
+        self.settings = settings
+        self.log_every = max(1, settings.log_every)
+        self.scaler = torch.amp.GradScaler(dist.device.type) if settings.precision == "fp16" else None
         self.fsdp = _is_fsdp(wrapped)
         self.global_step = 0
 
     # ---------------------------------------------------------------------------------- state
     def _model_state(self) -> dict[str, torch.Tensor]:
         if self.fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
             return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return self.model.state_dict()
 
     def _optimizer_state(self) -> dict[str, Any]:
         # Keyed by parameter name (not position) and unsharded, so that a checkpoint resumes in one
         # process, under DDP or under FSDP alike.
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True) if self.fsdp else StateDictOptions()
         return get_optimizer_state_dict(self.model, self.optimizer, options=options)
@@ -612,7 +658,6 @@ class Trainer:
         if not self.fsdp:
             return self.model
         # save_pretrained wants a module: rebuild an unsharded copy on the CPU, of the class FSDP wrapped.
-        from torch.distributed.fsdp import FSDPModule
 
         cls = next(c for c in type(self.model).__mro__ if not issubclass(c, FSDPModule))
         with torch.random.fork_rng(devices=[]):  # its initialisation must not advance the dropout RNG
@@ -620,12 +665,13 @@ class Trainer:
         model.load_state_dict(model_state)
         return model
 
-    def export_model(self, path: str | os.PathLike) -> Path | None:
+    def export_model(self, path: str | os.PathLike, extra_files: dict[str, dict] | None = None) -> Path | None:
         """Weights only, in the native layout (collective: call on every rank; rank 0 writes)."""
         model_state = self._model_state()
         out = None
         if self.dist.is_main:
-            out = export_model(self._unsharded(model_state), path, self.vocab_file, self.do_lower_case)
+            s = self.settings
+            out = export_model(self._unsharded(model_state), path, s.vocab_file, s.do_lower_case, extra_files)
             logger.info("exported the model to %s", out)
         self.dist.barrier()
         return out
@@ -648,15 +694,14 @@ class Trainer:
             }
             model = self._unsharded(model_state)
             with atomic_directory(path) as tmp:
-                from bert.checkpoint import save_pretrained
-
-                save_pretrained(model, tmp, vocab_file=self.vocab_file, do_lower_case=self.do_lower_case)
+                s = self.settings
+                save_pretrained(model, tmp, vocab_file=s.vocab_file, do_lower_case=s.do_lower_case)
                 torch.save(state, tmp / TRAINING_STATE_NAME)
                 summary = {"global_step": step, "data": data_state, "world_size": self.dist.world_size, **(info or {})}
                 (tmp / TRAINER_STATE_NAME).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
             logger.info("saved checkpoint %s", path)
-            if self.keep_checkpoint_max > 0:
-                for _, old in list_checkpoints(self.output_dir)[: -self.keep_checkpoint_max]:
+            if self.settings.keep_checkpoint_max > 0:
+                for _, old in list_checkpoints(self.output_dir)[: -self.settings.keep_checkpoint_max]:
                     shutil.rmtree(old, ignore_errors=True)
         self.dist.barrier()
         return path if self.dist.is_main else None
@@ -666,7 +711,6 @@ class Trainer:
 
         The weights are loaded separately, into the model before wrapping (see `bert.pretrain`).
         """
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         options = StateDictOptions(full_state_dict=True) if self.fsdp else StateDictOptions()
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
@@ -711,8 +755,6 @@ class Trainer:
         Returns:
             The metrics of the last log window (empty when no step ran).
         """
-        from tqdm import tqdm
-
         dist, device = self.dist, self.dist.device
         if dist.is_main:
             remove_incomplete(self.output_dir)
@@ -720,7 +762,7 @@ class Trainer:
         bar = tqdm(
             total=num_train_steps,
             initial=self.global_step,
-            desc=self.desc,
+            desc=self.settings.desc,
             unit="step",
             disable=not dist.is_main,
             dynamic_ncols=True,
@@ -744,7 +786,7 @@ class Trainer:
                 step_metrics = self._forward_backward(micro_batches, loss_fn, totals)
                 if self.scaler is not None:
                     self.scaler.unscale_(self.optimizer)
-                grad_norm = clip_grad_norm(self.model.parameters(), self.max_grad_norm)
+                grad_norm = clip_grad_norm(self.model.parameters(), self.settings.max_grad_norm)
                 if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor
                     grad_norm = grad_norm.full_tensor()
                 if self.scaler is not None:
@@ -767,7 +809,7 @@ class Trainer:
                     seconds = time.perf_counter() - window_start
                     last = self._log(window, window_steps, window_lr, seconds, metrics_logger, bar)
                     window, window_steps, window_lr, window_start = {}, 0, 0.0, time.perf_counter()
-                if self.global_step % self.save_checkpoints_steps == 0 or final:
+                if self.global_step % self.settings.save_checkpoints_steps == 0 or final:
                     self.save_checkpoint(self.global_step, data_state(self.global_step), checkpoint_info)
         finally:
             bar.close()
@@ -790,7 +832,7 @@ class Trainer:
             else:
                 ctx = contextlib.nullcontext()
             with ctx:
-                with autocast(self.dist.device, self.precision):
+                with autocast(self.dist.device, self.settings.precision):
                     loss, metrics = loss_fn(self.wrapped, batch, totals)
                 # DDP and FSDP average gradients over ranks; the contributions are meant to be summed.
                 loss = loss * self.dist.world_size
@@ -808,7 +850,7 @@ class Trainer:
             out = {k: float(v) for k, v in zip(keys, values.tolist())}
         out["grad_norm"] = float(window["grad_norm"]) / steps
         out["learning_rate"] = lr_sum / steps
-        out["sequences_per_second"] = self.examples_per_step * steps / max(seconds, 1e-9)
+        out["sequences_per_second"] = self.settings.examples_per_step * steps / max(seconds, 1e-9)
         if metrics_logger is not None:
             metrics_logger.log(self.global_step, out)
             bar.set_postfix(

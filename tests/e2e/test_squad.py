@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from bert.commands.squad import SquadArgs, run_squad
 from bert.tasks.squad import NO_NON_NULL_SCORE_DIFF, convert_examples_to_features, read_squad_examples
@@ -318,22 +317,3 @@ def test_the_original_flags_and_defaults():
     # run_squad.py has no eval mode and no --data_dir.
     with pytest.raises(SystemExit):
         parser.parse_args(["--output_dir=o", "--do_eval"])
-
-
-def test_loss_is_the_original_on_real_positions_and_ignores_padding():
-    from bert.commands.squad import SquadTask
-
-    task = SquadTask(SquadArgs(output_dir="unused"))
-    torch.manual_seed(1)
-    logits = torch.randn(3, 10, 2)  # [B, T, 2], no padding
-    starts, ends = torch.tensor([0, 4, 9]), torch.tensor([0, 6, 9])
-    labels = torch.stack([starts, ends, torch.full((3,), 10)], dim=1)
-    losses, counts = task.loss_terms(logits, labels)
-    expected = (
-        torch.nn.functional.cross_entropy(logits[..., 0], starts)
-        + torch.nn.functional.cross_entropy(logits[..., 1], ends)
-    ) / 2  # run_squad.py: the mean of the start and end losses over the batch
-    torch.testing.assert_close(losses.sum() / counts.sum(), expected)
-    # Padding positions, whatever their logits, change nothing.
-    padded = torch.cat([logits, 100 * torch.randn(3, 6, 2)], dim=1)  # [B, T + 6, 2]
-    torch.testing.assert_close(task.loss_terms(padded, labels)[0], losses)

@@ -3,6 +3,7 @@ import torch
 
 from bert.errors import InputError
 from bert.modeling import (
+    IGNORE_INDEX,
     BertForMultipleChoice,
     BertForPreTraining,
     BertForQuestionAnswering,
@@ -11,6 +12,7 @@ from bert.modeling import (
     BertModel,
     num_parameters,
 )
+from bert.tasks.ner import IGNORE_INDEX as TASK_IGNORE_INDEX
 
 B, T = 13, 7
 
@@ -34,38 +36,110 @@ def test_bert_model_shapes(tiny_config):
     assert torch.all(out.pooled_output.abs() <= 1)  # tanh
 
 
-def test_every_head_shapes_and_losses(tiny_config):
+# --------------------------------------------------------------------------------------------- heads
+# A tester per head, in the style of the original's modeling_test.py: shapes on a tiny config, the loss
+# against its formula written out, and the loss of a batch split in two (each half normalised by the
+# whole batch's `loss_normalizers`, as the training loop does) adding up to the whole batch's loss.
+def _halves_add_up(model, inputs: dict, whole: torch.Tensor) -> None:
+    totals = type(model).loss_normalizers(inputs)
+    n = inputs["input_ids"].shape[0]
+    halves = [{k: v[s] for k, v in inputs.items()} for s in (slice(0, n // 2), slice(n // 2, n))]
+    parts = [model(**h, loss_normalizers=totals) for h in halves]
+    loss = getattr(parts[0], "total_loss", None) is not None
+    torch.testing.assert_close(sum(p.total_loss if loss else p.loss for p in parts), whole)
+
+
+def test_pretraining_head(tiny_config):
     ids, mask, types = _inputs(tiny_config)
-    pt = BertForPreTraining(tiny_config).eval()
-    positions = torch.randint(0, T, (B, 3))
-    out = pt(ids, mask, types, positions, torch.randint(0, 99, (B, 3)), torch.ones(B, 3), torch.randint(0, 2, (B,)))
+    model = BertForPreTraining(tiny_config).eval()
+    positions = torch.randint(1, T - 2, (B, 3))
+    labels, weights = torch.randint(0, 99, (B, 3)), torch.ones(B, 3)
+    weights[0, 2] = 0.0  # a padding slot
+    nsp = torch.randint(0, 2, (B,))
+    inputs = dict(input_ids=ids, attention_mask=mask, token_type_ids=types, masked_lm_positions=positions,
+                  masked_lm_ids=labels, masked_lm_weights=weights, next_sentence_labels=nsp)  # fmt: skip
+    out = model(**inputs)
     assert out.mlm_logits.shape == (B, 3, 99) and out.nsp_logits.shape == (B, 2)
-    assert torch.isfinite(out.total_loss) and out.masked_lm_example_loss.shape == (B * 3,)
-    assert pt(ids, mask, types).mlm_logits.shape == (B, T, 99)
+    assert out.masked_lm_example_loss.shape == (B * 3,) and out.next_sentence_example_loss.shape == (B,)
+    assert model(ids, mask, types).mlm_logits.shape == (B, T, 99)  # no positions: every position
+    # run_pretraining.py: sum(w * -log p) / (sum(w) + 1e-5), plus the mean NSP cross-entropy.
+    log_probs = torch.log_softmax(out.mlm_logits, -1)
+    nll = -log_probs.gather(-1, labels[..., None]).squeeze(-1)  # [B, 3]
+    mlm = (weights * nll).sum() / (weights.sum() + 1e-5)
+    torch.testing.assert_close(out.masked_lm_loss, mlm)
+    torch.testing.assert_close(out.next_sentence_loss, torch.nn.functional.cross_entropy(out.nsp_logits, nsp))
+    torch.testing.assert_close(out.total_loss, mlm + out.next_sentence_loss)
+    _halves_add_up(model, inputs, out.total_loss)
 
-    cls = BertForSequenceClassification(tiny_config, num_labels=3).eval()
-    out = cls(ids, mask, types, labels=torch.randint(0, 3, (B,)))
-    assert out.logits.shape == (B, 3) and out.loss.ndim == 0
+
+def test_sequence_classification_head(tiny_config):
+    ids, mask, types = _inputs(tiny_config)
+    model = BertForSequenceClassification(tiny_config, num_labels=3).eval()
+    labels = torch.randint(0, 3, (B,))
+    out = model(ids, mask, types, labels=labels)
+    assert out.logits.shape == (B, 3) and out.example_loss.shape == (B,)
+    torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits, labels))
+    _halves_add_up(model, dict(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels), out.loss)
     reg = BertForSequenceClassification(tiny_config, num_labels=1).eval()
-    out = reg(ids, mask, types, labels=torch.rand(B) * 5)
+    scores = torch.rand(B) * 5
+    out = reg(ids, mask, types, labels=scores)
     assert out.logits.shape == (B, 1)
-    labels = torch.rand(B) * 5
-    out = reg(ids, mask, types, labels=labels)
-    torch.testing.assert_close(out.loss, ((out.logits.squeeze(-1) - labels) ** 2).mean())
+    torch.testing.assert_close(out.loss, ((out.logits.squeeze(-1) - scores) ** 2).mean())  # MSE, as STS-B
+    assert model(ids, mask, types).loss is None
 
-    qa = BertForQuestionAnswering(tiny_config).eval()
-    out = qa(ids, mask, types, torch.zeros(B, dtype=torch.long), torch.ones(B, dtype=torch.long))
-    assert out.logits.shape == (B, T, 2) and qa.bert.pooler is None
 
-    tok = BertForTokenClassification(tiny_config, num_labels=5).eval()
+def test_question_answering_head_masks_padding_in_its_loss(tiny_config):
+    ids, mask, types = _inputs(tiny_config)
+    model = BertForQuestionAnswering(tiny_config).eval()
+    starts, ends = torch.randint(0, T - 2, (B,)), torch.randint(0, T - 2, (B,))
+    out = model(ids, mask, types, starts, ends)
+    assert out.logits.shape == (B, T, 2) and model.bert.pooler is None
+    # run_squad.py: the mean of the start and end cross-entropies, here over each window's real tokens.
+    scores = out.logits.masked_fill((mask == 0)[..., None], float("-inf"))
+    expected = (
+        torch.nn.functional.cross_entropy(scores[..., 0], starts)
+        + torch.nn.functional.cross_entropy(scores[..., 1], ends)
+    ) / 2
+    torch.testing.assert_close(out.loss, expected)
+    _halves_add_up(
+        model,
+        dict(input_ids=ids, attention_mask=mask, token_type_ids=types, start_positions=starts, end_positions=ends),
+        out.loss,
+    )
+    # More padding, whatever its tokens, changes no example's loss.
+    pad = torch.randint(0, 99, (B, 5))
+    padded = model(torch.cat([ids, pad], 1), torch.cat([mask, torch.zeros(B, 5, dtype=torch.long)], 1),
+                   torch.cat([types, torch.zeros(B, 5, dtype=torch.long)], 1), starts, ends)  # fmt: skip
+    torch.testing.assert_close(padded.example_loss, out.example_loss, atol=1e-5, rtol=1e-5)
+
+
+def test_token_classification_head(tiny_config):
+    ids, mask, types = _inputs(tiny_config)
+    model = BertForTokenClassification(tiny_config, num_labels=5).eval()
     labels = torch.randint(0, 5, (B, T))
-    labels[:, 0] = -100
-    out = tok(ids, mask, types, labels)
-    assert out.logits.shape == (B, T, 5) and torch.isfinite(out.loss)
+    labels[:, 0] = -100  # [CLS] and non-first sub-tokens carry no label
+    labels[mask == 0] = -100
+    out = model(ids, mask, types, labels)
+    assert out.logits.shape == (B, T, 5)
+    expected = torch.nn.functional.cross_entropy(out.logits.reshape(-1, 5), labels.reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(out.loss, expected)  # the mean over labelled tokens, not over examples
+    torch.testing.assert_close(out.example_count, (labels != -100).sum(-1).float())
+    _halves_add_up(model, dict(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels), out.loss)
+    assert IGNORE_INDEX == TASK_IGNORE_INDEX == -100  # the NER features mark unlabelled tokens with it
 
-    mc = BertForMultipleChoice(tiny_config).eval()
-    out = mc(ids.view(1, B, T)[:, :4], mask.view(1, B, T)[:, :4], types.view(1, B, T)[:, :4], torch.tensor([2]))
-    assert out.logits.shape == (1, 4)
+
+def test_multiple_choice_head(tiny_config):
+    ids, mask, types = _inputs(tiny_config, b=12)
+    model = BertForMultipleChoice(tiny_config).eval()
+    inputs = dict(input_ids=ids.view(3, 4, T), attention_mask=mask.view(3, 4, T), token_type_ids=types.view(3, 4, T))
+    labels = torch.tensor([2, 0, 3])
+    out = model(**inputs, labels=labels)
+    assert out.logits.shape == (3, 4)
+    # Each choice is scored alone, from its own pooled output.
+    alone = model(ids[8:12].view(1, 4, T), mask[8:12].view(1, 4, T), types[8:12].view(1, 4, T)).logits
+    torch.testing.assert_close(alone, out.logits[2:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits, labels))
+    _halves_add_up(model, {**inputs, "labels": labels}, out.loss)
 
 
 def test_mlm_decoder_is_tied_to_word_embeddings(tiny_config):

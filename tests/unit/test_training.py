@@ -32,6 +32,7 @@ from bert.training import (
     MetricsLogger,
     RecordStream,
     Trainer,
+    TrainerSettings,
     check_checkpoint_config,
     get_rng_state,
     latest_checkpoint,
@@ -66,7 +67,7 @@ def test_checkpoints_saved_atomically_pruned_and_resumable(tmp_path, tiny_config
     model = BertForPreTraining(tiny_config)
     optimizer, scheduler = create_optimizer(model, 1e-3, 10, 2)
     dist = DistContext(torch.device("cpu"))
-    trainer = Trainer(model, model, optimizer, scheduler, dist, tmp_path, keep_checkpoint_max=2)
+    trainer = Trainer(model, model, optimizer, scheduler, dist, tmp_path, TrainerSettings(keep_checkpoint_max=2))
     ids = torch.randint(5, 99, (2, 8))
     for step in range(1, 4):
         out = model(ids, masked_lm_positions=torch.ones(2, 1, dtype=torch.long), masked_lm_ids=ids[:, :1],
@@ -94,7 +95,7 @@ def test_checkpoints_saved_atomically_pruned_and_resumable(tmp_path, tiny_config
     for (k, a), b in zip(model.state_dict().items(), model2.state_dict().values()):
         assert torch.equal(a, b), k
     opt2, sched2 = create_optimizer(model2, 1e-3, 10, 2)
-    trainer2 = Trainer(model2, model2, opt2, sched2, dist, tmp_path)
+    trainer2 = Trainer(model2, model2, opt2, sched2, dist, tmp_path, TrainerSettings())
     trainer2.restore(state)
     assert trainer2.global_step == 3
     assert opt2.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]

@@ -27,7 +27,6 @@ Dynamic masking (`--dynamic_masking`): see `bert.pretraining.inputs`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -38,8 +37,8 @@ from typing import Any
 import torch
 
 from bert import training
-from bert.checkpoint import load_into, read_checkpoint
-from bert.config import resolve_config
+from bert.checkpoint import Checkpoint, load_into, read_checkpoint
+from bert.config import BertConfig, resolve_config
 from bert.errors import InputError
 from bert.formats.results import write_results
 from bert.formats.tensorboard import EventWriter
@@ -51,12 +50,10 @@ from bert.pretraining.inputs import (
     masking_vocab,
     open_pretraining_data,
     pretraining_loss,
-    pretraining_totals,
     rank_batches,
 )
 from bert.tokenization import load_vocab
 from bert.training import PerformanceArgs, RecordStream, TpuCompatArgs
-from bert.utils import write_run_info
 
 logger = logging.getLogger(__name__)
 
@@ -174,34 +171,56 @@ def _check_flags(args: PretrainArgs, world_size: int) -> None:
 
 def run_pretrain(args: PretrainArgs) -> dict[str, Any]:
     """Train and/or evaluate; returns {"global_step", "train": last logged metrics, "eval": results}."""
-    dist = training.init_distributed(args.device)
-    try:
-        with contextlib.ExitStack() as stack:
-            return _run(args, dist, stack)
-    finally:
-        training.shutdown_distributed()
-
-
-def _run(args: PretrainArgs, dist, stack: contextlib.ExitStack) -> dict[str, Any]:
-    # 1. Flags, vocab, data, config, output directory: all checked before any model is built.
-    _check_flags(args, dist.world_size)
-    vocab = load_vocab(args.vocab_file) if args.vocab_file else None
-    vocab_entries = max(vocab.values()) + 1 if vocab else None
-    masking = (
-        (args.seed, masking_vocab(vocab, args.vocab_file, args.do_whole_word_mask)) if args.dynamic_masking else None
-    )
-    train_source = open_pretraining_data(
-        args.input_file, args.max_seq_length, args.max_predictions_per_seq, args.vocab_file
-    )
-    eval_source = train_source
-    if args.do_eval and args.eval_files:
-        eval_source = open_pretraining_data(
-            args.eval_files, args.max_seq_length, args.max_predictions_per_seq, args.vocab_file, flag="--eval_files"
+    with training.distributed(args.device) as dist:
+        # 1. Flags, vocab, data, config, output directory: all checked before any model is built.
+        _check_flags(args, dist.world_size)
+        vocab = load_vocab(args.vocab_file) if args.vocab_file else None
+        masking = None
+        if args.dynamic_masking:
+            masking = (args.seed, masking_vocab(vocab, args.vocab_file, args.do_whole_word_mask))
+        train_source = open_pretraining_data(
+            args.input_file, args.max_seq_length, args.max_predictions_per_seq, args.vocab_file
         )
-    manifests = train_source.manifests
-    config_is_file = os.path.exists(args.bert_config_file)
+        eval_source = train_source
+        if args.do_eval and args.eval_files:
+            eval_source = open_pretraining_data(
+                args.eval_files, args.max_seq_length, args.max_predictions_per_seq, args.vocab_file, "--eval_files"
+            )
+        config = _model_config(args, vocab, train_source.manifests)
+        for source in {id(train_source): train_source, id(eval_source): eval_source}.values():
+            source.check_ids(config.vocab_size, config.type_vocab_size)
+        resume_dir = _resume_dir(args, config)
+        init = read_checkpoint(args.init_checkpoint) if resume_dir is None and args.init_checkpoint else None
+        manifests = train_source.manifests
+        do_lower_case = bool(manifests[0]["do_lower_case"]) if manifests and "do_lower_case" in manifests[0] else None
+
+        with training.run_directory(args.output_dir, "pretrain", args, dist):
+            # 2. The model and the trainer.
+            model, state = _load_model(args, config, resume_dir, init)
+            wrapped = training.prepare_model(model, args, dist, fsdp=args.fsdp)
+            torch.manual_seed(args.seed + dist.rank)  # dropout differs across ranks, as their examples do
+            trainer = _make_trainer(args, model, wrapped, dist, do_lower_case)
+            stream = RecordStream(len(train_source), args.seed)
+            position = _restore(args, trainer, state, stream) if state is not None else 0
+            # 3. Training, the exported model, evaluation.
+            result: dict[str, Any] = {"output_dir": args.output_dir}
+            if args.do_train:
+                last = _train(args, trainer, dist, train_source, stream, position, masking)
+                if last is not None:
+                    result["train"] = last
+                trainer.export_model(Path(args.output_dir) / "model")
+            result["global_step"] = trainer.global_step
+            if args.do_eval:
+                result["eval"] = _evaluate(args, wrapped, eval_source, dist, trainer.global_step)
+            return result
+
+
+def _model_config(args: PretrainArgs, vocab: dict[str, int] | None, manifests: list[dict]) -> BertConfig:
+    """The config of --bert_config_file (a file, or a shape whose vocab_size comes from the vocab or the
+    data), checked against the vocab and --max_seq_length."""
+    vocab_entries = max(vocab.values()) + 1 if vocab else None
     vocab_size = vocab_entries
-    if vocab_size is None and not config_is_file:
+    if vocab_size is None and not os.path.exists(args.bert_config_file):
         sizes = {int(m["vocab_size"]) for m in manifests if "vocab_size" in m}
         if len(sizes) != 1:
             raise InputError(
@@ -217,8 +236,11 @@ def _run(args: PretrainArgs, dist, stack: contextlib.ExitStack) -> dict[str, Any
             f"--max_seq_length={args.max_seq_length} exceeds the model's max_position_embeddings="
             f"{config.max_position_embeddings}; use a shorter max_seq_length (and data made with it)"
         )
-    for source in {id(train_source): train_source, id(eval_source): eval_source}.values():
-        source.check_ids(config.vocab_size, config.type_vocab_size)
+    return config
+
+
+def _resume_dir(args: PretrainArgs, config: BertConfig) -> Path | None:
+    """The newest checkpoint of --output_dir, checked to be of this shape and optimizer."""
     resume_dir = training.latest_checkpoint(args.output_dir)
     if resume_dir is not None:
         training.check_checkpoint_config(resume_dir, config)
@@ -229,17 +251,14 @@ def _run(args: PretrainArgs, dist, stack: contextlib.ExitStack) -> dict[str, Any
                 f"{info_path} was trained with --optimizer={info['optimizer']}; pass --optimizer={info['optimizer']} "
                 "to resume it, or use a new --output_dir"
             )
-    init = None
-    if resume_dir is None and args.init_checkpoint:
-        init = read_checkpoint(args.init_checkpoint)
-    do_lower_case = None
-    if manifests and "do_lower_case" in manifests[0]:
-        do_lower_case = bool(manifests[0]["do_lower_case"])
+    return resume_dir
 
-    # 2. The model.
-    stack.enter_context(training.log_to_file(Path(args.output_dir) / "log.txt", dist.is_main))
-    if dist.is_main:
-        write_run_info(args.output_dir, "pretrain", args)
+
+def _load_model(
+    args: PretrainArgs, config: BertConfig, resume_dir: Path | None, init: Checkpoint | None
+) -> tuple[BertForPreTraining, dict | None]:
+    """The model (resumed, or from --init_checkpoint, or random) and the training state to resume; logs
+    the features and variables as run_pretraining.py does."""
     training.set_seed(args.seed)
     model = BertForPreTraining(config)
     state = None
@@ -266,107 +285,102 @@ def _run(args: PretrainArgs, dist, stack: contextlib.ExitStack) -> dict[str, Any
     for name, p in model.named_parameters():
         logger.info("  name = %s, shape = %s%s", name, tuple(p.shape), ", *INIT_FROM_CKPT*" if name in restored else "")
     logger.info("%d parameters", num_parameters(model))
-    if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    if args.compile:
-        training.compile_model(model)
-    wrapped = training.wrap_model(model, dist, fsdp=args.fsdp)
-    torch.manual_seed(args.seed + dist.rank)  # dropout differs across ranks, as their examples do
+    return model, state
+
+
+def _make_trainer(
+    args: PretrainArgs, model: BertForPreTraining, wrapped: torch.nn.Module, dist, do_lower_case: bool | None
+) -> training.Trainer:
     optimizer, scheduler = create_optimizer(
         model, args.learning_rate, max(args.num_train_steps, 1), args.num_warmup_steps, args.optimizer
     )
-    trainer = training.Trainer(
-        model,
-        wrapped,
-        optimizer,
-        scheduler,
-        dist,
-        args.output_dir,
+    settings = training.TrainerSettings(
         precision=args.precision,
-        max_grad_norm=1.0,
         save_checkpoints_steps=args.save_checkpoints_steps,
         keep_checkpoint_max=args.keep_checkpoint_max,
         log_every=args.log_every,
+        examples_per_step=args.train_batch_size,
         vocab_file=args.vocab_file,
         do_lower_case=do_lower_case,
-        examples_per_step=args.train_batch_size,
         desc="pretrain",
     )
-    stream = RecordStream(len(train_source), args.seed)
-    position = 0
-    if state is not None:
-        trainer.restore(state)
-        # The schedule follows this run's flags, as the original rebuilds it from them on every run
-        # (the same arithmetic as the LambdaLR, so an unchanged command resumes bit for bit).
-        scheduler.base_lrs = [args.learning_rate] * len(optimizer.param_groups)
-        factor = polynomial_warmup_lr(trainer.global_step, 1.0, max(args.num_train_steps, 1), args.num_warmup_steps)
-        for group in optimizer.param_groups:
-            group["initial_lr"] = args.learning_rate
-            group["lr"] = args.learning_rate * factor
-        data = state.get("data", {})
-        if data.get("num_records") != len(train_source) or data.get("seed") != args.seed:
-            logger.warning(
-                "the data (%s records, seed %s) differs from the checkpoint's (%s records, seed %s): the data "
-                "order continues but is not the one of an uninterrupted run",
-                len(train_source),
-                args.seed,
-                data.get("num_records"),
-                data.get("seed"),
-            )
-        position = stream.position(int(data.get("epoch", 0)), int(data.get("index", 0)))
+    return training.Trainer(model, wrapped, optimizer, scheduler, dist, args.output_dir, settings)
 
-    result: dict[str, Any] = {"output_dir": args.output_dir}
-    if args.do_train:
-        start_step, start_position = trainer.global_step, position
-        if start_step >= args.num_train_steps:
-            logger.info("global step %d already reached --num_train_steps=%d", start_step, args.num_train_steps)
-        else:
-            logger.info(
-                "***** Running training ***** batch size %d, steps %d to %d, %d records",
-                args.train_batch_size,
-                start_step,
-                args.num_train_steps,
-                len(train_source),
-            )
-            batches = training.prefetch(
-                rank_batches(
-                    train_source,
-                    stream,
-                    position,
-                    args.train_batch_size,
-                    dist.rank,
-                    dist.world_size,
-                    args.gradient_accumulation_steps,
-                    masking,
-                ),
-                pin=dist.device.type == "cuda",
-            )
 
-            def data_state(step: int) -> dict[str, int]:
-                return stream.state(start_position + (step - start_step) * args.train_batch_size)
+def _restore(args: PretrainArgs, trainer: training.Trainer, state: dict, stream: RecordStream) -> int:
+    """Restore the trainer from `state`; returns the data stream position to continue from."""
+    trainer.restore(state)
+    # The schedule follows this run's flags, as the original rebuilds it from them on every run
+    # (the same arithmetic as the LambdaLR, so an unchanged command resumes bit for bit).
+    optimizer = trainer.optimizer
+    trainer.scheduler.base_lrs = [args.learning_rate] * len(optimizer.param_groups)
+    factor = polynomial_warmup_lr(trainer.global_step, 1.0, max(args.num_train_steps, 1), args.num_warmup_steps)
+    for group in optimizer.param_groups:
+        group["initial_lr"] = args.learning_rate
+        group["lr"] = args.learning_rate * factor
+    data = state.get("data", {})
+    if data.get("num_records") != stream.n or data.get("seed") != args.seed:
+        logger.warning(
+            "the data (%s records, seed %s) differs from the checkpoint's (%s records, seed %s): the data "
+            "order continues but is not the one of an uninterrupted run",
+            stream.n,
+            args.seed,
+            data.get("num_records"),
+            data.get("seed"),
+        )
+    return stream.position(int(data.get("epoch", 0)), int(data.get("index", 0)))
 
-            result["train"] = trainer.train(
-                batches,
-                pretraining_loss,
-                args.num_train_steps,
-                data_state,
-                totals_fn=pretraining_totals,
-                checkpoint_info={
-                    "optimizer": args.optimizer,
-                    "train_batch_size": args.train_batch_size,
-                    "seed": args.seed,
-                },
-            )
-            batches.close()
-        trainer.export_model(Path(args.output_dir) / "model")
-    result["global_step"] = trainer.global_step
-    if args.do_eval:
-        logger.info("***** Running evaluation ***** batch size %d, %d steps", args.eval_batch_size, args.max_eval_steps)
-        metrics = evaluate(wrapped, eval_source, args.eval_batch_size, args.max_eval_steps, dist, args.precision)
-        metrics["global_step"] = trainer.global_step
-        if dist.is_main:
-            write_results(args.output_dir, metrics)
-            with EventWriter(Path(args.output_dir) / "eval") as w:
-                w.add_scalars(trainer.global_step, {k: v for k, v in metrics.items() if k != "global_step"})
-        result["eval"] = metrics
-    return result
+
+def _train(
+    args: PretrainArgs, trainer: training.Trainer, dist, source, stream: RecordStream, position: int, masking
+) -> dict[str, float] | None:
+    """Steps from the trainer's step to --num_train_steps; returns the last logged metrics (None when no
+    step was left to run)."""
+    start_step, start_position = trainer.global_step, position
+    if start_step >= args.num_train_steps:
+        logger.info("global step %d already reached --num_train_steps=%d", start_step, args.num_train_steps)
+        return None
+    logger.info(
+        "***** Running training ***** batch size %d, steps %d to %d, %d records",
+        args.train_batch_size,
+        start_step,
+        args.num_train_steps,
+        len(source),
+    )
+    batches = rank_batches(
+        source,
+        stream,
+        position,
+        args.train_batch_size,
+        dist.rank,
+        dist.world_size,
+        args.gradient_accumulation_steps,
+        masking,
+    )
+    batches = training.prefetch(batches, pin=dist.device.type == "cuda")
+
+    def data_state(step: int) -> dict[str, int]:
+        return stream.state(start_position + (step - start_step) * args.train_batch_size)
+
+    try:
+        return trainer.train(
+            batches,
+            pretraining_loss,
+            args.num_train_steps,
+            data_state,
+            totals_fn=BertForPreTraining.loss_normalizers,
+            checkpoint_info={"optimizer": args.optimizer, "train_batch_size": args.train_batch_size, "seed": args.seed},
+        )
+    finally:
+        batches.close()
+
+
+def _evaluate(args: PretrainArgs, wrapped: torch.nn.Module, source, dist, global_step: int) -> dict[str, Any]:
+    logger.info("***** Running evaluation ***** batch size %d, %d steps", args.eval_batch_size, args.max_eval_steps)
+    metrics = evaluate(wrapped, source, args.eval_batch_size, args.max_eval_steps, dist, args.precision)
+    metrics["global_step"] = global_step
+    if dist.is_main:
+        write_results(args.output_dir, metrics)
+        with EventWriter(Path(args.output_dir) / "eval") as w:
+            w.add_scalars(global_step, {k: v for k, v in metrics.items() if k != "global_step"})
+    return metrics

@@ -14,20 +14,11 @@ is the column of the largest).
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
-from bert.errors import InputError
-from bert.finetune import FinetuneArgs, FinetuneTask, run_finetune
-from bert.formats.results import write_test_results
-from bert.modeling import BertForMultipleChoice
-from bert.tasks.swag import convert_swag_examples_to_features, read_swag_examples, swag_features_to_arrays, swag_metrics
+from bert.finetune import FinetuneArgs, run_finetune
+from bert.tasks.swag import SwagTask
 
 
 @dataclass(kw_only=True)
@@ -40,56 +31,6 @@ class SwagArgs(FinetuneArgs):
     train_file: str = field(default="train.csv", metadata={"help": "Training file in --data_dir."})
     dev_file: str = field(default="val.csv", metadata={"help": "Dev file in --data_dir (--do_eval)."})
     test_file: str = field(default="test.csv", metadata={"help": "Test file in --data_dir (--do_predict)."})
-
-
-class SwagTask(FinetuneTask):
-    """Four-way multiple choice."""
-
-    command = "swag"
-    default_metric = "eval_accuracy"
-
-    def __init__(self, args: SwagArgs):
-
-        self.args = args
-        self.model_class = BertForMultipleChoice
-
-    def read_examples(self, split: str) -> list:
-
-        name = {"train": self.args.train_file, "dev": self.args.dev_file, "test": self.args.test_file}[split]
-        if not os.path.isdir(self.args.data_dir):
-            raise InputError(f"--data_dir={self.args.data_dir}: no such directory")
-        return read_swag_examples(os.path.join(self.args.data_dir, name), has_label=None if split == "test" else True)
-
-    def convert(self, examples: Sequence, tokenizer, max_seq_length: int, pad: bool) -> list:
-
-        return convert_swag_examples_to_features(examples, max_seq_length, tokenizer, pad=pad)
-
-    def feature_length(self, feature) -> int:
-        return max(int(sum(m)) for m in feature.input_mask)
-
-    def collate(self, features: Sequence, pad_to: int | None) -> dict[str, np.ndarray]:
-
-        a = swag_features_to_arrays(features, pad_to)
-        return {
-            "input_ids": a["input_ids"],
-            "attention_mask": a["input_mask"],
-            "token_type_ids": a["segment_ids"],
-            "labels": a["labels"],
-        }
-
-    def metrics(self, examples: Sequence, features: Sequence, outputs: list[np.ndarray]) -> dict[str, Any]:
-
-        found = swag_metrics(np.stack(outputs), [f.label for f in features])
-        return {f"eval_{k}": v for k, v in found.items()}
-
-    def write_predictions(
-        self, output_dir: Path, examples: Sequence, features: Sequence, outputs: list
-    ) -> dict[str, Any]:
-
-        probs = torch.softmax(torch.from_numpy(np.stack(outputs)), dim=-1)  # [N, 4]
-        path = output_dir / "test_results.tsv"
-        write_test_results(path, probs.numpy(), num_examples=len(examples))
-        return {"test_results": str(path), "num_examples": len(examples)}
 
 
 def run_swag(args: SwagArgs) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from bert.formats.crc32c import masked_crc32c
+from bert.formats.tfrecord import read_records
 
 FILE_VERSION = "brain.Event:2"
 _counter = itertools.count()
@@ -169,8 +170,6 @@ def decode_event(data: bytes) -> dict:
 
 def read_events(path: str | os.PathLike) -> list[dict]:
     """Decode every event of an event file (checking the framing CRCs)."""
-    from bert.formats.tfrecord import read_records
-
     return [decode_event(r) for r in read_records(path)]
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import logging
+import multiprocessing
 import os
 import re
 import shutil
@@ -297,8 +298,6 @@ def prepare_corpus(
                 results: Iterable[tuple[str, int, int]] = map(_prepare_to_part, jobs)
                 pool = None
             else:
-                import multiprocessing
-
                 pool = multiprocessing.get_context("spawn").Pool(min(num_workers, len(files)))
                 results = pool.imap(_prepare_to_part, jobs)
             try:

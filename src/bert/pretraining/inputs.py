@@ -24,6 +24,7 @@ import torch
 from bert.errors import InputError
 from bert.formats.native import MANIFEST_NAME, check_manifest, open_native_dataset
 from bert.formats.tfrecord import read_examples
+from bert.tasks.common import model_inputs
 from bert.training import RecordStream
 from bert.utils import expand_input_files
 
@@ -293,18 +294,14 @@ def dynamic_mask(
 
 
 def features_to_model_inputs(features: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    """The one conversion from the original's feature names to `BertForPreTraining.forward` arguments."""
-    return {
-        "input_ids": torch.from_numpy(np.ascontiguousarray(features["input_ids"], dtype=np.int64)),
-        "attention_mask": torch.from_numpy(np.ascontiguousarray(features["input_mask"], dtype=np.int64)),
-        "token_type_ids": torch.from_numpy(np.ascontiguousarray(features["segment_ids"], dtype=np.int64)),
-        "masked_lm_positions": torch.from_numpy(np.ascontiguousarray(features["masked_lm_positions"], dtype=np.int64)),
-        "masked_lm_ids": torch.from_numpy(np.ascontiguousarray(features["masked_lm_ids"], dtype=np.int64)),
-        "masked_lm_weights": torch.from_numpy(np.ascontiguousarray(features["masked_lm_weights"], dtype=np.float32)),
-        "next_sentence_labels": torch.from_numpy(
-            np.ascontiguousarray(features["next_sentence_labels"], dtype=np.int64).reshape(-1)
-        ),
-    }
+    """The original's 7 features as `BertForPreTraining.forward` arguments (the names renamed by
+    `bert.tasks.common.model_inputs`), as contiguous int64 tensors (the weights float32)."""
+    out = {}
+    for name, value in model_inputs(features).items():
+        dtype = np.float32 if name == "masked_lm_weights" else np.int64
+        out[name] = torch.from_numpy(np.ascontiguousarray(value, dtype=dtype))
+    out["next_sentence_labels"] = out["next_sentence_labels"].reshape(-1)
+    return out
 
 
 def rank_batches(
@@ -337,32 +334,18 @@ def rank_batches(
         yield [{k: v[j * micro : (j + 1) * micro] for k, v in inputs.items()} for j in range(micro_batches)]
 
 
-def pretraining_totals(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Normalisers of the original's losses: the masked-LM weight sum and the number of sequences."""
-    return {
-        "masked_lm_weight": batch["masked_lm_weights"].float().sum(),
-        "examples": torch.tensor(float(len(batch["input_ids"])), device=batch["input_ids"].device),
-    }
-
-
 def pretraining_loss(
     model: torch.nn.Module, batch: dict[str, torch.Tensor], totals: dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """This micro-batch's share of the original's loss over the global batch.
-
-    masked_lm_loss = sum(w * loss) / (W + 1e-5) and next_sentence_loss = sum(loss) / B, with W and B the
-    global batch's weight sum and size: the shares of all micro-batches add up to the original's losses.
-    """
-    out = model(**batch)
+    """This micro-batch's share of the original's loss over the global batch (the head's losses with the
+    global batch's normalisers, `BertForPreTraining.loss_normalizers`), and its share of the metrics."""
+    out = model(**batch, loss_normalizers=totals)
     w = batch["masked_lm_weights"].reshape(-1).float()
-    mlm = (w * out.masked_lm_example_loss).sum() / (totals["masked_lm_weight"] + 1e-5)
-    nsp = out.next_sentence_example_loss.sum() / totals["examples"]
-    loss = mlm + nsp
     correct = (out.mlm_logits.detach().argmax(-1).reshape(-1) == batch["masked_lm_ids"].reshape(-1)).float()
     accuracy = (w * correct).sum() / (totals["masked_lm_weight"] + 1e-5)
-    return loss, {
-        "loss": loss.detach(),
-        "masked_lm_loss": mlm.detach(),
-        "next_sentence_loss": nsp.detach(),
+    return out.total_loss, {
+        "loss": out.total_loss.detach(),
+        "masked_lm_loss": out.masked_lm_loss.detach(),
+        "next_sentence_loss": out.next_sentence_loss.detach(),
         "masked_lm_accuracy": accuracy,
     }

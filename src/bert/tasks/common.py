@@ -1,13 +1,114 @@
-"""What every fine-tuning task shares: padding, pair truncation, the original's step arithmetic, the
-flags that name columns and labels. Torch-free."""
+"""What every fine-tuning task shares: the interface the fine-tuning runner drives (`FinetuneTask`), the
+one renaming of the original's feature names to the model's argument names, padding, pair truncation,
+the original's step arithmetic, and the flags that name columns and labels. Torch-free: a task turns
+text into NumPy batches and NumPy outputs into metrics and files; `bert.finetune` runs the model.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from bert.errors import InputError
+
+# The original's feature names (run_classifier.py `InputFeatures`, the pre-training records) -> the
+# model's argument names (transformers').
+MODEL_INPUT_NAMES = {"input_ids": "input_ids", "input_mask": "attention_mask", "segment_ids": "token_type_ids"}
+
+
+def model_inputs(features: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`input_ids`, `input_mask`, `segment_ids` arrays under the model's names `input_ids`,
+    `attention_mask`, `token_type_ids`; every other key is kept as it is."""
+    return {MODEL_INPUT_NAMES.get(k, k): v for k, v in features.items()}
+
+
+class FinetuneTask:
+    """What a fine-tuning command tells the runner (`bert.finetune.run_finetune`) about its task.
+
+    Subclasses set the attributes and implement the methods; features are made unpadded (the runner
+    pads each batch). Everything here is NumPy: the runner owns the model and its losses (the heads').
+
+    Attributes:
+        command: the subcommand's name (recorded in args.json).
+        head: the `bert.modeling` head class name (also the exported config's `architectures`).
+        default_metric: the eval_results key that picks the best checkpoint by default.
+        classifier_dropout: dropout before the head when the config sets none (the original's classifier
+            hard-codes 0.1); None leaves the config's choice (hidden_dropout_prob).
+    """
+
+    command: str = ""
+    head: str = ""
+    default_metric: str = "eval_accuracy"
+    classifier_dropout: float | None = None
+
+    def check_flags(self) -> None:
+        """Task flags that can be checked before any file is read."""
+
+    def setup(self, saved_labels: list[str] | None, do_train: bool) -> None:
+        """Called once the model files are known: `saved_labels` is the `id2label` list of the checkpoint
+        the run starts from (None when it has none)."""
+
+    def read_examples(self, split: str) -> list:
+        """The examples of `split` ("train", "dev" or "test"); raises InputError on bad data."""
+        raise NotImplementedError
+
+    def labels(self) -> list | None:
+        """The label list saved with the model as id2label (None: nothing to save)."""
+        return None
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the head's constructor (e.g. num_labels)."""
+        return {}
+
+    def inference_config(self) -> dict[str, Any]:
+        """What inference needs besides the labels, saved in the exported model's config.json (e.g.
+        `problem_type`, SQuAD's `doc_stride`)."""
+        return {}
+
+    def metric_names(self) -> list[str]:
+        """The eval_results keys the evaluation produces, besides eval_loss, loss and global_step."""
+        return ["eval_accuracy"]
+
+    def convert(self, examples: Sequence, tokenizer, max_seq_length: int, pad: bool) -> list:
+        raise NotImplementedError
+
+    def feature_length(self, feature) -> int:
+        """The number of real tokens (of the longest sequence of a multi-sequence feature)."""
+        raise NotImplementedError
+
+    def collate(self, features: Sequence, pad_to: int | None) -> dict[str, np.ndarray]:
+        """A batch under the head's argument names: `input_ids`, `attention_mask`, `token_type_ids` and
+        the labels (`labels`, or QA's `start_positions` and `end_positions`)."""
+        raise NotImplementedError
+
+    def feature_outputs(self, logits: np.ndarray, batch: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """What to keep of a batch's float32 logits: one array per feature (its logits; NER keeps the
+        predicted label ids of its real tokens)."""
+        return list(logits)
+
+    def metrics(self, examples: Sequence, features: Sequence, outputs: list[np.ndarray]) -> dict[str, Any]:
+        """eval_* metrics of the dev set from the kept outputs (in feature order)."""
+        raise NotImplementedError
+
+    def write_eval_files(self, output_dir: Path, examples: Sequence, features: Sequence, outputs: list) -> None:
+        """Extra evaluation files (NER: the dev predictions)."""
+
+    def write_predictions(
+        self, output_dir: Path, examples: Sequence, features: Sequence, outputs: list
+    ) -> dict[str, Any]:
+        """Write the test-set prediction files; returns what to report (file names, test metrics)."""
+        raise NotImplementedError
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, computed in float64 and returned as float32 (the original prints
+    float32 probabilities)."""
+    x = np.asarray(logits, dtype=np.float64)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
 
 
 def truncate_seq_pair(tokens_a: list[str], tokens_b: list[str], max_length: int) -> None:

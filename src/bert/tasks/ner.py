@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bert.errors import InputError
-from bert.tasks.common import pad_2d
+from bert.formats.results import write_results
+from bert.metrics import ner_metrics
+from bert.tasks.common import FinetuneTask, label_list_flag, model_inputs, pad_2d
 from bert.tokenization import printable_text
 from bert.utils import atomic_write
 
@@ -351,3 +354,89 @@ def read_prediction_file(path: str | os.PathLike) -> tuple[list[list[str]], list
         gold.append(g)
         pred.append(p)
     return gold, pred
+
+
+# --------------------------------------------------------------------------------------------------
+# The fine-tuning task
+
+_METRICS = ("precision", "recall", "f1", "accuracy")
+
+
+class NerTask(FinetuneTask):
+    """Token classification of CoNLL files (`bert ner`).
+
+    Args:
+        args: the flags of `bert ner` (`data_dir`, `labels`, `train_file`, `dev_file`, `test_file`).
+    """
+
+    command = "ner"
+    head = "BertForTokenClassification"
+    default_metric = "eval_f1"
+
+    def __init__(self, args: Any):
+        self.args = args
+        self.label_list: list[str] = []
+
+    def check_flags(self) -> None:
+        label_list_flag(self.args.labels)
+
+    def metric_names(self) -> list[str]:
+        return [f"eval_{m}" for m in _METRICS]
+
+    def setup(self, saved_labels: list[str] | None, do_train: bool) -> None:
+        given = label_list_flag(self.args.labels)
+        self.label_list = given or (saved_labels if saved_labels and not do_train else list(CONLL2003_LABELS))
+
+    def read_examples(self, split: str) -> list:
+        name = {"train": self.args.train_file, "dev": self.args.dev_file, "test": self.args.test_file}[split]
+        if not os.path.isdir(self.args.data_dir):
+            raise InputError(f"--data_dir={self.args.data_dir}: no such directory")
+        return read_conll(os.path.join(self.args.data_dir, name), num_columns=None, label_list=self.label_list)
+
+    def labels(self) -> list | None:
+        return self.label_list
+
+    def model_kwargs(self) -> dict[str, Any]:
+        return {"num_labels": len(self.label_list)}
+
+    def convert(self, examples: Sequence, tokenizer, max_seq_length: int, pad: bool) -> list:
+        return convert_ner_examples_to_features(examples, self.label_list, max_seq_length, tokenizer, pad=pad)
+
+    def feature_length(self, feature) -> int:
+        return int(sum(feature.input_mask))
+
+    def collate(self, features: Sequence, pad_to: int | None) -> dict[str, np.ndarray]:
+        a = model_inputs(ner_features_to_arrays(features, pad_to))
+        a["labels"] = a.pop("label_ids")
+        return a
+
+    def feature_outputs(self, logits: np.ndarray, batch: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        ids = logits.argmax(-1)  # [B, T]
+        lengths = batch["attention_mask"].sum(-1).tolist()
+        return [row[:n] for row, n in zip(ids, lengths)]
+
+    def _word_predictions(self, examples: Sequence, features: Sequence, outputs: list) -> list[list[str]]:
+        return word_predictions(examples, features, pad_2d(outputs), self.label_list)
+
+    def _scores(self, prefix: str, examples: Sequence, predicted: list[list[str]]) -> dict[str, Any]:
+        scores = ner_metrics([ex.labels for ex in examples], predicted)
+        return {f"{prefix}_{m}": scores[m] for m in _METRICS}
+
+    def metrics(self, examples: Sequence, features: Sequence, outputs: list[np.ndarray]) -> dict[str, Any]:
+        return self._scores("eval", examples, self._word_predictions(examples, features, outputs))
+
+    def write_eval_files(self, output_dir: Path, examples: Sequence, features: Sequence, outputs: list) -> None:
+        write_conll_predictions(
+            output_dir / "eval_predictions.txt", examples, self._word_predictions(examples, features, outputs)
+        )
+
+    def write_predictions(
+        self, output_dir: Path, examples: Sequence, features: Sequence, outputs: list
+    ) -> dict[str, Any]:
+
+        predicted = self._word_predictions(examples, features, outputs)
+        path = output_dir / "test_predictions.txt"
+        write_conll_predictions(path, examples, predicted)
+        scores = self._scores("test", examples, predicted)
+        write_results(output_dir, scores, name="test_results")
+        return {"test_predictions": str(path), **scores}

@@ -27,11 +27,18 @@ import json
 import logging
 import math
 import os
+import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from bert.errors import InputError
+from bert.formats.results import write_results
+from bert.tasks.common import FinetuneTask, pad_2d
+from bert.tasks.squad_evaluate import evaluate_v1, evaluate_v2, iter_questions
 from bert.tokenization import BasicTokenizer, whitespace_tokenize
 from bert.utils import atomic_write, load_json_file
 
@@ -932,3 +939,182 @@ def write_predictions(
     if version_2_with_negative and output_null_log_odds_file is not None:
         _write_json(output_null_log_odds_file, result.null_odds)
     return result.predictions
+
+
+# --------------------------------------------------------------------------------------------------
+# The fine-tuning task (`bert squad`)
+
+# The seed run_squad.py shuffles the training examples with, before making features.
+TRAIN_SHUFFLE_SEED = 12345
+PREDICTIONS_NAME = "predictions.json"
+NBEST_NAME = "nbest_predictions.json"
+NULL_ODDS_NAME = "null_odds.json"
+NO_EVAL = "run_squad.py has no eval mode: --do_predict on a file with answers evaluates. Not a flag of bert squad."
+
+
+def gold_dataset(dataset_json: dict, version_2_with_negative: bool, source: str) -> list | None:
+    """The `data` list to evaluate predictions against, or None when the file holds no gold answers.
+
+    A file is a dev file when its questions have `answers` lists (v1.1: not all empty; v2.0: some
+    non-empty or an `is_impossible` field). The answers are checked here, before any work, so that the
+    evaluation after predicting cannot fail on them.
+
+    Raises:
+        InputError: only some questions have answers, an answer has no text, or (v1.1) a question has an
+            empty answer list.
+    """
+
+    questions = [
+        qa for article in dataset_json["data"] for paragraph in article["paragraphs"] for qa in paragraph["qas"]
+    ]
+    with_answers = [qa for qa in questions if "answers" in qa]
+    if not with_answers:
+        return None
+    if len(with_answers) != len(questions):
+        missing = next(qa["id"] for qa in questions if "answers" not in qa)
+        raise InputError(
+            f'{source}: {len(questions) - len(with_answers)} of {len(questions)} questions have no "answers" list '
+            f"(first: {missing}); give every question its answers ([] for none) or none of them"
+        )
+    answered = any(isinstance(qa["answers"], list) and qa["answers"] for qa in questions)
+    if not answered and not (version_2_with_negative and any("is_impossible" in qa for qa in questions)):
+        return None  # a test file with empty answer lists
+    for qa in iter_questions(dataset_json["data"], source):
+        if not qa["answers"] and not version_2_with_negative:
+            raise InputError(
+                f"{source}: question {qa['id']} has no gold answer, which SQuAD v1.1 cannot score; "
+                "pass --version_2_with_negative=true for a v2.0 file"
+            )
+    version = str(dataset_json.get("version", "")).lstrip("vV")
+    if version[:1] in ("1", "2") and (version[:1] == "2") != version_2_with_negative:
+        logger.warning("%s says version %s but --version_2_with_negative=%s", source, version, version_2_with_negative)
+    return dataset_json["data"]
+
+
+def evaluate_predictions(
+    output_dir: Path, dataset: list, predictions: dict[str, str], version_2_with_negative: bool
+) -> dict[str, Any]:
+    """Score `predictions` with the official v1.1 or v2.0 evaluation (v2.0: `null_odds.json` of `output_dir`
+    as the no-answer probabilities) and write `eval_results.json` and `eval_results.txt`."""
+
+    if version_2_with_negative:
+        null_odds = json.loads((output_dir / NULL_ODDS_NAME).read_text(encoding="utf-8"))
+        result = dict(evaluate_v2(dataset, predictions, na_probs=null_odds))
+    else:
+        result = evaluate_v1(dataset, predictions)
+    write_results(output_dir, result, as_float32=False)
+    return result
+
+
+class SquadTask(FinetuneTask):
+    """Start and end positions of the answer in doc-stride windows (`bert squad`).
+
+    A batch's labels are `start_positions` and `end_positions` (0, 0 when the window does not hold the
+    answer, and in prediction); the head masks each window's padding out of the loss.
+
+    Args:
+        args: the flags of `bert squad` (`train_file`, `predict_file`, `version_2_with_negative`,
+            `doc_stride`, `max_query_length`, `n_best_size`, `max_answer_length`, `do_lower_case`,
+            `null_score_diff_threshold`, `verbose_logging`).
+    """
+
+    command = "squad"
+    head = "BertForQuestionAnswering"
+
+    def __init__(self, args: Any):
+        self.args = args
+        self.gold: list | None = None  # the predict file's `data` list when it has answers
+        self.eval_results: dict[str, Any] | None = None
+
+    def read_examples(self, split: str) -> list:
+        a = self.args
+        if split == "train":
+            data = load_json_file(a.train_file, "--train_file")
+            examples = squad_examples_from_json(data, True, a.version_2_with_negative, source=a.train_file)
+            if not examples:
+                raise InputError(f"--train_file={a.train_file} holds no usable questions; give a SQuAD training file")
+            # As run_squad.py: shuffle the examples (not the windows) before making features.
+            random.Random(TRAIN_SHUFFLE_SEED).shuffle(examples)
+            return examples
+        if split == "test":
+            data = load_json_file(a.predict_file, "--predict_file")
+            examples = squad_examples_from_json(data, False, a.version_2_with_negative, source=a.predict_file)
+            self.gold = gold_dataset(data, a.version_2_with_negative, a.predict_file)
+            return examples
+        raise InputError(NO_EVAL)
+
+    def convert(self, examples: Sequence, tokenizer, max_seq_length: int, pad: bool) -> list:
+        # Training examples carry answer positions (-1 for impossible ones); prediction examples none.
+        is_training = any(ex.start_position is not None for ex in examples)
+        features = convert_examples_to_features(
+            examples,
+            tokenizer,
+            max_seq_length,
+            self.args.doc_stride,
+            self.args.max_query_length,
+            is_training,
+            pad_to_max_length=pad,
+        )
+        logger.info(
+            "%d %s examples -> %d features", len(examples), "training" if is_training else "predict", len(features)
+        )
+        return features
+
+    def feature_length(self, feature) -> int:
+        return len(feature.tokens)
+
+    def collate(self, features: Sequence, pad_to: int | None) -> dict[str, np.ndarray]:
+        return {
+            "input_ids": pad_2d([f.input_ids for f in features], pad_to),
+            "attention_mask": pad_2d([f.input_mask for f in features], pad_to),
+            "token_type_ids": pad_2d([f.segment_ids for f in features], pad_to),
+            "start_positions": np.array([f.start_position or 0 for f in features], dtype=np.int64),
+            "end_positions": np.array([f.end_position or 0 for f in features], dtype=np.int64),
+        }
+
+    def feature_outputs(self, logits: np.ndarray, batch: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """The [n, 2] start/end logits of each window's n real positions."""
+        lengths = batch["attention_mask"].sum(-1).tolist()
+        return [logits[i, :n].copy() for i, n in enumerate(lengths)]
+
+    def inference_config(self) -> dict[str, Any]:
+        a = self.args
+        keys = ("doc_stride", "max_query_length", "n_best_size", "max_answer_length", "version_2_with_negative")
+        return {**{k: getattr(a, k) for k in keys}, "null_score_diff_threshold": a.null_score_diff_threshold}
+
+    def metrics(self, examples: Sequence, features: Sequence, outputs: list[np.ndarray]) -> dict[str, Any]:
+        raise InputError(NO_EVAL)
+
+    def write_predictions(
+        self, output_dir: Path, examples: Sequence, features: Sequence, outputs: list
+    ) -> dict[str, Any]:
+        """The three prediction files and, for a file with answers, the official evaluation."""
+
+        a = self.args
+        results = [RawResult(f.unique_id, out[:, 0], out[:, 1]) for f, out in zip(features, outputs)]
+        files = {"predictions": output_dir / PREDICTIONS_NAME, "nbest_predictions": output_dir / NBEST_NAME}
+        if a.version_2_with_negative:
+            files["null_odds"] = output_dir / NULL_ODDS_NAME
+        predictions = write_predictions(
+            examples,
+            features,
+            results,
+            a.n_best_size,
+            a.max_answer_length,
+            a.do_lower_case,
+            files["predictions"],
+            files["nbest_predictions"],
+            files.get("null_odds"),
+            version_2_with_negative=a.version_2_with_negative,
+            null_score_diff_threshold=a.null_score_diff_threshold,
+            verbose_logging=a.verbose_logging,
+        )
+        out: dict[str, Any] = {k: str(v) for k, v in files.items()}
+        out["num_examples"] = len(examples)
+        out["num_features"] = len(features)
+        if self.gold is not None:
+            self.eval_results = evaluate_predictions(output_dir, self.gold, predictions, a.version_2_with_negative)
+            out["eval"] = self.eval_results
+        else:
+            logger.info("%s has no gold answers: not evaluated", a.predict_file)
+        return out

@@ -17,13 +17,15 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bert.errors import InputError
+from bert.formats.results import write_test_results
 from bert.metrics import accuracy
-from bert.tasks.common import pad_2d, truncate_seq_pair
+from bert.tasks.common import FinetuneTask, model_inputs, pad_2d, softmax, truncate_seq_pair
 from bert.tasks.glue import read_rows
 from bert.tokenization import printable_text
 
@@ -229,3 +231,49 @@ def swag_metrics(logits: Any, labels: Any) -> dict[str, float]:
     if scores.ndim != 2:
         raise ValueError(f"logits must be [N, num_choices], got shape {scores.shape}")
     return {"accuracy": accuracy(scores.argmax(axis=-1), np.asarray(labels))}
+
+
+# --------------------------------------------------------------------------------------------------
+# The fine-tuning task
+
+
+class SwagTask(FinetuneTask):
+    """Four-way multiple choice (`bert swag`).
+
+    Args:
+        args: the flags of `bert swag` (`data_dir`, `train_file`, `dev_file`, `test_file`).
+    """
+
+    command = "swag"
+    head = "BertForMultipleChoice"
+    default_metric = "eval_accuracy"
+
+    def __init__(self, args: Any):
+        self.args = args
+
+    def read_examples(self, split: str) -> list:
+        name = {"train": self.args.train_file, "dev": self.args.dev_file, "test": self.args.test_file}[split]
+        if not os.path.isdir(self.args.data_dir):
+            raise InputError(f"--data_dir={self.args.data_dir}: no such directory")
+        return read_swag_examples(os.path.join(self.args.data_dir, name), has_label=None if split == "test" else True)
+
+    def convert(self, examples: Sequence, tokenizer, max_seq_length: int, pad: bool) -> list:
+        return convert_swag_examples_to_features(examples, max_seq_length, tokenizer, pad=pad)
+
+    def feature_length(self, feature) -> int:
+        return max(int(sum(m)) for m in feature.input_mask)
+
+    def collate(self, features: Sequence, pad_to: int | None) -> dict[str, np.ndarray]:
+        return model_inputs(swag_features_to_arrays(features, pad_to))
+
+    def metrics(self, examples: Sequence, features: Sequence, outputs: list[np.ndarray]) -> dict[str, Any]:
+        found = swag_metrics(np.stack(outputs), [f.label for f in features])
+        return {f"eval_{k}": v for k, v in found.items()}
+
+    def write_predictions(
+        self, output_dir: Path, examples: Sequence, features: Sequence, outputs: list
+    ) -> dict[str, Any]:
+        probs = softmax(np.stack(outputs))  # [N, 4]
+        path = output_dir / "test_results.tsv"
+        write_test_results(path, probs, num_examples=len(examples))
+        return {"test_results": str(path), "num_examples": len(examples)}

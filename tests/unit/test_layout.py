@@ -1,0 +1,149 @@
+"""The package's layout rules, checked by parsing every module's imports (docs/architecture.md says why):
+
+- commands live in `bert.commands`, one module per subcommand of `cli.COMMANDS`; only `bert.cli` and
+  commands (a command may run others, as `bert quickstart` does) import `bert.commands`;
+- `bert.tasks` and the torch-free layers never import torch, not even through another module;
+- `bert.formats` imports nothing of the package above `bert.errors` and `bert.utils`;
+- `bert.modeling` imports no command, task, loop or format code (`bert.checkpoint` loads and saves it);
+- no import cycle anywhere in `bert`;
+- imports sit at the top of a module; an import inside a function is an optional dependency (inside a
+  `try` that catches ImportError) or carries a comment saying why it is there.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+import pytest
+
+from bert import cli
+from conftest import REPO
+
+SRC = REPO / "src"
+PACKAGE = SRC / "bert"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+@functools.cache
+def _imports(path: Path) -> list[tuple[str, int, bool]]:
+    """(imported module, line, inside a function) for every import of a file; `from a import b` yields
+    `a.b` when that is a module of the package, else `a`."""
+    out = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inside = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.Import):
+                out.extend((alias.name, child.lineno, in_function) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                for alias in child.names:
+                    full = f"{child.module}.{alias.name}"
+                    out.append((full if full in MODULES else child.module, child.lineno, in_function))
+            visit(child, inside)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), False)
+    return out
+
+
+GRAPH = {name: {m for m, _, _ in _imports(path) if m in MODULES and m != name} for name, path in MODULES.items()}
+
+
+def _reachable(name: str) -> set[str]:
+    seen, todo = set(), [name]
+    while todo:
+        for m in GRAPH[todo.pop()]:
+            if m not in seen:
+                seen.add(m)
+                todo.append(m)
+    return seen
+
+
+def _external(name: str) -> set[str]:
+    """Top-level names of the packages outside `bert` that loading `name` imports (its module-level imports
+    and those of the package modules they load)."""
+    out = set()
+    for m in {name} | _reachable(name):
+        out |= {
+            imp.split(".")[0] for imp, _, inside in _imports(MODULES[m]) if not imp.startswith("bert") and not inside
+        }
+    return out
+
+
+def test_every_command_module_is_in_the_table_and_only_there():
+    table = {entry[0] for entry in cli.COMMANDS.values()}
+    commands = {m for m in MODULES if m.startswith("bert.commands.")}
+    assert table == commands
+    for name, (module, args_name, run_name, _) in cli.COMMANDS.items():
+        assert module == f"bert.commands.{name.replace('-', '_')}", name
+
+
+def test_only_the_cli_and_commands_import_commands():
+    for name in MODULES:
+        if name == "bert.cli" or name.startswith("bert.commands"):
+            continue
+        assert not {m for m in GRAPH[name] if m.startswith("bert.commands")}, name
+
+
+def test_no_library_module_defines_a_command():
+    # A command is an Args dataclass plus a run function; shared groups of flags are library.
+    shared_flag_groups = {"FinetuneArgs", "PerformanceArgs", "TpuCompatArgs"}
+    for name, path in MODULES.items():
+        if name.startswith("bert.commands"):
+            continue
+        classes = {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef)}
+        assert not {c for c in classes if c.endswith("Args")} - shared_flag_groups, name
+
+
+TORCH_FREE = ["bert.tasks", "bert.pretraining.instances", "bert.pretraining.streaming", "bert.pretraining.corpus"]
+TORCH_FREE += ["bert.tokenization", "bert.config", "bert.metrics", "bert.utils", "bert.formats", "bert.cli"]
+TORCH_FREE += ["bert.commands.tokenize", "bert.commands.prepare_corpus", "bert.commands.evaluate_squad"]
+
+
+@pytest.mark.parametrize("prefix", TORCH_FREE)
+def test_torch_free_layers_never_import_torch(prefix):
+    for name in MODULES:
+        if name == prefix or name.startswith(prefix + "."):
+            assert "torch" not in _external(name), name
+
+
+def test_formats_import_nothing_above_them():
+    allowed = {"bert", "bert.errors", "bert.utils"}
+    for name in MODULES:
+        if name.startswith("bert.formats"):
+            above = {m for m in GRAPH[name] if not m.startswith("bert.formats")} - allowed
+            assert not above, (name, above)
+
+
+def test_modeling_imports_no_command_task_loop_or_format():
+    assert GRAPH["bert.modeling"] <= {"bert.checkpoint", "bert.config", "bert.errors"}
+
+
+def test_no_import_cycle():
+    for name in MODULES:
+        assert name not in _reachable(name), name
+
+
+def test_imports_inside_functions_are_optional_or_explained():
+    for name, path in MODULES.items():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        tree = ast.parse("\n".join(lines))
+        optional = set()  # lines of imports inside `try: ... except ImportError`
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Try) and any(
+                isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError")
+                for h in node.handlers
+            ):
+                optional |= {n.lineno for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))}
+        for module, line, in_function in _imports(path):
+            if in_function and line not in optional:
+                explained = "#" in lines[line - 1] or lines[line - 2].strip().startswith("#")
+                assert explained, f"{path.relative_to(REPO)}:{line}: import {module} inside a function, unexplained"
