@@ -1,4 +1,5 @@
-"""Fine-tuning tasks: text -> examples -> features (no model code; see style §9.0).
+"""Fine-tuning tasks: text -> examples -> features (no model code, no torch; the runners import these
+modules, never the reverse).
 
 `TASKS` maps a `--task_name` (lower case) to its processor class, as run_classifier's `processors` dict
 (`cola`, `mnli`, `mrpc`, `xnli`), extended with the other GLUE tasks and `generic` (one's own files).
