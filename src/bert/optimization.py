@@ -1,6 +1,6 @@
 """The original's optimizer and learning-rate schedule, plus LAMB for large batches.
 
-Mirrors google-research/bert `optimization.py` (spec §2):
+Mirrors google-research/bert `optimization.py` (`AdamWeightDecayOptimizer`, `create_optimizer`):
 - `AdamWeightDecay` is `AdamWeightDecayOptimizer`: Adam *without* bias correction, epsilon added outside
   the square root, and decoupled weight decay computed from the pre-update parameter and multiplied by
   the learning rate (`param -= lr * (m / (sqrt(v) + eps) + wd * param)`).
@@ -82,7 +82,8 @@ class AdamWeightDecay(torch.optim.Optimizer):
         betas: (beta1, beta2).
         eps: added to `sqrt(v)`; 1e-6 as in the original.
         bias_correction: divide m and v by (1 - beta^t) as standard Adam does. Off by default, as in the
-            original (spec §11, quirk 1).
+            original's `AdamWeightDecayOptimizer` (an oversight, its authors said in google-research/bert
+            issue #153, harmless with warmup).
         foreach: update all parameters of a group with `torch._foreach_*` kernels (fewer kernel launches;
             the same arithmetic, tested equal to the per-parameter loop). Default: on for CUDA tensors.
     """
@@ -255,7 +256,8 @@ def polynomial_warmup_lr(step: int, init_lr: float, num_train_steps: int, num_wa
 
     Linear decay `init_lr * (1 - min(step, T) / T)` from step 0, replaced by `init_lr * step / W` while
     `step < W` (warmup; so step 0 has rate 0). The decay is not shifted by the warmup: after step W-1
-    (rate ~init_lr) comes `init_lr * (1 - W / T)` (spec §2.1, quirk 2).
+    (rate ~init_lr) comes `init_lr * (1 - W / T)`: the original's quirk (google-research/bert issue #193),
+    kept so that learning rates match.
     """
     if num_train_steps <= 0:
         raise ValueError(f"num_train_steps must be positive, got {num_train_steps}")

@@ -79,7 +79,8 @@ def test_every_fixture_line(expected, vocab_files, vocab, fast):
 
 
 def test_fixture_edge_cases_present(expected):
-    """The fixture covers the quirks the spec lists; guard against a truncated copy."""
+    """The fixture covers the tokenizer's edge cases (empty text, special tokens in raw text, a word over
+    200 characters); guard against a truncated copy."""
     texts = {r["text"] for r in expected}
     assert "" in texts
     assert "[CLS] [SEP] [MASK] [UNK] [PAD]" in texts

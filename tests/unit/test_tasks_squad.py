@@ -189,6 +189,11 @@ def test_v2_impossible_and_prediction_mode(tmp_path):
             True,
             r'question q1: the answer has no integer "answer_start"',
         ),
+        (
+            lambda d: d["data"][0]["paragraphs"][0]["qas"][0]["answers"][0].pop("text"),
+            True,
+            r'question q1: the answer has no "text" string',
+        ),
     ],
 )
 def test_missing_fields_are_input_errors(tmp_path, mutate, training, match):
@@ -318,6 +323,43 @@ def test_query_truncation_padding_and_unpadded_features():
     assert seen == padded
     with pytest.raises(InputError, match="max_query_length"):
         convert_examples_to_features(examples, tok, 5, 4, 2, False)
+    with pytest.raises(InputError, match="doc_stride is 0; use --doc_stride >= 1"):
+        convert_examples_to_features(examples, tok, 12, 0, 2, False)
+    with pytest.raises(ValueError, match="doc_stride >= 1"):
+        squad.doc_spans_for(10, 4, 0)
+
+
+def test_features_of_the_first_20_examples_are_logged(caplog):
+    ex, tok = numbered_example(3, start=1, end=1)
+    impossible = SquadExample("i", "q", ex.doc_tokens, "", -1, -1, is_impossible=True)
+    examples = [ex, impossible] + [ex] * 19  # one feature each
+    with caplog.at_level(logging.INFO, logger="bert.tasks.squad"):
+        convert_examples_to_features(examples, tok, 8, 4, 2, is_training=True)
+    lines = [r.getMessage() for r in caplog.records if r.name == "bert.tasks.squad"]
+    # The original's lines, field by field; ids: [CLS]=2, [SEP]=3, a0..a2=5..7, q=8.
+    assert lines[:13] == [
+        "*** Example ***",
+        f"unique_id: {FIRST_UNIQUE_ID}",
+        "example_index: 0",
+        "doc_span_index: 0",
+        "tokens: [CLS] q [SEP] a0 a1 a2 [SEP]",
+        "token_to_orig_map: 3:0 4:1 5:2",
+        "token_is_max_context: 3:True 4:True 5:True",
+        "input_ids: 2 8 3 5 6 7 3 0",
+        "input_mask: 1 1 1 1 1 1 1 0",
+        "segment_ids: 0 0 0 1 1 1 1 0",
+        "start_position: 4",
+        "end_position: 4",
+        "answer: a1",
+    ]
+    assert lines[13:24] == ["*** Example ***", f"unique_id: {FIRST_UNIQUE_ID + 1}"] + lines[15:23] + [
+        "impossible example"
+    ]
+    # Only the first 20 examples: the 21st feature is not logged.
+    assert lines.count("*** Example ***") == 20 and lines[-12] == f"unique_id: {FIRST_UNIQUE_ID + 19}"
+    caplog.clear()
+    convert_examples_to_features(examples, tok, 8, 4, 2, is_training=False)
+    assert caplog.records == []  # the default WARNING level logs nothing
 
 
 # --------------------------------------------------------------------------------------------------
@@ -345,6 +387,14 @@ def test_get_final_text_cases(caplog):
     caplog.clear()
     get_final_text("Steve", "Steve Smith's", True)
     assert caplog.text == ""
+
+    # A prediction that starts or ends on a space has no character to map to.
+    with caplog.at_level(logging.INFO, logger="bert.tasks.squad"):
+        assert get_final_text(" b", "a b", True, verbose_logging=True) == "a b"
+        assert caplog.messages == ["Couldn't map start position"]
+        caplog.clear()
+        assert get_final_text("a ", "a b", True, verbose_logging=True) == "a b"
+        assert caplog.messages == ["Couldn't map end position"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -438,6 +488,21 @@ def test_duplicate_final_texts_are_merged(tmp_path):
     assert preds == {"c": "Cafe\u0301."}
 
 
+def test_verbose_logging_explains_unprojected_answers(caplog):
+    # The decomposed accent of "Cafe\u0301." defeats the character alignment (see above); with
+    # verbose_logging the post-processing says why, once per span whose text falls back to the whole word.
+    tok = tiny_tokenizer(["cafe", ".", "x", "q"])
+    ex = SquadExample("c", "q", ["x", "Cafe\u0301."])
+    (feat,) = convert_examples_to_features([ex], tok, 8, 8, 2, is_training=False)
+    result = RawResult(feat.unique_id, logits(8, {4: 5.0}, -9.0), logits(8, {5: 5.0}, -9.0))
+    with caplog.at_level(logging.INFO, logger="bert.tasks.squad"):
+        quiet = squad.compute_predictions([ex], [feat], [result], 1, 30, True)
+        assert caplog.messages == []
+        loud = squad.compute_predictions([ex], [feat], [result], 1, 30, True, verbose_logging=True)
+    assert caplog.messages == ["Length not equal after stripping spaces: 'Cafe\u0301.' vs 'cafe.'"]
+    assert quiet == loud and loud.predictions == {"c": "Cafe\u0301."}
+
+
 def test_max_context_filter_checks_the_start_only(tmp_path):
     ex, tok = numbered_example(20)
     feats = convert_examples_to_features([ex], tok, 14, 4, 8, is_training=False)
@@ -471,6 +536,35 @@ def test_v2_null_decision_and_null_odds(tmp_path):
     assert preds == {"fox": "quick brown fox"}  # strictly greater than the threshold to answer ""
     texts = [e["text"] for e in nbest_file["fox"]]
     assert texts[0] == "quick brown fox" and texts.count("") == 1
+
+
+def test_v2_null_answer_wins(tmp_path):
+    ex, feat = fox_setup()
+    # The null score 6 + 6 = 12 beats the only valid span (6, 8) "quick brown fox", 5 + 5 = 10. The best
+    # logits of all are at padding positions (18, 19), which are never a span.
+    start = logits(20, {0: 6.0, 6: 5.0, 18: 9.0}, -5.0)
+    end = logits(20, {0: 6.0, 8: 5.0, 19: 9.0}, -5.0)
+    result = [RawResult(feat.unique_id, start, end)]
+    preds, pred_file, nbest_file, odds = run_predictions(tmp_path, [ex], [feat], result, v2=True)
+    assert preds == pred_file == {"fox": ""} and odds == {"fox": 2.0}
+    z = 1 + math.exp(-2)
+    assert nbest_file["fox"] == [
+        {"text": "", "probability": pytest.approx(1 / z, abs=1e-12), "start_logit": 6.0, "end_logit": 6.0},
+        {
+            "text": "quick brown fox",
+            "probability": pytest.approx(math.exp(-2) / z, abs=1e-12),
+            "start_logit": 5.0,
+            "end_logit": 5.0,
+        },
+    ]
+    # A threshold of 2.0 is not exceeded: the best span answers, with the same null_odds.
+    preds, _, _, odds = run_predictions(tmp_path, [ex], [feat], result, v2=True, null_score_diff_threshold=2.0)
+    assert preds == {"fox": "quick brown fox"} and odds == {"fox": 2.0}
+    # v1.1 has no null candidate: the span is the whole n-best list.
+    (tmp_path / "v1").mkdir()
+    preds, _, nbest_file, odds = run_predictions(tmp_path / "v1", [ex], [feat], result)
+    assert preds == {"fox": "quick brown fox"} and [e["text"] for e in nbest_file["fox"]] == ["quick brown fox"]
+    assert odds is None
 
 
 def test_v2_null_score_is_the_minimum_over_windows(tmp_path):

@@ -1,10 +1,10 @@
 """Sentence and sentence-pair classification data: run_classifier.py's processors and feature conversion.
 
-What the original has, with the same files, columns, labels and guids (spec §6.3): `ColaProcessor`,
+What run_classifier.py has, with the same files, columns, labels and guids: `ColaProcessor`,
 `MnliProcessor`, `MrpcProcessor`, `XnliProcessor` (its language is a constructor argument here instead of
-the hard-coded "zh"). What it lacks and users asked for (spec §10 item 8), with the layouts of the GLUE
-download script: SST-2, STS-B (regression: float labels), QQP, QNLI, RTE, WNLI, MNLI mismatched, and
-`GenericProcessor` for one's own TSV, CSV or JSON-lines files.
+the hard-coded "zh"). What it lacks and users asked for (google-research/bert issues #24, #151, #195, #548),
+with the layouts of the GLUE download script: SST-2, STS-B (regression: float labels), QQP, QNLI, RTE, WNLI,
+MNLI mismatched, and `GenericProcessor` for one's own TSV, CSV or JSON-lines files.
 
 Reading follows the original's `_read_tsv`: tab separated with quoting disabled, so a `"` is text (MRPC and
 MNLI have lines a quote-aware reader would merge). Files are read as UTF-8; a byte-order mark (MRPC has one)
@@ -83,7 +83,7 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------------------------------
-# Data structures (spec §6.2)
+# Data structures (run_classifier.py, `InputExample`, `PaddingInputExample`, `InputFeatures`)
 
 
 @dataclass
@@ -187,7 +187,7 @@ def _float_label(path: str | os.PathLike, line: int, text: str, where: str) -> f
 
 
 # --------------------------------------------------------------------------------------------------
-# Processors (spec §6.3)
+# Processors (run_classifier.py, `DataProcessor` and its subclasses)
 
 
 class DataProcessor:
@@ -698,7 +698,7 @@ class GenericProcessor(DataProcessor):
 
 
 # --------------------------------------------------------------------------------------------------
-# Feature conversion (spec §6.4)
+# Feature conversion (run_classifier.py, `convert_single_example`, `convert_examples_to_features`)
 
 
 def is_regression_labels(label_list: Sequence[Any] | None) -> bool:
@@ -849,10 +849,6 @@ def features_to_arrays(features: Sequence[InputFeatures], pad_to: int | None = N
         "label_ids": np.asarray([f.label_id for f in features], dtype=np.float32 if regression else np.int64),
         "is_real_example": np.asarray([int(f.is_real_example) for f in features], dtype=np.int64),
     }
-
-
-# --------------------------------------------------------------------------------------------------
-# Step arithmetic and output files (spec §6.1, §6.6)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """Named-entity recognition data (CoNLL-2003): reading, token-level features and back to word labels.
 
-The original repository has no NER script (spec §10 item 5); this follows the BERT paper's recipe (§5.3):
-each word is split into WordPiece sub-tokens, the word's label goes on its first sub-token, and the model's
-prediction there is the word's prediction. Every other position (later sub-tokens, [CLS], [SEP], padding)
-has the label id -100, which `torch.nn.functional.cross_entropy` ignores by default.
+The original repository has no NER script (users asked for one: google-research/bert issues #223, #345,
+#581); this follows the BERT paper's recipe (its section 5.3): each word is split into WordPiece sub-tokens,
+the word's label goes on its first sub-token, and the model's prediction there is the word's prediction.
+Every other position (later sub-tokens, [CLS], [SEP], padding) has the label id -100, which
+`torch.nn.functional.cross_entropy` ignores by default.
 
 Input: `token POS chunk NER` per line, separated by whitespace; a blank line ends a sentence; a
 `-DOCSTART-` line separates documents (it is skipped and ends any open sentence).

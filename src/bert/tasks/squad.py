@@ -1,20 +1,26 @@
 """SQuAD v1.1 / v2.0: examples, doc-stride features and n-best post-processing (`run_squad.py`).
 
-The data side and the post-processing of google-research/bert `run_squad.py`, function by function:
+The data side and the post-processing of google-research/bert `run_squad.py`. Each long function of the
+original is one public function here whose steps are helpers, in the original's order; a helper that
+mirrors a block of the original line for line says which in its docstring.
 
 - `read_squad_examples`: the JSON file -> `SquadExample`s (whitespace-split context words, answer word
-  positions for training, v2.0 `is_impossible`);
-- `convert_examples_to_features`: question + sliding document windows -> `InputFeatures`
-  (`_improve_answer_span`, `_check_is_max_context`, `token_to_orig_map`, `token_is_max_context`);
+  positions for training, v2.0 `is_impossible`). Steps: `squad_examples_from_json` (articles),
+  `_paragraph_examples` (questions), `_split_context`, `_training_answer`.
+- `convert_examples_to_features`: question + sliding document windows -> `InputFeatures`. Steps:
+  `iter_features` (examples and windows), `_tokenize_document`, `_answer_piece_span` (with
+  `_improve_answer_span`), `doc_spans_for`, `_window_tokens` (with `_check_is_max_context`),
+  `_window_labels`, `_log_feature`.
 - `write_predictions`: per-feature start/end logits (`RawResult`) -> `predictions.json`,
-  `nbest_predictions.json` and, for v2.0, `null_odds.json` (`_get_best_indexes`, `get_final_text`,
-  `_compute_softmax`, the null-score rule).
+  `nbest_predictions.json` and, for v2.0, `null_odds.json`. Steps: `compute_predictions` (examples and the
+  null-score rule), `_prelim_predictions` (with `_span_candidates`, `_get_best_indexes`),
+  `_nbest_predictions` (with `_span_text`, `get_final_text`), `_nbest_json` (with `_compute_softmax`).
 
-The original's quirks are kept (spec §11 row 22): training windows that do not contain the answer are
-labelled (0, 0), the `[CLS]` position, even for v1.1; only the *start* of a span is checked for maximum
-context; an example with no valid span gets the nonce answer "empty". One divergence, a fix: in v2.0 mode
-the original crashes (issues #211, #417, #476) when no non-null answer reaches the n-best list; here that
-question is answered "" (no answer) -- see `compute_predictions`.
+The original's quirks are kept, so that files and numbers match: training windows that do not contain the
+answer are labelled (0, 0), the `[CLS]` position, even for v1.1; only the *start* of a span is checked for
+maximum context; an example with no valid span gets the nonce answer "empty". One divergence, a fix: in
+v2.0 mode the original crashes (issues #211, #417, #476) when no non-null answer reaches the n-best list;
+here that question is answered "" (no answer) -- see `compute_predictions`.
 
 Bad input files raise `bert.errors.InputError` with a one-line message naming the file, the article or
 question and the field. Nothing here imports torch or model code: logits come in as lists or arrays.
@@ -132,6 +138,9 @@ def squad_examples_from_json(
 ) -> list[SquadExample]:
     """`read_squad_examples` on an already loaded SQuAD JSON object (`{"data": [...]}`).
 
+    Walks articles, then paragraphs (`_paragraph_examples`), in file order; the type checks that turn a
+    malformed file into an `InputError` come before each field is read.
+
     Args:
         dataset_json: the parsed file.
         is_training: see `read_squad_examples`.
@@ -149,99 +158,11 @@ def squad_examples_from_json(
         if not isinstance(entry, dict) or not isinstance(entry.get("paragraphs"), list):
             raise InputError(f'{where} has no "paragraphs" list; every article needs one')
         for p, paragraph in enumerate(entry["paragraphs"]):
-            if not isinstance(paragraph, dict) or not isinstance(paragraph.get("context"), str):
-                raise InputError(f'{where}, paragraph {p} has no "context" string; every paragraph needs one')
-            if not isinstance(paragraph.get("qas"), list):
-                raise InputError(f'{where}, paragraph {p} has no "qas" list; every paragraph needs one')
-            paragraph_text = paragraph["context"]
-            doc_tokens: list[str] = []
-            char_to_word_offset: list[int] = []
-            prev_is_whitespace = True
-            for c in paragraph_text:
-                if _is_whitespace(c):
-                    prev_is_whitespace = True
-                else:
-                    if prev_is_whitespace:
-                        doc_tokens.append(c)
-                    else:
-                        doc_tokens[-1] += c
-                    prev_is_whitespace = False
-                char_to_word_offset.append(len(doc_tokens) - 1)
-
-            for q, qa in enumerate(paragraph["qas"]):
-                if not isinstance(qa, dict) or not isinstance(qa.get("id"), str):
-                    raise InputError(f'{where}, paragraph {p}, question {q} has no string "id"; add one')
-                qas_id = qa["id"]
-                if not isinstance(qa.get("question"), str):
-                    raise InputError(f'{source}: question {qas_id} has no "question" string; add the question text')
-                question_text = qa["question"]
-                start_position = None
-                end_position = None
-                orig_answer_text = None
-                is_impossible = False
-                if is_training:
-                    if version_2_with_negative:
-                        if not isinstance(qa.get("is_impossible"), bool):
-                            raise InputError(
-                                f'{source}: question {qas_id} has no boolean "is_impossible", which v2.0 training '
-                                "reads; add it, or train without --version_2_with_negative"
-                            )
-                        is_impossible = qa["is_impossible"]
-                    answers = qa.get("answers")
-                    if not isinstance(answers, list):
-                        raise InputError(
-                            f'{source}: question {qas_id} has no "answers" list, which training reads; add it'
-                        )
-                    if len(answers) != 1 and not is_impossible:
-                        raise InputError(
-                            f"{source}: question {qas_id} has {len(answers)} answers; for training, each "
-                            "question should have exactly 1 answer (dev files have several: predict on them)"
-                        )
-                    if not is_impossible:
-                        answer = answers[0]
-                        if not isinstance(answer, dict) or not isinstance(answer.get("text"), str):
-                            raise InputError(f'{source}: question {qas_id}: the answer has no "text" string; add it')
-                        answer_offset = answer.get("answer_start")
-                        if isinstance(answer_offset, bool) or not isinstance(answer_offset, int):
-                            raise InputError(
-                                f'{source}: question {qas_id}: the answer has no integer "answer_start"; add the '
-                                "answer's character offset in the context"
-                            )
-                        orig_answer_text = answer["text"]
-                        answer_end = answer_offset + len(orig_answer_text) - 1
-                        if not (0 <= answer_offset < len(paragraph_text) and answer_end < len(paragraph_text)):
-                            raise InputError(
-                                f"{source}: question {qas_id}: answer_start {answer_offset} with a "
-                                f"{len(orig_answer_text)}-character answer lies outside the "
-                                f"{len(paragraph_text)}-character context; fix the offset"
-                            )
-                        start_position = char_to_word_offset[answer_offset]
-                        end_position = char_to_word_offset[answer_end]
-                        # Only keep answers whose text can be recovered from the document; when it cannot
-                        # (odd Unicode, mostly) the original skips the question, so training mode does not
-                        # keep every example.
-                        actual_text = " ".join(doc_tokens[start_position : end_position + 1])
-                        cleaned_answer_text = " ".join(whitespace_tokenize(orig_answer_text))
-                        if actual_text.find(cleaned_answer_text) == -1:
-                            logger.warning("Could not find answer: '%s' vs. '%s'", actual_text, cleaned_answer_text)
-                            num_skipped += 1
-                            continue
-                    else:
-                        start_position = -1
-                        end_position = -1
-                        orig_answer_text = ""
-
-                examples.append(
-                    SquadExample(
-                        qas_id=qas_id,
-                        question_text=question_text,
-                        doc_tokens=doc_tokens,
-                        orig_answer_text=orig_answer_text,
-                        start_position=start_position,
-                        end_position=end_position,
-                        is_impossible=is_impossible,
-                    )
-                )
+            paragraph_examples, paragraph_skipped = _paragraph_examples(
+                paragraph, f"{where}, paragraph {p}", source, is_training, version_2_with_negative
+            )
+            examples.extend(paragraph_examples)
+            num_skipped += paragraph_skipped
     if num_skipped:
         logger.warning(
             "%s: skipped %d of %d questions whose answer text could not be found in the context",
@@ -250,6 +171,164 @@ def squad_examples_from_json(
             num_skipped + len(examples),
         )
     return examples
+
+
+def _paragraph_examples(
+    paragraph: Any, where: str, source: str, is_training: bool, version_2_with_negative: bool
+) -> tuple[list[SquadExample], int]:
+    """The examples of one paragraph's questions, and how many of them were skipped (training only).
+
+    Every example of the paragraph shares one `doc_tokens` list, as in the original.
+
+    Args:
+        paragraph: one element of an article's "paragraphs".
+        where: "<source>: article <a> ('<title>'), paragraph <p>", for error messages.
+        source: the file name, for error messages about a question (named by its id).
+        is_training: read the answers (`_training_answer`).
+        version_2_with_negative: read `is_impossible` too.
+    """
+    if not isinstance(paragraph, dict) or not isinstance(paragraph.get("context"), str):
+        raise InputError(f'{where} has no "context" string; every paragraph needs one')
+    if not isinstance(paragraph.get("qas"), list):
+        raise InputError(f'{where} has no "qas" list; every paragraph needs one')
+    paragraph_text = paragraph["context"]
+    doc_tokens, char_to_word_offset = _split_context(paragraph_text)
+
+    examples: list[SquadExample] = []
+    num_skipped = 0
+    for q, qa in enumerate(paragraph["qas"]):
+        if not isinstance(qa, dict) or not isinstance(qa.get("id"), str):
+            raise InputError(f'{where}, question {q} has no string "id"; add one')
+        qas_id = qa["id"]
+        if not isinstance(qa.get("question"), str):
+            raise InputError(f'{source}: question {qas_id} has no "question" string; add the question text')
+        answer = _NO_ANSWER
+        if is_training:
+            answer = _training_answer(
+                qa,
+                f"{source}: question {qas_id}",
+                paragraph_text,
+                doc_tokens,
+                char_to_word_offset,
+                version_2_with_negative,
+            )
+            if answer is None:
+                num_skipped += 1
+                continue
+        examples.append(
+            SquadExample(
+                qas_id=qas_id,
+                question_text=qa["question"],
+                doc_tokens=doc_tokens,
+                orig_answer_text=answer.text,
+                start_position=answer.start_position,
+                end_position=answer.end_position,
+                is_impossible=answer.is_impossible,
+            )
+        )
+    return examples, num_skipped
+
+
+def _split_context(paragraph_text: str) -> tuple[list[str], list[int]]:
+    """The context's words (split on `_SQUAD_WHITESPACE`) and, per character, the index of its word.
+
+    A whitespace character maps to the word before it; leading whitespace maps to -1. Mirrors, line for
+    line, the loop of run_squad.py, `read_squad_examples`, that builds `doc_tokens` and `char_to_word_offset`.
+    """
+    doc_tokens: list[str] = []
+    char_to_word_offset: list[int] = []
+    prev_is_whitespace = True
+    for c in paragraph_text:
+        if _is_whitespace(c):
+            prev_is_whitespace = True
+        else:
+            if prev_is_whitespace:
+                doc_tokens.append(c)
+            else:
+                doc_tokens[-1] += c
+            prev_is_whitespace = False
+        char_to_word_offset.append(len(doc_tokens) - 1)
+    return doc_tokens, char_to_word_offset
+
+
+class _Answer(NamedTuple):
+    """A question's label, as `SquadExample` holds it (None, None, None, False in prediction mode)."""
+
+    text: str | None
+    start_position: int | None
+    end_position: int | None
+    is_impossible: bool
+
+
+_NO_ANSWER = _Answer(None, None, None, False)
+_IMPOSSIBLE = _Answer("", -1, -1, True)
+
+
+def _training_answer(
+    qa: Mapping,
+    where: str,
+    paragraph_text: str,
+    doc_tokens: Sequence[str],
+    char_to_word_offset: Sequence[int],
+    version_2_with_negative: bool,
+) -> _Answer | None:
+    """The label of one training question, or None when its answer text is not found in the context.
+
+    The `if is_training:` block of run_squad.py, `read_squad_examples`, step for step, with a type check (an
+    `InputError` naming the question) before each field is read and a range check on `answer_start`, where
+    the original raises KeyError or IndexError, or reads a wrong word.
+
+    Args:
+        qa: one element of a paragraph's "qas".
+        where: "<source>: question <id>", for error messages.
+        paragraph_text: the context.
+        doc_tokens, char_to_word_offset: from `_split_context(paragraph_text)`.
+        version_2_with_negative: read `is_impossible`.
+    """
+    is_impossible = False
+    if version_2_with_negative:
+        if not isinstance(qa.get("is_impossible"), bool):
+            raise InputError(
+                f'{where} has no boolean "is_impossible", which v2.0 training reads; add it, or train without '
+                "--version_2_with_negative"
+            )
+        is_impossible = qa["is_impossible"]
+    answers = qa.get("answers")
+    if not isinstance(answers, list):
+        raise InputError(f'{where} has no "answers" list, which training reads; add it')
+    if len(answers) != 1 and not is_impossible:
+        raise InputError(
+            f"{where} has {len(answers)} answers; for training, each question should have exactly 1 answer "
+            "(dev files have several: predict on them)"
+        )
+    if is_impossible:
+        return _IMPOSSIBLE
+
+    answer = answers[0]
+    if not isinstance(answer, dict) or not isinstance(answer.get("text"), str):
+        raise InputError(f'{where}: the answer has no "text" string; add it')
+    answer_offset = answer.get("answer_start")
+    if isinstance(answer_offset, bool) or not isinstance(answer_offset, int):
+        raise InputError(
+            f'{where}: the answer has no integer "answer_start"; add the answer\'s character offset in the context'
+        )
+    orig_answer_text = answer["text"]
+    answer_end = answer_offset + len(orig_answer_text) - 1
+    if not (0 <= answer_offset < len(paragraph_text) and answer_end < len(paragraph_text)):
+        raise InputError(
+            f"{where}: answer_start {answer_offset} with a {len(orig_answer_text)}-character answer lies outside "
+            f"the {len(paragraph_text)}-character context; fix the offset"
+        )
+    start_position = char_to_word_offset[answer_offset]
+    end_position = char_to_word_offset[answer_end]
+    # Only keep answers whose text can be recovered from the document; when it cannot (odd Unicode, mostly)
+    # the original skips the question, so training mode does not keep every example.
+    actual_text = " ".join(doc_tokens[start_position : end_position + 1])
+    cleaned_answer_text = " ".join(whitespace_tokenize(orig_answer_text))
+    if actual_text.find(cleaned_answer_text) == -1:
+        logger.warning("Could not find answer: '%s' vs. '%s'", actual_text, cleaned_answer_text)
+        return None
+    return _Answer(orig_answer_text, start_position, end_position, False)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -309,7 +388,8 @@ def _improve_answer_span(
     word "(1895-1943).", whose pieces are `( 1895 - 1943 ) .`; the original span covers all six, and this
     narrows it to `1895`. Sub-spans are tried start ascending, end descending; the first whose
     space-joined pieces equal the space-joined pieces of the answer text wins. Without a match the input
-    span is returned (e.g. answer "Japan" in the word "Japanese": no piece boundary there).
+    span is returned (e.g. answer "Japan" in the word "Japanese": no piece boundary there). Mirrors
+    run_squad.py, `_improve_answer_span`, line for line.
     """
     tok_answer_text = " ".join(tokenizer.tokenize(orig_answer_text))
     for new_start in range(input_start, input_end + 1):
@@ -325,7 +405,8 @@ def _check_is_max_context(doc_spans: Sequence[DocSpan], cur_span_index: int, pos
 
     A piece can fall in several overlapping windows. Its score in a window is
     min(pieces to its left, pieces to its right) + 0.01 * window length: mostly the smaller side, with a
-    small bonus for longer windows. The highest score wins; the first window wins ties.
+    small bonus for longer windows. The highest score wins; the first window wins ties. Mirrors
+    run_squad.py, `_check_is_max_context`, line for line.
     """
     best_score = None
     best_span_index = None
@@ -347,7 +428,8 @@ def doc_spans_for(num_doc_tokens: int, max_tokens_for_doc: int, doc_stride: int)
 
     Windows of at most `max_tokens_for_doc` pieces start at 0 and advance by min(window length,
     `doc_stride`) until one reaches the end, e.g. 20 pieces, 10 per window, stride 4 -> starts 0, 4, 8, 12
-    (the last window 8 long).
+    (the last window 8 long). Mirrors, line for line, the `doc_spans` loop of run_squad.py,
+    `convert_examples_to_features`.
 
     Args:
         num_doc_tokens: pieces in the document (no window when 0).
@@ -376,7 +458,11 @@ def iter_features(
     is_training: bool,
     pad_to_max_length: bool = True,
 ) -> Iterator[InputFeatures]:
-    """The features of `convert_examples_to_features`, one at a time (same arguments)."""
+    """The features of `convert_examples_to_features`, one at a time (same arguments).
+
+    The loop over examples and windows of run_squad.py, `convert_examples_to_features`, with its steps in
+    helpers: `_tokenize_document`, `_answer_piece_span`, `doc_spans_for`, `_window_tokens`, `_window_labels`.
+    """
     if max_seq_length <= max_query_length + 3:
         raise InputError(
             f"max_seq_length ({max_seq_length}) must be greater than max_query_length ({max_query_length}) + 3 "
@@ -389,54 +475,18 @@ def iter_features(
         query_tokens = tokenizer.tokenize(example.question_text)
         if len(query_tokens) > max_query_length:
             query_tokens = query_tokens[0:max_query_length]
-
-        tok_to_orig_index = []  # piece -> word
-        orig_to_tok_index = []  # word -> its first piece (the next word's first piece if it has none)
-        all_doc_tokens = []
-        for i, token in enumerate(example.doc_tokens):
-            orig_to_tok_index.append(len(all_doc_tokens))
-            for sub_token in tokenizer.tokenize(token):
-                tok_to_orig_index.append(i)
-                all_doc_tokens.append(sub_token)
-
-        tok_start_position = None
-        tok_end_position = None
-        if is_training and example.is_impossible:
-            tok_start_position = -1
-            tok_end_position = -1
-        if is_training and not example.is_impossible:
-            tok_start_position = orig_to_tok_index[example.start_position]
-            if example.end_position < len(example.doc_tokens) - 1:
-                tok_end_position = orig_to_tok_index[example.end_position + 1] - 1
-            else:
-                tok_end_position = len(all_doc_tokens) - 1
-            tok_start_position, tok_end_position = _improve_answer_span(
-                all_doc_tokens, tok_start_position, tok_end_position, tokenizer, example.orig_answer_text
-            )
+        doc = _tokenize_document(example.doc_tokens, tokenizer)
+        answer_span = _answer_piece_span(example, doc, tokenizer) if is_training else None
 
         # The -3 accounts for [CLS], [SEP] and [SEP]. Documents longer than that are cut into
         # overlapping windows `doc_stride` pieces apart.
         max_tokens_for_doc = max_seq_length - len(query_tokens) - 3
-        doc_spans = doc_spans_for(len(all_doc_tokens), max_tokens_for_doc, doc_stride)
+        doc_spans = doc_spans_for(len(doc.tokens), max_tokens_for_doc, doc_stride)
 
         for doc_span_index, doc_span in enumerate(doc_spans):
-            tokens = ["[CLS]"]
-            segment_ids = [0]
-            token_to_orig_map: dict[int, int] = {}
-            token_is_max_context: dict[int, bool] = {}
-            tokens.extend(query_tokens)
-            segment_ids.extend([0] * len(query_tokens))
-            tokens.append("[SEP]")
-            segment_ids.append(0)
-            for i in range(doc_span.length):
-                split_token_index = doc_span.start + i
-                token_to_orig_map[len(tokens)] = tok_to_orig_index[split_token_index]
-                token_is_max_context[len(tokens)] = _check_is_max_context(doc_spans, doc_span_index, split_token_index)
-                tokens.append(all_doc_tokens[split_token_index])
-                segment_ids.append(1)
-            tokens.append("[SEP]")
-            segment_ids.append(1)
-
+            tokens, segment_ids, token_to_orig_map, token_is_max_context = _window_tokens(
+                query_tokens, doc, doc_spans, doc_span_index
+            )
             input_ids = tokenizer.convert_tokens_to_ids(tokens)
             # 1 for real tokens, 0 for padding: only real tokens are attended to.
             input_mask = [1] * len(input_ids)
@@ -447,23 +497,9 @@ def iter_features(
                 segment_ids = segment_ids + [0] * num_pad
                 assert len(input_ids) == len(input_mask) == len(segment_ids) == max_seq_length
 
-            start_position = None
-            end_position = None
-            if is_training and not example.is_impossible:
-                # The original's comment says windows without the answer are thrown out; its code keeps
-                # them, labelled with the [CLS] position, and so do we (spec §11 row 22).
-                doc_start = doc_span.start
-                doc_end = doc_span.start + doc_span.length - 1
-                if tok_start_position >= doc_start and tok_end_position <= doc_end:
-                    doc_offset = len(query_tokens) + 2
-                    start_position = tok_start_position - doc_start + doc_offset
-                    end_position = tok_end_position - doc_start + doc_offset
-                else:
-                    start_position = 0
-                    end_position = 0
-            if is_training and example.is_impossible:
-                start_position = 0
-                end_position = 0
+            start_position = end_position = None
+            if is_training:
+                start_position, end_position = _window_labels(example, answer_span, doc_span, len(query_tokens))
 
             feature = InputFeatures(
                 unique_id=unique_id,
@@ -483,6 +519,98 @@ def iter_features(
                 _log_feature(feature, example, is_training)
             yield feature
             unique_id += 1
+
+
+class _DocPieces(NamedTuple):
+    """A context split into word pieces, word by word, with the maps between words and pieces."""
+
+    tokens: list[str]  # the pieces of every word, in order
+    tok_to_orig_index: list[int]  # piece -> its word
+    orig_to_tok_index: list[int]  # word -> its first piece (the next word's first piece if it has none)
+
+
+def _tokenize_document(doc_tokens: Sequence[str], tokenizer: Any) -> _DocPieces:
+    """Tokenize each context word on its own, keeping the maps between words and pieces.
+
+    Mirrors, line for line, the loop of run_squad.py, `convert_examples_to_features`, that builds
+    `all_doc_tokens`, `tok_to_orig_index` and `orig_to_tok_index`.
+    """
+    tok_to_orig_index = []
+    orig_to_tok_index = []
+    all_doc_tokens = []
+    for i, token in enumerate(doc_tokens):
+        orig_to_tok_index.append(len(all_doc_tokens))
+        for sub_token in tokenizer.tokenize(token):
+            tok_to_orig_index.append(i)
+            all_doc_tokens.append(sub_token)
+    return _DocPieces(all_doc_tokens, tok_to_orig_index, orig_to_tok_index)
+
+
+def _answer_piece_span(example: SquadExample, doc: _DocPieces, tokenizer: Any) -> tuple[int, int]:
+    """A training example's answer as (first piece, last piece) in `doc.tokens`; (-1, -1) if impossible.
+
+    The answer words' pieces, narrowed by `_improve_answer_span`: the `tok_start_position` /
+    `tok_end_position` block of run_squad.py, `convert_examples_to_features`, step for step.
+    """
+    if example.is_impossible:
+        return -1, -1
+    tok_start_position = doc.orig_to_tok_index[example.start_position]
+    if example.end_position < len(example.doc_tokens) - 1:
+        tok_end_position = doc.orig_to_tok_index[example.end_position + 1] - 1
+    else:
+        tok_end_position = len(doc.tokens) - 1
+    return _improve_answer_span(doc.tokens, tok_start_position, tok_end_position, tokenizer, example.orig_answer_text)
+
+
+def _window_tokens(
+    query_tokens: Sequence[str], doc: _DocPieces, doc_spans: Sequence[DocSpan], doc_span_index: int
+) -> tuple[list[str], list[int], dict[int, int], dict[int, bool]]:
+    """One window's `[CLS] query [SEP] window [SEP]`.
+
+    Returns its tokens, segment ids, `token_to_orig_map` and `token_is_max_context`. Mirrors, line for line,
+    the start of the window loop of run_squad.py, `convert_examples_to_features`.
+    """
+    doc_span = doc_spans[doc_span_index]
+    tokens = ["[CLS]"]
+    segment_ids = [0]
+    token_to_orig_map: dict[int, int] = {}
+    token_is_max_context: dict[int, bool] = {}
+    tokens.extend(query_tokens)
+    segment_ids.extend([0] * len(query_tokens))
+    tokens.append("[SEP]")
+    segment_ids.append(0)
+    for i in range(doc_span.length):
+        split_token_index = doc_span.start + i
+        token_to_orig_map[len(tokens)] = doc.tok_to_orig_index[split_token_index]
+        token_is_max_context[len(tokens)] = _check_is_max_context(doc_spans, doc_span_index, split_token_index)
+        tokens.append(doc.tokens[split_token_index])
+        segment_ids.append(1)
+    tokens.append("[SEP]")
+    segment_ids.append(1)
+    return tokens, segment_ids, token_to_orig_map, token_is_max_context
+
+
+def _window_labels(
+    example: SquadExample, answer_span: tuple[int, int], doc_span: DocSpan, num_query_tokens: int
+) -> tuple[int, int]:
+    """A training feature's (start_position, end_position), or (0, 0), the `[CLS]` position.
+
+    The positions of the answer's pieces `answer_span` in the feature's tokens; (0, 0) for an impossible
+    question or a window that does not hold the whole answer. The labels block of run_squad.py,
+    `convert_examples_to_features`, step for step.
+
+    The original's comment says windows without the answer are thrown out; its code keeps them, labelled
+    (0, 0) even for SQuAD v1.1, and so do we, so that training sees the same windows and labels.
+    """
+    if example.is_impossible:
+        return 0, 0
+    tok_start_position, tok_end_position = answer_span
+    doc_start = doc_span.start
+    doc_end = doc_span.start + doc_span.length - 1
+    if tok_start_position >= doc_start and tok_end_position <= doc_end:
+        doc_offset = num_query_tokens + 2
+        return tok_start_position - doc_start + doc_offset, tok_end_position - doc_start + doc_offset
+    return 0, 0
 
 
 def _log_feature(feature: InputFeatures, example: SquadExample, is_training: bool) -> None:
@@ -589,13 +717,19 @@ class _NbestPrediction(NamedTuple):
 
 
 def _get_best_indexes(logits: Sequence[float], n_best_size: int) -> list[int]:
-    """Indices of the `n_best_size` largest logits, largest first (ties: lower index first)."""
+    """Indices of the `n_best_size` largest logits, largest first (ties: lower index first).
+
+    run_squad.py, `_get_best_indexes` (a slice where the original has a loop over the sorted pairs).
+    """
     index_and_score = sorted(enumerate(logits), key=lambda x: x[1], reverse=True)
     return [index for index, _ in index_and_score[:n_best_size]]
 
 
 def _compute_softmax(scores: Sequence[float]) -> list[float]:
-    """Softmax of raw scores, max-subtracted, in plain Python floats (as the original)."""
+    """Softmax of raw scores, max-subtracted, in plain Python floats.
+
+    run_squad.py, `_compute_softmax`: the same operations in the same order, so the same probabilities.
+    """
     if not scores:
         return []
     max_score = max(scores)
@@ -635,6 +769,8 @@ def get_final_text(
     `pred_text` not found, different lengths without spaces (accents stripped from decomposed characters,
     control characters removed, ...), a position that does not map -- `orig_text` is returned whole (with
     `verbose_logging`, the reason is logged at INFO, as the original did).
+
+    Mirrors run_squad.py, `get_final_text`, step for step; its inner `_strip_spaces` is the module's.
 
     Args:
         pred_text: the de-tokenized predicted pieces.
@@ -705,18 +841,19 @@ def compute_predictions(
     are paired; a pair is kept if both positions are in the document part of the feature
     (`token_to_orig_map`), the start is max-context (the end is not checked, as in the original),
     end >= start and the span has at most `max_answer_length` pieces. For v2.0, the null score is the
-    *minimum* over features of start_logit[0] + end_logit[0] and a null candidate carries it. Candidates
-    are sorted by start_logit + end_logit; the first `n_best_size` distinct texts (`get_final_text`) form
-    the n-best list ("" for the null one; v2.0 adds "" if missing; "empty" with logits 0 if the list is
-    empty), with softmax probabilities over their scores. The answer is the first entry (v1.1), or for
-    v2.0 "" if score_null - (best non-null start + end logit) > `null_score_diff_threshold`, else the
-    best non-null text; that difference goes to `null_odds`.
+    *minimum* over features of start_logit[0] + end_logit[0] and a null candidate carries it
+    (`_prelim_predictions`). Candidates are sorted by start_logit + end_logit; the first `n_best_size`
+    distinct texts (`get_final_text`) form the n-best list ("" for the null one; v2.0 adds "" if missing;
+    "empty" with logits 0 if the list is empty; `_nbest_predictions`), with softmax probabilities over
+    their scores (`_nbest_json`). The answer is the first entry (v1.1), or for v2.0 "" if
+    score_null - (best non-null start + end logit) > `null_score_diff_threshold`, else the best non-null
+    text; that difference goes to `null_odds`. This is the loop of run_squad.py, `write_predictions`.
 
-    Divergence from the original (a fix, spec §11 row 22): in v2.0 mode, when no non-null entry is in the
-    n-best list (only "" survives, e.g. `n_best_size=1` with the null first, or no valid span at all), the
-    original dereferences None and crashes; here the answer is "" and `null_odds` records
-    `NO_NON_NULL_SCORE_DIFF`. An example without features (empty context) gets "empty" (v1.1) or ""
-    (v2.0) instead of the original's IndexError.
+    Divergence from the original, a fix (google-research/bert issues #211, #417, #476): in v2.0 mode, when
+    no non-null entry is in the n-best list (only "" survives, e.g. `n_best_size=1` with the null first, or
+    no valid span at all), the original dereferences None and crashes; here the answer is "" and
+    `null_odds` records `NO_NON_NULL_SCORE_DIFF`. An example without features (empty context) gets "empty"
+    (v1.1) or "" (v2.0) instead of the original's IndexError.
 
     Args:
         all_examples: the examples, in the order given to `convert_examples_to_features`.
@@ -744,116 +881,13 @@ def compute_predictions(
 
     for example_index, example in enumerate(all_examples):
         features = example_index_to_features[example_index]
-
-        prelim_predictions = []
-        # The minimum null score (start + end logit of position 0) over the example's windows.
-        score_null = 1000000.0  # large and positive
-        min_null_feature_index = 0  # the window with the minimum null score
-        null_start_logit = 0.0  # its start logit at position 0
-        null_end_logit = 0.0  # its end logit at position 0
-        for feature_index, feature in enumerate(features):
-            result = unique_id_to_result.get(feature.unique_id)
-            if result is None:
-                raise ValueError(
-                    f"no RawResult for feature {feature.unique_id} (question {example.qas_id}); "
-                    "predict on every feature"
-                )
-            start_logits = _as_float_list(result.start_logits)
-            end_logits = _as_float_list(result.end_logits)
-            start_indexes = _get_best_indexes(start_logits, n_best_size)
-            end_indexes = _get_best_indexes(end_logits, n_best_size)
-            if version_2_with_negative:
-                feature_null_score = start_logits[0] + end_logits[0]
-                if feature_null_score < score_null:
-                    score_null = feature_null_score
-                    min_null_feature_index = feature_index
-                    null_start_logit = start_logits[0]
-                    null_end_logit = end_logits[0]
-            num_tokens = len(feature.tokens)
-            for start_index in start_indexes:
-                for end_index in end_indexes:
-                    # Spans in the question, the special tokens or the padding are invalid; so are spans
-                    # whose start belongs to another window (max context), reversed or too long spans.
-                    if start_index >= num_tokens or end_index >= num_tokens:
-                        continue
-                    if start_index not in feature.token_to_orig_map or end_index not in feature.token_to_orig_map:
-                        continue
-                    if not feature.token_is_max_context.get(start_index, False):
-                        continue
-                    if end_index < start_index:
-                        continue
-                    if end_index - start_index + 1 > max_answer_length:
-                        continue
-                    prelim_predictions.append(
-                        _PrelimPrediction(
-                            feature_index=feature_index,
-                            start_index=start_index,
-                            end_index=end_index,
-                            start_logit=start_logits[start_index],
-                            end_logit=end_logits[end_index],
-                        )
-                    )
-
-        if version_2_with_negative:
-            prelim_predictions.append(
-                _PrelimPrediction(
-                    feature_index=min_null_feature_index,
-                    start_index=0,
-                    end_index=0,
-                    start_logit=null_start_logit,
-                    end_logit=null_end_logit,
-                )
-            )
-        prelim_predictions.sort(key=lambda x: x.start_logit + x.end_logit, reverse=True)
-
-        seen_predictions: set[str] = set()
-        nbest: list[_NbestPrediction] = []
-        for pred in prelim_predictions:
-            if len(nbest) >= n_best_size:
-                break
-            if pred.start_index > 0:  # a non-null prediction
-                feature = features[pred.feature_index]
-                tok_tokens = feature.tokens[pred.start_index : pred.end_index + 1]
-                orig_doc_start = feature.token_to_orig_map[pred.start_index]
-                orig_doc_end = feature.token_to_orig_map[pred.end_index]
-                orig_tokens = example.doc_tokens[orig_doc_start : orig_doc_end + 1]
-                # De-tokenize the word pieces, then clean the whitespace.
-                tok_text = " ".join(tok_tokens)
-                tok_text = tok_text.replace(" ##", "")
-                tok_text = tok_text.replace("##", "")
-                tok_text = " ".join(tok_text.strip().split())
-                orig_text = " ".join(orig_tokens)
-                final_text = get_final_text(tok_text, orig_text, do_lower_case, verbose_logging, basic_tokenizer)
-                if final_text in seen_predictions:
-                    continue
-            else:
-                final_text = ""
-            seen_predictions.add(final_text)
-            nbest.append(_NbestPrediction(text=final_text, start_logit=pred.start_logit, end_logit=pred.end_logit))
-
-        # If the null answer did not make the n-best list, add it.
-        if version_2_with_negative and "" not in seen_predictions:
-            nbest.append(_NbestPrediction(text="", start_logit=null_start_logit, end_logit=null_end_logit))
-        # In rare cases no span is valid: a nonce prediction, as the original.
-        if not nbest:
-            nbest.append(_NbestPrediction(text="empty", start_logit=0.0, end_logit=0.0))
-
-        total_scores = []
-        best_non_null_entry = None
-        for entry in nbest:
-            total_scores.append(entry.start_logit + entry.end_logit)
-            if best_non_null_entry is None and entry.text:
-                best_non_null_entry = entry
-        probs = _compute_softmax(total_scores)
-
-        nbest_json = []
-        for i, entry in enumerate(nbest):
-            output = collections.OrderedDict()
-            output["text"] = entry.text
-            output["probability"] = probs[i]
-            output["start_logit"] = float(entry.start_logit)
-            output["end_logit"] = float(entry.end_logit)
-            nbest_json.append(output)
+        prelim_predictions, null = _prelim_predictions(
+            example, features, unique_id_to_result, n_best_size, max_answer_length, version_2_with_negative
+        )
+        nbest = _nbest_predictions(
+            example, features, prelim_predictions, null, n_best_size, do_lower_case, verbose_logging, basic_tokenizer
+        )
+        nbest_json, best_non_null_entry = _nbest_json(nbest)
 
         if not version_2_with_negative:
             all_predictions[example.qas_id] = nbest_json[0]["text"]
@@ -863,7 +897,7 @@ def compute_predictions(
             all_predictions[example.qas_id] = ""
         else:
             # Predict "" iff the null score beats the best non-null score by more than the threshold.
-            score_diff = score_null - best_non_null_entry.start_logit - best_non_null_entry.end_logit
+            score_diff = null.score - best_non_null_entry.start_logit - best_non_null_entry.end_logit
             scores_diff_json[example.qas_id] = float(score_diff)
             if score_diff > null_score_diff_threshold:
                 all_predictions[example.qas_id] = ""
@@ -872,6 +906,196 @@ def compute_predictions(
         all_nbest_json[example.qas_id] = nbest_json
 
     return SquadPredictions(all_predictions, all_nbest_json, scores_diff_json)
+
+
+class _NullScore(NamedTuple):
+    """v2.0: the smallest null score (start + end logit at position 0) over an example's features."""
+
+    score: float
+    feature_index: int  # the feature it comes from
+    start_logit: float  # its start logit at position 0
+    end_logit: float  # its end logit at position 0
+
+
+def _prelim_predictions(
+    example: SquadExample,
+    features: Sequence[InputFeatures],
+    unique_id_to_result: Mapping[int, RawResult],
+    n_best_size: int,
+    max_answer_length: int,
+    version_2_with_negative: bool,
+) -> tuple[list[_PrelimPrediction], _NullScore | None]:
+    """An example's candidate spans over all its features, best first, and (v2.0) its null score.
+
+    v2.0 adds a null candidate (start = end = 0) from the feature with the smallest null score. The part of
+    run_squad.py, `write_predictions`, that builds and sorts `prelim_predictions`, step for step (the pairing
+    of positions is `_span_candidates`); a missing `RawResult` is a ValueError naming the feature.
+    """
+    prelim_predictions = []
+    # The minimum null score over the example's windows; it starts "large and positive", as the original.
+    null = _NullScore(score=1000000.0, feature_index=0, start_logit=0.0, end_logit=0.0)
+    for feature_index, feature in enumerate(features):
+        result = unique_id_to_result.get(feature.unique_id)
+        if result is None:
+            raise ValueError(
+                f"no RawResult for feature {feature.unique_id} (question {example.qas_id}); predict on every feature"
+            )
+        start_logits = _as_float_list(result.start_logits)
+        end_logits = _as_float_list(result.end_logits)
+        if version_2_with_negative:
+            feature_null_score = start_logits[0] + end_logits[0]
+            if feature_null_score < null.score:
+                null = _NullScore(feature_null_score, feature_index, start_logits[0], end_logits[0])
+        prelim_predictions.extend(
+            _span_candidates(feature, feature_index, start_logits, end_logits, n_best_size, max_answer_length)
+        )
+
+    if version_2_with_negative:
+        prelim_predictions.append(
+            _PrelimPrediction(
+                feature_index=null.feature_index,
+                start_index=0,
+                end_index=0,
+                start_logit=null.start_logit,
+                end_logit=null.end_logit,
+            )
+        )
+    prelim_predictions.sort(key=lambda x: x.start_logit + x.end_logit, reverse=True)
+    return prelim_predictions, (null if version_2_with_negative else None)
+
+
+def _span_candidates(
+    feature: InputFeatures,
+    feature_index: int,
+    start_logits: Sequence[float],
+    end_logits: Sequence[float],
+    n_best_size: int,
+    max_answer_length: int,
+) -> list[_PrelimPrediction]:
+    """The valid spans among the pairs of the feature's `n_best_size` best starts and ends, start-major.
+
+    The double loop over `start_indexes` and `end_indexes` of run_squad.py, `write_predictions`: the same
+    checks in the same order.
+    """
+    start_indexes = _get_best_indexes(start_logits, n_best_size)
+    end_indexes = _get_best_indexes(end_logits, n_best_size)
+    candidates = []
+    num_tokens = len(feature.tokens)
+    for start_index in start_indexes:
+        for end_index in end_indexes:
+            # Spans in the question, the special tokens or the padding are invalid; so are spans whose
+            # start belongs to another window (max context), reversed or too long spans.
+            if start_index >= num_tokens or end_index >= num_tokens:
+                continue
+            if start_index not in feature.token_to_orig_map or end_index not in feature.token_to_orig_map:
+                continue
+            if not feature.token_is_max_context.get(start_index, False):
+                continue
+            if end_index < start_index:
+                continue
+            if end_index - start_index + 1 > max_answer_length:
+                continue
+            candidates.append(
+                _PrelimPrediction(
+                    feature_index=feature_index,
+                    start_index=start_index,
+                    end_index=end_index,
+                    start_logit=start_logits[start_index],
+                    end_logit=end_logits[end_index],
+                )
+            )
+    return candidates
+
+
+def _nbest_predictions(
+    example: SquadExample,
+    features: Sequence[InputFeatures],
+    prelim_predictions: Iterable[_PrelimPrediction],
+    null: _NullScore | None,
+    n_best_size: int,
+    do_lower_case: bool,
+    verbose_logging: bool,
+    basic_tokenizer: BasicTokenizer,
+) -> list[_NbestPrediction]:
+    """The n-best list: the first `n_best_size` candidates with distinct texts (`_span_text`; "" for null).
+
+    v2.0 (`null` given) appends "" if it did not make the list; an empty list gets the nonce answer "empty".
+    Mirrors, line for line, the `nbest` loop of run_squad.py, `write_predictions`, and the two appends after
+    it.
+    """
+    seen_predictions: set[str] = set()
+    nbest: list[_NbestPrediction] = []
+    for pred in prelim_predictions:
+        if len(nbest) >= n_best_size:
+            break
+        if pred.start_index > 0:  # a non-null prediction
+            feature = features[pred.feature_index]
+            final_text = _span_text(example, feature, pred, do_lower_case, verbose_logging, basic_tokenizer)
+            if final_text in seen_predictions:
+                continue
+        else:
+            final_text = ""
+        seen_predictions.add(final_text)
+        nbest.append(_NbestPrediction(text=final_text, start_logit=pred.start_logit, end_logit=pred.end_logit))
+
+    # If the null answer did not make the n-best list, add it.
+    if null is not None and "" not in seen_predictions:
+        nbest.append(_NbestPrediction(text="", start_logit=null.start_logit, end_logit=null.end_logit))
+    # In rare cases no span is valid: a nonce prediction, as the original.
+    if not nbest:
+        nbest.append(_NbestPrediction(text="empty", start_logit=0.0, end_logit=0.0))
+    return nbest
+
+
+def _span_text(
+    example: SquadExample,
+    feature: InputFeatures,
+    pred: _PrelimPrediction,
+    do_lower_case: bool,
+    verbose_logging: bool,
+    basic_tokenizer: BasicTokenizer,
+) -> str:
+    """The answer text of a non-null span: its pieces de-tokenized, projected onto the context words.
+
+    Mirrors, line for line, the non-null branch of the `nbest` loop of run_squad.py, `write_predictions`
+    (the projection is `get_final_text`).
+    """
+    tok_tokens = feature.tokens[pred.start_index : pred.end_index + 1]
+    orig_doc_start = feature.token_to_orig_map[pred.start_index]
+    orig_doc_end = feature.token_to_orig_map[pred.end_index]
+    orig_tokens = example.doc_tokens[orig_doc_start : orig_doc_end + 1]
+    # De-tokenize the word pieces, then clean the whitespace.
+    tok_text = " ".join(tok_tokens)
+    tok_text = tok_text.replace(" ##", "")
+    tok_text = tok_text.replace("##", "")
+    tok_text = " ".join(tok_text.strip().split())
+    orig_text = " ".join(orig_tokens)
+    return get_final_text(tok_text, orig_text, do_lower_case, verbose_logging, basic_tokenizer)
+
+
+def _nbest_json(nbest: Sequence[_NbestPrediction]) -> tuple[list[collections.OrderedDict], _NbestPrediction | None]:
+    """The n-best list as `nbest_predictions.json` holds it, and its best non-null entry (None if none).
+
+    Each entry gets the softmax over the entries' start + end logits as its probability. Mirrors, line for
+    line, the `total_scores` and `nbest_json` loops of run_squad.py, `write_predictions`.
+    """
+    total_scores = []
+    best_non_null_entry = None
+    for entry in nbest:
+        total_scores.append(entry.start_logit + entry.end_logit)
+        if best_non_null_entry is None and entry.text:
+            best_non_null_entry = entry
+    probs = _compute_softmax(total_scores)
+
+    nbest_json = []
+    for i, entry in enumerate(nbest):
+        output = collections.OrderedDict()
+        output["text"] = entry.text
+        output["probability"] = probs[i]
+        output["start_logit"] = float(entry.start_logit)
+        output["end_logit"] = float(entry.end_logit)
+        nbest_json.append(output)
+    return nbest_json, best_non_null_entry
 
 
 def _write_json(path: str | os.PathLike, obj: Mapping) -> None:

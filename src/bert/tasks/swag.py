@@ -1,4 +1,4 @@
-"""SWAG multiple-choice data (Zellers et al. 2018; BERT paper §4.4): reading and features.
+"""SWAG multiple-choice data (Zellers et al. 2018; the BERT paper's section 4.4): reading and features.
 
 Input: the CSV files of rowanz/swagaf `data/` (`train.csv`, `val.csv`, `test.csv`), comma separated with
 standard CSV quoting and a header line naming the columns: an unnamed index column, then `video-id,
