@@ -1,4 +1,4 @@
-"""`bert ner`: named-entity recognition on CoNLL-2003 (the BERT paper's §5.3 recipe).
+"""`bert ner`: named-entity recognition on CoNLL-2003 (the BERT paper's section 5.3 recipe).
 
 The original repository has no NER script (users asked for one in its issues); this one takes the
 common fine-tuning flags of `bert classify` (`bert.finetune`). Data: `--data_dir` holds `train.txt`, `valid.txt` and

@@ -1,4 +1,4 @@
-"""`bert swag`: multiple choice on SWAG (Zellers et al. 2018; the BERT paper's §4.4 recipe).
+"""`bert swag`: multiple choice on SWAG (Zellers et al. 2018; the BERT paper's section 4.4 recipe).
 
 The original repository has no SWAG script; this one takes the common fine-tuning flags of
 `bert classify` (`bert.finetune`). Data: `--data_dir` holds `train.csv`, `val.csv` and `test.csv` in the
