@@ -436,5 +436,3 @@ def iter_buffers(
                 n_out -= 1
     if out.chars:
         yield out
-
-
