@@ -37,6 +37,12 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "run_tokenize",
         "text or JSON lines -> WordPiece tokens and ids",
     ),
+    "build-vocab": (
+        "bert.commands.build_vocab",
+        "BuildVocabArgs",
+        "run_build_vocab",
+        "learn a WordPiece vocab.txt from a corpus (for pre-training on one's own domain)",
+    ),
     "create-pretraining-data": (
         "bert.commands.create_pretraining_data",
         "CreatePretrainingDataArgs",

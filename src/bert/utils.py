@@ -11,6 +11,7 @@ import gzip
 import json
 import logging
 import os
+import struct
 import sys
 import tempfile
 import time
@@ -122,6 +123,16 @@ def expand_input_files(input_file: str, flag: str = "--input_file", directories:
     if not files:
         raise InputError(f"{flag} is empty; give one or more files or glob patterns, comma-separated")
     return files
+
+
+def text_size(path: str) -> int:
+    """Uncompressed size of a file in bytes (a .gz file's ISIZE trailer, exact below 4 GiB)."""
+    size = os.path.getsize(path)
+    if path.endswith(".gz") and size >= 18:
+        with open(path, "rb") as f:
+            f.seek(-4, os.SEEK_END)
+            return struct.unpack("<I", f.read(4))[0]
+    return size
 
 
 def _open_binary(path: str):

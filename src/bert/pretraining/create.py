@@ -43,9 +43,8 @@ from bert.pretraining.streaming import (
     part_name,
     process_buffer,
     record_stats,
-    text_size,
 )
-from bert.utils import atomic_write, write_run_info
+from bert.utils import atomic_write, text_size, write_run_info
 
 logger = logging.getLogger(__name__)
 

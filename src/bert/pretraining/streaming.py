@@ -21,7 +21,6 @@ import logging
 import math
 import os
 import random
-import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -437,13 +436,3 @@ def iter_buffers(
                 n_out -= 1
     if out.chars:
         yield out
-
-
-def text_size(path: str) -> int:
-    """Uncompressed size of a file (a .gz file's ISIZE trailer, exact below 4 GiB)."""
-    size = os.path.getsize(path)
-    if path.endswith(".gz") and size >= 18:
-        with open(path, "rb") as f:
-            f.seek(-4, os.SEEK_END)
-            return struct.unpack("<I", f.read(4))[0]
-    return size
