@@ -615,7 +615,7 @@ def test_multi_label_csv_jsonl_and_separator(tmp_path):
     write(tmp_path / "train.csv", 'text,labels\n"one, two","x,y"\nthree,z\n')
     p = GenericProcessor("text", "labels", has_header=True, multi_label=True, train_file="train.csv")
     assert [(e.text_a, e.label) for e in p.get_train_examples(tmp_path)] == [("one, two", ["x", "y"]), ("three", ["z"])]
-    write(tmp_path / "train.jsonl", '{"t": "a", "l": ["b", "a"]}\n{"t": "c", "l": "a|c"}\n{"t": "d", "l": [1]}\n')
+    write(tmp_path / "train.jsonl", '{"t": "a", "l": ["b", null, "a"]}\n{"t": "c", "l": "a|c"}\n{"t": "d", "l": [1]}\n')
     p = GenericProcessor("t", "l", multi_label=True, label_separator="|", train_file="train.jsonl")
     assert [e.label for e in p.get_train_examples(tmp_path)] == [["a", "b"], ["a", "c"], ["1"]]
     assert p.get_labels() == ["1", "a", "b", "c"]

@@ -641,8 +641,8 @@ class GenericProcessor(DataProcessor):
         if cell is None:
             return []
         names = cell if isinstance(cell, list) else cell.split(self.label_separator)
-        names = (x if isinstance(x, str) else json.dumps(x) for x in names)
-        return list(dict.fromkeys(x.strip() for x in names if x is not None and x.strip()))
+        names = (x if isinstance(x, str) else json.dumps(x) for x in names if x is not None)
+        return list(dict.fromkeys(x.strip() for x in names if x.strip()))
 
     # --- reading ---------------------------------------------------------------------------------
 
