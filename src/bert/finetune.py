@@ -394,6 +394,7 @@ class ModelFiles:
     vocab_file: str
     checkpoint: Any  # bert.checkpoint.Checkpoint | None: --init_checkpoint
     saved_labels: list[str] | None
+    saved_config: dict[str, Any]  # the extra config.json keys of the model saved_labels come from
 
 
 def _resolve_model_files(args: FinetuneArgs, resume_dir: Path | None) -> ModelFiles:
@@ -431,12 +432,13 @@ def _resolve_model_files(args: FinetuneArgs, resume_dir: Path | None) -> ModelFi
             )
     # The labels of the model the run starts from (see `_run`, point 3), else of --init_checkpoint.
     exported = Path(args.output_dir) / MODEL_DIR
-    saved_labels = saved_label_list(ckpt.config) if ckpt is not None else None
+    saved = ckpt.config if ckpt is not None else None
     for cfg_dir in (resume_dir,) if args.do_train else (exported, resume_dir):
         if cfg_dir is not None and (cfg_dir / "config.json").is_file():
-            saved_labels = saved_label_list(BertConfig.from_json_file(cfg_dir / "config.json"))
+            saved = BertConfig.from_json_file(cfg_dir / "config.json")
             break
-    return ModelFiles(config, vocab_file, ckpt, saved_labels)
+    saved_config = dict(saved.extra) if saved is not None else {}
+    return ModelFiles(config, vocab_file, ckpt, saved_label_list(saved), saved_config)
 
 
 class EvalHistory:
@@ -564,6 +566,8 @@ class _FinetuneRun:
         if task.classifier_dropout is not None and config.classifier_dropout is None:
             config.classifier_dropout = task.classifier_dropout
         task.setup(self.files.saved_labels, args.do_train)
+        if not args.do_train:
+            task.use_saved_config(self.files.saved_config)
         self.evaluate_during_training = args.do_train and args.eval_every_steps > 0
         self.train_examples = task.read_examples("train") if args.do_train else None
         self.dev_examples = task.read_examples("dev") if args.do_eval or self.evaluate_during_training else None
@@ -612,10 +616,24 @@ class _FinetuneRun:
             if self.dist.is_main:
                 write_results(self.output_dir, ev["results"])
                 self.task.write_eval_files(self.output_dir, self.dev_examples, self.dev_features, ev["pred"].outputs)
+                self.save_tuned_config()
             result["eval"] = ev["results"]
         if args.do_predict:
             result["predict"] = self.predict_test_set()
         return result
+
+    def save_tuned_config(self) -> None:
+        """Settings the task tuned on the dev set (`task.tuned_config`) go into model/config.json when that
+        is the model just evaluated (trained by this run, or the exported model evaluated alone)."""
+        tuned = self.task.tuned_config()
+        path = self.exported / "config.json"
+        if not tuned or not path.is_file():
+            return
+        config = json.loads(path.read_text(encoding="utf-8"))
+        config.update(tuned)
+        with atomic_write(path) as f:
+            f.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        logger.info("saved %s tuned on the dev set to %s", ", ".join(tuned), path)
 
     def features_of(self, examples: Sequence) -> list:
         args = self.args

@@ -2,6 +2,8 @@
 
 - Classification and regression (GLUE convention): `accuracy`, `f1_binary`, `matthews_corrcoef`,
   `pearson`, `spearman`, and `glue_metrics(task_name, preds, labels)` that picks them per task.
+- Multi-label classification: `multi_label_metrics` (micro and macro precision, recall and F1, subset
+  accuracy), `per_label_scores`, and `best_f1_threshold` (a label's decision threshold tuned for F1).
 - SQuAD: answer normalisation and per-question exact match / F1, written to give exactly the numbers
   of the official `evaluate-v1.1.py` and `evaluate-v2.0.py` (including their integer/float result types,
   so sums come out bit for bit the same). The dataset-level scores live in `bert.tasks.squad_evaluate`.
@@ -147,6 +149,96 @@ def glue_metrics(task_name: str, preds, labels) -> dict[str, float]:
     elif kind == "mcc":
         out["mcc"] = matthews_corrcoef(preds, labels)
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Multi-label classification: [N, L] 0/1 matrices, one row per example, one column per label
+
+
+def _label_matrices(preds, labels) -> tuple[np.ndarray, np.ndarray]:
+    p = np.asarray(preds).astype(bool)
+    y = np.asarray(labels).astype(bool)
+    if p.shape != y.shape or p.ndim != 2:
+        raise ValueError(f"preds and labels must be [N, L] and of equal shape, got {p.shape} and {y.shape}")
+    if p.shape[0] == 0:
+        raise ValueError("preds and labels are empty")
+    return p, y
+
+
+def _ratio(num, den):
+    """num / den elementwise, 0.0 where den is 0 (sklearn's zero_division=0)."""
+    num, den = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
+    return np.divide(num, den, out=np.zeros_like(num), where=den > 0)
+
+
+def per_label_scores(preds, labels) -> dict[str, np.ndarray]:
+    """Per label (column): `precision`, `recall`, `f1` (float64 [L]) and `support` (gold positives, int [L]).
+
+    A score whose denominator is 0 (no prediction, no gold positive) is 0.0, as sklearn's
+    `precision_recall_fscore_support` with `zero_division=0`.
+    """
+    p, y = _label_matrices(preds, labels)
+    tp = (p & y).sum(0)
+    predicted, gold = p.sum(0), y.sum(0)
+    return {
+        "precision": _ratio(tp, predicted),
+        "recall": _ratio(tp, gold),
+        "f1": _ratio(2 * tp, predicted + gold),
+        "support": gold.astype(np.int64),
+    }
+
+
+def multi_label_metrics(preds, labels) -> dict[str, float]:
+    """Scores of multi-label predictions ([N, L] 0/1) against gold labels ([N, L] 0/1).
+
+    `micro_*` pool the (example, label) decisions of every label: precision = TP / predicted positives,
+    recall = TP / gold positives, F1 = 2·TP / (predicted + gold positives). `macro_*` are the unweighted
+    means over the labels of each label's own precision, recall and F1 (`per_label_scores`; a label with
+    no gold positive and no prediction counts 0.0, as sklearn's `average="macro"`). `subset_accuracy`:
+    the share of examples whose predicted label set equals the gold one exactly.
+    """
+    p, y = _label_matrices(preds, labels)
+    tp, predicted, gold = int((p & y).sum()), int(p.sum()), int(y.sum())
+    per = per_label_scores(p, y)
+    return {
+        "micro_precision": float(_ratio(tp, predicted)),
+        "micro_recall": float(_ratio(tp, gold)),
+        "micro_f1": float(_ratio(2 * tp, predicted + gold)),
+        "macro_precision": float(per["precision"].mean()),
+        "macro_recall": float(per["recall"].mean()),
+        "macro_f1": float(per["f1"].mean()),
+        "subset_accuracy": float((p == y).all(1).mean()),
+    }
+
+
+def best_f1_threshold(scores, labels, default: float = 0.5) -> float:
+    """The decision threshold of one label that maximises its F1 on (`scores`, `labels`).
+
+    A score at or above the threshold predicts the label. Every distinct score is tried as the lowest
+    score still predicted positive; the one with the highest F1 wins (ties: the higher score, i.e. fewer
+    positives). The threshold returned lies halfway between it and the next lower score (0.0 below the
+    lowest), so scores close to the chosen cut on new data fall on the side the dev set put them.
+    Without any gold positive F1 is 0 whatever the threshold: `default` is returned.
+
+    Args:
+        scores: [N] the label's scores (e.g. sigmoid probabilities) on the dev set.
+        labels: [N] 0/1 gold labels.
+        default: the threshold kept when the label has no gold positive.
+    """
+    s, y = _pair(np.asarray(scores, dtype=np.float64), np.asarray(labels).astype(bool))
+    positives = int(y.sum())
+    if positives == 0:
+        return float(default)
+    order = np.argsort(-s, kind="stable")
+    s, y = s[order], y[order]
+    # The last position of each run of equal scores: cutting there predicts the whole run.
+    last = np.flatnonzero(np.concatenate([s[1:] != s[:-1], [True]]))
+    tp = np.cumsum(y)[last]
+    predicted = last + 1
+    f1 = 2.0 * tp / (predicted + positives)
+    best = int(np.argmax(f1))  # the first maximum: the highest score
+    below = s[last[best] + 1] if last[best] + 1 < len(s) else 0.0
+    return float((s[last[best]] + below) / 2.0)
 
 
 # --------------------------------------------------------------------------------------------------

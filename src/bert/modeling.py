@@ -537,13 +537,34 @@ def classification_loss(logits: torch.Tensor, labels: torch.Tensor, regression: 
     return F.cross_entropy(logits.float(), labels.long(), reduction="none")
 
 
-class BertForSequenceClassification(_FineTuningHead):
-    """Pooled output -> dropout -> linear, as `run_classifier.create_model`; num_labels=1 is regression."""
+def multi_label_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per example [B]: the sum over the labels of the sigmoid cross-entropy of [B, L] logits against [B, L]
+    0/1 targets (one loss term per label; transformers' multi-label loss is their mean over B*L)."""
+    return F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="none").sum(-1)
 
-    def __init__(self, config: BertConfig, num_labels: int = 2):
+
+# transformers' `config.problem_type` values, which pick a sequence classifier's loss.
+PROBLEM_TYPES = ("single_label_classification", "regression", "multi_label_classification")
+
+
+class BertForSequenceClassification(_FineTuningHead):
+    """Pooled output -> dropout -> linear, as `run_classifier.create_model`; num_labels=1 is regression.
+
+    `problem_type="multi_label_classification"` (the argument, else the config's `problem_type`) makes
+    every label a yes/no decision: sigmoid cross-entropy per label, labels [B, L] of 0/1, as transformers'
+    BertForSequenceClassification with that problem type.
+    """
+
+    def __init__(self, config: BertConfig, num_labels: int = 2, problem_type: str | None = None):
         super().__init__()
         self.config = config
         self.num_labels = num_labels
+        problem_type = problem_type or config.extra.get("problem_type")
+        if problem_type is not None and problem_type not in PROBLEM_TYPES:
+            raise ValueError(f"problem_type={problem_type!r} must be one of {', '.join(PROBLEM_TYPES)}")
+        if problem_type != "multi_label_classification":
+            problem_type = "regression" if num_labels == 1 else "single_label_classification"
+        self.problem_type = problem_type
         self.bert = BertModel(config)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         self.dropout = nn.Dropout(dropout)
@@ -553,14 +574,26 @@ class BertForSequenceClassification(_FineTuningHead):
     def forward(
         self, input_ids, attention_mask=None, token_type_ids=None, labels=None, loss_normalizers=None
     ) -> TaskOutput:
-        """Returns logits [B, L] (L = num_labels; [B, 1] for regression). Loss: cross-entropy, or MSE."""
+        """Returns logits [B, L] (L = num_labels; [B, 1] for regression). Loss: cross-entropy, MSE, or for
+        multi-label the mean sigmoid cross-entropy over the B*L (example, label) pairs."""
         out = self.bert(input_ids, attention_mask, token_type_ids)
         logits = self.classifier(self.dropout(out.pooled_output))  # [B, L]
         example_loss = count = None
         if labels is not None:
-            example_loss = classification_loss(logits, labels, regression=self.num_labels == 1)
-            count = torch.ones_like(example_loss)
+            if self.problem_type == "multi_label_classification":
+                example_loss = multi_label_loss(logits, labels)
+                count = torch.full_like(example_loss, float(self.num_labels))
+            else:
+                example_loss = classification_loss(logits, labels, regression=self.problem_type == "regression")
+                count = torch.ones_like(example_loss)
         return _task_output(logits, example_loss, count, loss_normalizers, out)
+
+    @staticmethod
+    def loss_normalizers(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        labels = batch.get("labels")
+        if labels is not None and labels.dim() == 2:  # multi-label [B, L]: a loss term per label
+            return {"count": torch.tensor(float(labels.numel()), device=labels.device)}
+        return _FineTuningHead.loss_normalizers(batch)
 
 
 class BertForQuestionAnswering(_FineTuningHead):

@@ -93,6 +93,62 @@ def test_glue_metrics_unknown_task():
 
 
 # --------------------------------------------------------------------------------------------------
+# Multi-label
+
+# 4 examples x 3 labels. Per label: 0 predicted {0, 2}, gold {0, 2} -> P 1, R 1, F1 1; 1 predicted {1, 2},
+# gold {1} -> P 1/2, R 1, F1 2/3; 2 predicted {0, 3}, gold {1, 3} -> P 1/2, R 1/2, F1 1/2.
+ML_PREDS = [[1, 0, 1], [0, 1, 0], [1, 1, 0], [0, 0, 1]]
+ML_GOLD = [[1, 0, 0], [0, 1, 1], [1, 0, 0], [0, 0, 1]]
+
+
+def test_per_label_scores_by_hand():
+    per = metrics.per_label_scores(ML_PREDS, ML_GOLD)
+    np.testing.assert_allclose(per["precision"], [1, 1 / 2, 1 / 2])
+    np.testing.assert_allclose(per["recall"], [1, 1, 1 / 2])
+    np.testing.assert_allclose(per["f1"], [1, 2 / 3, 1 / 2])
+    assert per["support"].tolist() == [2, 1, 2]
+
+
+def test_multi_label_metrics_by_hand():
+    found = metrics.multi_label_metrics(np.array(ML_PREDS), np.array(ML_GOLD))
+    # Micro: TP = 2 + 1 + 1 = 4 of 6 predicted and 5 gold positives.
+    assert found["micro_precision"] == pytest.approx(4 / 6)
+    assert found["micro_recall"] == pytest.approx(4 / 5)
+    assert found["micro_f1"] == pytest.approx(2 * 4 / (6 + 5))  # 8/11
+    # Macro: the means of the per-label scores.
+    assert found["macro_precision"] == pytest.approx((1 + 1 / 2 + 1 / 2) / 3)
+    assert found["macro_recall"] == pytest.approx((1 + 1 + 1 / 2) / 3)
+    assert found["macro_f1"] == pytest.approx((1 + 2 / 3 + 1 / 2) / 3)  # 13/18
+    assert found["subset_accuracy"] == 1 / 4  # only the last example's set is exact
+
+
+def test_multi_label_metrics_edge_cases():
+    # A label never predicted nor gold scores 0 in the macro means (sklearn's zero_division=0).
+    found = metrics.multi_label_metrics([[1, 0], [0, 0]], [[1, 0], [1, 0]])
+    assert found["macro_f1"] == pytest.approx((2 / 3 + 0) / 2)
+    assert found["micro_f1"] == pytest.approx(2 / 3) and found["micro_precision"] == 1.0
+    # All-negative predictions: micro F1 0, not NaN.
+    assert metrics.multi_label_metrics([[0, 0]], [[1, 0]])["micro_f1"] == 0.0
+    with pytest.raises(ValueError, match=r"\[N, L\]"):
+        metrics.multi_label_metrics([1, 0], [1, 0])
+
+
+def test_best_f1_threshold_by_hand():
+    scores, gold = [0.9, 0.8, 0.6, 0.4, 0.2], [1, 0, 1, 1, 0]
+    # Cutting after each score predicts 1..5 examples: TP 1, 1, 2, 3, 3 of 3 positives, so F1 = 2TP / (k + 3)
+    # = 2/4, 2/5, 4/6, 6/7, 6/8: the best keeps 0.4 and above; the threshold lies halfway to 0.2.
+    assert metrics.best_f1_threshold(scores, gold) == pytest.approx(0.3)
+    # Tied scores are predicted together: both 0.7s (F1 1), halfway to 0.3.
+    assert metrics.best_f1_threshold([0.7, 0.3, 0.7], [1, 0, 1]) == pytest.approx(0.5)
+    # Equal F1 (2/3 cutting at 0.9 and at 0.2) keeps the higher cut, halfway to 0.6.
+    assert metrics.best_f1_threshold([0.9, 0.6, 0.5, 0.2], [1, 0, 0, 1]) == pytest.approx(0.75)
+    # The best cut predicts every example: halfway to 0.
+    assert metrics.best_f1_threshold([0.2, 0.1], [1, 1]) == pytest.approx(0.05)
+    # No gold positive: F1 is 0 whatever the threshold; the default stays.
+    assert metrics.best_f1_threshold([0.9, 0.1], [0, 0], default=0.42) == 0.42
+
+
+# --------------------------------------------------------------------------------------------------
 # SQuAD answer scores
 
 

@@ -88,6 +88,30 @@ def test_sequence_classification_head(tiny_config):
     assert model(ids, mask, types).loss is None
 
 
+def test_multi_label_sequence_classification_head(tiny_config):
+    ids, mask, types = _inputs(tiny_config)
+    model = BertForSequenceClassification(tiny_config, num_labels=4, problem_type="multi_label_classification").eval()
+    labels = torch.randint(0, 2, (B, 4)).float()
+    out = model(ids, mask, types, labels=labels)
+    assert out.logits.shape == (B, 4) and out.example_loss.shape == (B,)
+    assert torch.equal(out.example_count, torch.full((B,), 4.0))
+    # -[y log sigmoid(x) + (1 - y) log(1 - sigmoid(x))], averaged over the B*4 (example, label) pairs, as
+    # transformers' BCEWithLogitsLoss.
+    p = torch.sigmoid(out.logits.double())
+    bce = -(labels * torch.log(p) + (1 - labels) * torch.log(1 - p))  # [B, 4]
+    torch.testing.assert_close(out.loss.double(), bce.mean())
+    torch.testing.assert_close(out.example_loss.double(), bce.sum(-1))
+    inputs = dict(input_ids=ids, attention_mask=mask, token_type_ids=types, labels=labels)
+    assert type(model).loss_normalizers(inputs)["count"] == B * 4
+    _halves_add_up(model, inputs, out.loss)
+    # The problem type may come from the config, as transformers' `config.problem_type`.
+    tiny_config.extra["problem_type"] = "multi_label_classification"
+    assert BertForSequenceClassification(tiny_config, num_labels=4).problem_type == "multi_label_classification"
+    tiny_config.extra["problem_type"] = "multi_label"
+    with pytest.raises(ValueError, match="problem_type='multi_label' must be one of"):
+        BertForSequenceClassification(tiny_config, num_labels=4)
+
+
 def test_question_answering_head_masks_padding_in_its_loss(tiny_config):
     ids, mask, types = _inputs(tiny_config)
     model = BertForQuestionAnswering(tiny_config).eval()

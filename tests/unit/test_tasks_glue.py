@@ -23,7 +23,7 @@ from bert.tasks.glue import (
     convert_single_example,
 )
 from bert.tokenization import FullTokenizer
-from conftest import shared_path
+from conftest import FIXTURES, shared_path
 
 VOCAB = [
     "[PAD]",
@@ -500,3 +500,135 @@ def test_generic_errors(tmp_path):
     write(tmp_path / "empty.tsv", "")
     with pytest.raises(InputError, match="empty.tsv is empty"):
         GenericProcessor(train_file="empty.tsv").get_train_examples(tmp_path)
+
+
+# --------------------------------------------------------------------------------------------------
+# Long documents: windows and their pooling
+
+LONG = "the dog is good the dog is bad the dog is hairy"  # 12 pieces: 15 16 5 18 15 16 5 19 15 16 5 17
+
+
+def test_window_spans():
+    spans = glue.window_spans
+    assert spans(12, 0, 8, 4) == (0, [(0, 6), (4, 6), (8, 4)])  # room 8 - 2; run_squad's doc_spans loop
+    assert spans(12, 0, 8, 100) == (0, [(0, 6), (6, 6)])  # a stride beyond the window: no overlap
+    assert spans(5, 0, 8, 4) == (0, [(0, 5)])  # fits: one window
+    assert spans(0, 0, 8, 4) == (0, [(0, 0)])  # empty text_a: one empty window
+    assert spans(12, 4, 12, 4) == (4, [(0, 5), (4, 5), (8, 4)])  # text_b whole: room 12 - 3 - 4
+    assert spans(2, 12, 12, 4) == (7, [(0, 2)])  # text_b cut to what text_a leaves, as truncate
+    assert spans(12, 12, 12, 4) == (4, [(0, 5), (4, 5), (8, 4)])  # both long: text_b keeps half the room
+    with pytest.raises(InputError, match="--doc_stride=0 must be at least 1"):
+        spans(12, 0, 8, 0)
+    with pytest.raises(InputError, match="--max_seq_length=2 leaves no room for windows"):
+        spans(12, 0, 2, 1)
+
+
+def test_windows_of_a_long_document(tokenizer, caplog):
+    examples = [InputExample("a", LONG, None, "good"), InputExample("b", "the dog", None, "bad")]
+    with caplog.at_level(logging.INFO, logger="bert.tasks.glue"):
+        features = glue.convert_examples_to_windows(examples, ["bad", "good"], 8, tokenizer, doc_stride=4)
+    assert [f.input_ids for f in features] == [
+        [2, 15, 16, 5, 18, 15, 16, 3],  # pieces 0..5
+        [2, 15, 16, 5, 19, 15, 16, 3],  # pieces 4..9
+        [2, 15, 16, 5, 17, 3, 0, 0],  # pieces 8..11, padded
+        [2, 15, 16, 3, 0, 0, 0, 0],
+    ]
+    assert [f.input_mask for f in features][2] == [1, 1, 1, 1, 1, 1, 0, 0]
+    assert all(f.segment_ids == [0] * 8 for f in features)
+    assert [f.example_index for f in features] == [0, 0, 0, 1]
+    assert [f.label_id for f in features] == [1, 1, 1, 0]  # every window has its example's label
+    assert sum("*** Example ***" in r.getMessage() for r in caplog.records) == 4
+    unpadded = glue.convert_examples_to_windows(examples, ["bad", "good"], 8, tokenizer, 4, pad=False)
+    assert unpadded[2].input_ids == [2, 15, 16, 5, 17, 3]
+
+
+def test_windows_of_a_pair_keep_text_b_in_each(tokenizer):
+    example = InputExample("p", LONG, "is it good ?", "good")  # text_b: 5 12 18 10
+    features = glue.convert_examples_to_windows([example], ["bad", "good"], 12, tokenizer, doc_stride=4)
+    assert [f.input_ids for f in features] == [
+        [2, 15, 16, 5, 18, 15, 3, 5, 12, 18, 10, 3],
+        [2, 15, 16, 5, 19, 15, 3, 5, 12, 18, 10, 3],
+        [2, 15, 16, 5, 17, 3, 5, 12, 18, 10, 3, 0],
+    ]
+    assert features[2].segment_ids == [0] * 6 + [1] * 5 + [0]
+
+
+def test_windows_of_examples_that_fit_are_the_truncate_features(tokenizer):
+    examples = [
+        InputExample("1", "is this jacksonville ?", "no it is not .", "0"),
+        InputExample("2", "the dog", LONG, "1"),  # text_b cut as truncate cuts it
+        InputExample("3", "the dog is hairy", None, "1"),
+    ]
+    for pad in (True, False):
+        truncated = convert_examples_to_features(examples, ["0", "1"], 16, tokenizer, pad=pad)
+        windows = glue.convert_examples_to_windows(examples, ["0", "1"], 16, tokenizer, 4, pad=pad)
+        assert [f.example_index for f in windows] == [0, 1, 2]
+        assert len(truncated[1].input_ids) == 16 and sum(truncated[1].input_mask) == 16  # example 2 was cut
+        for f in windows:
+            f.example_index = None
+        assert windows == truncated
+
+
+def test_truncate_features_are_unchanged_on_real_pairs():
+    """`convert_examples_to_features` gives the ids recorded before windows and multi-label were added
+    (MRPC dev pairs at max_seq_length 24: most are truncated)."""
+    expected = json.loads((FIXTURES / "tasks" / "mrpc_dev_features_24.json").read_text())
+    tok = FullTokenizer(shared_path("data", "vocab", "uncased.txt"), do_lower_case=True)
+    examples = MrpcProcessor().get_dev_examples(shared_path("data", "glue", "MRPC"))[: len(expected)]
+    features = convert_examples_to_features(examples, ["0", "1"], 24, tok)
+    assert [[f.input_ids, f.input_mask, f.segment_ids, f.label_id] for f in features] == expected
+
+
+def test_pool_windows():
+    outputs = [np.array([1.0, -2.0]), np.array([3.0, 0.0]), np.array([5.0, 5.0]), np.array([0.0, 4.0])]
+    windows = [glue.InputFeatures([], [], [], 0, example_index=i) for i in (0, 0, 1, 0)]
+    np.testing.assert_allclose(glue.pool_windows(outputs, windows, 2, "mean"), [[4 / 3, 2 / 3], [5, 5]])
+    np.testing.assert_allclose(glue.pool_windows(outputs, windows, 2, "max"), [[3, 4], [5, 5]])
+    single = [glue.InputFeatures([], [], [], 0) for _ in outputs]  # truncate: one feature per example
+    np.testing.assert_allclose(glue.pool_windows(outputs, single, 4, "mean"), np.stack(outputs))
+    with pytest.raises(ValueError, match="some missing"):
+        glue.pool_windows(outputs, windows, 3, "mean")
+
+
+# --------------------------------------------------------------------------------------------------
+# Multi-label
+
+
+def test_multi_label_tsv(tmp_path, tokenizer):
+    write(tmp_path / "train.tsv", "a\tsports, politics\nb\tpolitics\nc\tart,art,\n")
+    write(tmp_path / "dev.tsv", "d\tart,sports\n")
+    write(tmp_path / "test.tsv", "e\tanything\n")
+    p = GenericProcessor(multi_label=True)
+    train = p.get_train_examples(tmp_path)
+    assert p.get_labels() == ["art", "politics", "sports"]  # the sorted union
+    # Spaces stripped, repeats and empty entries dropped, in label-list order.
+    assert [e.label for e in train] == [["politics", "sports"], ["politics"], ["art"]]
+    assert p.get_dev_examples(tmp_path)[0].label == ["art", "sports"]
+    assert p.get_test_examples(tmp_path)[0].label == []  # the placeholder: no label
+    features = convert_examples_to_features(train, p.get_labels(), 8, tokenizer)
+    assert [f.label_id for f in features] == [[0, 1, 1], [0, 1, 0], [1, 0, 0]]
+    arrays = glue.features_to_arrays(features)
+    assert arrays["label_ids"].dtype == np.float32 and arrays["label_ids"].shape == (3, 3)
+
+
+def test_multi_label_csv_jsonl_and_separator(tmp_path):
+    write(tmp_path / "train.csv", 'text,labels\n"one, two","x,y"\nthree,z\n')
+    p = GenericProcessor("text", "labels", has_header=True, multi_label=True, train_file="train.csv")
+    assert [(e.text_a, e.label) for e in p.get_train_examples(tmp_path)] == [("one, two", ["x", "y"]), ("three", ["z"])]
+    write(tmp_path / "train.jsonl", '{"t": "a", "l": ["b", null, "a"]}\n{"t": "c", "l": "a|c"}\n{"t": "d", "l": [1]}\n')
+    p = GenericProcessor("t", "l", multi_label=True, label_separator="|", train_file="train.jsonl")
+    assert [e.label for e in p.get_train_examples(tmp_path)] == [["a", "b"], ["a", "c"], ["1"]]
+    assert p.get_labels() == ["1", "a", "b", "c"]
+
+
+def test_multi_label_errors(tmp_path):
+    write(tmp_path / "train.tsv", "a\tx,y\nb\t\n")
+    with pytest.raises(InputError, match=r"train.tsv:2: no label \(column -1\); a multi-label train example needs"):
+        GenericProcessor(multi_label=True).get_train_examples(tmp_path)
+    p = GenericProcessor(multi_label=True, allow_empty_labels=True)
+    assert [e.label for e in p.get_train_examples(tmp_path)] == [["x", "y"], []]
+    write(tmp_path / "dev.tsv", "c\tx\nd\ty,w\n")
+    with pytest.raises(InputError, match=r"dev.tsv:2: label 'w' \(column -1\) is not one of \['x', 'y'\]"):
+        p.get_dev_examples(tmp_path)
+    with pytest.raises(InputError, match="either multi-label or regression"):
+        GenericProcessor(multi_label=True, is_regression=True)

@@ -68,6 +68,16 @@ class FinetuneTask:
         `problem_type`, SQuAD's `doc_stride`)."""
         return {}
 
+    def use_saved_config(self, config: dict[str, Any]) -> None:
+        """Called after `setup` in runs that evaluate or predict without training: the config.json keys
+        (besides the architecture's) of the fine-tuned model the run uses, e.g. what `inference_config`
+        and `tuned_config` saved (multi-label thresholds)."""
+
+    def tuned_config(self) -> dict[str, Any]:
+        """Inference settings the last `metrics` call chose on the dev set (e.g. multi-label thresholds);
+        the runner saves them into the config.json of the model the final evaluation scored."""
+        return {}
+
     def metric_names(self) -> list[str]:
         """The eval_results keys the evaluation produces, besides eval_loss, loss and global_step."""
         return ["eval_accuracy"]
@@ -109,6 +119,12 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     x = np.asarray(logits, dtype=np.float64)
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    """The logistic function elementwise, computed in float64 and returned as float32."""
+    x = np.asarray(logits, dtype=np.float64)
+    return (0.5 * (1.0 + np.tanh(0.5 * x))).astype(np.float32)  # = 1 / (1 + exp(-x)), without overflow
 
 
 def truncate_seq_pair(tokens_a: list[str], tokens_b: list[str], max_length: int) -> None:

@@ -19,6 +19,10 @@ row with too few columns, a label outside the label list, a test file without it
 popping the last token of the longer side, segment ids 0 then 1, zero padding to `max_seq_length`, the
 first five examples logged field by field. `convert_examples_to_features(..., pad=False)` gives the same
 ids without the padding, for batches padded to their own longest sequence.
+
+Not in the original: long documents read whole in windows of `max_seq_length` (`window_spans`,
+`convert_examples_to_windows`) whose logits are pooled per example (`pool_windows`), and multi-label
+examples (`GenericProcessor(multi_label=True)`: a label set per example, a 0/1 row as its label id).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import csv
 import json
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,17 +40,28 @@ import numpy as np
 
 from bert.errors import InputError
 from bert.formats.results import write_test_results
-from bert.metrics import accuracy, glue_metrics, pearson, spearman
+from bert.metrics import (
+    accuracy,
+    best_f1_threshold,
+    glue_metrics,
+    multi_label_metrics,
+    pearson,
+    per_label_scores,
+    spearman,
+)
 from bert.tasks.common import (
     FinetuneTask,
     column_spec,
     label_list_flag,
     model_inputs,
     pad_2d,
+    sigmoid,
     softmax,
     truncate_seq_pair,
 )
+from bert.tasks.squad import DocSpan, doc_spans_for
 from bert.tokenization import printable_text
+from bert.utils import atomic_write
 
 if TYPE_CHECKING:
     from bert.tokenization import FullTokenizer
@@ -74,11 +89,15 @@ __all__ = [
     "StsbProcessor",
     "WnliProcessor",
     "XnliProcessor",
+    "WINDOW_POOLINGS",
     "convert_examples_to_features",
+    "convert_examples_to_windows",
     "convert_single_example",
     "features_to_arrays",
     "is_regression_labels",
+    "pool_windows",
     "read_rows",
+    "window_spans",
 ]
 
 
@@ -94,7 +113,8 @@ class InputExample:
         guid: unique id for the example, `"<set>-<line index>"` or `"<set>-<id column>"`.
         text_a: the untokenized text of the first sequence.
         text_b: the untokenized text of the second sequence; None for single-sequence tasks.
-        label: the label string (a float for regression); a placeholder for test examples.
+        label: the label string (a float for regression; for multi-label the list of its labels); a placeholder
+            for test examples.
     """
 
     guid: str
@@ -116,15 +136,19 @@ class InputFeatures:
         input_ids: token ids, `[CLS] A [SEP] (B [SEP])`, zero-padded to `max_seq_length` unless unpadded.
         input_mask: 1 for real tokens, 0 for padding.
         segment_ids: 0 for `[CLS]`, A and the first `[SEP]`; 1 for B and its `[SEP]`; 0 for padding.
-        label_id: the label's index in the label list (the float label for regression).
+        label_id: the label's index in the label list (the float label for regression; for multi-label a
+            0/1 row over the label list).
         is_real_example: False only for `PaddingInputExample`s.
+        example_index: for a window of a long document (`convert_examples_to_windows`), the index of
+            its example; None for the one feature of an example (`convert_examples_to_features`).
     """
 
     input_ids: list[int]
     input_mask: list[int]
     segment_ids: list[int]
-    label_id: int | float
+    label_id: int | float | list[int]
     is_real_example: bool = True
+    example_index: int | None = None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -513,6 +537,15 @@ class GenericProcessor(DataProcessor):
     default, so a label keeps its id whatever the row order; or in order of first appearance with
     `label_order="first-seen"`. Guids are `"<set>-<line number>"` (1-based).
 
+    Multi-label data (`multi_label=True`): the label cell holds a set of labels separated by
+    `label_separator` ("," by default: `a,b` in a .tsv, `"a,b"` in a .csv, where any CSV writer quotes a
+    cell holding commas; a JSON list or a separated string in JSON lines). Labels are stripped of
+    surrounding spaces, repeats are dropped, and the example's `label` is the list of its labels in
+    label-list order. The label list is the union of the training file's labels (sorted, or first-seen).
+    An empty label cell is an error unless `allow_empty_labels` (an example none of the labels applies
+    to; an empty cell is more often a shifted column than that, and all-negative examples silently
+    teach the model to predict nothing). Test examples get the empty set as placeholder.
+
     Args:
         text_a_column: column of the first text.
         label_column: column of the label.
@@ -522,6 +555,9 @@ class GenericProcessor(DataProcessor):
         label_order: "sorted" or "first-seen", when the labels are read from the training file.
         is_regression: float labels (like STS-B); `get_labels()` is then `[None]`.
         train_file, dev_file, test_file: file names inside `data_dir` (or absolute paths).
+        multi_label: each label cell holds a set of labels (see above).
+        label_separator: what separates the labels of a multi-label cell.
+        allow_empty_labels: multi-label examples may have no label at all.
     """
 
     def __init__(
@@ -537,9 +573,16 @@ class GenericProcessor(DataProcessor):
         train_file: str = "train.tsv",
         dev_file: str = "dev.tsv",
         test_file: str = "test.tsv",
+        multi_label: bool = False,
+        label_separator: str = ",",
+        allow_empty_labels: bool = False,
     ) -> None:
         if label_order not in ("sorted", "first-seen"):
             raise InputError(f"label_order={label_order!r}: use 'sorted' or 'first-seen'")
+        if multi_label and is_regression:
+            raise InputError("a task is either multi-label or regression: drop --multi_label or --is_regression")
+        if multi_label and not label_separator:
+            raise InputError("--label_separator is empty; give the string that separates labels in a cell, e.g. ','")
         self.text_a_column = text_a_column
         self.text_b_column = text_b_column
         self.label_column = label_column
@@ -547,6 +590,9 @@ class GenericProcessor(DataProcessor):
         self.label_list = [str(x) for x in label_list] if label_list is not None else None
         self.label_order = label_order
         self.is_regression = is_regression
+        self.multi_label = multi_label
+        self.label_separator = label_separator
+        self.allow_empty_labels = allow_empty_labels
         self.train_file, self.dev_file, self.test_file = train_file, dev_file, test_file
         self._data_dir: str | os.PathLike | None = None
         self._labels_from_data: list[str] | None = None
@@ -579,11 +625,24 @@ class GenericProcessor(DataProcessor):
                     "(the labels are then read from its training file)"
                 )
             path = os.path.join(self._data_dir, self.train_file)
-            labels: dict[str, None] = {}
-            for _, _, record in self._records(path, "train"):
-                labels.setdefault(record[2], None)
-            self._labels_from_data = sorted(labels) if self.label_order == "sorted" else list(labels)
+            self._labels_from_data = self._label_list_of(self._records(path, "train"))
         return list(self._labels_from_data)
+
+    def _label_list_of(self, records: Iterable[tuple[int, str, tuple]]) -> list[str]:
+        """The labels of training records, sorted or first-seen (multi-label: the union of the sets)."""
+        seen: dict[str, None] = {}
+        for _, _, (_, _, label) in records:
+            for name in self._split_labels(label) if self.multi_label else [label]:
+                seen.setdefault(name, None)
+        return sorted(seen) if self.label_order == "sorted" else list(seen)
+
+    def _split_labels(self, cell: str | list | None) -> list[str]:
+        """A multi-label cell (a separated string, or a JSON list) -> its distinct labels, in cell order."""
+        if cell is None:
+            return []
+        names = cell if isinstance(cell, list) else cell.split(self.label_separator)
+        names = (x if isinstance(x, str) else json.dumps(x) for x in names if x is not None)
+        return list(dict.fromkeys(x.strip() for x in names if x.strip()))
 
     # --- reading ---------------------------------------------------------------------------------
 
@@ -672,8 +731,10 @@ class GenericProcessor(DataProcessor):
                         f"the column name"
                     )
                 value = record[c]
-                # Non-string labels (0, 1, true) become their JSON text; a null text is no text.
-                values.append(value if isinstance(value, str) or value is None else json.dumps(value))
+                # Non-string labels (0, 1, true) become their JSON text; a null text is no text; a list is a
+                # multi-label set.
+                keep = isinstance(value, str) or value is None or (self.multi_label and isinstance(value, list))
+                values.append(value if keep else json.dumps(value))
             count += 1
             yield line, f"{set_type}-{line}", tuple(values)
 
@@ -682,12 +743,13 @@ class GenericProcessor(DataProcessor):
         where = f"column {self.label_column!r}"
         if set_type == "train" and self.label_list is None and not self.is_regression:
             # The label list is made of these labels.
-            seen = dict.fromkeys(label for _, _, (_, _, label) in records)
-            self._labels_from_data = sorted(seen) if self.label_order == "sorted" else list(seen)
+            self._labels_from_data = self._label_list_of(records)
         labels = None if self.is_regression else self.get_labels()
         examples = []
         for line, guid, (a, b, label) in records:
-            if set_type == "test":
+            if self.multi_label:
+                label = [] if set_type == "test" else self._label_set(path, line, label, labels, where, set_type)
+            elif set_type == "test":
                 label = 0.0 if labels is None else labels[0]
             elif labels is None:
                 label = _float_label(path, line, label, where)
@@ -695,6 +757,19 @@ class GenericProcessor(DataProcessor):
                 raise _label_error(path, line, label, labels, where)
             examples.append(InputExample(guid=guid, text_a=a, text_b=b, label=label))
         return examples
+
+    def _label_set(self, path: str, line: int, cell: Any, labels: list[str], where: str, set_type: str) -> list[str]:
+        names = self._split_labels(cell)
+        if not names and not self.allow_empty_labels:
+            raise InputError(
+                f"{path}:{line}: no label ({where}); a multi-label {set_type} example needs at least one label, "
+                f"separated by {self.label_separator!r} (or pass --allow_empty_labels if no label may apply)"
+            )
+        order = {name: i for i, name in enumerate(labels)}
+        for name in names:
+            if name not in order:
+                raise _label_error(path, line, name, labels, where)
+        return sorted(names, key=order.__getitem__)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -706,17 +781,22 @@ def is_regression_labels(label_list: Sequence[Any] | None) -> bool:
     return label_list is None or list(label_list) == [None]
 
 
-def _label_id(example: InputExample, label_list: Sequence[Any] | None) -> int | float:
+def _label_id(example: InputExample, label_list: Sequence[Any] | None) -> int | float | list[int]:
     if is_regression_labels(label_list):
         if example.label is None:
             raise InputError(f"example {example.guid}: no label; a regression example needs a numeric label")
         return float(example.label)
     label_map = {label: i for i, label in enumerate(label_list)}
-    if example.label not in label_map:
-        raise InputError(
-            f"example {example.guid}: label {example.label!r} is not one of {list(label_list)}; use the label "
-            f"list of this task (or of the model being evaluated)"
-        )
+    # A multi-label example's label is a list of labels: its id is the 0/1 row over the label list.
+    names = example.label if isinstance(example.label, list) else [example.label]
+    for name in names:
+        if name not in label_map:
+            raise InputError(
+                f"example {example.guid}: label {name!r} is not one of {list(label_list)}; use the label "
+                f"list of this task (or of the model being evaluated)"
+            )
+    if isinstance(example.label, list):
+        return [int(label in names) for label in label_list]
     return label_map[example.label]
 
 
@@ -727,6 +807,44 @@ def _check_max_seq_length(max_seq_length: int, pair: bool) -> None:
             f"--max_seq_length={max_seq_length} leaves no room for text: [CLS] and [SEP] need {least} positions; "
             f"use a larger --max_seq_length (128 is the default)"
         )
+
+
+def _assemble(
+    tokens_a: list[str], tokens_b: list[str] | None, tokenizer: FullTokenizer, max_seq_length: int, pad: bool
+) -> tuple[list[str], list[int], list[int], list[int]]:
+    """(tokens, input_ids, input_mask, segment_ids) of `[CLS] A [SEP] (B [SEP])`, zero-padded when `pad`."""
+    # The convention in BERT is:
+    # (a) For sequence pairs:
+    #  tokens:   [CLS] is this jack ##son ##ville ? [SEP] no it is not . [SEP]
+    #  type_ids: 0     0  0    0    0     0       0 0     1  1  1  1   1 1
+    # (b) For single sequences:
+    #  tokens:   [CLS] the dog is hairy . [SEP]
+    #  type_ids: 0     0   0   0  0     0 0
+    tokens = ["[CLS]", *tokens_a, "[SEP]"]
+    segment_ids = [0] * len(tokens)
+    if tokens_b:
+        tokens += [*tokens_b, "[SEP]"]
+        segment_ids += [1] * (len(tokens_b) + 1)
+
+    input_ids = tokenizer.convert_tokens_to_ids(tokens)
+    input_mask = [1] * len(input_ids)  # 1 for real tokens: only those are attended to
+    if pad:
+        padding = [0] * (max_seq_length - len(input_ids))
+        input_ids += padding
+        input_mask += padding
+        segment_ids += padding
+        assert len(input_ids) == len(input_mask) == len(segment_ids) == max_seq_length
+    return tokens, input_ids, input_mask, segment_ids
+
+
+def _log_feature(example: InputExample, tokens: list[str], feature: InputFeatures) -> None:
+    logger.info("*** Example ***")
+    logger.info("guid: %s", example.guid)
+    logger.info("tokens: %s", " ".join(printable_text(x) for x in tokens))
+    logger.info("input_ids: %s", " ".join(str(x) for x in feature.input_ids))
+    logger.info("input_mask: %s", " ".join(str(x) for x in feature.input_mask))
+    logger.info("segment_ids: %s", " ".join(str(x) for x in feature.segment_ids))
+    logger.info("label: %s (id = %s)", example.label, feature.label_id)
 
 
 def _convert(
@@ -755,40 +873,17 @@ def _convert(
     elif len(tokens_a) > max_seq_length - 2:  # "- 2" for [CLS] and [SEP]
         tokens_a = tokens_a[0 : (max_seq_length - 2)]
 
-    # The convention in BERT is:
-    # (a) For sequence pairs:
-    #  tokens:   [CLS] is this jack ##son ##ville ? [SEP] no it is not . [SEP]
-    #  type_ids: 0     0  0    0    0     0       0 0     1  1  1  1   1 1
-    # (b) For single sequences:
-    #  tokens:   [CLS] the dog is hairy . [SEP]
-    #  type_ids: 0     0   0   0  0     0 0
-    tokens = ["[CLS]", *tokens_a, "[SEP]"]
-    segment_ids = [0] * len(tokens)
-    if tokens_b:
-        tokens += [*tokens_b, "[SEP]"]
-        segment_ids += [1] * (len(tokens_b) + 1)
-
-    input_ids = tokenizer.convert_tokens_to_ids(tokens)
-    input_mask = [1] * len(input_ids)  # 1 for real tokens: only those are attended to
-    if pad:
-        padding = [0] * (max_seq_length - len(input_ids))
-        input_ids += padding
-        input_mask += padding
-        segment_ids += padding
-        assert len(input_ids) == len(input_mask) == len(segment_ids) == max_seq_length
-
-    label_id = _label_id(example, label_list)
-    if ex_index < 5:
-        logger.info("*** Example ***")
-        logger.info("guid: %s", example.guid)
-        logger.info("tokens: %s", " ".join(printable_text(x) for x in tokens))
-        logger.info("input_ids: %s", " ".join(str(x) for x in input_ids))
-        logger.info("input_mask: %s", " ".join(str(x) for x in input_mask))
-        logger.info("segment_ids: %s", " ".join(str(x) for x in segment_ids))
-        logger.info("label: %s (id = %s)", example.label, label_id)
-    return InputFeatures(
-        input_ids=input_ids, input_mask=input_mask, segment_ids=segment_ids, label_id=label_id, is_real_example=True
+    tokens, input_ids, input_mask, segment_ids = _assemble(tokens_a, tokens_b, tokenizer, max_seq_length, pad)
+    feature = InputFeatures(
+        input_ids=input_ids,
+        input_mask=input_mask,
+        segment_ids=segment_ids,
+        label_id=_label_id(example, label_list),
+        is_real_example=True,
     )
+    if ex_index < 5:
+        _log_feature(example, tokens, feature)
+    return feature
 
 
 def convert_single_example(
@@ -835,18 +930,116 @@ def convert_examples_to_features(
     return features
 
 
+def window_spans(num_tokens_a: int, num_tokens_b: int, max_seq_length: int, doc_stride: int) -> tuple[int, list]:
+    """How `long_document="windows"` cuts an example: (the number of text_b pieces kept, the windows over
+    text_a as `DocSpan(start, length)`s).
+
+    Text_b (when there is one) goes into every window after text_a. It is kept whole unless that would
+    leave text_a less than half of the room, `(max_seq_length - 3) // 2` pieces, while text_a needs more:
+    it is then cut at its end to leave text_a that half (or whatever less text_a needs). Text_a is read in
+    windows of the remaining room, starting `doc_stride` pieces apart, as run_squad.py's `doc_spans`
+    loop (`bert.tasks.squad.doc_spans_for`). An example that fits `max_seq_length` is one window, the
+    `truncate` feature itself; an empty text_a is one empty window.
+    """
+    if doc_stride < 1:
+        raise InputError(f"--doc_stride={doc_stride} must be at least 1")
+    specials = 3 if num_tokens_b else 2  # [CLS] A [SEP] (B [SEP])
+    room = max_seq_length - specials
+    if num_tokens_b:
+        num_tokens_b = min(num_tokens_b, max(room // 2, room - num_tokens_a))
+    room -= num_tokens_b
+    if room < 1:
+        raise InputError(
+            f"--max_seq_length={max_seq_length} leaves no room for windows of text: [CLS] and [SEP] need "
+            f"{specials} positions; use a larger --max_seq_length"
+        )
+    return num_tokens_b, doc_spans_for(num_tokens_a, room, doc_stride) or [DocSpan(start=0, length=0)]
+
+
+def convert_examples_to_windows(
+    examples: Sequence[InputExample],
+    label_list: Sequence[Any] | None,
+    max_seq_length: int,
+    tokenizer: FullTokenizer,
+    doc_stride: int,
+    pad: bool = True,
+) -> list[InputFeatures]:
+    """Features for long documents read whole: one feature per window of each example (`window_spans`),
+    `[CLS] window of A [SEP] (B [SEP])`, each with its example's label and `example_index`, in example
+    order. The first five features are logged as `convert_single_example` logs them.
+
+    Args:
+        examples: the examples.
+        label_list: see `convert_single_example`.
+        max_seq_length: the length of every window's feature (padded to it when `pad`).
+        tokenizer: a `FullTokenizer`.
+        doc_stride: pieces of text_a between the starts of consecutive windows.
+        pad: as for `convert_examples_to_features`.
+    """
+    features = []
+    for ex_index, example in enumerate(examples):
+        if ex_index % 10000 == 0:
+            logger.info("Writing example %d of %d", ex_index, len(examples))
+        tokens_a = tokenizer.tokenize(example.text_a)
+        tokens_b = tokenizer.tokenize(example.text_b) if example.text_b else []
+        num_b, spans = window_spans(len(tokens_a), len(tokens_b), max_seq_length, doc_stride)
+        label_id = _label_id(example, label_list)
+        for span in spans:
+            window = tokens_a[span.start : span.start + span.length]
+            tokens, input_ids, input_mask, segment_ids = _assemble(
+                window, tokens_b[:num_b], tokenizer, max_seq_length, pad
+            )
+            feature = InputFeatures(input_ids, input_mask, segment_ids, label_id, example_index=ex_index)
+            if len(features) < 5:
+                _log_feature(example, tokens, feature)
+            features.append(feature)
+    return features
+
+
+WINDOW_POOLINGS = ("mean", "max")
+
+
+def pool_windows(outputs: Sequence[np.ndarray], features: Sequence[InputFeatures], num_examples: int, pooling: str):
+    """One row of logits per example from one row per feature: [num_examples, L] float32.
+
+    Features without `example_index` (`truncate`) are one per example, in order. Windows of one example
+    are pooled by `pooling`: "mean" (the average of their logits) or "max" (each logit's largest value).
+    """
+    logits = np.stack(outputs).astype(np.float32)  # [F, L]
+    owners = [f.example_index for f in features]
+    if all(i is None for i in owners):
+        if len(logits) != num_examples:
+            raise ValueError(f"{len(logits)} features for {num_examples} examples")
+        return logits
+    if pooling not in WINDOW_POOLINGS:
+        raise ValueError(f"pooling={pooling!r} must be one of {', '.join(WINDOW_POOLINGS)}")
+    owners = np.asarray(owners, dtype=np.int64)
+    counts = np.bincount(owners, minlength=num_examples)
+    if len(counts) != num_examples or not counts.all():
+        raise ValueError(f"windows of {len(counts)} examples, some missing, for {num_examples} examples")
+    if pooling == "max":
+        pooled = np.full((num_examples, logits.shape[1]), -np.inf, dtype=np.float32)
+        np.maximum.at(pooled, owners, logits)
+        return pooled
+    pooled = np.zeros((num_examples, logits.shape[1]), dtype=np.float64)
+    np.add.at(pooled, owners, logits)
+    return (pooled / counts[:, None]).astype(np.float32)
+
+
 def features_to_arrays(features: Sequence[InputFeatures], pad_to: int | None = None) -> dict[str, np.ndarray]:
     """A batch of features as NumPy arrays, padded (with 0) to `pad_to` or to the longest feature.
 
     Returns `input_ids`, `input_mask`, `segment_ids` int64 [B, S]; `label_ids` [B] (int64, float32 for
-    regression); `is_real_example` int64 [B]. Works for padded and unpadded features alike.
+    regression; float32 [B, L] 0/1 rows for multi-label); `is_real_example` int64 [B]. Works for padded
+    and unpadded features alike.
     """
-    regression = any(isinstance(f.label_id, float) for f in features)
+    # Regression labels are floats; multi-label ids are 0/1 rows, float targets of the sigmoid loss.
+    floats = any(isinstance(f.label_id, (float, list)) for f in features)
     return {
         "input_ids": pad_2d([f.input_ids for f in features], pad_to),
         "input_mask": pad_2d([f.input_mask for f in features], pad_to),
         "segment_ids": pad_2d([f.segment_ids for f in features], pad_to),
-        "label_ids": np.asarray([f.label_id for f in features], dtype=np.float32 if regression else np.int64),
+        "label_ids": np.asarray([f.label_id for f in features], dtype=np.float32 if floats else np.int64),
         "is_real_example": np.asarray([int(f.is_real_example) for f in features], dtype=np.int64),
     }
 
@@ -892,16 +1085,51 @@ def get_processor(task_name: str, **kwargs: Any) -> DataProcessor:
 # Which GLUE metrics a task reports besides accuracy (the others: accuracy only).
 _EXTRA_METRIC = {"cola": "mcc", "mrpc": "f1", "qqp": "f1"}
 _REGRESSION_METRICS = ["eval_pearson", "eval_spearman", "eval_corr"]
-_GENERIC_FLAGS = ("text_a_column", "text_b_column", "label_column", "labels", "train_file", "dev_file", "test_file")
+_MULTI_LABEL_METRICS = [
+    f"eval_{k}" for k in ("micro_f1", "micro_precision", "micro_recall", "macro_f1", "macro_precision", "macro_recall")
+] + ["eval_subset_accuracy"]
+_TUNED_METRICS = ["eval_tuned_micro_f1", "eval_tuned_macro_f1"]
+# Flags of --task_name=generic (None unless given), its switches, and those of --multi_label among them.
+_GENERIC_FLAGS = (
+    "text_a_column",
+    "text_b_column",
+    "label_column",
+    "labels",
+    "train_file",
+    "dev_file",
+    "test_file",
+    "label_separator",
+    "threshold",
+)
+_GENERIC_SWITCHES = ("is_regression", "multi_label", "allow_empty_labels", "tune_thresholds")
+_MULTI_LABEL_FLAGS = ("label_separator", "threshold", "allow_empty_labels", "tune_thresholds")
+MULTI_LABEL = "multi_label_classification"
+LONG_DOCUMENT = ("truncate", "windows")
+DEFAULT_THRESHOLD = 0.5
+DEFAULT_LABEL_SEPARATOR = ","
+PREDICTED_LABELS_NAME = "test_predicted_labels.tsv"
+LABEL_SCORES_NAME = "eval_label_scores.tsv"
 
 
 class ClassificationTask(FinetuneTask):
-    """Sequence (pair) classification and regression with a processor of `TASKS` (`bert classify`).
+    """Sequence (pair) classification, multi-label classification and regression with a processor of
+    `TASKS` (`bert classify`).
+
+    Long documents (`long_document="windows"`) are read in windows (`convert_examples_to_windows`), each a
+    training feature with its example's label; at evaluation and prediction the windows' logits of an
+    example are pooled (`pool_windows`, `window_pooling`) into one prediction per example.
+
+    Multi-label (`--task_name=generic --multi_label`): sigmoid outputs, one yes/no decision per label at
+    its threshold. The thresholds in force: tuned on the dev set in this run (`tune_thresholds`, by the
+    last `metrics` call), else `threshold` for every label, else the `label_thresholds` saved with the
+    model evaluated (`use_saved_config`), else 0.5.
 
     Args:
-        args: the flags of `bert classify` (`task_name`, `data_dir`, `xnli_language`, and the
-            `generic` task's `text_a_column`, `text_b_column`, `label_column`, `labels`, `has_header`,
-            `is_regression`, `train_file`, `dev_file`, `test_file`).
+        args: the flags of `bert classify` (`task_name`, `data_dir`, `xnli_language`, `long_document`,
+            `doc_stride`, `window_pooling`, and the `generic` task's `text_a_column`, `text_b_column`,
+            `label_column`, `labels`, `has_header`, `is_regression`, `train_file`, `dev_file`,
+            `test_file`, `multi_label`, `label_separator`, `allow_empty_labels`, `threshold`,
+            `tune_thresholds`).
     """
 
     command = "classify"
@@ -913,36 +1141,60 @@ class ClassificationTask(FinetuneTask):
         name = args.task_name.lower()
         self.name = ALIASES.get(name, name)
         self.processor = None
+        self.saved_thresholds: dict[str, float] = {}
+        self.tuned_thresholds: np.ndarray | None = None
 
     @property
     def is_regression(self) -> bool:
         return self.name == "sts-b" or (self.name == "generic" and self.args.is_regression)
 
     @property
+    def is_multi_label(self) -> bool:
+        return self.name == "generic" and self.args.multi_label
+
+    @property
     def default_metric(self) -> str:  # type: ignore[override]
         if self.is_regression:
             return "eval_corr"
+        if self.is_multi_label:
+            return "eval_micro_f1"
         return "eval_mcc" if self.name == "cola" else "eval_accuracy"
 
     def metric_names(self) -> list[str]:
         if self.is_regression:
             return list(_REGRESSION_METRICS)
+        if self.is_multi_label:
+            return _MULTI_LABEL_METRICS + (_TUNED_METRICS if self.args.tune_thresholds else [])
         extra = _EXTRA_METRIC.get(self.name)
         return ["eval_accuracy"] + ([f"eval_{extra}"] if extra else [])
 
     def check_flags(self) -> None:
+        a = self.args
         if self.name not in TASKS:
-            raise InputError(f"Task not found: {self.args.task_name!r}; --task_name must be one of {', '.join(TASKS)}")
-        if self.name != "generic":
-            given = [f"--{f}" for f in _GENERIC_FLAGS if getattr(self.args, f) is not None]
-            if self.args.is_regression:
-                given.append("--is_regression")
-            if given:
-                raise InputError(
-                    f"{', '.join(given)} only apply to --task_name=generic; drop them for "
-                    f"--task_name={self.args.task_name}"
-                )
-        label_list_flag(self.args.labels)
+            raise InputError(f"Task not found: {a.task_name!r}; --task_name must be one of {', '.join(TASKS)}")
+        given = [f for f in _GENERIC_FLAGS if getattr(a, f) is not None]
+        given += [f for f in _GENERIC_SWITCHES if getattr(a, f)]
+        if self.name != "generic" and given:
+            raise InputError(
+                f"{', '.join('--' + f for f in given)} only apply to --task_name=generic; drop them for "
+                f"--task_name={a.task_name}"
+            )
+        multi_label_only = [f"--{f}" for f in _MULTI_LABEL_FLAGS if f in given]
+        if multi_label_only and not a.multi_label:
+            raise InputError(f"{', '.join(multi_label_only)} only apply with --multi_label; add it or drop them")
+        if a.multi_label and a.is_regression:
+            raise InputError("a task is either multi-label or regression: drop --multi_label or --is_regression")
+        if a.threshold is not None and not 0.0 < a.threshold < 1.0:
+            raise InputError(f"--threshold={a.threshold} must be a probability between 0 and 1 (exclusive)")
+        if a.tune_thresholds and not a.do_eval:
+            raise InputError("--tune_thresholds tunes the thresholds on the dev set: add --do_eval")
+        if a.long_document not in LONG_DOCUMENT:
+            raise InputError(f"--long_document={a.long_document} must be one of {', '.join(LONG_DOCUMENT)}")
+        if a.window_pooling not in WINDOW_POOLINGS:
+            raise InputError(f"--window_pooling={a.window_pooling} must be one of {', '.join(WINDOW_POOLINGS)}")
+        if a.doc_stride < 1:
+            raise InputError(f"--doc_stride={a.doc_stride} must be at least 1")
+        label_list_flag(a.labels)
 
     def setup(self, saved_labels: list[str] | None, do_train: bool) -> None:
         a = self.args
@@ -963,8 +1215,20 @@ class ClassificationTask(FinetuneTask):
                 train_file=a.train_file or "train.tsv",
                 dev_file=a.dev_file or "dev.tsv",
                 test_file=a.test_file or "test.tsv",
+                multi_label=a.multi_label,
+                label_separator=self.label_separator,
+                allow_empty_labels=a.allow_empty_labels,
             )
         self.processor = get_processor(self.name, **kwargs)
+
+    def use_saved_config(self, config: dict[str, Any]) -> None:
+        thresholds = config.get("label_thresholds")
+        if isinstance(thresholds, dict):
+            self.saved_thresholds = {str(k): float(v) for k, v in thresholds.items()}
+
+    @property
+    def label_separator(self) -> str:
+        return DEFAULT_LABEL_SEPARATOR if self.args.label_separator is None else self.args.label_separator
 
     def read_examples(self, split: str) -> list:
         data_dir = self.args.data_dir
@@ -981,14 +1245,47 @@ class ClassificationTask(FinetuneTask):
             raise InputError(f"--task_name={self.args.task_name} has no {split} set") from None
 
     def labels(self) -> list | None:
-        return None if self.is_regression else self.processor.get_labels()
+        if self.is_regression:
+            return None
+        labels = self.processor.get_labels()
+        if not labels:
+            raise InputError(
+                "no labels: every label cell of the training file is empty; label the examples, or give the "
+                "label list with --labels"
+            )
+        return labels
 
     def model_kwargs(self) -> dict[str, Any]:
-        return {"num_labels": 1 if self.is_regression else len(self.processor.get_labels())}
+        kwargs: dict[str, Any] = {"num_labels": 1 if self.is_regression else len(self.labels())}
+        if self.is_multi_label:
+            kwargs["problem_type"] = MULTI_LABEL
+        return kwargs
+
+    def base_thresholds(self) -> np.ndarray:
+        """[L] each label's threshold before any tuning: --threshold, else the saved one, else 0.5."""
+        if self.args.threshold is not None:
+            return np.full(len(self.labels()), self.args.threshold)
+        return np.array([self.saved_thresholds.get(label, DEFAULT_THRESHOLD) for label in self.labels()])
+
+    def thresholds(self) -> np.ndarray:
+        """[L] the thresholds in force (see the class docstring)."""
+        return self.tuned_thresholds if self.tuned_thresholds is not None else self.base_thresholds()
 
     def convert(self, examples: Sequence, tokenizer, max_seq_length: int, pad: bool) -> list:
-        label_list = [None] if self.is_regression else self.processor.get_labels()
-        return convert_examples_to_features(examples, label_list, max_seq_length, tokenizer, pad=pad)
+        a = self.args
+        label_list = [None] if self.is_regression else self.labels()
+        if a.long_document == "truncate":
+            return convert_examples_to_features(examples, label_list, max_seq_length, tokenizer, pad=pad)
+        features = convert_examples_to_windows(examples, label_list, max_seq_length, tokenizer, a.doc_stride, pad)
+        logger.info(
+            "%d examples -> %d windows of at most %d tokens, %d apart (%.2f per example)",
+            len(examples),
+            len(features),
+            max_seq_length,
+            a.doc_stride,
+            len(features) / max(len(examples), 1),
+        )
+        return features
 
     def feature_length(self, feature) -> int:
         return int(sum(feature.input_mask))
@@ -996,15 +1293,38 @@ class ClassificationTask(FinetuneTask):
     def collate(self, features: Sequence, pad_to: int | None) -> dict[str, np.ndarray]:
         a = model_inputs(features_to_arrays(features, pad_to))
         del a["is_real_example"]  # the original's TPU padding examples; there are none here
-        a["labels"] = a.pop("label_ids").astype(np.float32 if self.is_regression else np.int64)
+        floats = self.is_regression or self.is_multi_label
+        a["labels"] = a.pop("label_ids").astype(np.float32 if floats else np.int64)
         return a
 
     def inference_config(self) -> dict[str, Any]:
-        return {"problem_type": "regression" if self.is_regression else "single_label_classification"}
+        a = self.args
+        problem_type = "regression" if self.is_regression else "single_label_classification"
+        config: dict[str, Any] = {
+            "problem_type": MULTI_LABEL if self.is_multi_label else problem_type,
+            "long_document": a.long_document,
+            "doc_stride": a.doc_stride,
+            "window_pooling": a.window_pooling,
+        }
+        if self.is_multi_label:
+            config["label_thresholds"] = self._threshold_map(self.thresholds())
+        return config
+
+    def tuned_config(self) -> dict[str, Any]:
+        if self.tuned_thresholds is None:
+            return {}
+        return {"label_thresholds": self._threshold_map(self.tuned_thresholds)}
+
+    def _threshold_map(self, thresholds: np.ndarray) -> dict[str, float]:
+        return {label: float(t) for label, t in zip(self.labels(), thresholds)}
+
+    def example_logits(self, examples: Sequence, features: Sequence, outputs: list[np.ndarray]) -> np.ndarray:
+        """[N, L] one row of logits per example: a long document's windows pooled (`window_pooling`)."""
+        return pool_windows(outputs, features, len(examples), self.args.window_pooling)
 
     def metrics(self, examples: Sequence, features: Sequence, outputs: list[np.ndarray]) -> dict[str, Any]:
-        logits = np.stack(outputs)  # [N, L]
-        gold = np.array([f.label_id for f in features])
+        logits = self.example_logits(examples, features, outputs)  # [N, L]
+        gold = np.array(_example_label_ids(features, len(examples)))
         if self.is_regression:
             preds = logits[:, 0]
             if self.name == "generic":
@@ -1012,6 +1332,8 @@ class ClassificationTask(FinetuneTask):
                 found = {"pearson": r, "spearman": rho, "corr": (r + rho) / 2}
             else:
                 found = glue_metrics(self.name, preds, gold)
+        elif self.is_multi_label:
+            found = self._multi_label_metrics(sigmoid(logits), gold)
         else:
             preds = logits.argmax(-1)
             found = (
@@ -1019,11 +1341,63 @@ class ClassificationTask(FinetuneTask):
             )
         return {f"eval_{k}": v for k, v in found.items()}
 
+    def _multi_label_metrics(self, probs: np.ndarray, gold: np.ndarray) -> dict[str, float]:
+        """The metrics at the thresholds before tuning; with --tune_thresholds, each label's threshold is
+        then tuned for its F1 on these dev outputs (`best_f1_threshold`) and kept for the predictions, and
+        the micro and macro F1 at the tuned thresholds are added (`tuned_*`: optimistic, as they are scored
+        on the dev set they were tuned on)."""
+        base = self.base_thresholds()
+        found = multi_label_metrics(probs >= base, gold)
+        if self.args.tune_thresholds:
+            self.tuned_thresholds = np.array(
+                [best_f1_threshold(probs[:, j], gold[:, j], base[j]) for j in range(probs.shape[1])]
+            )
+            tuned = multi_label_metrics(probs >= self.tuned_thresholds, gold)
+            found.update(tuned_micro_f1=tuned["micro_f1"], tuned_macro_f1=tuned["macro_f1"])
+            logger.info("thresholds tuned on the dev set: %s", self._threshold_map(self.tuned_thresholds))
+        return found
+
+    def write_eval_files(self, output_dir: Path, examples: Sequence, features: Sequence, outputs: list) -> None:
+        """Multi-label: `eval_label_scores.tsv`, a header line then per label its threshold in force,
+        precision, recall, F1 and support (gold positives) on the dev set."""
+        if not self.is_multi_label:
+            return
+        probs = sigmoid(self.example_logits(examples, features, outputs))
+        thresholds = self.thresholds()
+        scores = per_label_scores(probs >= thresholds, np.array(_example_label_ids(features, len(examples))))
+        with atomic_write(output_dir / LABEL_SCORES_NAME) as f:
+            f.write("label\tthreshold\tprecision\trecall\tf1\tsupport\n")
+            for j, label in enumerate(self.labels()):
+                row = [thresholds[j], scores["precision"][j], scores["recall"][j], scores["f1"][j]]
+                f.write("\t".join([label, *(f"{x:.6g}" for x in row), str(scores["support"][j])]) + "\n")
+
     def write_predictions(
         self, output_dir: Path, examples: Sequence, features: Sequence, outputs: list
     ) -> dict[str, Any]:
-        logits = np.stack(outputs)  # [N, L]
-        values = logits[:, 0] if self.is_regression else softmax(logits)
+        logits = self.example_logits(examples, features, outputs)  # [N, L]
+        if self.is_regression:
+            values = logits[:, 0]
+        elif self.is_multi_label:
+            values = sigmoid(logits)
+        else:
+            values = softmax(logits)
         path = output_dir / "test_results.tsv"
         write_test_results(path, values, num_examples=len(examples))
-        return {"test_results": str(path), "num_examples": len(examples)}
+        written: dict[str, Any] = {"test_results": str(path), "num_examples": len(examples)}
+        if self.is_multi_label:
+            labels, chosen = self.labels(), values >= self.thresholds()
+            with atomic_write(output_dir / PREDICTED_LABELS_NAME) as f:
+                for row in chosen:
+                    f.write(self.label_separator.join(label for label, on in zip(labels, row) if on) + "\n")
+            written["predicted_labels"] = str(output_dir / PREDICTED_LABELS_NAME)
+        return written
+
+
+def _example_label_ids(features: Sequence[InputFeatures], num_examples: int) -> list:
+    """Each example's label id, in example order, from its feature (or its first window)."""
+    ids: list[Any] = [None] * num_examples
+    for i, f in enumerate(features):
+        k = i if f.example_index is None else f.example_index
+        if ids[k] is None:
+            ids[k] = f.label_id
+    return ids
