@@ -8,7 +8,8 @@ import pytest
 
 from bert.errors import InputError
 from bert.formats import protobuf as pb
-from bert.formats.tfrecord import decode_example, encode_example
+from bert.formats.tensorboard import encode_event, read_events
+from bert.formats.tfrecord import TFRecordWriter, decode_example, encode_example
 
 # Values and their varints, written out by hand from the encoding rule (7 bits a byte, low group first).
 KNOWN_VARINTS = [
@@ -266,3 +267,13 @@ def test_a_truncated_example_is_an_input_error_naming_the_record():
         message = str(err.value)
         assert message.startswith("shard.tfrecord: record 7 is not a valid tf.train.Example (")
         assert "runs past the end" in message
+
+
+def test_a_corrupt_event_is_an_input_error_naming_the_file_and_record(tmp_path):
+    path = tmp_path / "events.out.tfevents.1.host.1.0"
+    with TFRecordWriter(path) as writer:  # valid framing and CRCs around a broken Event
+        writer.write(encode_event(1.0, 1, {"loss": 0.5}))
+        writer.write(encode_event(2.0, 2, {"loss": 0.25})[:-3])
+    with pytest.raises(InputError) as err:
+        read_events(path)
+    assert str(err.value).startswith(f"{path}: record 1 is not a valid TensorBoard Event (")
