@@ -1,6 +1,7 @@
 """TFRecord files of `tf.train.Example` records, read and written without TensorFlow or protobuf.
 
-This is the format `create_pretraining_data.py` writes and `run_pretraining.py` reads (spec §4.5).
+This is the format the original's pre-training data is in: create_pretraining_data.py writes it
+(`write_instance_to_example_files`) and run_pretraining.py reads it (`input_fn_builder`, `_decode_record`).
 
 Framing, per record (all little-endian):
 
