@@ -50,9 +50,6 @@ __all__ = [
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5
 
-_INT64_MIN, _INT64_END = -(1 << 63), 1 << 63
-_UINT64_MASK = (1 << 64) - 1
-
 
 class DecodeError(ValueError):
     """A truncated or malformed message; the text says what is wrong, the caller adds where."""
@@ -64,9 +61,9 @@ class DecodeError(ValueError):
 
 def encode_varint(value: int) -> bytes:
     """The varint of an int64 (a negative value takes 10 bytes, as its two's complement)."""
-    if not _INT64_MIN <= value < _INT64_END:
+    if not -(1 << 63) <= value < (1 << 63):  # constant expressions, folded when compiled
         raise ValueError(f"{value} does not fit in an int64")
-    value &= _UINT64_MASK
+    value &= (1 << 64) - 1
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -88,16 +85,19 @@ def varint_field(field: int, value: int) -> bytes:
 _LEN_KEYS = [bytes(((field << 3) | LEN,)) for field in range(16)]  # one-byte keys of fields 1..15
 
 
-def len_header(field: int, size: int) -> bytes:
-    """The key and length that start a LEN field whose payload is `size` bytes."""
-    return (_LEN_KEYS[field] if field < 16 else field_key(field, LEN)) + (
-        bytes((size,)) if size < 0x80 else encode_varint(size)
+def length_delimited(field: int, payload: bytes) -> bytes:
+    """A LEN field: key, length, payload (bytes, a string's UTF-8, a sub-message, a packed list)."""
+    n = len(payload)
+    return (
+        (_LEN_KEYS[field] if field < 16 else field_key(field, LEN))
+        + (bytes((n,)) if n < 0x80 else encode_varint(n))
+        + payload
     )
 
 
-def length_delimited(field: int, payload: bytes) -> bytes:
-    """A LEN field: key, length, payload (bytes, a string's UTF-8, a sub-message, a packed list)."""
-    return len_header(field, len(payload)) + payload
+def len_header(field: int, size: int) -> bytes:
+    """The key and length that start a LEN field whose payload is `size` bytes."""
+    return (_LEN_KEYS[field] if field < 16 else field_key(field, LEN)) + encode_varint(size)
 
 
 # Varints of 0 <= v < 2**17 (1 to 3 bytes; every BERT vocabulary id) come from a table, built on first use.
@@ -155,10 +155,11 @@ def encode_packed_varint_rows(values: np.ndarray) -> tuple[bytes, np.ndarray]:
         raise TypeError(f"varints need integers, got an array of {v.dtype}")
     if v.size == 0:
         return b"", np.zeros(len(v), np.int64)
-    if v.min() >= 0 and v.max() < 0x80:  # one byte per value: the values themselves
+    low, high = int(v.min()), int(v.max())
+    if low >= 0 and high < 0x80:  # one byte per value: the values themselves
         return v.astype(np.uint8).tobytes(), np.full(len(v), v.shape[1], np.int64)
     u = v.astype(np.int64).view(np.uint64).reshape(-1)  # negative int64 -> two's complement
-    width = (int(u.max()).bit_length() + 6) // 7  # bytes of the longest varint (at most 10)
+    width = 10 if low < 0 else (high.bit_length() + 6) // 7  # bytes of the longest varint
     nbytes = np.ones(u.shape, np.int64)
     for k in range(1, width):
         nbytes += u >= np.uint64(1 << (7 * k))
@@ -182,8 +183,8 @@ def encode_packed_varint_rows(values: np.ndarray) -> tuple[bytes, np.ndarray]:
 
 def to_int64(value: int) -> int:
     """A varint's value read as an int64: its low 64 bits, two's complement (values >= 2**63 are negative)."""
-    value &= _UINT64_MASK
-    return value - (1 << 64) if value >= _INT64_END else value
+    value &= (1 << 64) - 1
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def read_varint(buf: bytes, i: int, end: int | None = None) -> tuple[int, int]:
