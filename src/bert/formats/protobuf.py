@@ -262,13 +262,12 @@ _SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)  # of the 7-bit groups of a varin
 
 def decode_packed_varints(buf: bytes) -> np.ndarray:
     """The values of a packed repeated int64 field's payload, as int64 (vectorised)."""
-    b = np.frombuffer(buf, dtype=np.uint8)
-    if b.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    if b.max() < 0x80:  # one byte per value
-        return b.astype(np.int64)
-    if b[-1] >= 0x80:
+    data = bytes(buf)  # no copy of a bytes object
+    if data.isascii():  # every byte < 0x80: one byte per value (checked in C, cheaper than a NumPy call)
+        return np.frombuffer(data, dtype=np.uint8).astype(np.int64)
+    if data[-1] >= 0x80:
         raise DecodeError("a packed int64 list ends inside a varint")
+    b = np.frombuffer(data, dtype=np.uint8)
     ends = np.flatnonzero(b < 0x80)  # the last byte of each varint
     starts = np.empty_like(ends)
     starts[0] = 0
