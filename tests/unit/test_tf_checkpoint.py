@@ -9,10 +9,10 @@ import torch
 
 from bert.errors import InputError
 from bert.formats import crc32c
+from bert.formats.protobuf import read_varint
 from bert.formats.tf_checkpoint import (
     _block_entries,
     _read_block,
-    _read_varint,
     list_variables,
     load_variables,
     resolve_checkpoint_prefix,
@@ -188,10 +188,10 @@ def test_many_variables_span_several_index_blocks(tmp_path):
     tensors = {name: np.array([i], dtype=np.int32) for i, name in enumerate(names)}
     write_checkpoint(tmp_path / "big.ckpt", tensors)
     index = (tmp_path / "big.ckpt.index").read_bytes()
-    _, i = _read_varint(index[-48:], 0)
-    _, i = _read_varint(index[-48:], i)
-    index_offset, i = _read_varint(index[-48:], i)
-    index_size, _ = _read_varint(index[-48:], i)
+    _, i = read_varint(index[-48:], 0)
+    _, i = read_varint(index[-48:], i)
+    index_offset, i = read_varint(index[-48:], i)
+    index_size, _ = read_varint(index[-48:], i)
     separators = [key for key, _ in _block_entries(_read_block(index, index_offset, index_size))]
     assert len(separators) >= 2  # several data blocks of ~256 KiB
     assert separators == sorted(separators) and separators[-1] == b"t"  # "scope..." -> "t", as TF shortens
@@ -281,14 +281,14 @@ def test_snappy_compressed_index_is_refused_clearly(tmp_path):
     index = bytearray((ckpt / "bert_model.ckpt.index").read_bytes())
     # The first block starts at 0; its size is in the first handle of the index block.
     footer = bytes(index[-48:])
-    _, i = _read_varint(footer, 0)
-    _, i = _read_varint(footer, i)
-    index_offset, i = _read_varint(footer, i)
-    index_size, _ = _read_varint(footer, i)
+    _, i = read_varint(footer, 0)
+    _, i = read_varint(footer, i)
+    index_offset, i = read_varint(footer, i)
+    index_size, _ = read_varint(footer, i)
     block = bytes(index[index_offset : index_offset + index_size])
     handle = block[3 + block[1] :]  # the first index entry: shared=0, unshared, value length, key, handle
-    _, j = _read_varint(handle, 0)
-    size, _ = _read_varint(handle, j)
+    _, j = read_varint(handle, 0)
+    size, _ = read_varint(handle, j)
     index[size] = 1  # compression type: Snappy
     index[size + 1 : size + 5] = struct.pack("<I", crc32c.masked_crc32c(bytes(index[: size + 1])))
     (ckpt / "bert_model.ckpt.index").write_bytes(bytes(index))

@@ -6,7 +6,8 @@ A native dataset is a directory:
     stats.json             corpus statistics of the run that wrote it
     shard_000000.npy ...   one structured NumPy array per shard, one record per instance
 
-A record holds what the original's seven TFRecord features hold (§4.5 of the spec), stored compactly:
+A record holds what the original's seven TFRecord features hold (create_pretraining_data.py,
+`write_instance_to_example_files`), stored compactly:
 
 | field | dtype | the TFRecord feature it gives |
 | --- | --- | --- |

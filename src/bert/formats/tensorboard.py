@@ -25,57 +25,41 @@ import struct
 import time
 from pathlib import Path
 
-from bert.formats.crc32c import masked_crc32c
-from bert.formats.tfrecord import read_records
+from bert.errors import InputError
+from bert.formats.protobuf import (
+    I32,
+    I64,
+    LEN,
+    VARINT,
+    DecodeError,
+    field_key,
+    iter_fields,
+    length_delimited,
+    to_int64,
+    varint_field,
+)
+from bert.formats.tfrecord import frame_records, read_records
 
 FILE_VERSION = "brain.Event:2"
 _counter = itertools.count()
 
 
-def _varint(v: int) -> bytes:
-    if v < 0:
-        v += 1 << 64  # int64 two's complement, as protobuf encodes negative int64 values
-    out = bytearray()
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _key(field: int, wire: int) -> bytes:
-    return _varint((field << 3) | wire)
-
-
-def _length_delimited(field: int, payload: bytes) -> bytes:
-    return _key(field, 2) + _varint(len(payload)) + payload
-
-
 def encode_scalar_value(tag: str, value: float) -> bytes:
     """`Summary.Value{tag, simple_value}`."""
-    return _length_delimited(1, tag.encode("utf-8")) + _key(2, 5) + struct.pack("<f", float(value))
+    return length_delimited(1, tag.encode("utf-8")) + field_key(2, I32) + struct.pack("<f", float(value))
 
 
 def encode_event(
     wall_time: float, step: int, scalars: dict[str, float] | None = None, file_version: str | None = None
 ) -> bytes:
     """A serialized `Event` holding either a file version or a summary of scalar values."""
-    out = _key(1, 1) + struct.pack("<d", wall_time) + _key(2, 0) + _varint(int(step))
+    out = field_key(1, I64) + struct.pack("<d", wall_time) + varint_field(2, int(step))
     if file_version is not None:
-        out += _length_delimited(3, file_version.encode("utf-8"))
+        out += length_delimited(3, file_version.encode("utf-8"))
     if scalars:
-        summary = b"".join(_length_delimited(1, encode_scalar_value(k, v)) for k, v in scalars.items())
-        out += _length_delimited(5, summary)
+        summary = b"".join(length_delimited(1, encode_scalar_value(k, v)) for k, v in scalars.items())
+        out += length_delimited(5, summary)
     return out
-
-
-def frame_record(data: bytes) -> bytes:
-    """TFRecord framing of one record."""
-    header = struct.pack("<Q", len(data))
-    return header + struct.pack("<I", masked_crc32c(header)) + data + struct.pack("<I", masked_crc32c(data))
 
 
 class EventWriter:
@@ -94,7 +78,7 @@ class EventWriter:
         self._write(encode_event(time.time(), 0, file_version=FILE_VERSION))
 
     def _write(self, data: bytes) -> None:
-        self._file.write(frame_record(data))
+        self._file.write(frame_records([data]))
         self._file.flush()
 
     def add_scalars(self, step: int, scalars: dict[str, float], wall_time: float | None = None) -> None:
@@ -112,56 +96,29 @@ class EventWriter:
         self.close()
 
 
-def _read_varint(buf: bytes, i: int) -> tuple[int, int]:
-    shift = result = 0
-    while True:
-        b = buf[i]
-        i += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, i
-        shift += 7
-
-
-def _fields(buf: bytes):
-    """(field number, wire type, value) of a message: ints for varint/fixed, bytes for length-delimited."""
-    i = 0
-    while i < len(buf):
-        key, i = _read_varint(buf, i)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = _read_varint(buf, i)
-        elif wire == 1:
-            value, i = buf[i : i + 8], i + 8
-        elif wire == 5:
-            value, i = buf[i : i + 4], i + 4
-        elif wire == 2:
-            n, i = _read_varint(buf, i)
-            value, i = buf[i : i + n], i + n
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-        yield field, wire, value
-
-
 def decode_event(data: bytes) -> dict:
-    """The fields this module writes: {"wall_time", "step", "file_version"?, "scalars": {tag: value}}."""
+    """The fields this module writes: {"wall_time", "step", "file_version"?, "scalars": {tag: value}}.
+
+    Raises:
+        DecodeError: the bytes are not a valid Event.
+    """
     event: dict = {"wall_time": 0.0, "step": 0, "scalars": {}}
-    for field, _, value in _fields(data):
-        if field == 1:
+    for field, wire, value in iter_fields(data):
+        if field == 1 and wire == I64:
             event["wall_time"] = struct.unpack("<d", value)[0]
-        elif field == 2:
-            event["step"] = value - (1 << 64) if value >= 1 << 63 else value
-        elif field == 3:
+        elif field == 2 and wire == VARINT:
+            event["step"] = to_int64(value)
+        elif field == 3 and wire == LEN:
             event["file_version"] = value.decode("utf-8")
-        elif field == 5:
-            for f2, _, v2 in _fields(value):
-                if f2 != 1:
+        elif field == 5 and wire == LEN:  # Summary
+            for f2, w2, v2 in iter_fields(value):
+                if f2 != 1 or w2 != LEN:
                     continue
                 tag, simple = None, None
-                for f3, w3, v3 in _fields(v2):
-                    if f3 == 1:
+                for f3, w3, v3 in iter_fields(v2):  # Summary.Value
+                    if f3 == 1 and w3 == LEN:
                         tag = v3.decode("utf-8")
-                    elif f3 == 2 and w3 == 5:
+                    elif f3 == 2 and w3 == I32:
                         simple = struct.unpack("<f", v3)[0]
                 if tag is not None and simple is not None:
                     event["scalars"][tag] = simple
@@ -169,8 +126,20 @@ def decode_event(data: bytes) -> dict:
 
 
 def read_events(path: str | os.PathLike) -> list[dict]:
-    """Decode every event of an event file (checking the framing CRCs)."""
-    return [decode_event(r) for r in read_records(path)]
+    """Decode every event of an event file (checking the framing CRCs).
+
+    Raises:
+        InputError: the file is missing, truncated or corrupt, or a record is not an Event.
+    """
+    events = []
+    for index, record in enumerate(read_records(path)):
+        try:
+            events.append(decode_event(record))
+        except (DecodeError, UnicodeDecodeError) as e:
+            raise InputError(
+                f"{path}: record {index} is not a valid TensorBoard Event ({e}); the event file is corrupt"
+            ) from None
+    return events
 
 
 def read_scalars(logdir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:

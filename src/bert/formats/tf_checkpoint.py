@@ -1,6 +1,6 @@
 """TensorFlow "V2" checkpoints (tensor bundles), read and written without TensorFlow or protobuf.
 
-A checkpoint `<prefix>` is (spec §1.11, tensorflow/core/util/tensor_bundle/tensor_bundle.cc):
+A checkpoint `<prefix>` is (tensorflow/core/util/tensor_bundle/tensor_bundle.cc):
 
 - `<prefix>.index`: an SSTable (the LevelDB table format) mapping each variable name to a
   `BundleEntryProto` (dtype, shape, shard, offset, size, masked CRC-32C of its bytes). The entry with the
@@ -38,6 +38,21 @@ import numpy as np
 
 from bert.errors import InputError
 from bert.formats.crc32c import crc32c, mask, masked_crc32c
+from bert.formats.protobuf import (
+    I32,
+    LEN,
+    VARINT,
+    DecodeError,
+    decode_packed_varints,
+    encode_packed_varints,
+    encode_varint,
+    field_key,
+    iter_fields,
+    length_delimited,
+    read_varint,
+    to_int64,
+    varint_field,
+)
 from bert.utils import atomic_write
 
 __all__ = ["list_variables", "load_variables", "resolve_checkpoint_prefix", "write_checkpoint"]
@@ -76,7 +91,7 @@ _NUMPY_TO_DT = {
 }
 
 # ----------------------------------------------------------------------------------------------------
-# Protobuf wire format: the few pieces needed for BundleHeaderProto and BundleEntryProto.
+# BundleHeaderProto and BundleEntryProto (tensorflow/core/protobuf/tensor_bundle.proto).
 
 
 class _Corrupt(Exception):
@@ -85,64 +100,6 @@ class _Corrupt(Exception):
 
 class _Compressed(Exception):
     """A Snappy-compressed block."""
-
-
-def _varint(v: int) -> bytes:
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
-def _read_varint(buf: bytes, i: int, end: int | None = None) -> tuple[int, int]:
-    end = len(buf) if end is None else end
-    result = shift = 0
-    while True:
-        if i >= end:
-            raise _Corrupt("a varint runs past the end of its field")
-        b = buf[i]
-        i += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, i
-        shift += 7
-        if shift > 63:
-            raise _Corrupt("a varint is longer than 10 bytes")
-
-
-def _proto_fields(buf: bytes) -> Iterable[tuple[int, int | bytes]]:
-    """(field number, value) of each field: an int for varint/fixed fields, bytes for length-delimited."""
-    i, end = 0, len(buf)
-    while i < end:
-        key, i = _read_varint(buf, i)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = _read_varint(buf, i)
-        elif wire == 2:
-            n, i = _read_varint(buf, i)
-            if i + n > end:
-                raise _Corrupt("a field runs past the end of its message")
-            value = buf[i : i + n]
-            i += n
-        elif wire == 5:
-            if i + 4 > end:
-                raise _Corrupt("a field runs past the end of its message")
-            (value,) = struct.unpack_from("<I", buf, i)
-            i += 4
-        elif wire == 1:
-            if i + 8 > end:
-                raise _Corrupt("a field runs past the end of its message")
-            (value,) = struct.unpack_from("<Q", buf, i)
-            i += 8
-        else:
-            raise _Corrupt(f"unsupported protobuf wire type {wire}")
-        yield field, value
-
-
-def _int64(v: int) -> int:
-    return v - (1 << 64) if v >= 1 << 63 else v
 
 
 @dataclass
@@ -163,15 +120,16 @@ class _Entry:
 
 
 def _parse_shape(buf: bytes) -> tuple[int, ...]:
+    """A TensorShapeProto: { repeated Dim dim = 2; bool unknown_rank = 3; }, Dim { int64 size = 1; ... }."""
     dims = []
-    for field, value in _proto_fields(buf):
-        if field == 2:  # repeated Dim dim
+    for field, wire, value in iter_fields(buf):
+        if field == 2 and wire == LEN:
             size = 0
-            for f2, v2 in _proto_fields(value):
-                if f2 == 1:
-                    size = _int64(v2)
+            for f2, w2, v2 in iter_fields(value):
+                if f2 == 1 and w2 == VARINT:
+                    size = to_int64(v2)
             dims.append(size)
-        elif field == 3 and value:  # unknown_rank
+        elif field == 3 and wire == VARINT and value:
             raise _Corrupt("a variable has a shape of unknown rank")
     if any(d < 0 for d in dims):
         raise _Corrupt(f"a variable has an invalid shape {tuple(dims)}")
@@ -180,37 +138,39 @@ def _parse_shape(buf: bytes) -> tuple[int, ...]:
 
 def _parse_entry(buf: bytes) -> _Entry:
     e = _Entry()
-    for field, value in _proto_fields(buf):
-        if field == 1:
-            e.dtype = value
-        elif field == 2:
-            e.shape = _parse_shape(value)
-        elif field == 3:
-            e.shard_id = value
-        elif field == 4:
-            e.offset = _int64(value)
-        elif field == 5:
-            e.size = _int64(value)
-        elif field == 6:
-            e.crc32c = value
-        elif field == 7:
-            e.has_slices = True
+    for field, wire, value in iter_fields(buf):
+        if wire == VARINT:
+            if field == 1:
+                e.dtype = value
+            elif field == 3:
+                e.shard_id = value
+            elif field == 4:
+                e.offset = to_int64(value)
+            elif field == 5:
+                e.size = to_int64(value)
+        elif wire == LEN:
+            if field == 2:
+                e.shape = _parse_shape(value)
+            elif field == 7:  # repeated TensorSliceProto slices
+                e.has_slices = True
+        elif wire == I32 and field == 6:
+            e.crc32c = int.from_bytes(value, "little")
     return e
 
 
 def _encode_entry(dtype: int, shape: tuple[int, ...], offset: int, size: int, crc: int) -> bytes:
     """A BundleEntryProto as protobuf serializes it: fields in number order, zero scalars omitted."""
-    dims = b"".join(b"\x12" + _varint(len(d)) + d for d in (b"\x08" + _varint(s) if s else b"" for s in shape))
-    out = b"\x08" + _varint(dtype) + b"\x12" + _varint(len(dims)) + dims
+    dims = b"".join(length_delimited(2, varint_field(1, s) if s else b"") for s in shape)  # Dim { size = 1 }
+    out = varint_field(1, dtype) + length_delimited(2, dims)
     if offset:
-        out += b"\x20" + _varint(offset)
+        out += varint_field(4, offset)
     if size:
-        out += b"\x28" + _varint(size)
-    return out + b"\x35" + struct.pack("<I", crc)
+        out += varint_field(5, size)
+    return out + field_key(6, I32) + struct.pack("<I", crc)
 
 
-# BundleHeaderProto{num_shards: 1, endianness: LITTLE (0, omitted), version: {producer: 1}}
-_HEADER_ENTRY = b"\x08\x01\x1a\x02\x08" + bytes((_BUNDLE_VERSION,))
+# BundleHeaderProto{num_shards: 1, endianness: LITTLE (0, omitted), version: VersionDef{producer: 1}}
+_HEADER_ENTRY = varint_field(1, 1) + length_delimited(3, varint_field(1, _BUNDLE_VERSION))
 
 # ----------------------------------------------------------------------------------------------------
 # SSTable reading.
@@ -242,9 +202,9 @@ def _block_entries(block: bytes) -> list[tuple[bytes, bytes]]:
     key = b""
     i = 0
     while i < limit:
-        shared, i = _read_varint(block, i, limit)
-        unshared, i = _read_varint(block, i, limit)
-        value_len, i = _read_varint(block, i, limit)
+        shared, i = read_varint(block, i, limit)
+        unshared, i = read_varint(block, i, limit)
+        value_len, i = read_varint(block, i, limit)
         if shared > len(key) or i + unshared + value_len > limit:
             raise _Corrupt("a block entry is malformed")
         key = key[:shared] + block[i : i + unshared]
@@ -268,16 +228,16 @@ def _read_table(path: str) -> list[tuple[bytes, bytes]]:
     try:
         footer = data[len(data) - _FOOTER_SIZE :]
         i = 0
-        _, i = _read_varint(footer, i)  # metaindex offset: TF writes an empty metaindex block
-        _, i = _read_varint(footer, i)
-        index_offset, i = _read_varint(footer, i)
-        index_size, i = _read_varint(footer, i)
+        _, i = read_varint(footer, i)  # metaindex offset: TF writes an empty metaindex block
+        _, i = read_varint(footer, i)
+        index_offset, i = read_varint(footer, i)
+        index_size, i = read_varint(footer, i)
         entries = []
         for _, handle in _block_entries(_read_block(data, index_offset, index_size)):
-            offset, j = _read_varint(handle, 0)
-            size, _ = _read_varint(handle, j)
+            offset, j = read_varint(handle, 0)
+            size, _ = read_varint(handle, j)
             entries.extend(_block_entries(_read_block(data, offset, size)))
-    except _Corrupt as e:
+    except (_Corrupt, DecodeError) as e:
         raise InputError(f"checkpoint file {path} is corrupt: {e}; re-copy or re-save the checkpoint") from None
     except _Compressed:
         raise InputError(
@@ -330,7 +290,7 @@ class _BlockBuilder:
         else:
             self.restarts.append(len(self.buf))
             self.counter = 0
-        self.buf += _varint(shared) + _varint(len(key) - shared) + _varint(len(value))
+        self.buf += encode_varint(shared) + encode_varint(len(key) - shared) + encode_varint(len(value))
         self.buf += key[shared:] + value
         self.last_key = key
         self.counter += 1
@@ -352,7 +312,7 @@ def _build_table(items: Iterable[tuple[bytes, bytes]]) -> bytes:
 
     def write_block(block: _BlockBuilder) -> bytes:
         raw = block.finish()
-        handle = _varint(len(out)) + _varint(len(raw))
+        handle = encode_varint(len(out)) + encode_varint(len(raw))
         out.extend(raw)
         out.extend(b"\x00" + struct.pack("<I", mask(crc32c(b"\x00", crc32c(raw)))))
         block.reset()
@@ -480,25 +440,27 @@ def _read_bundle(prefix: str) -> tuple[int, bool, dict[str, _Entry]]:
     producer = min_consumer = 0
     bad_consumers = []
     try:
-        for field, value in _proto_fields(pairs[0][1]):
-            if field == 1:
+        for field, wire, value in iter_fields(pairs[0][1]):
+            if field == 1 and wire == VARINT:
                 num_shards = value
-            elif field == 2:
+            elif field == 2 and wire == VARINT:
                 big_endian = value == 1
-            elif field == 3:
-                for f2, v2 in _proto_fields(value):
-                    if f2 == 1:
+            elif field == 3 and wire == LEN:  # VersionDef
+                for f2, w2, v2 in iter_fields(value):
+                    if f2 == 1 and w2 == VARINT:
                         producer = v2
-                    elif f2 == 2:
+                    elif f2 == 2 and w2 == VARINT:
                         min_consumer = v2
-                    elif f2 == 3:
+                    elif f2 == 3 and w2 == VARINT:
                         bad_consumers.append(v2)
+                    elif f2 == 3 and w2 == LEN:  # repeated int32, packed
+                        bad_consumers.extend(decode_packed_varints(v2).tolist())
         entries = {}
         for key, value in pairs[1:]:
             if key.startswith(b"\x00"):  # the stored pieces of a partitioned variable
                 continue
             entries[key.decode("utf-8")] = _parse_entry(value)
-    except (_Corrupt, UnicodeDecodeError) as e:
+    except (_Corrupt, DecodeError, UnicodeDecodeError) as e:
         raise InputError(f"checkpoint file {index_path} is corrupt: {e}; re-copy or re-save the checkpoint") from None
     if min_consumer > _BUNDLE_VERSION or _BUNDLE_VERSION in bad_consumers:
         raise InputError(
@@ -531,10 +493,10 @@ def _decode_strings(buf: bytes, count: int, big_endian: bool, where: str) -> tup
     i = 0
     try:
         for _ in range(count):
-            n, i = _read_varint(buf, i)
+            n, i = read_varint(buf, i)
             lengths.append(n)
             crc = crc32c(struct.pack(f"{order}I", n) if n <= 0xFFFFFFFF else struct.pack(f"{order}Q", n), crc)
-    except _Corrupt:
+    except DecodeError:
         raise InputError(f"{where}: the string lengths run past the stored size") from None
     if i + 4 > len(buf):
         raise InputError(f"{where}: the string lengths run past the stored size")
@@ -678,7 +640,7 @@ def _tensor_bytes(name: str, value) -> tuple[int, tuple[int, ...], list, int]:
     shape = tuple(int(d) for d in arr.shape)
     if arr.dtype.kind in "SO":
         items = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in arr.reshape(-1).tolist()]
-        lengths = b"".join(_varint(len(v)) for v in items)
+        lengths = encode_packed_varints([len(v) for v in items])
         crc = 0
         for v in items:
             crc = crc32c(struct.pack("<I", len(v)) if len(v) <= 0xFFFFFFFF else struct.pack("<Q", len(v)), crc)

@@ -1,6 +1,7 @@
 """TFRecord files of `tf.train.Example` records, read and written without TensorFlow or protobuf.
 
-This is the format `create_pretraining_data.py` writes and `run_pretraining.py` reads (spec §4.5).
+This is the format the original's pre-training data is in: create_pretraining_data.py writes it
+(`write_instance_to_example_files`) and run_pretraining.py reads it (`input_fn_builder`, `_decode_record`).
 
 Framing, per record (all little-endian):
 
@@ -18,13 +19,13 @@ The data is a serialized `tf.train.Example`, whose messages are (tensorflow/core
 Writing emits packed lists and the features in the order of the dict; reading accepts packed and unpacked
 lists and any field order, and skips unknown fields, as a protobuf parser does.
 
-Speed: varints of small non-negative ints come from a precomputed table, floats and CRCs are done with
-NumPy, and the writer computes the CRCs of many records at once (`bert.formats.crc32c.crc32c_many`).
+The wire format itself (varints, keys, packed lists) is `bert.formats.protobuf`. Speed: packed lists and
+floats are encoded and decoded with NumPy (`encode_pretraining_examples` does a whole batch of records at
+once), and the writer computes the CRCs of many records together (`bert.formats.crc32c.crc32c_many`).
 """
 
 from __future__ import annotations
 
-import operator
 import os
 import struct
 from collections.abc import Iterable, Iterator, Mapping
@@ -34,131 +35,34 @@ import numpy as np
 
 from bert.errors import InputError
 from bert.formats.crc32c import crc32c_many, mask, masked_crc32c
+from bert.formats.protobuf import (
+    I32,
+    LEN,
+    VARINT,
+    DecodeError,
+    decode_packed_varints,
+    encode_packed_varint_rows,
+    encode_packed_varints,
+    iter_fields,
+    len_header,
+    length_delimited,
+    to_int64,
+)
 from bert.utils import atomic_write
 
 __all__ = [
     "TFRecordWriter",
     "decode_example",
     "encode_example",
+    "encode_pretraining_examples",
+    "frame_records",
     "read_examples",
     "read_records",
     "write_examples",
 ]
 
 FEATURE_TYPES = ("int64", "float", "bytes")
-
-# ----------------------------------------------------------------------------------------------------
-# Varints.
-
-_TABLE_BITS = 17  # varints of 0 <= v < 2**17 (1 to 3 bytes; covers every BERT vocabulary id) are tabled
-_VARINT_TABLE: list[bytes] = []
-
-
-def _varint(v: int) -> bytes:
-    """Protobuf base-128 varint of an int64 (negative values take 10 bytes, as two's complement)."""
-    if not -(1 << 63) <= v < (1 << 63):
-        raise ValueError(f"{v} does not fit in an int64")
-    v &= (1 << 64) - 1
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
-def _varint_table() -> list[bytes]:
-    if not _VARINT_TABLE:
-        raw = _encode_varints_numpy(np.arange(1 << _TABLE_BITS, dtype=np.int64))
-        sizes = 1 + (np.arange(1 << _TABLE_BITS) >= 1 << 7) + (np.arange(1 << _TABLE_BITS) >= 1 << 14)
-        ends = np.cumsum(sizes).tolist()
-        starts = [0, *ends[:-1]]
-        _VARINT_TABLE.extend(raw[a:b] for a, b in zip(starts, ends))
-    return _VARINT_TABLE
-
-
-def _encode_varints_numpy(values: np.ndarray) -> bytes:
-    """Packed varints of any int64 values, vectorised."""
-    u = values.astype(np.int64, copy=False).view(np.uint64)
-    if u.size == 0:
-        return b""
-    shifts = np.arange(0, 70, 7, dtype=np.uint64)  # 10 groups of 7 bits cover 64 bits
-    groups = ((u[:, None] >> shifts[None, :]) & np.uint64(0x7F)).astype(np.uint8)  # [n, 10]
-    nbytes = np.ones(u.size, dtype=np.int64)
-    for k in range(1, 10):
-        nbytes += u >= np.uint64(1 << (7 * k))
-    keep = np.arange(10)[None, :] < nbytes[:, None]
-    cont = np.arange(10)[None, :] < (nbytes - 1)[:, None]
-    groups[cont] |= 0x80
-    return groups[keep].tobytes()
-
-
-def _encode_varints(values) -> bytes:
-    """Packed varints of a list or array of ints (the payload of a packed int64 field)."""
-    if isinstance(values, np.ndarray):
-        if values.dtype.kind not in "iub":
-            raise TypeError(f"an int64 feature needs integer values, got an array of {values.dtype}")
-        if values.size == 0:
-            return b""
-        flat = values.ravel()
-        if flat.min() >= 0 and flat.max() < (1 << _TABLE_BITS):
-            table = _varint_table()
-            return b"".join([table[v] for v in flat.tolist()])
-        return _encode_varints_numpy(flat.astype(np.int64))
-    if not values:
-        return b""
-    try:
-        if min(values) >= 0 and max(values) < (1 << _TABLE_BITS):
-            table = _varint_table()
-            return b"".join([table[v] for v in values])
-    except TypeError:
-        raise TypeError(
-            "an int64 feature needs integer values (for floats, make the first value a float or pass feature_types)"
-        ) from None
-    return b"".join(_varint(operator.index(v)) for v in values)  # operator.index refuses floats
-
-
-def _decode_varints(buf, path: str, index: int) -> np.ndarray:
-    """Decode packed varints to int64 (vectorised)."""
-    b = np.frombuffer(buf, dtype=np.uint8)
-    if b.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    last = b < 0x80
-    if last.all():
-        return b.astype(np.int64)
-    if not last[-1]:
-        raise _bad_example(path, index, "a packed int64 list ends inside a varint")
-    ends = np.flatnonzero(last)
-    starts = np.concatenate(([0], ends[:-1] + 1))
-    pos = np.arange(b.size) - np.repeat(starts, ends - starts + 1)
-    if pos.max() > 9:
-        raise _bad_example(path, index, "a varint is longer than 10 bytes")
-    parts = (b & 0x7F).astype(np.uint64) << (7 * pos).astype(np.uint64)
-    return np.bitwise_or.reduceat(parts, starts).view(np.int64)
-
-
-def _read_varint(buf: bytes, i: int) -> tuple[int, int]:
-    """One varint at buf[i:]; returns (value, next index). Raises IndexError past the end."""
-    b = buf[i]
-    if b < 0x80:
-        return b, i + 1
-    result = b & 0x7F
-    shift = 7
-    while True:
-        i += 1
-        b = buf[i]
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, i + 1
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint longer than 10 bytes")
-
-
-def _len_prefixed(tag: bytes, payload: bytes) -> bytes:
-    n = len(payload)
-    return tag + (bytes((n,)) if n < 0x80 else _varint(n)) + payload
-
+_BYTES_LIST, _FLOAT_LIST, _INT64_LIST = 1, 2, 3  # the field numbers of Feature's oneof kind
 
 # ----------------------------------------------------------------------------------------------------
 # Example encoding.
@@ -186,19 +90,24 @@ def _infer_type(values) -> str:
 
 
 def _encode_feature(values, kind: str) -> bytes:
+    """A Feature: its one list field, whose values are field 1 (packed for numbers)."""
     if kind == "int64":
-        packed = _encode_varints(values)
-        inner = _len_prefixed(b"\x0a", packed) if packed else b""
-        return _len_prefixed(b"\x1a", inner)  # Feature.int64_list = 3
+        try:
+            packed = encode_packed_varints(values)
+        except TypeError as e:
+            raise TypeError(
+                f"an int64 feature needs integer values ({e}); for floats, make the first value a float or pass "
+                "feature_types"
+            ) from None
+        return length_delimited(_INT64_LIST, length_delimited(1, packed) if packed else b"")
     if kind == "float":
         data = np.asarray(values, dtype="<f4").tobytes()
-        inner = _len_prefixed(b"\x0a", data) if data else b""
-        return _len_prefixed(b"\x12", inner)  # Feature.float_list = 2
+        return length_delimited(_FLOAT_LIST, length_delimited(1, data) if data else b"")
     if kind == "bytes":
         if isinstance(values, (bytes, str)):
             values = [values]
         items = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in values]
-        return _len_prefixed(b"\x0a", b"".join(_len_prefixed(b"\x0a", v) for v in items))
+        return length_delimited(_BYTES_LIST, b"".join([length_delimited(1, v) for v in items]))
     raise ValueError(f"unknown feature type {kind!r}; use one of {FEATURE_TYPES}")
 
 
@@ -223,18 +132,13 @@ def encode_example(features: Mapping[str, object], feature_types: Mapping[str, s
             feature = _encode_feature(values, kind or _infer_type(values))
         except (TypeError, ValueError) as e:
             raise type(e)(f"feature {name!r}: {e}") from None
-        entry = _len_prefixed(b"\x0a", name.encode("utf-8")) + _len_prefixed(b"\x12", feature)
-        parts.append(_len_prefixed(b"\x0a", entry))
-    return _len_prefixed(b"\x0a", b"".join(parts))
+        entry = length_delimited(1, name.encode("utf-8")) + length_delimited(2, feature)  # map entry: key, value
+        parts.append(length_delimited(1, entry))  # Features.feature = 1
+    return length_delimited(1, b"".join(parts))  # Example.features = 1
 
 
 # ----------------------------------------------------------------------------------------------------
-# Example decoding: a small hand-written protobuf parser. Each message is walked tag by tag; the tags we
-# know are handled, any other field is skipped by its wire type.
-
-
-class _ParseError(Exception):
-    pass
+# Example decoding: each message is walked field by field; the fields we know are read, any other is skipped.
 
 
 def _bad_example(path: str, index: int, why: str) -> InputError:
@@ -244,87 +148,32 @@ def _bad_example(path: str, index: int, why: str) -> InputError:
     )
 
 
-def _skip(buf: bytes, i: int, tag: int) -> int:
-    """Index after the value of a field with this tag, whose value starts at buf[i]."""
-    wire = tag & 7
-    if wire == 0:
-        return _read_varint(buf, i)[1]
-    if wire == 2:
-        n, i = _read_varint(buf, i)
-        return i + n
-    if wire == 5:
-        return i + 4
-    if wire == 1:
-        return i + 8
-    raise _ParseError(f"unsupported protobuf wire type {wire}")
-
-
-def _span(buf: bytes, i: int, end: int) -> tuple[int, int]:
-    """(start, end) of a length-delimited value whose length varint starts at buf[i]."""
-    n = buf[i]
-    if n < 0x80:
-        i += 1
-    else:
-        n, i = _read_varint(buf, i)
-    if i + n > end:
-        raise _ParseError("a field runs past the end of its message")
-    return i, i + n
-
-
-def _decode_list(buf: bytes, a: int, b: int, kind: int, path: str, index: int) -> np.ndarray:
-    """Values of an Int64List (kind 3), FloatList (2) or BytesList (1) stored in buf[a:b]."""
+def _decode_list(payload: bytes, kind: int) -> np.ndarray:
+    """Values of an Int64List (kind 3), FloatList (2) or BytesList (1): its field 1, packed or not."""
     pieces = []
-    i = a
-    while i < b:
-        tag = buf[i]
-        i += 1
-        if tag == 0x0A:  # value = 1, length-delimited: packed numbers or one bytes value
-            s, i = _span(buf, i, b)
-            if kind == 3:
-                pieces.append(_decode_varints(buf[s:i], path, index))
-            elif kind == 2:
-                if (i - s) % 4:
-                    raise _ParseError("a packed float list is not a multiple of 4 bytes")
-                pieces.append(np.frombuffer(buf, dtype="<f4", count=(i - s) // 4, offset=s))
+    for field, wire, value in iter_fields(payload):
+        if field != 1:
+            continue
+        if wire == LEN:  # packed numbers, or one bytes value
+            if kind == _INT64_LIST:
+                pieces.append(decode_packed_varints(value))
+            elif kind == _FLOAT_LIST:
+                if len(value) % 4:
+                    raise DecodeError("a packed float list is not a multiple of 4 bytes")
+                pieces.append(np.frombuffer(value, dtype="<f4"))
             else:
-                pieces.append(buf[s:i])
-        elif tag == 0x08 and kind == 3:  # one unpacked int64
-            v, i = _read_varint(buf, i)
-            pieces.append(np.array([v & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64).view(np.int64))
-        elif tag == 0x0D and kind == 2:  # one unpacked float
-            pieces.append(np.frombuffer(buf, dtype="<f4", count=1, offset=i))
-            i += 4
-        else:
-            if tag >= 0x80:
-                tag, i = _read_varint(buf, i - 1)
-            i = _skip(buf, i, tag)
-    if i != b:
-        raise _ParseError("a field runs past the end of its message")
-    if kind == 1:
+                pieces.append(value)
+        elif wire == VARINT and kind == _INT64_LIST:  # one unpacked int64
+            pieces.append(np.array([to_int64(value)], dtype=np.int64))
+        elif wire == I32 and kind == _FLOAT_LIST:  # one unpacked float
+            pieces.append(np.frombuffer(value, dtype="<f4"))
+    if kind == _BYTES_LIST:
         out = np.empty(len(pieces), dtype=object)
         out[:] = pieces
         return out
-    if kind == 3:
+    if kind == _INT64_LIST:
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces or [np.zeros(0, np.int64)])
-    return np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, dtype=np.float32)
-
-
-def _decode_feature(buf: bytes, a: int, b: int, path: str, index: int) -> np.ndarray:
-    result = None
-    i = a
-    while i < b:
-        tag = buf[i]
-        i += 1
-        if tag in (0x0A, 0x12, 0x1A):  # bytes_list = 1, float_list = 2, int64_list = 3
-            s, i = _span(buf, i, b)
-            result = _decode_list(buf, s, i, tag >> 3, path, index)  # the last one set wins (a oneof)
-        else:
-            if tag >= 0x80:
-                tag, i = _read_varint(buf, i - 1)
-            i = _skip(buf, i, tag)
-    if result is None:  # a Feature with no kind set reads as an empty list, as in TF
-        return np.zeros(0, dtype=np.float32)
-    return result
+    return np.concatenate(pieces, dtype=np.float32) if pieces else np.zeros(0, dtype=np.float32)
 
 
 def decode_example(data: bytes, path: str = "<bytes>", index: int = 0) -> dict[str, np.ndarray]:
@@ -342,63 +191,33 @@ def decode_example(data: bytes, path: str = "<bytes>", index: int = 0) -> dict[s
     Raises:
         InputError: the bytes are not a valid Example.
     """
-    buf = bytes(data)
-    end = len(buf)
     out: dict[str, np.ndarray] = {}
     try:
-        i = 0
-        while i < end:
-            tag = buf[i]
-            i += 1
-            if tag != 0x0A:  # Example.features = 1
-                if tag >= 0x80:
-                    tag, i = _read_varint(buf, i - 1)
-                i = _skip(buf, i, tag)
+        for field, wire, features in iter_fields(bytes(data)):
+            if field != 1 or wire != LEN:  # Example.features = 1
                 continue
-            fs, fe = _span(buf, i, end)
-            i = fs
-            while i < fe:  # Features
-                tag = buf[i]
-                i += 1
-                if tag != 0x0A:  # Features.feature = 1 (map entries)
-                    if tag >= 0x80:
-                        tag, i = _read_varint(buf, i - 1)
-                    i = _skip(buf, i, tag)
+            for field, wire, entry in iter_fields(features):
+                if field != 1 or wire != LEN:  # Features.feature = 1: map entries
                     continue
-                es, ee = _span(buf, i, fe)
-                i = es
                 name = ""
-                value = np.zeros(0, dtype=np.float32)
-                while i < ee:  # one map entry
-                    tag = buf[i]
-                    i += 1
-                    if tag == 0x0A:  # key
-                        s, i = _span(buf, i, ee)
-                        name = buf[s:i].decode("utf-8")
-                    elif tag == 0x12:  # value
-                        s, i = _span(buf, i, ee)
-                        value = _decode_feature(buf, s, i, path, index)
-                    else:
-                        if tag >= 0x80:
-                            tag, i = _read_varint(buf, i - 1)
-                        i = _skip(buf, i, tag)
-                if i != ee:
-                    raise _ParseError("a field runs past the end of its message")
-                out[name] = value
-            if i != fe:
-                raise _ParseError("a field runs past the end of its message")
-        if i != end:
-            raise _ParseError("the last field runs past the end of the record")
-    except (_ParseError, IndexError, ValueError) as e:
-        raise _bad_example(path, index, str(e) or "it ends inside a field") from None
+                value = None
+                for field, wire, v in iter_fields(entry):
+                    if field == 1 and wire == LEN:  # key
+                        name = v.decode("utf-8")
+                    elif field == 2 and wire == LEN:  # value: a Feature
+                        for kind, wire, values in iter_fields(v):
+                            if wire == LEN and _BYTES_LIST <= kind <= _INT64_LIST:
+                                value = _decode_list(values, kind)  # the last one set wins (a oneof)
+                # A Feature with no kind set reads as an empty list, as in TF.
+                out[name] = np.zeros(0, dtype=np.float32) if value is None else value
+    except (DecodeError, UnicodeDecodeError) as e:
+        raise _bad_example(path, index, str(e)) from None
     return out
 
 
 # ----------------------------------------------------------------------------------------------------
-# Framing.
+# Pre-training records.
 
-
-# ------------------------------------------------------------------------------- pre-training records
 # The seven features of the original's pre-training records and their kinds
 # (create_pretraining_data.py, `write_instance_to_example_files`).
 PRETRAINING_FEATURES = {
@@ -410,33 +229,6 @@ PRETRAINING_FEATURES = {
     "masked_lm_weights": "float",
     "next_sentence_labels": "int64",
 }
-
-
-def _packed_varints(values: np.ndarray) -> tuple[bytes, np.ndarray]:
-    """Protobuf packed varints of each row of a non-negative int matrix [N, L]: (bytes, row sizes [N])."""
-    v = np.asarray(values)
-    if v.size and v.min() < 0:
-        raise ValueError("pre-training features are non-negative")
-    top = int(v.max(initial=0))
-    if top < 0x80:  # one byte per value: the values themselves
-        return v.astype(np.uint8).tobytes(), np.full(len(v), v.shape[1], np.int64)
-    u = v.astype(np.uint64).reshape(-1)
-    width = (top.bit_length() + 6) // 7
-    nbytes = np.ones(u.shape, np.int64)
-    for k in range(1, width):
-        nbytes += u >= np.uint64(1 << (7 * k))
-    ends = np.cumsum(nbytes)
-    out = np.empty(int(ends[-1]), np.uint8)
-    start = ends - nbytes  # where each value's varint begins; rows stay contiguous, in order
-    for k in range(width):
-        byte = ((u >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
-        byte |= (nbytes > k + 1).astype(np.uint8) << 7  # continuation bit
-        if k == 0:
-            out[start] = byte
-        else:
-            m = nbytes > k
-            out[start[m] + k] = byte[m]
-    return out.tobytes(), nbytes.reshape(v.shape).sum(axis=1)
 
 
 def encode_pretraining_examples(features: dict[str, np.ndarray]) -> list[bytes]:
@@ -455,16 +247,16 @@ def encode_pretraining_examples(features: dict[str, np.ndarray]) -> list[bytes]:
             data = values.astype("<f4").tobytes()
             sizes = np.full(n, values.shape[1] * 4, np.int64)
         else:
-            data, sizes = _packed_varints(values)
-        key = name.encode()
-        tag = b"\x12" if kind == "float" else b"\x1a"  # Feature.float_list = 2, Feature.int64_list = 3
+            data, sizes = encode_packed_varint_rows(values)
+        name_field = length_delimited(1, name.encode())
+        list_field = _FLOAT_LIST if kind == "float" else _INT64_LIST
         cache: dict[int, bytes] = {}
         for size in np.unique(sizes).tolist():
-            # map entry {key = name, value = Feature {kind {value = payload (packed)}}}
-            inner = (b"\x0a" + _varint(size)) if size else b""
-            feature = tag + _varint(len(inner) + size) + inner
-            entry = b"\x0a" + _varint(len(key)) + key + b"\x12" + _varint(len(feature) + size) + feature
-            cache[size] = b"\x0a" + _varint(len(entry) + size) + entry
+            # All but the payload of: map entry {key = name, value = Feature {kind {value = payload (packed)}}}
+            inner = len_header(1, size) if size else b""
+            feature = len_header(list_field, len(inner) + size) + inner
+            entry = name_field + len_header(2, len(feature) + size) + feature
+            cache[size] = len_header(1, len(entry) + size) + entry
         size_list = sizes.tolist()
         headers = [cache[x] for x in size_list]
         ends = np.cumsum(sizes).tolist()
@@ -472,17 +264,28 @@ def encode_pretraining_examples(features: dict[str, np.ndarray]) -> list[bytes]:
         columns.append(headers)
         columns.append([data[a:b] for a, b in zip(starts, ends)])
         total += sizes + np.array([len(h) for h in cache.values()])[np.searchsorted(list(cache), sizes)]
-    prefix_cache = {t: b"\x0a" + _varint(t) for t in np.unique(total).tolist()}
+    prefix_cache = {t: len_header(1, t) for t in np.unique(total).tolist()}  # Example.features = 1
     prefixes = [prefix_cache[t] for t in total.tolist()]
     return list(map(b"".join, zip(prefixes, *columns)))
 
+
+# ----------------------------------------------------------------------------------------------------
+# Framing.
 
 _HEADER = struct.Struct("<QI")
 _BATCH_RECORDS = 512
 _BATCH_BYTES = 1 << 22
 
 
-def _frame(payloads: list[bytes], header_cache: dict[int, bytes]) -> bytes:
+def frame_records(payloads: list[bytes], header_cache: dict[int, bytes] | None = None) -> bytes:
+    """The TFRecord framing of records, back to back (their CRCs are computed together).
+
+    Args:
+        payloads: the records' data.
+        header_cache: record length -> its framing header, kept between calls by a writer.
+    """
+    if header_cache is None:
+        header_cache = {}
     crcs = crc32c_many(payloads)
     parts = []
     for p, c in zip(payloads, crcs):
@@ -538,7 +341,7 @@ class TFRecordWriter:
 
     def _flush(self) -> None:
         if self._pending:
-            self._file.write(_frame(self._pending, self._headers))
+            self._file.write(frame_records(self._pending, self._headers))
             self._pending = []
             self._pending_bytes = 0
 
