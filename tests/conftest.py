@@ -32,6 +32,13 @@ def shared_path(*parts: str) -> Path:
     return path
 
 
+def pytest_configure(config):
+    # One intra-op thread per process, also in the commands the tests start: on tiny models two threads
+    # waiting on each other cost several times the work itself, far more on a busy machine. Before the test
+    # modules are collected, so torch starts with it.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
 def pytest_unconfigure(config):
     """End the run (after pytest's own summary line) by saying loudly how many tests the absence of ../shared
     skipped: a green run without the shared folder has not run the real-data tests."""

@@ -135,7 +135,8 @@ def test_native_streaming_round_trip_and_manifest(tmp_path, pieces_vocab_file):
         np.testing.assert_array_equal(batch[key].reshape(len(tf), -1), [r[key] for r in tf], err_msg=key)
     one = records[len(records) - 1]
     assert one["input_ids"].shape == (24,) and one["next_sentence_labels"].shape == (1,)
-    assert (tmp_path / "n" / "args.json").is_file() and (tmp_path / "n" / "stats.json").is_file()
+    assert json.loads((tmp_path / "n" / "args.json").read_text())["command"] == "create-pretraining-data"
+    assert json.loads((tmp_path / "n" / "stats.json").read_text())["instances"] == len(records)
 
 
 def test_check_manifest_names_the_flag_and_the_value(tmp_path, pieces_vocab_file):

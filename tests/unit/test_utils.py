@@ -14,7 +14,7 @@ import pytest
 
 from bert import __version__
 from bert.errors import InputError
-from bert.utils import atomic_write, expand_input_files, iter_lines, load_json_file, write_run_info
+from bert.utils import atomic_write, expand_input_files, iter_lines, load_json_file, text_size, write_run_info
 
 
 # ------------------------------------------------------------------------------------------ atomic_write
@@ -138,6 +138,14 @@ def test_iter_lines_across_small_blocks_other_encodings_and_bad_files(tmp_path, 
         list(iter_lines(str(tmp_path / "cut.txt.gz")))
     (tmp_path / "empty.txt").write_bytes(b"")
     assert list(iter_lines(str(tmp_path / "empty.txt"))) == []
+
+
+def test_text_size_is_the_uncompressed_size(tmp_path):
+    text = "ünïcode line\n" * 1000
+    (tmp_path / "a.txt").write_text(text, encoding="utf-8")
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(text.encode()))
+    assert text_size(str(tmp_path / "a.txt")) == text_size(str(tmp_path / "a.txt.gz")) == len(text.encode())
+    assert (tmp_path / "a.txt.gz").stat().st_size < len(text.encode()) // 10
 
 
 # ---------------------------------------------------------------------------------------- load_json_file
