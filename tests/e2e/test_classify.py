@@ -15,7 +15,19 @@ import torch
 
 from bert.commands.classify import ClassifyArgs, run_classify
 from bert.metrics import f1_binary
-from conftest import cli_error, save_tiny_model, shared_path, write_tiny_config
+from conftest import (
+    args_for,
+    assert_same_weights,
+    cli_error,
+    glue_slice,
+    model_flags,
+    read_metrics,
+    read_results,
+    read_tsv,
+    read_weights,
+    shared_path,
+    write_tiny_config,
+)
 
 README_FLAGS = dict(
     do_train=True,
@@ -29,43 +41,8 @@ README_FLAGS = dict(
 ORIGINAL_KEYS = {"eval_accuracy", "eval_loss", "global_step", "loss"}
 
 
-@pytest.fixture(scope="module")
-def model_files(tmp_path_factory):
-    """(config file, vocab file, init checkpoint): a random tiny model with the uncased vocab."""
-    return save_tiny_model(tmp_path_factory.mktemp("tiny"), shared_path("data", "vocab", "uncased.txt"), True)
-
-
-def glue_slice(src: Path, dst: Path, **rows: int | None) -> Path:
-    """Copy `name=n` files of a GLUE folder keeping the header line and the first n rows (None: all)."""
-    dst.mkdir(parents=True, exist_ok=True)
-    for name, n in rows.items():
-        lines = (src / f"{name}.tsv").read_text(encoding="utf-8").splitlines(keepends=True)
-        (dst / f"{name}.tsv").write_text("".join(lines if n is None else lines[: n + 1]), encoding="utf-8")
-    return dst
-
-
-def args_for(model_files, data_dir, output_dir, **kw) -> ClassifyArgs:
-    config, vocab, init = model_files
-    base = dict(
-        task_name="MRPC",
-        data_dir=str(data_dir),
-        output_dir=str(output_dir),
-        vocab_file=str(vocab),
-        bert_config_file=str(config),
-        init_checkpoint=str(init),
-        device="cpu",
-    )
-    return ClassifyArgs(**{**base, **kw})
-
-
-def read_results(path: Path) -> dict[str, str]:
-    lines = path.read_text().splitlines()
-    assert lines == sorted(lines), "eval_results.txt keys must be sorted"
-    return dict(line.split(" = ") for line in lines)
-
-
-def read_tsv(path: Path) -> np.ndarray:
-    return np.array([[float(x) for x in line.split("\t")] for line in path.read_text().splitlines()])
+def mrpc_args(model_files, data_dir, output_dir, **flags) -> ClassifyArgs:
+    return args_for(ClassifyArgs, model_files, output_dir, **{"task_name": "MRPC", "data_dir": str(data_dir), **flags})
 
 
 def check_mrpc_outputs(out: Path, steps: int, n_dev: int) -> dict[str, str]:
@@ -75,11 +52,12 @@ def check_mrpc_outputs(out: Path, steps: int, n_dev: int) -> dict[str, str]:
     probs = read_tsv(out / "test_results.tsv")
     assert probs.shape == (1725, 2)  # one line per test example, no header
     np.testing.assert_allclose(probs.sum(1), 1.0, atol=1e-5)
-    for name in ("args.json", "log.txt", "metrics.jsonl", "eval_results.json"):
-        assert (out / name).is_file(), name
+    saved = json.loads((out / "eval_results.json").read_text())  # the same results at full precision
+    assert saved.keys() == results.keys() and saved["global_step"] == steps
+    assert all(str(np.float32(saved[k])) == results[k] for k in results if k != "global_step")
+    assert "***** Running training *****" in (out / "log.txt").read_text()
     assert json.loads((out / "args.json").read_text())["command"] == "classify"
-    steps_logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert steps_logged[-1] == steps
+    assert read_metrics(out)[-1]["step"] == steps
     # eval_accuracy is the share of dev predictions equal to the gold label: a multiple of 1/n_dev.
     assert float(results["eval_accuracy"]) * n_dev == pytest.approx(round(float(results["eval_accuracy"]) * n_dev))
     # The dev set has batches of 8: the Estimator's `loss` is the mean of equal batches' means.
@@ -95,7 +73,7 @@ def test_the_readme_flags_give_343_steps_on_mrpc(model_files, tmp_path):
     from bert.tasks.glue import ClassificationTask
     from bert.training import DistContext
 
-    args = args_for(model_files, shared_path("data", "glue", "MRPC"), tmp_path / "out", **README_FLAGS)
+    args = mrpc_args(model_files, shared_path("data", "glue", "MRPC"), tmp_path / "out", **README_FLAGS)
     run = _FinetuneRun(args, ClassificationTask(args), DistContext(torch.device("cpu")))
     assert (run.total_steps, run.warmup_steps) == (343, 34)
     assert len(run.train_examples) == 3668 and len(run.dev_examples) == 408 and len(run.test_examples) == 1725
@@ -108,26 +86,35 @@ def test_mrpc_end_to_end_then_rerun(model_files, tmp_path):
     mrpc = shared_path("data", "glue", "MRPC")
     out = tmp_path / "out"
     flags = {**README_FLAGS, "num_train_epochs": 0.05}
-    result = run_classify(args_for(model_files, mrpc, out, **flags))
+    result = run_classify(mrpc_args(model_files, mrpc, out, **flags))
     steps = int(3668 / 32 * 0.05)
     assert result["num_train_steps"] == result["global_step"] == steps == 5
     results = check_mrpc_outputs(out, steps, 408)
 
-    # eval_f1 is the F1 of the dev predictions; recompute it from the model saved in model/.
+    # The dev metrics are those of the model saved in model/: recompute them from its logits.
     from bert.modeling import BertForSequenceClassification
 
     model = BertForSequenceClassification.from_pretrained(out / "model")
     assert model.num_labels == 2 and model.config.extra["id2label"] == {"0": "0", "1": "1"}
     assert json.loads((out / "model" / "tokenizer_config.json").read_text())["do_lower_case"] is True
-    preds = _dev_preds(model, mrpc, out / "model" / "vocab.txt")
-    assert float(results["eval_f1"]) == pytest.approx(f1_binary(preds, _dev_gold(mrpc)), abs=1e-6)
+    vocab = out / "model" / "vocab.txt"
+    logits, gold = _logits(model, mrpc, "dev", vocab), _dev_gold(mrpc)
+    preds = logits.argmax(1)
+    assert float(results["eval_f1"]) == pytest.approx(f1_binary(preds, gold), abs=1e-6)
+    assert float(results["eval_accuracy"]) == pytest.approx(np.mean(preds == gold), abs=1e-6)
+    cross_entropy = np.log(np.exp(logits).sum(1)) - logits[np.arange(len(gold)), gold]
+    assert float(results["eval_loss"]) == pytest.approx(cross_entropy.mean(), rel=1e-4)
+    # test_results.tsv holds the softmax of the model's test logits, in input order.
+    test = _logits(model, mrpc, "test", vocab, limit=40)
+    probs = np.exp(test) / np.exp(test).sum(1, keepdims=True)
+    np.testing.assert_allclose(read_tsv(out / "test_results.tsv")[:40], probs, atol=1e-5)
 
     # A second run with the same output_dir resumes the finished training: no step is repeated.
     ckpt = out / f"checkpoint-{steps}"
     stamp = (ckpt / "training_state.pt").stat().st_mtime_ns
     metrics = (out / "metrics.jsonl").read_text()
     eval_txt, test_tsv = (out / "eval_results.txt").read_text(), (out / "test_results.tsv").read_text()
-    again = run_classify(args_for(model_files, mrpc, out, **flags))
+    again = run_classify(mrpc_args(model_files, mrpc, out, **flags))
     assert "train" not in again and again["global_step"] == steps
     assert (ckpt / "training_state.pt").stat().st_mtime_ns == stamp
     assert (out / "metrics.jsonl").read_text() == metrics
@@ -140,19 +127,21 @@ def _dev_gold(data: Path) -> np.ndarray:
     return np.array([int(r.split("\t")[0]) for r in rows])
 
 
-def _dev_preds(model, data: Path, vocab: Path) -> np.ndarray:
-    """Argmax predictions of `model` on the dev set, one example at a time, unpadded."""
+def _logits(model, data: Path, split: str, vocab: Path, limit: int | None = None, task: str = "mrpc") -> np.ndarray:
+    """[N, num_labels] float64 logits of `model` on the first `limit` examples of a GLUE task's dev or test set,
+    one example at a time, unpadded."""
     from bert.tasks import get_processor
     from bert.tasks.glue import convert_examples_to_features
     from bert.tokenization import FullTokenizer
 
     tok = FullTokenizer(vocab, do_lower_case=True)
-    examples = get_processor("mrpc").get_dev_examples(data)
-    feats = convert_examples_to_features(examples, ["0", "1"], 128, tok, pad=False)
+    processor = get_processor(task)
+    examples = (processor.get_dev_examples if split == "dev" else processor.get_test_examples)(data)[:limit]
+    feats = convert_examples_to_features(examples, processor.get_labels(), 128, tok, pad=False)
     model.eval()
     with torch.no_grad():
-        logits = [model(torch.tensor([f.input_ids]), None, torch.tensor([f.segment_ids])).logits for f in feats]
-    return np.array([int(x.argmax()) for x in logits])
+        logits = [model(torch.tensor([f.input_ids]), None, torch.tensor([f.segment_ids])).logits[0] for f in feats]
+    return torch.stack(logits).double().numpy()
 
 
 def test_dynamic_padding_equals_padding_to_max_seq_length(model_files, tmp_path):
@@ -170,7 +159,7 @@ def test_dynamic_padding_equals_padding_to_max_seq_length(model_files, tmp_path)
     for name, padding in variants:
         out = tmp_path / name
         run_classify(
-            args_for(
+            mrpc_args(
                 (no_dropout, vocab, init),
                 data,
                 out,
@@ -187,9 +176,7 @@ def test_dynamic_padding_equals_padding_to_max_seq_length(model_files, tmp_path)
             )
         )
         runs[name] = out
-    losses = {
-        k: [json.loads(s)["loss"] for s in (v / "metrics.jsonl").read_text().splitlines()] for k, v in runs.items()
-    }
+    losses = {k: [m["loss"] for m in read_metrics(v)] for k, v in runs.items()}
     assert len(losses["dynamic"]) == 3
     np.testing.assert_allclose(losses["dynamic"], losses["fixed"], rtol=1e-4)
     np.testing.assert_allclose(losses["dynamic"], losses["accumulated"], rtol=1e-4)
@@ -203,7 +190,7 @@ def test_dynamic_padding_equals_padding_to_max_seq_length(model_files, tmp_path)
     for name, padding in (("grouped", {}), ("fixed", {"pad_to_max_seq_length": True, "group_by_length": False})):
         out = tmp_path / f"eval-{name}"
         result = run_classify(
-            args_for((config, vocab, runs["dynamic"] / "model"), data, out, do_eval=True, do_predict=True, **padding)
+            mrpc_args((config, vocab, runs["dynamic"] / "model"), data, out, do_eval=True, do_predict=True, **padding)
         )
         probs[name] = read_tsv(out / "test_results.tsv")
         assert result["eval"]["global_step"] == 0
@@ -214,31 +201,24 @@ def test_dynamic_padding_equals_padding_to_max_seq_length(model_files, tmp_path)
 def test_resuming_from_a_middle_checkpoint_is_exact(model_files, tmp_path):
     """A run restarted from its step-2 checkpoint (as after a crash) ends with the uninterrupted run's weights:
     the same batches (length-grouped), the same dropout (RNG states restored), the same optimizer state."""
-    from safetensors.torch import load_file
-
     data = glue_slice(shared_path("data", "glue", "MRPC"), tmp_path / "data", train=64, dev=8)
     flags = dict(do_train=True, train_batch_size=8, num_train_epochs=0.5, save_checkpoints_steps=2)
     full, resumed = tmp_path / "full", tmp_path / "resumed"
-    run_classify(args_for(model_files, data, full, keep_checkpoint_max=0, log_every=1, **flags))
+    run_classify(mrpc_args(model_files, data, full, keep_checkpoint_max=0, log_every=1, **flags))
     assert (full / "checkpoint-2").is_dir()
     resumed.mkdir()
     shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
-    result = run_classify(args_for(model_files, data, resumed, log_every=1, **flags))
+    result = run_classify(mrpc_args(model_files, data, resumed, log_every=1, **flags))
     assert result["global_step"] == 4
-    a, b = load_file(full / "model" / "model.safetensors"), load_file(resumed / "model" / "model.safetensors")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-    def losses(d):
-        return [json.loads(s)["loss"] for s in (d / "metrics.jsonl").read_text().splitlines()]
-
-    assert losses(resumed) == losses(full)[2:]
+    assert_same_weights(read_weights(full / "model"), read_weights(resumed / "model"))
+    assert [m["loss"] for m in read_metrics(resumed)] == [m["loss"] for m in read_metrics(full)][2:]
 
 
 def test_stsb_trains_as_regression(model_files, tmp_path):
     data = glue_slice(shared_path("data", "glue", "STS-B"), tmp_path / "data", train=96, dev=40, test=30)
     out = tmp_path / "out"
     result = run_classify(
-        args_for(
+        mrpc_args(
             model_files,
             data,
             out,
@@ -256,11 +236,16 @@ def test_stsb_trains_as_regression(model_files, tmp_path):
     assert results["global_step"] == "6"
     scores = read_tsv(out / "test_results.tsv")
     assert scores.shape == (30, 1)
-    # eval_loss is the mean squared error of the dev predictions (scores 0..5).
-    assert result["eval"]["eval_loss"] > 0 and np.isfinite(result["eval"]["eval_loss"])
     from bert.modeling import BertForSequenceClassification
 
-    assert BertForSequenceClassification.from_pretrained(out / "model").num_labels == 1
+    model = BertForSequenceClassification.from_pretrained(out / "model")
+    assert model.num_labels == 1
+    # eval_loss is the mean squared error of the saved model's dev scores; test_results.tsv holds its test scores.
+    vocab = out / "model" / "vocab.txt"
+    dev = _logits(model, data, "dev", vocab, task="sts-b")[:, 0]
+    gold = np.array([float(line.split("\t")[-1]) for line in (data / "dev.tsv").read_text().splitlines()[1:]])
+    assert result["eval"]["eval_loss"] == pytest.approx(np.mean((dev - gold) ** 2), rel=1e-4)
+    np.testing.assert_allclose(scores[:, 0], _logits(model, data, "test", vocab, task="sts-b")[:, 0], atol=1e-5)
 
 
 def test_generic_task_reads_own_files_and_keeps_its_labels(model_files, tmp_path):
@@ -273,7 +258,7 @@ def test_generic_task_reads_own_files_and_keeps_its_labels(model_files, tmp_path
     flags = dict(task_name="generic", text_a_column="text", label_column="sentiment", has_header=True)
     out = tmp_path / "out"
     run_classify(
-        args_for(
+        mrpc_args(
             model_files,
             data,
             out,
@@ -291,7 +276,7 @@ def test_generic_task_reads_own_files_and_keeps_its_labels(model_files, tmp_path
     assert set(first) == ORIGINAL_KEYS and first["global_step"] == "4"
     # Evaluation alone reads the labels saved with the model: no training file needed.
     (data / "train.tsv").unlink()
-    run_classify(args_for(model_files, data, out, do_eval=True, **flags))
+    run_classify(mrpc_args(model_files, data, out, do_eval=True, **flags))
     again = read_results(out / "eval_results.txt")
     assert again == first
 
@@ -309,17 +294,17 @@ def test_eval_every_steps_keeps_the_best_checkpoint_and_stops_early(model_files,
         early_stopping_patience=2,
         metric_for_best_model="eval_accuracy",
     )
-    result = run_classify(args_for(model_files, data, out, **flags))
+    result = run_classify(mrpc_args(model_files, data, out, **flags))
     history = json.loads((out / "eval_history.json").read_text())
     assert [e["step"] for e in history["evaluations"]] == [2, 4, 6]
     assert history["best_step"] == 2 and history["stopped_at"] == 6
     assert result["global_step"] == 2 and read_results(out / "eval_results.txt")["global_step"] == "2"
     assert json.loads((out / "model" / "finetune_state.json").read_text())["global_step"] == 2
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-6"]
-    evals = [json.loads(s) for s in (out / "metrics.jsonl").read_text().splitlines() if "eval_accuracy" in s]
+    evals = [m for m in read_metrics(out) if "eval_accuracy" in m]
     assert [e["step"] for e in evals] == [2, 4, 6]
     # A rerun sees the early stop and trains no further.
-    again = run_classify(args_for(model_files, data, out, **flags))
+    again = run_classify(mrpc_args(model_files, data, out, **flags))
     assert "train" not in again and again["global_step"] == 2
     assert not (out / "checkpoint-8").exists()
 
@@ -328,13 +313,7 @@ def test_bad_input_fails_before_writing(model_files, tmp_path, capsys):
     config, vocab, init = model_files
     mrpc = shared_path("data", "glue", "MRPC")
     out = tmp_path / "out"
-    common = [
-        f"--vocab_file={vocab}",
-        f"--bert_config_file={config}",
-        f"--init_checkpoint={init}",
-        f"--output_dir={out}",
-        "--device=cpu",
-    ]
+    common = model_flags(model_files, out)
 
     def data_with(name: str, text: str, base: Path = mrpc) -> str:
         d = tmp_path / f"data-{len(list(tmp_path.iterdir()))}"

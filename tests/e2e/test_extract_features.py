@@ -50,7 +50,8 @@ def test_reproduces_the_original_output(tmp_path):
     out = tmp_path / "features.jsonl"
     assert main(["extract-features", *_args(out)]) == 0
     _compare(out)
-    assert (tmp_path / "features.jsonl.args.json").is_file()
+    info = json.loads((tmp_path / "features.jsonl.args.json").read_text())
+    assert info["command"] == "extract-features" and info["args"]["output_file"] == str(out)
 
 
 def test_space_separated_flags_and_module_entry_point(tmp_path):

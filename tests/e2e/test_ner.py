@@ -9,17 +9,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from bert.commands.ner import NerArgs, run_ner
 from bert.metrics import ner_metrics
-from bert.tasks.ner import read_conll, read_prediction_file
-from conftest import cli_error, save_tiny_model, shared_path
+from bert.tasks.common import pad_2d
+from bert.tasks.ner import (
+    CONLL2003_LABELS,
+    IGNORE_INDEX,
+    convert_ner_examples_to_features,
+    read_conll,
+    read_prediction_file,
+    word_predictions,
+)
+from bert.tokenization import FullTokenizer
+from conftest import args_for, cli_error, model_flags, read_results, shared_path
 
-
-@pytest.fixture(scope="module")
-def model_files(tmp_path_factory):
-    """(config file, vocab file, init checkpoint): a random tiny model with the cased vocab."""
-    return save_tiny_model(tmp_path_factory.mktemp("tiny"), shared_path("data", "vocab", "cased.txt"), False)
+TINY_MODEL = dict(vocab="cased.txt", do_lower_case=False)  # conftest's model_files
 
 
 def conll_slice(dst: Path, sentences: int) -> Path:
@@ -41,22 +47,8 @@ def conll_slice(dst: Path, sentences: int) -> Path:
     return dst
 
 
-def args_for(model_files, data_dir, output_dir, **kw) -> NerArgs:
-    config, vocab, init = model_files
-    base = dict(
-        data_dir=str(data_dir),
-        output_dir=str(output_dir),
-        vocab_file=str(vocab),
-        bert_config_file=str(config),
-        init_checkpoint=str(init),
-        do_lower_case=False,
-        device="cpu",
-    )
-    return NerArgs(**{**base, **kw})
-
-
-def read_results(path: Path) -> dict[str, str]:
-    return dict(line.split(" = ") for line in path.read_text().splitlines())
+def ner_args(model_files, data_dir, output_dir, **flags) -> NerArgs:
+    return args_for(NerArgs, model_files, output_dir, **{"data_dir": str(data_dir), "do_lower_case": False, **flags})
 
 
 def test_ner_on_a_conll2003_slice(model_files, tmp_path):
@@ -64,7 +56,7 @@ def test_ner_on_a_conll2003_slice(model_files, tmp_path):
     assert len(read_conll(data / "train.txt")) == 200
     out = tmp_path / "out"
     result = run_ner(
-        args_for(
+        ner_args(
             model_files,
             data,
             out,
@@ -91,12 +83,29 @@ def test_ner_on_a_conll2003_slice(model_files, tmp_path):
         "loss",
     }
     assert results["global_step"] == "12"
-    assert np.isfinite(float(results["eval_loss"]))
+
+    # The written dev predictions and eval_loss are those of the model saved in model/: recompute them from
+    # its logits (one sentence at a time, unpadded). eval_loss is the mean over every labelled word piece.
+    from bert.modeling import BertForTokenClassification
+
+    model = BertForTokenClassification.from_pretrained(out / "model").eval()
+    assert model.num_labels == 9 and model.config.extra["id2label"]["0"] == "O"
+    dev = read_conll(data / "valid.txt")
+    tokenizer = FullTokenizer(out / "model" / "vocab.txt", do_lower_case=False)
+    features = convert_ner_examples_to_features(dev, CONLL2003_LABELS, 64, tokenizer, pad=False)
+    with torch.no_grad():
+        logits = [model(torch.tensor([f.input_ids]), None, torch.tensor([f.segment_ids])).logits[0] for f in features]
+    losses = []
+    for f, row in zip(features, logits):
+        labels = torch.tensor(f.label_ids)
+        losses += torch.nn.functional.cross_entropy(row.double(), labels, reduction="none")[labels != IGNORE_INDEX]
+    assert float(results["eval_loss"]) == pytest.approx(float(torch.stack(losses).mean()), rel=1e-4)
+    argmax = pad_2d([row.argmax(-1).tolist() for row in logits])
+    gold, pred = read_prediction_file(out / "eval_predictions.txt")
+    assert gold == [ex.labels for ex in dev]
+    assert pred == word_predictions(dev, features, argmax, CONLL2003_LABELS)
 
     # Entity scores recomputed from the written dev predictions equal eval_results.txt.
-    gold, pred = read_prediction_file(out / "eval_predictions.txt")
-    dev = read_conll(data / "valid.txt")
-    assert gold == [ex.labels for ex in dev]
     scores = ner_metrics(gold, pred)
     for key in ("f1", "precision", "recall", "accuracy"):
         assert results[f"eval_{key}"] == str(np.float32(scores[key])), key
@@ -112,17 +121,10 @@ def test_ner_on_a_conll2003_slice(model_files, tmp_path):
     gold, pred = read_prediction_file(out / "test_predictions.txt")
     assert read_results(out / "test_results.txt")["test_f1"] == str(np.float32(ner_metrics(gold, pred)["f1"]))
 
-    from bert.modeling import BertForTokenClassification
-
-    model = BertForTokenClassification.from_pretrained(out / "model")
-    assert model.num_labels == 9 and model.config.extra["id2label"]["0"] == "O"
-
 
 def test_bad_conll_input_fails_before_writing(model_files, tmp_path, capsys):
-    config, vocab, init = model_files
     out = tmp_path / "out"
-    common = [f"--vocab_file={vocab}", f"--bert_config_file={config}", f"--init_checkpoint={init}"]
-    common += [f"--output_dir={out}", "--do_lower_case=false", "--device=cpu"]
+    common = [*model_flags(model_files, out), "--do_lower_case=false"]
     good = "EU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\n"
     cases = {
         "wrong number of columns": (good + "German JJ B-MISC\ncall NN I-NP O\n", "train.txt:4: expected 4"),

@@ -2,7 +2,10 @@
 
 import json
 
+import pytest
+
 from bert.cli import main
+from conftest import assert_same_weights, read_results, read_weights
 
 
 def test_quickstart_runs_every_step_on_builtin_data(tmp_path, capsys):
@@ -20,10 +23,17 @@ def test_quickstart_runs_every_step_on_builtin_data(tmp_path, capsys):
         assert line in printed
     manifest = json.loads((out / "pretraining_data" / "manifest.json").read_text())
     assert manifest["max_seq_length"] == 64
-    assert (out / "pretrain" / "model" / "model.safetensors").is_file()
+    # The exported model is the last checkpoint's.
+    assert_same_weights(read_weights(out / "pretrain" / "checkpoint-4"), read_weights(out / "pretrain" / "model"))
     assert "global_step = 4" in (out / "pretrain" / "eval_results.txt").read_text()
+    # The printed accuracies are those of the runs' eval_results.txt, and so is the printed gain.
+    printed_accuracy = [float(line.split(" = ")[1]) for line in printed.splitlines() if "  eval_accuracy = " in line]
+    accuracy = []
     for run in ("classify", "classify_random_init"):
-        results = (out / run / "eval_results.txt").read_text()
-        assert "eval_accuracy" in results and "global_step = 6" in results  # int(2000 / 32 * 0.1)
+        results = read_results(out / run / "eval_results.txt")
+        assert results["global_step"] == "6"  # int(2000 / 32 * 0.1)
+        accuracy.append(float(results["eval_accuracy"]))
+    assert printed_accuracy == pytest.approx(accuracy, abs=1e-6)
+    assert f"Pre-training changed dev accuracy by {printed_accuracy[0] - printed_accuracy[1]:+.3f}" in printed
     # the fine-tuned model starts from the pre-trained weights, the other one does not
     assert json.loads((out / "classify" / "args.json").read_text())["args"]["init_checkpoint"].endswith("model")

@@ -16,24 +16,24 @@ from bert.commands.squad import SquadArgs, run_squad
 from bert.tasks.squad import NO_NON_NULL_SCORE_DIFF, convert_examples_to_features, read_squad_examples
 from bert.tasks.squad_evaluate import evaluate_v1, evaluate_v2
 from bert.tokenization import FullTokenizer
-from conftest import cli_error, save_tiny_model, shared_path
+from conftest import (
+    args_for,
+    assert_same_weights,
+    cli_error,
+    model_flags,
+    read_metrics,
+    read_results,
+    read_weights,
+    shared_path,
+)
 
 MAX_SEQ_LENGTH = 128
 MAX_QUERY_LENGTH = 32
 DOC_STRIDE = 32
 
 
-@pytest.fixture(scope="module")
-def model_files(tmp_path_factory):
-    """(config file, vocab file, init checkpoint): a random tiny model with the uncased vocab."""
-    vocab = shared_path("data", "vocab", "uncased.txt")
-    return save_tiny_model(
-        tmp_path_factory.mktemp("tiny"),
-        vocab,
-        True,
-        attention_probs_dropout_prob=0.1,
-        max_position_embeddings=MAX_SEQ_LENGTH,
-    )
+# conftest's model_files: the uncased vocab, attention dropout on.
+TINY_MODEL = dict(attention_probs_dropout_prob=0.1, max_position_embeddings=MAX_SEQ_LENGTH)
 
 
 def squad_slice(version: str, start: int, count: int, path: Path, training: bool) -> Path:
@@ -70,13 +70,8 @@ def question_ids(path: Path) -> list[str]:
     return [qa["id"] for a in data for p in a["paragraphs"] for qa in p["qas"]]
 
 
-def args_for(model_files, output_dir, **kw) -> SquadArgs:
-    config, vocab, init = model_files
-    base = dict(
-        output_dir=str(output_dir),
-        vocab_file=str(vocab),
-        bert_config_file=str(config),
-        init_checkpoint=str(init),
+def squad_args(model_files, output_dir, **flags) -> SquadArgs:
+    defaults = dict(
         max_seq_length=MAX_SEQ_LENGTH,
         max_query_length=MAX_QUERY_LENGTH,
         doc_stride=DOC_STRIDE,
@@ -84,13 +79,8 @@ def args_for(model_files, output_dir, **kw) -> SquadArgs:
         predict_batch_size=16,
         num_train_epochs=1.0,
         learning_rate=1e-3,
-        device="cpu",
     )
-    return SquadArgs(**{**base, **kw})
-
-
-def read_results(path: Path) -> dict[str, str]:
-    return dict(line.split(" = ") for line in path.read_text().splitlines())
+    return args_for(SquadArgs, model_files, output_dir, **{**defaults, **flags})
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +91,7 @@ def v1_run(model_files, tmp_path_factory):
     predict = squad_slice("1.1", 40, 40, d / "predict.json", training=False)
     out = d / "out"
     result = run_squad(
-        args_for(model_files, out, train_file=str(train), predict_file=str(predict), do_train=True, do_predict=True)
+        squad_args(model_files, out, train_file=str(train), predict_file=str(predict), do_train=True, do_predict=True)
     )
     return result, out, train, predict
 
@@ -114,8 +104,9 @@ def test_v1_train_and_predict(v1_run):
         assert (out / name).exists(), name
     assert not (out / "null_odds.json").exists()
     assert json.loads((out / "args.json").read_text())["command"] == "squad"
-    losses = [json.loads(line).get("loss") for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert losses and all(np.isfinite(x) for x in losses if x is not None)
+    assert read_metrics(out)[-1]["step"] == 5
+    # The last checkpoint is the exported model.
+    assert_same_weights(read_weights(out / "checkpoint-5"), read_weights(out / "model"))
 
     qids = question_ids(predict)
     assert len(qids) == 40
@@ -136,6 +127,9 @@ def test_v1_train_and_predict(v1_run):
         assert sum(e["probability"] for e in entries) == pytest.approx(1.0)
         scores = [e["start_logit"] + e["end_logit"] for e in entries]
         assert scores == sorted(scores, reverse=True)
+        # The probabilities are the softmax of the n-best scores (run_squad.py, `_compute_softmax`).
+        softmax = np.exp(np.array(scores) - max(scores)) / np.exp(np.array(scores) - max(scores)).sum()
+        np.testing.assert_allclose([e["probability"] for e in entries], softmax, rtol=1e-6)
         assert predictions[qid] == entries[0]["text"]
         # Answers are spans of the context (lower-cased by the tokenizer, projected back to the original).
         assert predictions[qid] == "empty" or " ".join(predictions[qid].split()) in " ".join(contexts[qid].split())
@@ -165,7 +159,7 @@ def test_several_windows_and_dynamic_padding_give_the_same_predictions(model_fil
     for pad in (False, True):
         out = tmp_path / f"pad_{pad}"
         result = run_squad(
-            args_for(
+            squad_args(
                 model_files,
                 out,
                 init_checkpoint=str(trained / "model"),
@@ -197,7 +191,7 @@ def test_v2_with_negative(model_files, tmp_path):
     assert any(has_answer) and not all(has_answer)
     out = tmp_path / "out"
     result = run_squad(
-        args_for(
+        squad_args(
             model_files,
             out,
             train_file=str(train),
@@ -233,7 +227,6 @@ def test_v2_with_negative(model_files, tmp_path):
 
 
 def test_bad_input_fails_before_writing(model_files, tmp_path, capsys):
-    config, vocab, init = model_files
     good = squad_slice("1.1", 0, 3, tmp_path / "good.json", training=True)
     data = json.loads(good.read_text())
     no_question = json.loads(json.dumps(data))
@@ -247,8 +240,7 @@ def test_bad_input_fails_before_writing(model_files, tmp_path, capsys):
     (tmp_path / "no_context.json").write_text(json.dumps(no_context))
 
     out = tmp_path / "out"
-    common = [f"--vocab_file={vocab}", f"--bert_config_file={config}", f"--init_checkpoint={init}"]
-    common += [f"--output_dir={out}", "--device=cpu", f"--max_seq_length={MAX_SEQ_LENGTH}"]
+    common = [*model_flags(model_files, out), f"--max_seq_length={MAX_SEQ_LENGTH}"]
     common += [f"--max_query_length={MAX_QUERY_LENGTH}"]
     train, predict = f"--train_file={good}", f"--predict_file={good}"
     cases = {
@@ -258,7 +250,7 @@ def test_bad_input_fails_before_writing(model_files, tmp_path, capsys):
         "query too long": (["--do_predict", predict, "--max_query_length=125"], "max_query_length (125) + 3"),
         "longer than the model": (["--do_predict", predict, "--max_seq_length=256"], "sequence length 256"),
         "missing file": (["--do_predict", f"--predict_file={tmp_path / 'nope.json'}"], "no such file"),
-        "not JSON": (["--do_predict", f"--predict_file={vocab}"], "is not valid JSON"),
+        "not JSON": (["--do_predict", f"--predict_file={model_files[1]}"], "is not valid JSON"),
         "question without text": (
             ["--do_predict", f"--predict_file={tmp_path / 'no_question.json'}"],
             '"question"',

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from bert.tokenization import FullTokenizer
+from conftest import shared_path
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tokenization"
-SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 CONFIGS = {"uncased": True, "cased": False, "chinese": True}  # vocab -> do_lower_case
 
@@ -150,10 +150,8 @@ def test_fast_matches_reference_on_random_text(vocab_files, case):
 
 
 def _shared_lines(every: int) -> list[str]:
-    ml = SHARED_DATA / "multilingual_sentences"
-    docs = SHARED_DATA / "bert_docs"
-    if not ml.is_dir() or not docs.is_dir():
-        pytest.skip(f"{SHARED_DATA} is absent (the shared data folder is not beside the repo)")
+    ml = shared_path("data", "multilingual_sentences")
+    docs = shared_path("data", "bert_docs")
     lines: list[str] = []
     for path in sorted(ml.glob("*.txt")):
         lines += path.read_text(encoding="utf-8").split("\n")[::every]

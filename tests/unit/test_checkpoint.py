@@ -10,16 +10,7 @@ from bert import modeling
 from bert.checkpoint import export_tf, read_checkpoint, save_pretrained
 from bert.cli import main
 from bert.errors import InputError
-from conftest import FIXTURES
-
-HEADS = [
-    ("BertModel", {}),
-    ("BertForPreTraining", {}),
-    ("BertForSequenceClassification", {"num_labels": 3}),
-    ("BertForQuestionAnswering", {}),
-    ("BertForTokenClassification", {"num_labels": 4}),
-    ("BertForMultipleChoice", {}),
-]
+from conftest import FIXTURES, HEADS
 
 
 def _same_params(a, b):

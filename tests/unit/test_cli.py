@@ -20,13 +20,27 @@ def test_every_command_is_documented_in_the_readme_and_back():
 
 
 @pytest.mark.parametrize("name", sorted(cli.COMMANDS))
-def test_every_command_builds_its_parser_and_help(name):
+def test_every_command_builds_its_parser_and_help(name, capsys):
     args_cls, run = cli._resolve(name)
     assert dataclasses.is_dataclass(args_cls) and callable(run)
     for f in dataclasses.fields(args_cls):
         assert f.metadata.get("help"), f"{name}: flag --{f.name} has no help text"
-    result = subprocess.run([sys.executable, "-m", "bert", name, "--help"], capture_output=True, text=True)
-    assert result.returncode == 0 and "usage: bert" in result.stdout
+    with pytest.raises(SystemExit) as exc:
+        cli.main([name, "--help"])
+    assert exc.value.code == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"usage: bert {name} ")
+    for f in dataclasses.fields(args_cls):
+        if f.metadata.get("cli") is not False:
+            shown = f.name.upper() if f.metadata.get("positional") else f.metadata.get("flag", f"--{f.name}")
+            assert shown in printed, f"{name}: {shown} is not in --help"
+
+
+def test_help_through_the_module_entry_point():
+    """`python -m bert CMD --help` in a process of its own (the in-process test above covers every command)."""
+    result = subprocess.run([sys.executable, "-m", "bert", "squad", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.startswith("usage: bert squad ") and not result.stderr
+    assert "--version_2_with_negative" in result.stdout
 
 
 @dataclass

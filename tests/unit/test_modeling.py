@@ -33,7 +33,8 @@ def test_bert_model_shapes(tiny_config):
     assert out.pooled_output.shape == (B, 32)
     assert len(out.all_encoder_layers) == 2
     assert out.all_encoder_layers[-1] is out.sequence_output
-    assert torch.all(out.pooled_output.abs() <= 1)  # tanh
+    # The pooler: tanh of a dense layer on the first token's final hidden state.
+    torch.testing.assert_close(out.pooled_output, torch.tanh(model.pooler.dense(out.sequence_output[:, 0])))
 
 
 # --------------------------------------------------------------------------------------------- heads

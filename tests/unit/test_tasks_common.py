@@ -1,10 +1,20 @@
-"""Shared task helpers: pair truncation, padding, the original's step arithmetic, column and label flags."""
+"""Shared task helpers (`bert.tasks.common`): the feature-name rename, softmax, pair truncation, padding, the
+original's step arithmetic, column and label flags."""
 
 import numpy as np
 import pytest
 
 from bert.errors import InputError
-from bert.tasks.common import column_spec, label_list_flag, num_train_steps, num_warmup_steps, pad_2d, truncate_seq_pair
+from bert.tasks.common import (
+    column_spec,
+    label_list_flag,
+    model_inputs,
+    num_train_steps,
+    num_warmup_steps,
+    pad_2d,
+    softmax,
+    truncate_seq_pair,
+)
 
 
 def test_truncate_seq_pair_pops_the_longer_side_b_on_ties():
@@ -39,3 +49,17 @@ def test_column_and_label_flags():
         label_list_flag("a,a")
     with pytest.raises(InputError, match="distinct, non-empty"):
         label_list_flag("a,,b")
+
+
+def test_model_inputs_renames_the_originals_feature_names():
+    ids, mask, types, labels = (np.full((1, 2), i) for i in range(4))
+    got = model_inputs({"input_ids": ids, "input_mask": mask, "segment_ids": types, "label_ids": labels})
+    assert list(got) == ["input_ids", "attention_mask", "token_type_ids", "label_ids"]
+    assert got["attention_mask"] is mask and got["token_type_ids"] is types and got["label_ids"] is labels
+
+
+def test_softmax_in_float64_returned_as_float32():
+    probs = softmax(np.array([[0.0, np.log(3.0)], [1000.0, 1000.0]], dtype=np.float32))  # no overflow at 1000
+    assert probs.dtype == np.float32
+    np.testing.assert_allclose(probs, [[0.25, 0.75], [0.5, 0.5]], rtol=1e-7)
+    assert softmax(np.zeros((2, 3, 4))).shape == (2, 3, 4)

@@ -113,6 +113,9 @@ def test_dev_v20_is_impossible_counts():
     assert all(e.start_position == e.end_position == -1 and e.orig_answer_text == "" for e in impossible)
     possible = [e for e in examples if not e.is_impossible]
     assert all(0 <= e.start_position <= e.end_position < len(e.doc_tokens) for e in possible)
+    # The positions span the answer text (run_squad.py's check before keeping a training example).
+    for e in possible:
+        assert " ".join(e.orig_answer_text.split()) in " ".join(e.doc_tokens[e.start_position : e.end_position + 1])
     # Over the whole file, impossible questions are never skipped.
     all_examples = squad_examples_from_json(_first_answer_only(dataset), is_training=True, version_2_with_negative=True)
     assert sum(e.is_impossible for e in all_examples) == 5945

@@ -11,9 +11,11 @@ import pytest
 from bert.errors import InputError
 from bert.formats import crc32c as crc
 from bert.formats.tfrecord import (
+    PRETRAINING_FEATURES,
     TFRecordWriter,
     decode_example,
     encode_example,
+    encode_pretraining_examples,
     read_examples,
     read_records,
     write_examples,
@@ -270,3 +272,22 @@ def test_garbage_record_is_not_an_example(tmp_path):
     with pytest.raises(InputError, match=r"record 0 is not a valid tf.train.Example"):
         list(read_examples(out))
     assert os.path.getsize(out) == 12 + 3 + 4
+
+
+def test_encode_pretraining_examples_is_byte_identical_to_encode_example():
+    rng = np.random.default_rng(0)
+    n = 50
+    feats = {
+        "input_ids": rng.integers(0, 30522, (n, 16)),
+        "input_mask": rng.integers(0, 2, (n, 16)),
+        "segment_ids": rng.integers(0, 2, (n, 16)),
+        "masked_lm_positions": rng.integers(0, 16, (n, 4)),
+        "masked_lm_ids": rng.integers(0, 2**40, (n, 4)),  # multi-byte varints, up to 6 bytes
+        "masked_lm_weights": rng.random((n, 4)).astype(np.float32),
+        "next_sentence_labels": rng.integers(0, 2, (n, 1)),
+    }
+    feats["input_ids"][0] = 0
+    fast = encode_pretraining_examples(feats)
+    assert fast == [
+        encode_example({k: feats[k][i] for k in PRETRAINING_FEATURES}, PRETRAINING_FEATURES) for i in range(n)
+    ]

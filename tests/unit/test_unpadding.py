@@ -5,15 +5,7 @@ import pytest
 import torch
 
 from bert import modeling
-
-HEADS = [
-    ("BertModel", {}),
-    ("BertForPreTraining", {}),
-    ("BertForSequenceClassification", {"num_labels": 3}),
-    ("BertForQuestionAnswering", {}),
-    ("BertForTokenClassification", {"num_labels": 4}),
-    ("BertForMultipleChoice", {}),
-]
+from conftest import HEADS
 
 
 def _batch(config, shape, generator):

@@ -190,7 +190,7 @@ def test_build_vocab_does_not_import_torch(corpus, tmp_path):
         "'--vocab_size=300']) == 0; assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
-    assert (tmp_path / "v.txt").is_file()
+    assert len((tmp_path / "v.txt").read_text(encoding="utf-8").splitlines()) == 300
 
 
 # --- bad input: one line, exit code 2, nothing written ---------------------------------------------------------

@@ -1,4 +1,5 @@
-"""`bert prepare-corpus`: Gutenberg boilerplate, paragraphs, chapters, sentence splitting, file reading."""
+"""`bert prepare-corpus` and its library `bert.pretraining.corpus`: Gutenberg boilerplate, paragraphs, chapters,
+sentence splitting."""
 
 import gzip
 
@@ -6,9 +7,7 @@ import pytest
 
 from bert.cli import main
 from bert.commands.prepare_corpus import PrepareCorpusArgs, run_prepare_corpus
-from bert.errors import InputError
 from bert.pretraining.corpus import is_chapter_heading, iter_documents, iter_paragraphs, strip_gutenberg
-from bert.utils import expand_input_files, iter_lines
 
 WRAPPED = """\
 It is a truth universally acknowledged, that a single man in possession
@@ -114,42 +113,6 @@ def test_chapters_split_documents_and_headings_are_dropped():
 def test_iter_documents_cleans_whitespace_and_drops_empty_sentences():
     docs = list(iter_documents(["a\tb\u2028c", None, None, "d"], lambda p: [p, "  "]))
     assert docs == [["a b c"], ["d"]]
-
-
-def test_iter_lines_plain_gz_crlf_and_no_final_newline(tmp_path):
-    plain = tmp_path / "a.txt"
-    plain.write_bytes(b"one\r\ntwo\n\nthree")
-    packed = tmp_path / "b.txt.gz"
-    packed.write_bytes(gzip.compress(b"one\r\ntwo\n\nthree\n"))
-    assert list(iter_lines(str(plain))) == ["one\r", "two", "", "three"]
-    assert list(iter_lines(str(packed))) == ["one\r", "two", "", "three"]
-
-
-def test_iter_lines_names_file_and_line_of_bad_bytes(tmp_path):
-    path = tmp_path / "bad.txt"
-    path.write_bytes(b"fine\nalso fine\nbad \xff byte\n")
-    with pytest.raises(InputError, match=r"bad\.txt:3: .*column 5.*--decode_errors=ignore"):
-        list(iter_lines(str(path)))
-    assert list(iter_lines(str(path), errors="ignore")) == ["fine", "also fine", "bad  byte"]
-
-
-def test_iter_lines_long_file_counts_lines_across_blocks(tmp_path, monkeypatch):
-    import bert.utils as pc
-
-    monkeypatch.setattr(pc, "_BLOCK_BYTES", 16)
-    path = tmp_path / "long.txt"
-    path.write_bytes(b"".join(b"line %d\n" % i for i in range(50)) + b"\xc3(\n")
-    with pytest.raises(InputError, match=r"long\.txt:51:"):
-        list(iter_lines(str(path)))
-
-
-def test_expand_input_files(tmp_path):
-    for name in ("b.txt", "a.txt", "c.gz"):
-        (tmp_path / name).write_text("x")
-    files = expand_input_files(f"{tmp_path}/*.txt,{tmp_path}/c.gz")
-    assert [p.rsplit("/", 1)[1] for p in files] == ["a.txt", "b.txt", "c.gz"]
-    with pytest.raises(InputError, match="nothing matches"):
-        expand_input_files(f"{tmp_path}/*.txt,{tmp_path}/missing*.txt")
 
 
 def test_prepare_corpus_on_a_gz_book(tmp_path):
