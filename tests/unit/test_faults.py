@@ -21,6 +21,8 @@ Each test, the fault it injects -> what it proves:
   written.
 - `test_stale_lock_is_taken_over`: a lock file left by a dead process -> the run proceeds with a warning and removes
   the lock at the end.
+- `test_lock_without_flock_judges_the_pid`: a file system without flock -> a live holder's pid refuses, a dead one's
+  is taken over.
 - `test_kill_during_export_is_cleaned_up`: SIGKILL inside the final export (a real kill) -> the rerun removes the
   `.model.tmp-*` and exports the model.
 - `test_workers_die_with_their_parent`: SIGKILL of create-pretraining-data --num_workers=2 -> its workers exit; the
@@ -28,7 +30,7 @@ Each test, the fault it injects -> what it proves:
 - `test_flags_must_be_finite`: `--learning_rate=inf`, `nan` -> refused in one line.
 - `test_diverging_run_stops_before_nan_weights`: `--learning_rate=1e30` -> stops naming the step; no NaN checkpoint,
   no exported model.
-- `test_nonfinite_steps_are_skipped_and_counted`: a NaN loss at step 2 -> stops at step 2 by default;
+- `test_nonfinite_steps_are_skipped_and_counted`: a NaN loss at step 3 -> stops at step 3 by default;
   `--max_nonfinite_steps=1` skips it, counts it in metrics.jsonl.
 - `test_bit_flip_in_a_checkpoint`: one flipped bit in model.safetensors, then in training_state.pt -> resume refuses
   naming the file; `--ignore_checkpoint_digest` loads it.
@@ -36,8 +38,8 @@ Each test, the fault it injects -> what it proves:
   `--allow_changed_flags` records them in the history, keeps args.json, removes stale results.
 - `test_classify_rerun_with_another_task`: classify rerun with another `--task_name` -> refused; the earlier
   test_results.tsv stays.
-- `test_decoding_errors_name_the_right_line`: a bad byte on line 3000 (TSV, CoNLL, JSON lines, tokenize, extract-
-  features) -> the message names line 3000.
+- `test_decoding_errors_name_the_right_line`: a bad byte on line 3000 (TSV, JSON lines, CoNLL, tokenize,
+  extract-features) -> the message names that line.
 - `test_vocab_without_unk`: a vocab without [UNK] and an unknown word -> one line naming the vocab file.
 - `test_generic_tsv_row_with_too_few_columns`: a row missing its label -> an error naming the line, not a new class.
 - `test_squad_duplicate_question_ids`: a question id twice -> refused by the reader and the evaluation.
