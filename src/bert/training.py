@@ -381,11 +381,9 @@ def changed_flags(args: Any, saved: dict[str, Any], saved_cwd: str, scopes: set[
         if scope not in scopes or f.name not in saved:
             continue
         was, now = saved[f.name], _jsonable(getattr(args, f.name))
-        if scope == "data":
-            differ = _resolved_paths(was, saved_cwd) != _resolved_paths(now, os.getcwd())
-        else:
-            differ = was != now
-        if differ:
+        if scope == "data":  # compared, and recorded, as absolute paths
+            was, now = _resolved_paths(was, saved_cwd), _resolved_paths(now, os.getcwd())
+        if was != now:
             changes[f.name] = {"was": was, "now": now}
     return changes
 
