@@ -9,21 +9,27 @@ Formats read (detected from what is on disk):
 Formats written: native (safetensors + config.json + vocab.txt + tokenizer_config.json), the
 transformers layout, and a TF checkpoint with an original `bert_config.json`.
 `.bin` files are loaded with `torch.load(weights_only=True)`, which never runs pickled code.
+
+safetensors has no checksum, so the `model.safetensors` this module writes carry a SHA-256 of their
+tensors in the file's metadata (`"sha256"`, see `tensors_digest`); reading one verifies it, so a flipped
+bit or a copy cut short is an error naming the file instead of a model that silently differs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save
 from torch import nn
 
 from bert.config import BertConfig
@@ -43,6 +49,8 @@ VOCAB_NAME = "vocab.txt"
 _IGNORED_KEYS = ("bert.embeddings.position_ids", "embeddings.position_ids", "cls.predictions.decoder.bias")
 # The MLM decoder weight is the word-embedding table; it is stored once, under the embedding's name.
 TIED_KEY = "cls.predictions.decoder.weight"
+# The safetensors metadata key of the tensors' digest.
+DIGEST_KEY = "sha256"
 
 
 @dataclass
@@ -82,11 +90,31 @@ def _read_tf(path: str) -> tuple[dict[str, torch.Tensor], Path]:
     return {k: torch.from_numpy(np.array(v)) for k, v in state.items()}, Path(prefix).parent
 
 
-def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+def tensors_digest(state: Mapping[str, torch.Tensor]) -> str:
+    """SHA-256 over every tensor's name, dtype, shape and bytes, in name order (independent of the file layout)."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().cpu().contiguous()
+        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def _read_safetensors(path: Path, verify: bool = True) -> dict[str, torch.Tensor]:
     try:
-        return load_file(str(path))
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+            state = {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError, RuntimeError) as e:
         raise InputError(f"checkpoint {path} cannot be read ({e}); it is truncated or not a safetensors file") from None
+    expected = metadata.get(DIGEST_KEY)
+    if verify and expected is not None and tensors_digest(state) != expected:
+        raise InputError(
+            f"checkpoint {path} is damaged: its tensors do not match the digest saved with them (a flipped bit, or "
+            "a copy cut short); restore it, delete it (a training run then resumes from an older checkpoint), or "
+            "pass --ignore_checkpoint_digest to load it anyway"
+        )
+    return state
 
 
 def _read_bin(path: Path) -> dict[str, torch.Tensor]:
@@ -102,13 +130,16 @@ def _read_bin(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def read_checkpoint(path: str | os.PathLike, config_file: str | os.PathLike | None = None) -> Checkpoint:
+def read_checkpoint(
+    path: str | os.PathLike, config_file: str | os.PathLike | None = None, verify: bool = True
+) -> Checkpoint:
     """Read weights in any supported format, with the config, vocab and tokenizer settings beside them.
 
     Args:
         path: a directory, a `.safetensors` / `.bin` file, a TF prefix (`.../bert_model.ckpt`) or one of
             its `.index` / `.data-*` files.
         config_file: a config to use instead of the one found beside the weights.
+        verify: check a safetensors file's tensors against the digest in its metadata (when it has one).
     """
     p = Path(path)
     if p.is_dir():
@@ -119,7 +150,7 @@ def read_checkpoint(path: str | os.PathLike, config_file: str | os.PathLike | No
     else:
         weights, base = None, p.parent
     if weights is not None and weights.suffix == ".safetensors":
-        state, fmt = _read_safetensors(weights), "safetensors"
+        state, fmt = _read_safetensors(weights, verify), "safetensors"
     elif weights is not None:
         state, fmt = _read_bin(weights), "bin"
     else:
@@ -254,7 +285,7 @@ def save_pretrained(
     config: BertConfig = model.config
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if not k.endswith(TIED_KEY)}
     with atomic_write(out / WEIGHTS_NAME, "wb") as f:
-        f.write(save(state, metadata={"format": "pt"}))
+        f.write(save(state, metadata={"format": "pt", DIGEST_KEY: tensors_digest(state)}))
     d = config.to_dict()
     d["architectures"] = [type(model).__name__]
     num_labels = getattr(model, "num_labels", None)

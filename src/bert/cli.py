@@ -21,6 +21,8 @@ import typing
 from collections.abc import Callable, Sequence
 
 from bert.errors import InputError
+from bert.outputs import os_error_message
+from bert.utils import check_finite_flags
 
 # name -> (module, args class, run function, one-line description). Modules are imported lazily so that
 # `bert tokenize` never pays for importing torch.
@@ -237,9 +239,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        check_finite_flags(args)
         run(args)
     except InputError as e:
         print(f"bert {argv[0]}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        # A full disk, a read-only file system, a path of the wrong kind: the environment, not a bug, so one
+        # line naming the path, its flag and the fix (the traceback goes to the debug log).
+        logging.getLogger("bert").debug("OSError", exc_info=True)
+        print(f"bert {argv[0]}: error: {os_error_message(e, args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -49,15 +49,27 @@ class InputFeatures:
     input_type_ids: list[int]
 
 
-def read_examples(input_file: str | Path) -> list[InputExample]:
-    """One example per line, stripped; empty lines are examples too, as in the original."""
+def read_examples(input_file: str | Path, errors: str = "strict") -> list[InputExample]:
+    """One example per line, stripped; empty lines are examples too, as in the original.
+
+    `errors`: what to do with bytes that are not UTF-8: "strict" (an `InputError` naming the line),
+    "ignore" (drop them, as the original's `convert_to_unicode` does) or "replace".
+    """
     try:
         with open(input_file, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
         raise InputError(f"input file {input_file} does not exist; pass --input_file=PATH") from None
-    # The original decodes with errors ignored (convert_to_unicode).
-    lines = raw.decode("utf-8", errors="ignore").splitlines()
+    try:
+        text = raw.decode("utf-8", errors)
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise InputError(
+            f"{input_file}:{line}: bytes that are not valid UTF-8 at column {col} ({raw[e.start : e.end]!r}); "
+            "fix the file, or pass --decode_errors=ignore to drop them"
+        ) from None
+    lines = text.splitlines()
     examples = []
     for i, line in enumerate(lines):
         line = line.strip()

@@ -67,6 +67,7 @@ from bert.tasks.common import FinetuneTask, num_train_steps, num_warmup_steps
 from bert.tokenization import FullTokenizer, load_vocab, validate_case_matches_checkpoint
 from bert.training import (
     METRICS_NAME,
+    GuardArgs,
     PerformanceArgs,
     RecordStream,
     TpuCompatArgs,
@@ -87,11 +88,14 @@ GROUP_BATCHES = 50
 
 # ------------------------------------------------------------------------------------------------ flags
 @dataclass(kw_only=True)
-class FinetuneArgs(TpuCompatArgs, PerformanceArgs):
+class FinetuneArgs(TpuCompatArgs, PerformanceArgs, GuardArgs):
     """Flags shared by the fine-tuning commands: run_classifier.py's, plus training options."""
 
     data_dir: str = field(
-        metadata={"help": "The input data dir. Should contain the data files (train, dev, test) for the task."}
+        metadata={
+            "run_defining": "data",
+            "help": "The input data dir. Should contain the data files (train, dev, test) for the task.",
+        }
     )
     output_dir: str = field(
         metadata={"help": "The output directory where the model checkpoints and results will be written."}
@@ -117,15 +121,17 @@ class FinetuneArgs(TpuCompatArgs, PerformanceArgs):
     do_lower_case: bool = field(
         default=True,
         metadata={
+            "run_defining": "model",
             "help": "Whether to lower case the input text. Should be True for uncased models and False for cased "
-            "models."
+            "models.",
         },
     )
     max_seq_length: int = field(
         default=128,
         metadata={
+            "run_defining": "train",
             "help": "The maximum total input sequence length after WordPiece tokenization. Sequences longer than "
-            "this will be truncated."
+            "this will be truncated.",
         },
     )
     do_train: bool = field(default=False, metadata={"help": "Whether to run training."})
@@ -133,20 +139,30 @@ class FinetuneArgs(TpuCompatArgs, PerformanceArgs):
     do_predict: bool = field(
         default=False, metadata={"help": "Whether to run the model in inference mode on the test set."}
     )
-    train_batch_size: int = field(default=32, metadata={"help": "Total batch size for training."})
+    train_batch_size: int = field(
+        default=32, metadata={"run_defining": "train", "help": "Total batch size for training."}
+    )
     eval_batch_size: int = field(default=8, metadata={"help": "Total batch size for eval."})
     predict_batch_size: int = field(default=8, metadata={"help": "Total batch size for predict."})
-    learning_rate: float = field(default=5e-5, metadata={"help": "The initial learning rate for Adam."})
-    num_train_epochs: float = field(default=3.0, metadata={"help": "Total number of training epochs to perform."})
+    learning_rate: float = field(
+        default=5e-5, metadata={"run_defining": "train", "help": "The initial learning rate for Adam."}
+    )
+    num_train_epochs: float = field(
+        default=3.0, metadata={"run_defining": "train", "help": "Total number of training epochs to perform."}
+    )
     warmup_proportion: float = field(
         default=0.1,
         metadata={
+            "run_defining": "train",
             "help": "Proportion of training to perform linear learning rate warmup for. "
-            "E.g., 0.1 = 10 percent of training."
+            "E.g., 0.1 = 10 percent of training.",
         },
     )
     save_checkpoints_steps: int = field(default=1000, metadata={"help": "How often to save the model checkpoint."})
-    seed: int = field(default=12345, metadata={"help": "Seed of the head's initialisation, data order and dropout."})
+    seed: int = field(
+        default=12345,
+        metadata={"run_defining": "train", "help": "Seed of the head's initialisation, data order and dropout."},
+    )
     eval_every_steps: int = field(
         default=0,
         metadata={
@@ -169,7 +185,10 @@ class FinetuneArgs(TpuCompatArgs, PerformanceArgs):
     )
     group_by_length: bool = field(
         default=True,
-        metadata={"help": "Batch sequences of similar length together (within shuffled groups of 50 batches)."},
+        metadata={
+            "run_defining": "train",
+            "help": "Batch sequences of similar length together (within shuffled groups of 50 batches).",
+        },
     )
     pad_to_max_seq_length: bool = field(
         default=False,
@@ -353,6 +372,7 @@ def _check_flags(args: FinetuneArgs, task: FinetuneTask, world_size: int) -> Non
             "--do_eval=true and/or --do_predict=true"
         )
     args.check_no_tpu()
+    args.check_guard_flags()
     positive = ["max_seq_length", "save_checkpoints_steps", "log_every", "gradient_accumulation_steps"]
     positive += ["train_batch_size"] * args.do_train + ["eval_batch_size"] * args.do_eval
     positive += ["predict_batch_size"] * args.do_predict
@@ -400,7 +420,8 @@ class ModelFiles:
 def _resolve_model_files(args: FinetuneArgs, resume_dir: Path | None) -> ModelFiles:
 
     validate_case_matches_checkpoint(args.do_lower_case, args.init_checkpoint)
-    ckpt = read_checkpoint(args.init_checkpoint) if args.init_checkpoint else None
+    verify = not args.ignore_checkpoint_digest
+    ckpt = read_checkpoint(args.init_checkpoint, verify=verify) if args.init_checkpoint else None
     if args.bert_config_file:
         if not os.path.isfile(args.bert_config_file):
             raise InputError(f"--bert_config_file={args.bert_config_file}: no such file")
@@ -541,10 +562,13 @@ def _log_eval(output_dir: Path, step: int, metrics: dict[str, float]) -> None:
 def run_finetune(args: FinetuneArgs, task: FinetuneTask) -> dict[str, Any]:
     """Train, evaluate and/or predict as the flags say; returns
     `{"output_dir", "global_step", "num_train_steps", "train", "eval", "predict"}`."""
+    inputs = {"--data_dir": args.data_dir, "--init_checkpoint": args.init_checkpoint}
+    inputs.update({"--vocab_file": args.vocab_file, "--bert_config_file": args.bert_config_file})
     with training.distributed(args.device) as dist:
-        run = _FinetuneRun(args, task, dist)
-        with training.run_directory(args.output_dir, task.command, args, dist):
-            return run.run()
+        with training.claim_output_dir(args.output_dir, task.command, dist, inputs):
+            run = _FinetuneRun(args, task, dist)
+            with training.run_directory(args.output_dir, task.command, args, dist):
+                return run.run()
 
 
 class _FinetuneRun:
@@ -646,21 +670,22 @@ class _FinetuneRun:
         alone uses the model a finished training chose (model/), else the newest checkpoint.
         """
         args, files = self.args, self.files
+        verify = not args.ignore_checkpoint_digest
         training.set_seed(args.seed)
         model = MODEL_CLASSES[self.task.head](files.config, **self.task.model_kwargs())
         state = None
         global_step = 0
         if not args.do_train and (self.exported / "config.json").is_file():
             logger.info("evaluating the model in %s", self.exported)
-            load_into(model, read_checkpoint(self.exported))
+            load_into(model, read_checkpoint(self.exported, verify=verify))
             global_step = _exported_step(self.exported)
         elif self.resume_dir is not None:
             ignored = " (--init_checkpoint is ignored)" if files.checkpoint else ""
             logger.info("resuming from %s%s", self.resume_dir, ignored)
-            load_into(model, read_checkpoint(self.resume_dir))
+            load_into(model, read_checkpoint(self.resume_dir, verify=verify))
             global_step = int(self.resume_dir.name[len(training.CHECKPOINT_PREFIX) :])
             if args.do_train:
-                state = training.load_training_state(self.resume_dir)
+                state = training.load_training_state(self.resume_dir, verify=verify)
         elif files.checkpoint is not None:
             load_into(model, files.checkpoint)
         else:
@@ -730,6 +755,7 @@ class _FinetuneRun:
             vocab_file=self.files.vocab_file,
             do_lower_case=args.do_lower_case,
             desc=task.command,
+            max_nonfinite_steps=args.max_nonfinite_steps,
         )
         trainer = training.Trainer(self.model, self.wrapped, optimizer, scheduler, dist, self.output_dir, settings)
         torch.manual_seed(args.seed + dist.rank)  # dropout differs across ranks, as their examples do
@@ -778,7 +804,7 @@ class _FinetuneRun:
         if best is not None and best["step"] != self.global_step:
             best_dir = self.output_dir / f"{training.CHECKPOINT_PREFIX}{best['step']}"
             logger.info("using the best checkpoint %s (%s = %.6g)", best_dir, self.metric, best["metrics"][self.metric])
-            load_into(self.model, read_checkpoint(best_dir))
+            load_into(self.model, read_checkpoint(best_dir, verify=not args.ignore_checkpoint_digest))
             self.global_step = best["step"]
         state_file = {FINETUNE_STATE_NAME: {"command": task.command, "global_step": self.global_step}}
         trainer.export_model(self.exported, extra_files=state_file)

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bert.errors import InputError
+from bert.utils import decode_line
 
 __all__ = [
     "BasicTokenizer",
@@ -152,10 +153,14 @@ def printable_text(text: str | bytes) -> str:
     return convert_to_unicode(text)
 
 
-def read_texts(lines: Iterable[bytes], name: str) -> Iterator[str]:
-    """Texts of an input stream: each line is plain text, or a JSON object whose "text" field is the text."""
+def read_texts(lines: Iterable[bytes], name: str, errors: str = "strict") -> Iterator[str]:
+    """Texts of an input stream: each line is plain text, or a JSON object whose "text" field is the text.
+
+    `errors`: "strict" raises `InputError` on bytes that are not UTF-8, naming the line; "ignore" drops
+    them (the original's `convert_to_unicode`); "replace" substitutes U+FFFD.
+    """
     for lineno, raw in enumerate(lines, start=1):
-        line = convert_to_unicode(raw)  # invalid UTF-8 bytes are dropped, as the original does
+        line = decode_line(raw, name, lineno, errors) if isinstance(raw, bytes) else raw
         if lineno == 1 and line.startswith("\ufeff"):
             line = line[1:]
         line = line[:-1] if line.endswith("\n") else line
@@ -163,7 +168,7 @@ def read_texts(lines: Iterable[bytes], name: str) -> Iterator[str]:
         if line.lstrip().startswith("{"):
             try:
                 obj = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 obj = None
             if isinstance(obj, dict) and "text" in obj:
                 text = obj["text"]
@@ -746,8 +751,10 @@ class FullTokenizer:
     ) -> None:
         if isinstance(vocab_file, Mapping):
             self.vocab = collections.OrderedDict(vocab_file)
+            self._vocab_name = "the vocabulary"
         else:
             self.vocab = load_vocab(vocab_file)
+            self._vocab_name = f"vocab file {os.fspath(vocab_file)}"
         self.inv_vocab = {v: k for k, v in self.vocab.items()}
         self.fast = fast
         self.basic_tokenizer = BasicTokenizer(
@@ -795,8 +802,21 @@ class FullTokenizer:
         return out
 
     def convert_tokens_to_ids(self, tokens: Iterable[str]) -> list[int]:
-        """Token strings -> ids; `KeyError` on a token not in the vocab."""
-        return convert_by_vocab(self.vocab, tokens)
+        """Token strings -> ids; `KeyError` on a token not in the vocab (`InputError` when that token is the
+        `[UNK]` that WordPiece gave an unknown word and the vocab lacks it)."""
+        try:
+            return convert_by_vocab(self.vocab, tokens)
+        except KeyError as e:
+            if e.args and e.args[0] == self.wordpiece_tokenizer.unk_token:
+                raise self._no_unk_error() from None
+            raise
+
+    def _no_unk_error(self) -> InputError:
+        unk = self.wordpiece_tokenizer.unk_token
+        return InputError(
+            f"{self._vocab_name} has no {unk} token, and the text has a word its pieces cannot spell; "
+            f"add a line {unk} to the vocabulary (every BERT vocab.txt has one)"
+        )
 
     def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
         """Ids -> token strings; `KeyError` on an unknown id."""
@@ -858,7 +878,10 @@ class FullTokenizer:
             ids = wordpiece._greedy_ids(word)  # the vocab values are the ids
             if ids is not None:
                 return tuple(ids)  # a tuple of ints is left alone by the garbage collector
-        return (self.vocab[wordpiece.unk_token],)  # KeyError without [UNK], as convert_tokens_to_ids
+        try:
+            return (self.vocab[wordpiece.unk_token],)
+        except KeyError:
+            raise self._no_unk_error() from None
 
 
 # ---------------------------------------------------------------------------------------------------------

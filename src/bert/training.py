@@ -24,6 +24,8 @@ scheduler, scaler, step, every rank's RNG states and the task's data position) r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -31,6 +33,7 @@ import queue
 import random
 import re
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -55,10 +58,11 @@ from tqdm import tqdm
 
 from bert.checkpoint import CONFIG_NAME, save_pretrained
 from bert.config import SHAPE_FIELDS, BertConfig
-from bert.errors import InputError
+from bert.errors import InputError, NonFiniteError
 from bert.formats.tensorboard import EventWriter
 from bert.optimization import clip_grad_norm
-from bert.utils import write_run_info
+from bert.outputs import claim, remove_temporaries
+from bert.utils import atomic_write, check_finite_flags, write_run_info
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +71,23 @@ CHECKPOINT_PREFIX = "checkpoint-"
 TRAINING_STATE_NAME = "training_state.pt"
 TRAINER_STATE_NAME = "trainer_state.json"
 METRICS_NAME = "metrics.jsonl"
+ARGS_NAME = "args.json"
+ARGS_HISTORY_NAME = "args_history.jsonl"
+MODEL_DIR = "model"
+# What a run leaves besides its checkpoints and logs: removed when a rerun continues the run with other
+# flags (or starts a new training in the directory), so that no result of the earlier flags stays beside
+# the new ones.
+RESULT_NAMES = (
+    MODEL_DIR,
+    "eval_results.txt",
+    "eval_results.json",
+    "test_results.tsv",
+    "eval_predictions.txt",
+    "test_predictions.txt",
+    "predictions.json",
+    "nbest_predictions.json",
+    "null_odds.json",
+)
 
 
 _TPU = "Accepted for compatibility with the original scripts; TPUs are not supported."
@@ -109,6 +130,39 @@ class PerformanceArgs:
     compile: bool = field(
         default=False, metadata={"help": "torch.compile the model (eager fallback if compilation fails)."}
     )
+
+
+@dataclass(kw_only=True)
+class GuardArgs:
+    """What a training run checks, and the flag that relaxes each check: shared by pretrain and every
+    fine-tuning command. Flags whose field metadata has "run_defining" are compared with the run that
+    an output directory holds before it is resumed: "train" (the optimisation: batch size, learning rate,
+    schedule, seed), "data" (a path to the training data, compared resolved) and "model" (what the model
+    is: the task, its labels, the casing; compared also when evaluation or prediction alone reuses it)."""
+
+    max_nonfinite_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Steps whose loss or gradient norm is not finite to skip (their update is not applied; counted "
+            "in the logs) before the run stops. 0: stop at the first, keeping the last good checkpoint."
+        },
+    )
+    ignore_checkpoint_digest: bool = field(
+        default=False,
+        metadata={"help": "Load checkpoints whose tensors do not match the digest saved with them (damaged files)."},
+    )
+    allow_changed_flags: bool = field(
+        default=False,
+        metadata={
+            "help": "Resume --output_dir with run-defining flags (batch size, learning rate, schedule, task, data) "
+            "other than its run's; the change is recorded in args_history.jsonl and the earlier results removed."
+        },
+    )
+
+    def check_guard_flags(self) -> None:
+        check_finite_flags(self)
+        if self.max_nonfinite_steps < 0:
+            raise InputError(f"--max_nonfinite_steps={self.max_nonfinite_steps} must not be negative")
 
 
 # ------------------------------------------------------------------------------------------ devices
@@ -230,14 +284,178 @@ def distributed(device_spec: str | None = None) -> Iterator[DistContext]:
 
 
 @contextlib.contextmanager
-def run_directory(output_dir: str | os.PathLike, command: str, args: Any, dist: DistContext) -> Iterator[Path]:
-    """The output directory of a training command during its run: this package's INFO log goes to
-    `log.txt` in it, and `args.json` records the command and its resolved arguments (rank 0 writes)."""
-    output_dir = Path(output_dir)
-    with log_to_file(output_dir / "log.txt", dist.is_main):
+def claim_output_dir(
+    output_dir: str | os.PathLike, command: str, dist: DistContext, inputs: dict[str, Any] | None = None
+) -> Iterator[None]:
+    """Hold `output_dir` for the block: rank 0 claims it (`bert.outputs.claim`: checked, locked for the run,
+    leftovers of a killed run removed; `inputs`, the run's input paths, must not be it). Call it before any
+    work, so that a bad output path is reported before the data and the model are read; a claim failure
+    stops every rank."""
+    with contextlib.ExitStack() as stack:
+        error: BaseException | None = None
         if dist.is_main:
-            write_run_info(output_dir, command, args)
-        yield output_dir
+            try:
+                stack.enter_context(claim(command, dirs={"--output_dir": output_dir}, inputs=inputs))
+            except (InputError, OSError) as e:
+                error = e
+        _stop_together(dist, error)
+        yield
+
+
+def _stop_together(dist: DistContext, error: BaseException | None) -> None:
+    """Raise rank 0's `error` on every rank (the other ranks would otherwise wait for it in a collective)."""
+    message = dist.gather_object(None if error is None else str(error))[0]
+    if error is not None:
+        raise error
+    if message is not None:
+        raise InputError(message)
+
+
+@contextlib.contextmanager
+def run_directory(
+    output_dir: str | os.PathLike,
+    command: str,
+    args: Any,
+    dist: DistContext,
+    inputs: dict[str, Any] | None = None,
+) -> Iterator[Path]:
+    """The output directory of a training command during its run.
+
+    On entering, rank 0 claims it (`claim_output_dir`; a no-op when the run claimed it already) and
+    compares the run-defining flags of `args` with the run the directory holds (`record_run`): a
+    difference stops every rank with one line, unless `--allow_changed_flags`. During the block this
+    package's INFO log goes to `log.txt`.
+    """
+    output_dir = Path(output_dir)
+    with claim_output_dir(output_dir, command, dist, inputs):
+        error: BaseException | None = None
+        if dist.is_main:
+            try:
+                record_run(output_dir, command, args)
+            except (InputError, OSError) as e:
+                error = e
+        _stop_together(dist, error)
+        with log_to_file(output_dir / "log.txt", dist.is_main):
+            yield output_dir
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def _resolved_paths(value: Any, cwd: str) -> Any:
+    if not isinstance(value, str):
+        return value
+    return ",".join(os.path.normpath(os.path.join(cwd, os.path.expanduser(p.strip()))) for p in value.split(","))
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _effective_args(output_dir: Path, saved: dict) -> dict[str, Any]:
+    """The flags the directory's run has now: args.json, with the changes reruns made (args_history.jsonl)."""
+    args = dict(saved.get("args", {}))
+    history = output_dir / ARGS_HISTORY_NAME
+    if history.is_file():
+        for line in history.read_text(encoding="utf-8").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            for name, change in (entry.get("changed") or {}).items():
+                args[name] = change.get("now")
+    return args
+
+
+def changed_flags(args: Any, saved: dict[str, Any], saved_cwd: str, scopes: set[str]) -> dict[str, dict[str, Any]]:
+    """{flag: {"was", "now"}} for the run-defining flags of `args` (of the given scopes) whose value differs
+    from `saved`; flags `saved` does not know (added since) are not compared."""
+    changes = {}
+    for f in dataclasses.fields(args):
+        scope = f.metadata.get("run_defining")
+        if scope not in scopes or f.name not in saved:
+            continue
+        was, now = saved[f.name], _jsonable(getattr(args, f.name))
+        if scope == "data":  # compared, and recorded, as absolute paths
+            was, now = _resolved_paths(was, saved_cwd), _resolved_paths(now, os.getcwd())
+        if was != now:
+            changes[f.name] = {"was": was, "now": now}
+    return changes
+
+
+def _remove_results(output_dir: Path, why: str) -> None:
+    removed = []
+    for name in RESULT_NAMES:
+        p = output_dir / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+        else:
+            continue
+        removed.append(name)
+    if removed:
+        logger.warning("%s: removed the results of the earlier run (%s), %s", output_dir, ", ".join(removed), why)
+
+
+def record_run(output_dir: Path, command: str, args: Any) -> None:
+    """Record this run in `output_dir` and check that it continues the run there.
+
+    A run that trains from scratch (no checkpoint to resume), or that reuses nothing of the directory,
+    writes `args.json`. A run that resumes its training, or evaluates or predicts with its model, must
+    have the run-defining flags of the run there (`GuardArgs`): a difference raises `InputError` naming
+    each one, unless `--allow_changed_flags`, which records the new values in `args_history.jsonl`
+    (`args.json` keeps the flags the run started with) and removes the earlier results. Every such rerun
+    adds a line to the history.
+    """
+    saved = _read_json(output_dir / ARGS_NAME)
+    training = bool(getattr(args, "do_train", False))
+    resumes = latest_checkpoint(output_dir) is not None
+    reuses = resumes or (output_dir / MODEL_DIR / CONFIG_NAME).is_file()
+    if saved is None or (training and not resumes) or not reuses:
+        if training and saved is not None:
+            _remove_results(output_dir, "since this run trains a new model from scratch")
+        write_run_info(output_dir, command, args)
+        return
+    if saved.get("command") != command:
+        raise InputError(
+            f"--output_dir={output_dir} holds a run of `bert {saved.get('command')}`, not of `bert {command}`; "
+            "choose another --output_dir"
+        )
+    scopes = {"train", "data", "model"} if training else {"model"}
+    changes = changed_flags(args, _effective_args(output_dir, saved), saved.get("cwd", os.getcwd()), scopes)
+    if changes and not getattr(args, "allow_changed_flags", False):
+        listed = ", ".join(f"--{k}={v['now']} (the run has {v['was']})" for k, v in changes.items())
+        what = "resume its training" if training else "reuse its model"
+        raise InputError(
+            f"--output_dir={output_dir} holds a run with other flags: {listed}; to {what}, pass the run's flags, "
+            "or choose another --output_dir, or pass --allow_changed_flags to continue it with the new ones"
+        )
+    if changes:
+        logger.warning(
+            "continuing the run in %s with changed flags: %s (recorded in %s)",
+            output_dir,
+            ", ".join(f"{k} {v['was']} -> {v['now']}" for k, v in changes.items()),
+            ARGS_HISTORY_NAME,
+        )
+        _remove_results(output_dir, "since they were made with the earlier flags")
+    entry = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": command,
+        "argv": sys.argv,
+        "cwd": os.getcwd(),
+        "changed": changes,
+        "args": _jsonable(dataclasses.asdict(args)) if dataclasses.is_dataclass(args) else {},
+    }
+    history = output_dir / ARGS_HISTORY_NAME
+    previous = history.read_text(encoding="utf-8") if history.is_file() else ""
+    with atomic_write(history) as f:
+        f.write(previous + json.dumps(entry, sort_keys=True) + "\n")
 
 
 def prepare_model(model: nn.Module, args: PerformanceArgs, dist: DistContext, fsdp: bool = False) -> nn.Module:
@@ -390,12 +608,8 @@ def list_checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
 
 
 def remove_incomplete(output_dir: str | os.PathLike) -> None:
-    """Delete the temporary directories of saves that a crash interrupted."""
-    d = Path(output_dir)
-    if d.is_dir():
-        for p in d.iterdir():
-            if p.is_dir() and re.fullmatch(rf"\.({CHECKPOINT_PREFIX}\d+|model)\.(tmp|old)-.+", p.name):
-                shutil.rmtree(p, ignore_errors=True)
+    """Delete the temporary files and directories of saves that a crash interrupted."""
+    remove_temporaries(Path(output_dir))
 
 
 def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
@@ -422,9 +636,28 @@ def check_checkpoint_config(checkpoint_dir: Path, config: BertConfig, flag: str 
         )
 
 
-def load_training_state(checkpoint_dir: str | os.PathLike) -> dict[str, Any]:
-    """Read `training_state.pt` with `weights_only=True` (it holds no pickled code)."""
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_training_state(checkpoint_dir: str | os.PathLike, verify: bool = True) -> dict[str, Any]:
+    """Read `training_state.pt` with `weights_only=True` (it holds no pickled code).
+
+    With `verify`, its SHA-256 must be the one saved beside it in `trainer_state.json` (torch checks no
+    checksum: a flipped bit would be loaded silently).
+    """
     path = Path(checkpoint_dir) / TRAINING_STATE_NAME
+    expected = (_read_json(Path(checkpoint_dir) / TRAINER_STATE_NAME) or {}).get("training_state_sha256")
+    if verify and expected is not None and path.is_file() and _file_sha256(path) != expected:
+        raise InputError(
+            f"{path} is damaged: it does not match the digest saved beside it in {TRAINER_STATE_NAME} (a flipped bit, "
+            f"or a copy cut short); delete {Path(checkpoint_dir).name} to resume from an older checkpoint, or pass "
+            "--ignore_checkpoint_digest to load it anyway"
+        )
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for a damaged file
@@ -453,6 +686,43 @@ def atomic_directory(path: Path):
         raise
 
 
+def check_finite_weights(state: dict[str, torch.Tensor], what: str) -> None:
+    """Refuse to save weights that are not finite numbers: a run that diverged must not leave a NaN model."""
+    for name, t in state.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise NonFiniteError(
+                f"{what}: {name} holds NaN or inf values (the training diverged); nothing was saved. Lower "
+                "--learning_rate, or resume from the last good checkpoint"
+            )
+
+
+def _save_torch(obj: Any, path: Path) -> str:
+    """`torch.save` atomically; returns the SHA-256 of the bytes written. A full disk is an `OSError`
+    naming `path` (torch reports it as a RuntimeError of its zip writer)."""
+
+    class _Hashing:
+        def __init__(self, f: Any):
+            self.f, self.h = f, hashlib.sha256()
+
+        def write(self, data: bytes) -> int:
+            self.h.update(data)
+            return self.f.write(data)
+
+        def flush(self) -> None:
+            self.f.flush()
+
+    with atomic_write(path, "wb") as f:
+        out = _Hashing(f)
+        try:
+            torch.save(obj, out)
+        except RuntimeError as e:
+            cause = e.__cause__ or e.__context__
+            if isinstance(cause, OSError):
+                raise cause from None
+            raise
+    return out.h.hexdigest()
+
+
 def export_model(
     model: nn.Module,
     path: str | os.PathLike,
@@ -463,6 +733,7 @@ def export_model(
     """Write weights only (native layout, loadable with `from_pretrained`) to `path`, atomically, with
     `extra_files` ({name: JSON object}) beside them."""
     path = Path(path)
+    check_finite_weights(model.state_dict(), f"the model to export to {path}")
     with atomic_directory(path) as tmp:
         save_pretrained(model, tmp, vocab_file=vocab_file, do_lower_case=do_lower_case)
         for name, obj in (extra_files or {}).items():
@@ -592,6 +863,7 @@ class TrainerSettings:
         examples_per_step: sequences per optimizer step over all ranks (for sequences/s).
         vocab_file, do_lower_case: saved beside the weights so checkpoints are complete models.
         desc: the progress bar's label.
+        max_nonfinite_steps: steps with a non-finite loss or gradient norm skipped before the run stops.
     """
 
     precision: str = "fp32"
@@ -603,6 +875,7 @@ class TrainerSettings:
     vocab_file: str | None = None
     do_lower_case: bool | None = None
     desc: str = "train"
+    max_nonfinite_steps: int = 0
 
 
 class Trainer:
@@ -640,6 +913,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(dist.device.type) if settings.precision == "fp16" else None
         self.fsdp = _is_fsdp(wrapped)
         self.global_step = 0
+        self.nonfinite_steps = 0  # steps skipped for a non-finite loss or gradient norm (--max_nonfinite_steps)
 
     # ---------------------------------------------------------------------------------- state
     def _model_state(self) -> dict[str, torch.Tensor]:
@@ -653,6 +927,18 @@ class Trainer:
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True) if self.fsdp else StateDictOptions()
         return get_optimizer_state_dict(self.model, self.optimizer, options=options)
+
+    def _check_finite(self, model_state: dict[str, torch.Tensor], what: str) -> None:
+        """`check_finite_weights` on rank 0 (which holds the full state), its verdict raised on every rank."""
+        message = None
+        if self.dist.is_main:
+            try:
+                check_finite_weights(model_state, what)
+            except NonFiniteError as e:
+                message = str(e)
+        message = self.dist.gather_object(message)[0]
+        if message is not None:
+            raise NonFiniteError(message)
 
     def _unsharded(self, model_state: dict[str, torch.Tensor]) -> nn.Module:
         if not self.fsdp:
@@ -668,6 +954,7 @@ class Trainer:
     def export_model(self, path: str | os.PathLike, extra_files: dict[str, dict] | None = None) -> Path | None:
         """Weights only, in the native layout (collective: call on every rank; rank 0 writes)."""
         model_state = self._model_state()
+        self._check_finite(model_state, f"step {self.global_step}: the model to export to {path}")
         out = None
         if self.dist.is_main:
             s = self.settings
@@ -682,6 +969,7 @@ class Trainer:
         model_state = self._model_state()
         optimizer_state = self._optimizer_state()
         path = self.output_dir / f"{CHECKPOINT_PREFIX}{step}"
+        self._check_finite(model_state, f"step {step}: the checkpoint {path.name}")
         if self.dist.is_main:
             state = {
                 "step": step,
@@ -691,14 +979,17 @@ class Trainer:
                 "rng": rng,
                 "data": data_state,
                 "world_size": self.dist.world_size,
+                "nonfinite_steps": self.nonfinite_steps,
             }
             model = self._unsharded(model_state)
             with atomic_directory(path) as tmp:
                 s = self.settings
                 save_pretrained(model, tmp, vocab_file=s.vocab_file, do_lower_case=s.do_lower_case)
-                torch.save(state, tmp / TRAINING_STATE_NAME)
+                digest = _save_torch(state, tmp / TRAINING_STATE_NAME)
                 summary = {"global_step": step, "data": data_state, "world_size": self.dist.world_size, **(info or {})}
-                (tmp / TRAINER_STATE_NAME).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+                summary["training_state_sha256"] = digest
+                with atomic_write(tmp / TRAINER_STATE_NAME) as f:
+                    f.write(json.dumps(summary, indent=2, sort_keys=True) + "\n")
             logger.info("saved checkpoint %s", path)
             if self.settings.keep_checkpoint_max > 0:
                 for _, old in list_checkpoints(self.output_dir)[: -self.settings.keep_checkpoint_max]:
@@ -728,6 +1019,7 @@ class Trainer:
             )
             torch.manual_seed(int(state["step"]) * 1000 + self.dist.rank)
         self.global_step = int(state["step"])
+        self.nonfinite_steps = int(state.get("nonfinite_steps", 0))
 
     # ---------------------------------------------------------------------------------- loop
     def train(
@@ -783,16 +1075,17 @@ class Trainer:
                     summed = torch.stack([sum(p[k].float() for p in parts) for k in keys])
                     totals = dict(zip(keys, dist.all_reduce_sum(summed)))
                 lr = self.optimizer.param_groups[0]["lr"]
-                step_metrics = self._forward_backward(micro_batches, loss_fn, totals)
+                step_metrics, loss = self._forward_backward(micro_batches, loss_fn, totals)
                 if self.scaler is not None:
                     self.scaler.unscale_(self.optimizer)
                 grad_norm = clip_grad_norm(self.model.parameters(), self.settings.max_grad_norm)
                 if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor
                     grad_norm = grad_norm.full_tensor()
+                apply = self._guard(loss, grad_norm)
                 if self.scaler is not None:
-                    self.scaler.step(self.optimizer)
+                    self.scaler.step(self.optimizer)  # skips the update itself when the gradient is not finite
                     self.scaler.update()
-                else:
+                elif apply:
                     self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
@@ -800,12 +1093,13 @@ class Trainer:
                 bar.update(1)
 
                 step_metrics["grad_norm"] = grad_norm.detach().float()
-                for k, v in step_metrics.items():
-                    window[k] = window.get(k, 0) + v
-                window_lr += float(lr)
-                window_steps += 1
+                if apply:  # a skipped step's values would make the window's means NaN
+                    for k, v in step_metrics.items():
+                        window[k] = window.get(k, 0) + v
+                    window_lr += float(lr)
+                    window_steps += 1
                 final = self.global_step == num_train_steps
-                if self.global_step % self.log_every == 0 or final:
+                if (self.global_step % self.log_every == 0 or final) and window_steps:
                     seconds = time.perf_counter() - window_start
                     last = self._log(window, window_steps, window_lr, seconds, metrics_logger, bar)
                     window, window_steps, window_lr, window_start = {}, 0, 0.0, time.perf_counter()
@@ -817,10 +1111,43 @@ class Trainer:
                 metrics_logger.close()
         return last
 
+    def _guard(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+        """Whether this step's update may be applied: the loss and the gradient norm must be finite on every
+        rank. A step that is not is skipped and counted; past --max_nonfinite_steps the run stops here, before
+        the update, so the weights and the last checkpoint stay good. Under fp16 a non-finite gradient with a
+        finite loss is the loss scaler's business (it skips the step and lowers its scale)."""
+        bad = torch.stack([~torch.isfinite(loss.detach().float()), ~torch.isfinite(grad_norm.detach().float())])
+        bad_loss, bad_grad = (bool(x) for x in self.dist.all_reduce_sum(bad.float()).tolist())  # one sync per step
+        if not bad_loss and (not bad_grad or self.scaler is not None):
+            return True
+        step = self.global_step + 1
+        what = "the loss" if bad_loss else "the gradient norm"
+        self.nonfinite_steps += 1
+        if self.nonfinite_steps > self.settings.max_nonfinite_steps:
+            last = latest_checkpoint(self.output_dir)
+            kept = f"the last good checkpoint is {last.name}" if last is not None else "no checkpoint was saved yet"
+            skipped = f" after {self.nonfinite_steps - 1} skipped" if self.nonfinite_steps > 1 else ""
+            raise NonFiniteError(
+                f"step {step}: {what} is not a finite number{skipped}; the run stopped without applying it and "
+                f"{kept}; lower --learning_rate or check the data, or pass --max_nonfinite_steps=N to skip up to N "
+                "such steps"
+            )
+        logger.warning(
+            "step %d: %s is not a finite number; its update is skipped (%d of --max_nonfinite_steps=%d)",
+            step,
+            what,
+            self.nonfinite_steps,
+            self.settings.max_nonfinite_steps,
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        return False
+
     def _forward_backward(
         self, micro_batches: list[dict[str, torch.Tensor]], loss_fn: LossFn, totals: dict[str, torch.Tensor]
-    ) -> dict[str, torch.Tensor]:
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Forward and backward passes over the micro-batches; returns the summed metrics and this rank's loss."""
         sums: dict[str, torch.Tensor] = {}
+        loss_sum = torch.zeros((), device=self.dist.device)
         n = len(micro_batches)
         for i, batch in enumerate(micro_batches):
             sync = i == n - 1  # reduce gradients across ranks only after the last micro-batch
@@ -834,12 +1161,13 @@ class Trainer:
             with ctx:
                 with autocast(self.dist.device, self.settings.precision):
                     loss, metrics = loss_fn(self.wrapped, batch, totals)
+                loss_sum = loss_sum + loss.detach().float()
                 # DDP and FSDP average gradients over ranks; the contributions are meant to be summed.
                 loss = loss * self.dist.world_size
                 (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0) + v.detach().float()
-        return sums
+        return sums, loss_sum
 
     def _log(self, window, steps: int, lr_sum: float, seconds: float, metrics_logger, bar) -> dict[str, float]:
         # Metric contributions are summed over ranks; the gradient norm is the same on every rank.
@@ -851,6 +1179,8 @@ class Trainer:
         out["grad_norm"] = float(window["grad_norm"]) / steps
         out["learning_rate"] = lr_sum / steps
         out["sequences_per_second"] = self.settings.examples_per_step * steps / max(seconds, 1e-9)
+        if self.nonfinite_steps:
+            out["nonfinite_steps"] = self.nonfinite_steps
         if metrics_logger is not None:
             metrics_logger.log(self.global_step, out)
             bar.set_postfix(

@@ -1,20 +1,26 @@
 """Small helpers below everything else: atomic file writes, reading text files (plain or gzipped, globs,
-undecodable bytes named by line), logging set-up and the record of what a command did. No torch here.
+undecodable bytes named by line), logging set-up, the record of what a command did, flags that must be
+finite, and worker processes that end with their parent. No torch here.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import dataclasses
+import errno
 import glob
 import gzip
 import json
 import logging
+import math
 import os
 import struct
 import sys
 import tempfile
+import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -28,11 +34,16 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
     """Open a temporary file beside `path` and rename it onto `path` only if the block succeeds.
 
     A crash or an exception inside the block leaves `path` untouched (an earlier version stays whole)
-    and removes the temporary file, so nothing half-written is ever seen under the final name.
+    and removes the temporary file, so nothing half-written is ever seen under the final name. The
+    temporary name is `.NAME.XXXXXXXX.tmp` (`bert.outputs` removes those a killed run left). A full disk or
+    a read-only file system met while writing is raised as an `OSError` that names `path`.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise _named(e, path) from None
     try:
         if "b" in mode:
             f = os.fdopen(fd, mode)
@@ -47,10 +58,23 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno in _WRITE_ERRNOS:
+            raise _named(e, path) from None
         raise
+
+
+# Errors of writing, not reading: an OSError with one of these inside an atomic write is about its file.
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES, errno.EPERM}
+
+
+def _named(e: OSError, path: Path) -> OSError:
+    """`e`, naming `path` when it names no file (a failed `write` does not know its file's name)."""
+    if e.filename is None:
+        e.filename = str(path)
+    return e
 
 
 def setup_logging(output_dir: str | os.PathLike | None = None, log_name: str = "log.txt") -> None:
@@ -73,6 +97,7 @@ def write_run_info(output_dir: str | os.PathLike, command: str, args: object) ->
         "command": command,
         "args": dataclasses.asdict(args) if dataclasses.is_dataclass(args) else dict(vars(args)),
         "argv": sys.argv,
+        "cwd": os.getcwd(),
         "bert_version": __version__,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -88,12 +113,26 @@ def load_json_file(path: str | os.PathLike, what: str):
     p = Path(path)
     if not p.is_file():
         raise InputError(f"{what} {path}: no such file; check the path")
-    opener = gzip.open if p.suffix == ".gz" else open
     try:
-        with opener(p, "rt", encoding="utf-8") as f:
-            return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as e:
-        raise InputError(f"{what} {path} is not valid JSON ({e}); give a UTF-8 .json or .json.gz file") from None
+        with _open_binary(str(p)) as f:
+            raw = f.read()
+    except (OSError, EOFError, zlib.error) as e:
+        raise InputError(f"{what} {path} cannot be read ({e}); is the file complete and not corrupt?") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise InputError(
+            f"{what} {path}:{line}: bytes that are not valid UTF-8 ({raw[e.start : e.end]!r}); save the file as UTF-8"
+        ) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(
+            f"{what} {path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno}); fix the file"
+        ) from None
+    except RecursionError:
+        raise InputError(f"{what} {path}: JSON nested too deeply to read; fix the file") from None
 
 
 # Bytes read at a time by `iter_lines`; a block always ends at a newline, so it never cuts a character.
@@ -140,7 +179,7 @@ def _open_binary(path: str):
 
 
 def iter_lines(
-    path: str, encoding: str = "utf-8", errors: str = "strict", hint: str = "--decode_errors=ignore"
+    path: str, encoding: str = "utf-8", errors: str = "strict", hint: str | None = "--decode_errors=ignore"
 ) -> Iterator[str]:
     """The lines of a text file (plain, or gzip when the name ends in .gz), without their newline.
 
@@ -154,7 +193,8 @@ def iter_lines(
         encoding: an ASCII-compatible text encoding (utf-8, latin-1, cp1252, ...).
         errors: "strict" raises on undecodable bytes; "ignore" drops them (the original's
             `convert_to_unicode`); "replace" substitutes U+FFFD.
-        hint: the flag that would accept the file, quoted in the error message.
+        hint: the flag that would accept the file, quoted in the error message (None: none does, the
+            message says to save the file as UTF-8).
 
     Raises:
         InputError: undecodable bytes with errors="strict", naming the file, line and byte.
@@ -169,7 +209,7 @@ def iter_lines(
         while True:
             try:
                 block = f.read(_BLOCK_BYTES)
-            except (OSError, EOFError, gzip.BadGzipFile) as e:
+            except (OSError, EOFError, zlib.error) as e:
                 raise InputError(f"{path}: cannot read ({e}); is the file complete and not corrupt?") from e
             if not block:
                 data, rest = rest, b""
@@ -187,9 +227,11 @@ def iter_lines(
             except UnicodeDecodeError as e:
                 bad_line = line_no + data.count(b"\n", 0, e.start) + 1
                 col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+                name = "UTF-8" if codecs.lookup(encoding).name in ("utf-8", "utf-8-sig") else encoding
+                fix = f"fix the file, or pass {hint} to drop them" if hint else f"save the file as {name}"
                 raise InputError(
-                    f"{path}:{bad_line}: bytes that are not valid {encoding} at column {col} "
-                    f"({data[e.start : e.end]!r}); fix the file, or pass {hint} to drop them"
+                    f"{path}:{bad_line}: bytes that are not valid {name} at column {col} "
+                    f"({data[e.start : e.end]!r}); {fix}"
                 ) from e
             except LookupError as e:
                 raise InputError(f"unknown text encoding {encoding!r}; use e.g. utf-8 or latin-1") from e
@@ -200,3 +242,42 @@ def iter_lines(
             yield from lines
             if not block:
                 return
+
+
+def decode_line(raw: bytes, name: str, line: int, errors: str = "strict", hint: str = "--decode_errors=ignore") -> str:
+    """One line of bytes as UTF-8 text; undecodable bytes with errors="strict" are an `InputError` naming
+    `name`, the line and the column."""
+    try:
+        return raw.decode("utf-8", errors)
+    except UnicodeDecodeError as e:
+        raise InputError(
+            f"{name}:{line}: bytes that are not valid UTF-8 at column {e.start + 1} ({raw[e.start : e.end]!r}); "
+            f"fix the file, or pass {hint} to drop them"
+        ) from None
+
+
+def check_finite_flags(args: object) -> None:
+    """Every float flag of a dataclass of flags must be a finite number (`--learning_rate=inf` trains to NaN)."""
+    if not dataclasses.is_dataclass(args):
+        return
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name, None)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InputError(f"--{f.name}={value} must be a finite number")
+
+
+def exit_with_parent(parent_pid: int, interval: float = 0.5) -> None:
+    """In a worker process: exit as soon as the process `parent_pid` that started it is gone.
+
+    A killed parent cannot stop its workers, and a worker blocked on its task queue never learns about it
+    (it holds the queue's other end itself). A daemon thread watches the parent pid instead.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval)
+        os._exit(1)
+
+    if os.getppid() != parent_pid:
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()

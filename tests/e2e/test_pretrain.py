@@ -187,8 +187,10 @@ def test_two_processes_equal_one(tmp_path):
     assert a[-1]["loss"] < a[0]["loss"]
     wa, wb = read_weights(one / "model"), read_weights(two / "model")
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-5
-    # The 2-process checkpoint resumes in one process (optimizer state is keyed by parameter name).
+    # The 2-process checkpoint resumes in one process (optimizer state is keyed by parameter name); more
+    # steps change the schedule, which the rerun must acknowledge.
     more = _pretrain_cmd(config, data, two, "--num_train_steps=8", "--dynamic_masking", f"--vocab_file={vocab}")
+    more.append("--allow_changed_flags")
     subprocess.run(more, env=_env(), check=True, stderr=subprocess.DEVNULL)
     assert [m["step"] for m in read_metrics(two)] == list(range(1, 9))
 
@@ -295,7 +297,7 @@ def test_native_dataset_gives_the_same_run(tmp_path):
     config = write_tiny_config(tmp_path / "bert_config.json", 99, max_position_embeddings=32, **DROPOUT)
     results = {}
     for name, inputs in (("tfrecord", {"input_file": str(data)}), ("native", {"input_file": str(native)})):
-        out = tmp_path / name
+        out = tmp_path / f"run-{name}"  # not the dataset directory itself: an output is never an input
         result = run_pretrain(
             PretrainArgs(
                 bert_config_file=str(config),
@@ -348,7 +350,8 @@ def test_init_from_tf_checkpoint_then_resume_ignores_it(tmp_path, caplog):
     run_pretrain(PretrainArgs(do_train=True, train_batch_size=4, num_train_steps=2, num_warmup_steps=0, **args))
     caplog.clear()
     args["init_checkpoint"] = str(tmp_path / "missing")  # ignored: the output directory has a checkpoint
-    again = run_pretrain(PretrainArgs(do_train=True, train_batch_size=4, num_train_steps=3, num_warmup_steps=0, **args))
+    more = dict(do_train=True, train_batch_size=4, num_train_steps=3, num_warmup_steps=0, allow_changed_flags=True)
+    again = run_pretrain(PretrainArgs(**more, **args))
     assert again["global_step"] == 3 and "is ignored" in caplog.text
 
 

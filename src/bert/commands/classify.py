@@ -66,33 +66,56 @@ class ClassifyArgs(FinetuneArgs):
 
     task_name: str = field(
         metadata={
+            "run_defining": "model",
             "help": "The name of the task to train: cola, mnli, mrpc, xnli, sst-2, sts-b, qqp, qnli, rte, wnli, "
-            "mnli-mm, or generic (one's own files, see --text_a_column)."
+            "mnli-mm, or generic (one's own files, see --text_a_column).",
         }
     )
-    xnli_language: str = field(default="zh", metadata={"help": "The XNLI language (the original hard-codes zh)."})
+    xnli_language: str = field(
+        default="zh", metadata={"run_defining": "model", "help": "The XNLI language (the original hard-codes zh)."}
+    )
     text_a_column: str | None = field(
         default=None,
-        metadata={"help": "generic: column of the first text, a 0-based number or a header name (default 0)."},
+        metadata={
+            "run_defining": "model",
+            "help": "generic: column of the first text, a 0-based number or a header name (default 0).",
+        },
     )
     text_b_column: str | None = field(
-        default=None, metadata={"help": "generic: column of the second text, for sentence pairs (default none)."}
+        default=None,
+        metadata={
+            "run_defining": "model",
+            "help": "generic: column of the second text, for sentence pairs (default none).",
+        },
     )
     label_column: str | None = field(
-        default=None, metadata={"help": "generic: column of the label, a number (-1: the last) or a name (default -1)."}
+        default=None,
+        metadata={
+            "run_defining": "model",
+            "help": "generic: column of the label, a number (-1: the last) or a name (default -1).",
+        },
     )
     labels: str | None = field(
         default=None,
-        metadata={"help": "generic: the labels in id order, comma separated (default: sorted labels of train file)."},
+        metadata={
+            "run_defining": "model",
+            "help": "generic: the labels in id order, comma separated (default: sorted labels of train file).",
+        },
     )
     has_header: bool = field(
-        default=False, metadata={"help": "generic: the .tsv/.csv files start with a header line (skipped)."}
+        default=False,
+        metadata={"run_defining": "train", "help": "generic: the .tsv/.csv files start with a header line (skipped)."},
     )
     is_regression: bool = field(
-        default=False, metadata={"help": "generic: the labels are numbers to regress on (as STS-B)."}
+        default=False,
+        metadata={"run_defining": "model", "help": "generic: the labels are numbers to regress on (as STS-B)."},
     )
     train_file: str | None = field(
-        default=None, metadata={"help": "generic: training file in --data_dir: .tsv, .csv or .jsonl (train.tsv)."}
+        default=None,
+        metadata={
+            "run_defining": "train",
+            "help": "generic: training file in --data_dir: .tsv, .csv or .jsonl (train.tsv).",
+        },
     )
     dev_file: str | None = field(default=None, metadata={"help": "generic: dev file in --data_dir (dev.tsv)."})
     test_file: str | None = field(default=None, metadata={"help": "generic: test file in --data_dir (test.tsv)."})

@@ -9,6 +9,7 @@ from pathlib import Path
 from bert import checkpoint
 from bert.errors import InputError
 from bert.modeling import MODEL_CLASSES
+from bert.outputs import claim, staged_directory
 from bert.utils import write_run_info
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,16 @@ class ConvertArgs:
 
 
 def run_convert(args: ConvertArgs) -> dict:
-    """Read `--input` in any format and write it as `--format`; returns the output path and tensor count."""
+    """Read `--input` in any format and write it as `--format`; returns the output path and tensor count.
+
+    The files appear in `--output` only once all of them are written (see `bert.outputs.staged_directory`).
+    """
+    inputs = {"--input": args.input, "--bert_config_file": args.bert_config_file, "--vocab_file": args.vocab_file}
+    with claim("convert", dirs={"--output": args.output}, inputs=inputs):
+        return _convert(args)
+
+
+def _convert(args: ConvertArgs) -> dict:
     if args.model_class not in MODEL_CLASSES:
         raise InputError(f"--model_class={args.model_class} is unknown; use one of {', '.join(MODEL_CLASSES)}")
     src = checkpoint.read_checkpoint(args.input, config_file=args.bert_config_file)
@@ -50,12 +60,13 @@ def run_convert(args: ConvertArgs) -> dict:
     )
     model = checkpoint.load_pretrained(MODEL_CLASSES[args.model_class], args.input, config=src.config, checkpoint=src)
     out = Path(args.output)
-    if args.format == "tf":
-        checkpoint.export_tf(model, out, vocab_file=vocab_file, do_lower_case=do_lower_case)
-    else:
-        checkpoint.save_pretrained(
-            model, out, vocab_file=vocab_file, do_lower_case=do_lower_case, hf_layout=args.format == "hf"
-        )
-    write_run_info(out, "convert", args)
+    with staged_directory(out) as tmp:
+        if args.format == "tf":
+            checkpoint.export_tf(model, tmp, vocab_file=vocab_file, do_lower_case=do_lower_case)
+        else:
+            checkpoint.save_pretrained(
+                model, tmp, vocab_file=vocab_file, do_lower_case=do_lower_case, hf_layout=args.format == "hf"
+            )
+        write_run_info(tmp, "convert", args)
     logger.info("wrote %s checkpoint of %s to %s", args.format, args.model_class, out)
     return {"output": str(out), "format": args.format, "num_tensors": len(model.state_dict())}

@@ -15,6 +15,7 @@ from typing import Any
 
 from bert.errors import InputError
 from bert.formats.native import check_output_dir
+from bert.outputs import claim
 from bert.pretraining.create import create_pretraining_data
 from bert.pretraining.instances import SPECIAL_TOKENS
 from bert.pretraining.streaming import GenerationSettings
@@ -149,6 +150,14 @@ def _validate(args: CreatePretrainingDataArgs) -> tuple[list[str], list[str], st
 def run_create_pretraining_data(args: CreatePretrainingDataArgs) -> dict[str, Any]:
     """Run the command: compat or streaming generator, TFRecord or native output. Returns the statistics."""
     inputs, outputs, fmt, tokenizer = _validate(args)
+    kind = "trees" if fmt == "native" else "files"
+    derived = {} if fmt == "native" else {"--output_file": [".stats.json"]}
+    read = {"--input_file": inputs, "--vocab_file": args.vocab_file}
+    with claim("create-pretraining-data", **{kind: {"--output_file": outputs}}, inputs=read, derived=derived):
+        return _create(args, inputs, outputs, fmt, tokenizer)
+
+
+def _create(args: CreatePretrainingDataArgs, inputs: list[str], outputs: list[str], fmt: str, tokenizer: Any) -> dict:
     settings = GenerationSettings(
         vocab_file=args.vocab_file,
         do_lower_case=args.do_lower_case,

@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass, field
 
 from bert.errors import InputError
+from bert.outputs import claim
 from bert.tasks.squad_evaluate import check_na_probs, check_predictions, evaluate_v1, evaluate_v2
 from bert.utils import atomic_write, load_json_file
 
@@ -55,6 +56,13 @@ def _detect_version(dataset_json: dict, path: str) -> str:
 
 def run_evaluate_squad(args: EvaluateSquadArgs) -> dict:
     """Evaluate, then print the metrics as the official script does (or write them to --out-file)."""
+    inputs = {"DATASET_FILE": args.dataset_file, "PREDICTION_FILE": args.prediction_file}
+    inputs["--na-prob-file"] = args.na_prob_file
+    with claim("evaluate-squad", files={"--out-file": args.out_file}, inputs=inputs):
+        return _evaluate_squad(args)
+
+
+def _evaluate_squad(args: EvaluateSquadArgs) -> dict:
     dataset_json = load_json_file(args.dataset_file, "dataset file")
     if not isinstance(dataset_json, dict) or "data" not in dataset_json:
         raise InputError(f'dataset file {args.dataset_file} has no "data" field; give a SQuAD dataset JSON')

@@ -18,8 +18,9 @@ from bert.config import BertConfig
 from bert.errors import InputError
 from bert.extract_features import convert_examples_to_features, demo_file, extract, parse_layers, read_examples
 from bert.modeling import BertModel
+from bert.outputs import claim
 from bert.tokenization import FullTokenizer, load_vocab
-from bert.utils import atomic_write
+from bert.utils import DECODE_ERRORS, atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +55,30 @@ class ExtractFeaturesArgs:
     use_tpu: bool = field(default=False, metadata={"help": "Accepted for compatibility; must stay false."})
     use_one_hot_embeddings: bool = field(default=False, metadata={"help": "Accepted for compatibility; no effect."})
     device: str | None = field(default=None, metadata={"help": "torch device; default cuda if available, else cpu."})
+    decode_errors: str = field(
+        default="strict",
+        metadata={
+            "help": "Bytes of --input_file that are not UTF-8: strict (error naming the line), ignore (drop them, as "
+            "the original did silently) or replace (U+FFFD).",
+            "choices": DECODE_ERRORS,
+        },
+    )
 
 
 def run_extract_features(args: ExtractFeaturesArgs) -> dict:
     """Write the features of every input line; returns the number of examples and the output file."""
+    inputs = {
+        "--input_file": args.input_file,
+        "--init_checkpoint": args.init_checkpoint,
+        "--vocab_file": args.vocab_file,
+        "--bert_config_file": args.bert_config_file,
+    }
+    derived = {"--output_file": [".args.json"]}
+    with claim("extract-features", files={"--output_file": args.output_file}, inputs=inputs, derived=derived):
+        return _extract_features(args)
+
+
+def _extract_features(args: ExtractFeaturesArgs) -> dict:
     if args.use_tpu:
         raise InputError("--use_tpu=true is not supported; drop it (CPU and GPU are chosen with --device)")
     if args.batch_size < 1:
@@ -86,7 +107,9 @@ def run_extract_features(args: ExtractFeaturesArgs) -> dict:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = load_pretrained(BertModel, init_checkpoint, config=config, checkpoint=ckpt).to(device).eval()
     tokenizer = FullTokenizer(vocab_file, do_lower_case=args.do_lower_case)
-    features = convert_examples_to_features(read_examples(input_file), args.max_seq_length, tokenizer)
+    features = convert_examples_to_features(
+        read_examples(input_file, args.decode_errors), args.max_seq_length, tokenizer
+    )
 
     n = 0
     with atomic_write(args.output_file) as f:

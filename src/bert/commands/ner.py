@@ -37,9 +37,14 @@ class NerArgs(FinetuneArgs):
 
     labels: str | None = field(
         default=None,
-        metadata={"help": "The tags in id order, comma separated. Default: the nine CoNLL-2003 tags."},
+        metadata={
+            "run_defining": "model",
+            "help": "The tags in id order, comma separated. Default: the nine CoNLL-2003 tags.",
+        },
     )
-    train_file: str = field(default="train.txt", metadata={"help": "Training file in --data_dir."})
+    train_file: str = field(
+        default="train.txt", metadata={"run_defining": "train", "help": "Training file in --data_dir."}
+    )
     dev_file: str = field(default="valid.txt", metadata={"help": "Dev file in --data_dir (--do_eval)."})
     test_file: str = field(default="test.txt", metadata={"help": "Test file in --data_dir (--do_predict)."})
 

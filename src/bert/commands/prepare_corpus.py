@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from bert.errors import InputError
+from bert.outputs import claim
 from bert.pretraining.corpus import PARAGRAPH_MODES, SENTENCE_SPLITTERS, make_sentence_splitter, prepare_corpus
 from bert.utils import DECODE_ERRORS, expand_input_files
 
@@ -68,6 +69,11 @@ def run_prepare_corpus(args: PrepareCorpusArgs) -> dict:
     if args.num_workers < 1:
         raise InputError(f"--num_workers={args.num_workers} must be at least 1")
     files = expand_input_files(args.input_file)
+    with claim("prepare-corpus", files={"--output_file": args.output_file}, inputs={"--input_file": files}):
+        return _prepare_corpus(args, files)
+
+
+def _prepare_corpus(args: PrepareCorpusArgs, files: list[str]) -> dict:
     make_sentence_splitter(args.sentence_splitter)  # fail early when the package is missing
     start = time.time()
     in_bytes = sum(os.path.getsize(f) for f in files)

@@ -53,13 +53,14 @@ from bert.pretraining.inputs import (
     rank_batches,
 )
 from bert.tokenization import load_vocab
-from bert.training import PerformanceArgs, RecordStream, TpuCompatArgs
+from bert.training import GuardArgs, PerformanceArgs, RecordStream, TpuCompatArgs
+from bert.utils import expand_input_files
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class PretrainArgs(TpuCompatArgs, PerformanceArgs):
+class PretrainArgs(TpuCompatArgs, PerformanceArgs, GuardArgs):
     """Pre-train BERT with the masked-LM and next-sentence objectives (run_pretraining.py).
 
     Resumes from the newest checkpoint in --output_dir when there is one. Under
@@ -73,7 +74,10 @@ class PretrainArgs(TpuCompatArgs, PerformanceArgs):
         }
     )
     input_file: str = field(
-        metadata={"help": "Input TF example files (can be a glob or comma separated), or native dataset directories."}
+        metadata={
+            "run_defining": "data",
+            "help": "Input TF example files (can be a glob or comma separated), or native dataset directories.",
+        }
     )
     output_dir: str = field(metadata={"help": "The output directory where the model checkpoints will be written."})
     init_checkpoint: str | None = field(
@@ -86,37 +90,55 @@ class PretrainArgs(TpuCompatArgs, PerformanceArgs):
     max_seq_length: int = field(
         default=128,
         metadata={
+            "run_defining": "train",
             "help": "The maximum total input sequence length after WordPiece tokenization. Sequences longer than "
-            "this will be truncated, and sequences shorter than this will be padded. Must match data generation."
+            "this will be truncated, and sequences shorter than this will be padded. Must match data generation.",
         },
     )
     max_predictions_per_seq: int = field(
         default=20,
-        metadata={"help": "Maximum number of masked LM predictions per sequence. Must match data generation."},
+        metadata={
+            "run_defining": "train",
+            "help": "Maximum number of masked LM predictions per sequence. Must match data generation.",
+        },
     )
     do_train: bool = field(default=False, metadata={"help": "Whether to run training."})
     do_eval: bool = field(default=False, metadata={"help": "Whether to run eval on the dev set."})
-    train_batch_size: int = field(default=32, metadata={"help": "Total batch size for training."})
+    train_batch_size: int = field(
+        default=32, metadata={"run_defining": "train", "help": "Total batch size for training."}
+    )
     eval_batch_size: int = field(default=8, metadata={"help": "Total batch size for eval."})
-    learning_rate: float = field(default=5e-5, metadata={"help": "The initial learning rate for Adam."})
-    num_train_steps: int = field(default=100000, metadata={"help": "Number of training steps."})
-    num_warmup_steps: int = field(default=10000, metadata={"help": "Number of warmup steps."})
+    learning_rate: float = field(
+        default=5e-5, metadata={"run_defining": "train", "help": "The initial learning rate for Adam."}
+    )
+    num_train_steps: int = field(
+        default=100000, metadata={"run_defining": "train", "help": "Number of training steps."}
+    )
+    num_warmup_steps: int = field(default=10000, metadata={"run_defining": "train", "help": "Number of warmup steps."})
     save_checkpoints_steps: int = field(default=1000, metadata={"help": "How often to save the model checkpoint."})
     max_eval_steps: int = field(default=100, metadata={"help": "Maximum number of eval steps."})
-    seed: int = field(default=12345, metadata={"help": "Seed of the initialisation, data order, dropout and masking."})
+    seed: int = field(
+        default=12345,
+        metadata={"run_defining": "train", "help": "Seed of the initialisation, data order, dropout and masking."},
+    )
     optimizer: str = field(
         default="adamw_bert",
         metadata={
+            "run_defining": "train",
             "help": "adamw_bert (the original AdamWeightDecayOptimizer) or lamb (for large batches).",
             "choices": ["adamw_bert", "lamb"],
         },
     )
     dynamic_masking: bool = field(
-        default=False, metadata={"help": "Draw new masked positions for every epoch (needs --vocab_file)."}
+        default=False,
+        metadata={"run_defining": "train", "help": "Draw new masked positions for every epoch (needs --vocab_file)."},
     )
     do_whole_word_mask: bool = field(
         default=False,
-        metadata={"help": "With --dynamic_masking: mask all the WordPiece pieces of a word together."},
+        metadata={
+            "run_defining": "train",
+            "help": "With --dynamic_masking: mask all the WordPiece pieces of a word together.",
+        },
     )
     eval_files: str | None = field(
         default=None, metadata={"help": "Evaluate on these files instead of --input_file (globs, comma separated)."}
@@ -134,6 +156,7 @@ def _check_flags(args: PretrainArgs, world_size: int) -> None:
     if not args.do_train and not args.do_eval:
         raise InputError("At least one of `do_train` or `do_eval` must be True: pass --do_train and/or --do_eval")
     args.check_no_tpu()
+    args.check_guard_flags()
     positive = ["train_batch_size", "eval_batch_size", "save_checkpoints_steps", "max_eval_steps", "log_every"]
     positive += ["gradient_accumulation_steps", "max_seq_length", "max_predictions_per_seq"]
     if args.do_train:
@@ -171,7 +194,10 @@ def _check_flags(args: PretrainArgs, world_size: int) -> None:
 
 def run_pretrain(args: PretrainArgs) -> dict[str, Any]:
     """Train and/or evaluate; returns {"global_step", "train": last logged metrics, "eval": results}."""
-    with training.distributed(args.device) as dist:
+    with (
+        training.distributed(args.device) as dist,
+        training.claim_output_dir(args.output_dir, "pretrain", dist, _inputs(args)),
+    ):
         # 1. Flags, vocab, data, config, output directory: all checked before any model is built.
         _check_flags(args, dist.world_size)
         vocab = load_vocab(args.vocab_file) if args.vocab_file else None
@@ -190,7 +216,12 @@ def run_pretrain(args: PretrainArgs) -> dict[str, Any]:
         for source in {id(train_source): train_source, id(eval_source): eval_source}.values():
             source.check_ids(config.vocab_size, config.type_vocab_size)
         resume_dir = _resume_dir(args, config)
-        init = read_checkpoint(args.init_checkpoint) if resume_dir is None and args.init_checkpoint else None
+        verify = not args.ignore_checkpoint_digest
+        init = (
+            read_checkpoint(args.init_checkpoint, verify=verify)
+            if resume_dir is None and args.init_checkpoint
+            else None
+        )
         manifests = train_source.manifests
         do_lower_case = bool(manifests[0]["do_lower_case"]) if manifests and "do_lower_case" in manifests[0] else None
 
@@ -213,6 +244,15 @@ def run_pretrain(args: PretrainArgs) -> dict[str, Any]:
             if args.do_eval:
                 result["eval"] = _evaluate(args, wrapped, eval_source, dist, trainer.global_step)
             return result
+
+
+def _inputs(args: PretrainArgs) -> dict[str, Any]:
+    """The paths the run reads, which --output_dir must not be."""
+    inputs: dict[str, Any] = {"--input_file": expand_input_files(args.input_file, directories=True)}
+    inputs.update({"--init_checkpoint": args.init_checkpoint, "--vocab_file": args.vocab_file})
+    if args.eval_files:
+        inputs["--eval_files"] = expand_input_files(args.eval_files, "--eval_files", directories=True)
+    return inputs
 
 
 def _model_config(args: PretrainArgs, vocab: dict[str, int] | None, manifests: list[dict]) -> BertConfig:
@@ -267,8 +307,8 @@ def _load_model(
             logger.info("resuming from %s: --init_checkpoint=%s is ignored", resume_dir, args.init_checkpoint)
         else:
             logger.info("resuming from %s", resume_dir)
-        init = read_checkpoint(resume_dir)
-        state = training.load_training_state(resume_dir)
+        init = read_checkpoint(resume_dir, verify=not args.ignore_checkpoint_digest)
+        state = training.load_training_state(resume_dir, verify=not args.ignore_checkpoint_digest)
     elif init is None and not args.do_train:
         logger.warning("evaluating a randomly initialised model: no checkpoint in --output_dir, no --init_checkpoint")
     restored: set[str] = set()
@@ -303,6 +343,7 @@ def _make_trainer(
         vocab_file=args.vocab_file,
         do_lower_case=do_lower_case,
         desc="pretrain",
+        max_nonfinite_steps=args.max_nonfinite_steps,
     )
     return training.Trainer(model, wrapped, optimizer, scheduler, dist, args.output_dir, settings)
 

@@ -26,6 +26,8 @@ from bert.commands.classify import ClassifyArgs, run_classify
 from bert.commands.create_pretraining_data import CreatePretrainingDataArgs, run_create_pretraining_data
 from bert.commands.pretrain import PretrainArgs, run_pretrain
 from bert.errors import InputError
+from bert.outputs import claim
+from bert.utils import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ def _unpack_data(data_dir: Path) -> dict[str, Path]:
     for name in _DATA_FILES:
         out = data_dir / name
         if not out.exists():
-            with (package / f"{name}.gz").open("rb") as raw, gzip.open(raw) as src, open(out, "wb") as dst:
+            with (package / f"{name}.gz").open("rb") as raw, gzip.open(raw) as src, atomic_write(out, "wb") as dst:
                 shutil.copyfileobj(src, dst)
         paths[name] = out
     return paths
@@ -93,9 +95,13 @@ def _print_results(title: str, results: dict) -> None:
 
 
 def run_quickstart(args: QuickstartArgs) -> dict:
-
     if args.pretrain_steps < 1:
         raise InputError(f"--pretrain_steps={args.pretrain_steps} must be at least 1")
+    with claim("quickstart", dirs={"--output_dir": args.output_dir}):
+        return _quickstart(args)
+
+
+def _quickstart(args: QuickstartArgs) -> dict:
     out = Path(args.output_dir)
     start = time.perf_counter()
     data = _unpack_data(out / "data")

@@ -56,7 +56,11 @@ class SquadArgs(FinetuneArgs):
     # run_squad.py has no --data_dir: the files are --train_file and --predict_file.
     data_dir: str | None = field(default=None, metadata={"help": "Unused by bert squad.", "cli": False})
     train_file: str | None = field(
-        default=None, metadata={"help": "SQuAD json for training. E.g., train-v1.1.json (.json.gz accepted)."}
+        default=None,
+        metadata={
+            "run_defining": "data",
+            "help": "SQuAD json for training. E.g., train-v1.1.json (.json.gz accepted).",
+        },
     )
     predict_file: str | None = field(
         default=None,
@@ -65,19 +69,24 @@ class SquadArgs(FinetuneArgs):
     max_seq_length: int = field(
         default=384,
         metadata={
+            "run_defining": "train",
             "help": "The maximum total input sequence length after WordPiece tokenization. Sequences longer than "
-            "this will be truncated, and sequences shorter than this will be padded."
+            "this will be truncated, and sequences shorter than this will be padded.",
         },
     )
     doc_stride: int = field(
         default=128,
-        metadata={"help": "When splitting up a long document into chunks, how much stride to take between chunks."},
+        metadata={
+            "run_defining": "train",
+            "help": "When splitting up a long document into chunks, how much stride to take between chunks.",
+        },
     )
     max_query_length: int = field(
         default=64,
         metadata={
+            "run_defining": "train",
             "help": "The maximum number of tokens for the question. Questions longer than this will be truncated "
-            "to this length."
+            "to this length.",
         },
     )
     do_predict: bool = field(
@@ -106,7 +115,11 @@ class SquadArgs(FinetuneArgs):
         },
     )
     version_2_with_negative: bool = field(
-        default=False, metadata={"help": "If true, the SQuAD examples contain some that do not have an answer."}
+        default=False,
+        metadata={
+            "run_defining": "model",
+            "help": "If true, the SQuAD examples contain some that do not have an answer.",
+        },
     )
     null_score_diff_threshold: float = field(
         default=0.0, metadata={"help": "If null_score - best_non_null is greater than the threshold predict null."}

@@ -28,7 +28,9 @@ class SwagArgs(FinetuneArgs):
     Resumes from the newest checkpoint in --output_dir when there is one.
     """
 
-    train_file: str = field(default="train.csv", metadata={"help": "Training file in --data_dir."})
+    train_file: str = field(
+        default="train.csv", metadata={"run_defining": "train", "help": "Training file in --data_dir."}
+    )
     dev_file: str = field(default="val.csv", metadata={"help": "Dev file in --data_dir (--do_eval)."})
     test_file: str = field(default="test.csv", metadata={"help": "Test file in --data_dir (--do_predict)."})
 

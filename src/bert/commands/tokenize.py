@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert.errors import InputError
+from bert.outputs import claim
 from bert.tokenization import FullTokenizer, read_texts
-from bert.utils import atomic_write
+from bert.utils import DECODE_ERRORS, atomic_write
 
 
 @dataclass
@@ -38,6 +39,14 @@ class TokenizeArgs:
         metadata={"help": "Input text file (one text per line, or JSON lines with a 'text' field); stdin if unset."},
     )
     output_file: str | None = field(default=None, metadata={"help": "Output JSON-lines file; stdout if unset."})
+    decode_errors: str = field(
+        default="strict",
+        metadata={
+            "help": "Bytes that are not UTF-8: strict (error naming the line), ignore (drop them, as the original "
+            "did silently) or replace (U+FFFD).",
+            "choices": DECODE_ERRORS,
+        },
+    )
 
 
 _BATCH_LINES = 4096
@@ -50,6 +59,15 @@ def run_tokenize(args: TokenizeArgs) -> dict[str, Any]:
     Returns:
         {"lines": number of lines, "tokens": total number of word pieces, "output_file": path or None}.
     """
+    with claim("tokenize", files={"--output_file": args.output_file}, inputs=_inputs(args)):
+        return _tokenize(args)
+
+
+def _inputs(args: TokenizeArgs) -> dict[str, str | None]:
+    return {"--input_file": args.input_file, "--vocab_file": args.vocab_file}
+
+
+def _tokenize(args: TokenizeArgs) -> dict[str, Any]:
     if not os.path.isfile(args.vocab_file):
         raise InputError(
             f"--vocab_file={args.vocab_file}: file not found; pass the vocab.txt of your model "
@@ -64,7 +82,7 @@ def run_tokenize(args: TokenizeArgs) -> dict[str, Any]:
 
     def convert(out, stream, name: str) -> None:
         nonlocal n_lines, n_tokens
-        texts = read_texts(stream, name)
+        texts = read_texts(stream, name, args.decode_errors)
         while batch := list(itertools.islice(texts, _BATCH_LINES)):
             for text, tokens in zip(batch, tokenizer.tokenize_batch(batch)):
                 record = {"text": text, "tokens": tokens, "ids": tokenizer.convert_tokens_to_ids(tokens)}
@@ -87,9 +105,10 @@ def run_tokenize(args: TokenizeArgs) -> dict[str, Any]:
             sys.stdout.flush()
             if hasattr(sys.stdout, "buffer"):  # UTF-8 whatever the console's encoding, "\n" line ends
                 out = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
-                convert(out, stream, in_name)
-                out.flush()
-                out.detach()  # leave sys.stdout open
+                try:
+                    convert(out, stream, in_name)
+                finally:
+                    out.detach()  # flushes, and leaves sys.stdout open (also after an error)
             else:
                 convert(sys.stdout, stream, in_name)
                 sys.stdout.flush()

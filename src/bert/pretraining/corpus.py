@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from bert.errors import InputError
-from bert.utils import atomic_write, iter_lines
+from bert.utils import atomic_write, exit_with_parent, iter_lines
 
 logger = logging.getLogger(__name__)
 
@@ -285,9 +285,10 @@ def prepare_corpus(
         InputError: no sentence in any file, or a file that cannot be read or decoded.
     """
     n_docs = n_sents = 0
-    out_dir = Path(output_file).resolve().parent
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".prepare-corpus-", dir=out_dir) as tmp:
+    out = Path(output_file).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Named after the output, so that the next run on it removes what a killed run left (bert.outputs).
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.tmp-", dir=out.parent) as tmp:
         jobs = [
             (f, os.path.join(tmp, f"part{i:06d}.txt"), sentence_splitter, split_chapters, paragraph_mode)
             + (strip_boilerplate, encoding, decode_errors)
@@ -298,7 +299,8 @@ def prepare_corpus(
                 results: Iterable[tuple[str, int, int]] = map(_prepare_to_part, jobs)
                 pool = None
             else:
-                pool = multiprocessing.get_context("spawn").Pool(min(num_workers, len(files)))
+                context = multiprocessing.get_context("spawn")
+                pool = context.Pool(min(num_workers, len(files)), initializer=exit_with_parent, initargs=(os.getpid(),))
                 results = pool.imap(_prepare_to_part, jobs)
             try:
                 for part, d, s in results:

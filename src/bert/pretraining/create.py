@@ -205,9 +205,11 @@ class _Sink:
         elif mode == "compat":
             self.writers = [self._stack.enter_context(TFRecordWriter(o)) for o in outputs]
         else:  # workers write framed parts; their records are copied to the outputs as they are
-            parent = Path(outputs[0]).resolve().parent
-            parent.mkdir(parents=True, exist_ok=True)
-            self.part_dir = self._stack.enter_context(tempfile.TemporaryDirectory(prefix=".pretraining-", dir=parent))
+            first = Path(outputs[0]).resolve()
+            first.parent.mkdir(parents=True, exist_ok=True)
+            # Named after the first output, so that the next run on it removes what a killed run left.
+            tmp = tempfile.TemporaryDirectory(prefix=f".{first.name}.tmp-", dir=first.parent)
+            self.part_dir = self._stack.enter_context(tmp)
             self.files = [self._stack.enter_context(atomic_write(o, "wb")) for o in outputs]
 
     def __enter__(self) -> _Sink:
@@ -369,7 +371,7 @@ def _generate_streaming(
             num_workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=init_worker,
-            initargs=(settings,),
+            initargs=(settings, os.getpid()),
         ) as pool:
             pending: collections.deque = collections.deque()
             try:

@@ -31,7 +31,7 @@ from bert.formats.native import record_dtype, records_to_features, write_npy
 from bert.formats.tfrecord import TFRecordWriter, encode_pretraining_examples
 from bert.pretraining.instances import SPECIAL_TOKENS, TOKENIZE_BATCH, warn_no_break
 from bert.tokenization import FullTokenizer
-from bert.utils import iter_lines
+from bert.utils import exit_with_parent, iter_lines
 
 logger = logging.getLogger(__name__)
 
@@ -347,8 +347,12 @@ def part_name(index: int, output_format: str) -> str:
 _WORKER: BufferProcessor | None = None
 
 
-def init_worker(settings: GenerationSettings) -> None:
+def init_worker(settings: GenerationSettings, parent_pid: int | None = None) -> None:
+    """A worker process's set-up: its `BufferProcessor`, and an exit when `parent_pid` dies (a killed
+    parent cannot stop its workers otherwise)."""
     global _WORKER
+    if parent_pid is not None:
+        exit_with_parent(parent_pid)
     _WORKER = BufferProcessor(settings)
 
 

@@ -61,7 +61,7 @@ from bert.tasks.common import (
 )
 from bert.tasks.squad import DocSpan, doc_spans_for
 from bert.tokenization import printable_text
-from bert.utils import atomic_write
+from bert.utils import atomic_write, iter_lines
 
 if TYPE_CHECKING:
     from bert.tokenization import FullTokenizer
@@ -166,19 +166,19 @@ def read_rows(
     if not os.path.isfile(path):
         raise InputError(f"{path}: no such file; check --data_dir and the file name")
     quoting = csv.QUOTE_NONE if quotechar is None else csv.QUOTE_MINIMAL
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f, delimiter=delimiter, quotechar=quotechar, quoting=quoting)
-        line_num = 0
-        try:
-            for row in reader:
-                # line_num counts physical lines read so far; a quoted CSV record may span several.
-                start = line_num + 1
-                line_num = reader.line_num
-                yield start, row
-        except UnicodeDecodeError as e:
-            raise InputError(f"{path}:{line_num + 1}: not valid UTF-8 ({e.reason}); save the file as UTF-8") from e
-        except csv.Error as e:
-            raise InputError(f"{path}:{line_num + 1}: {e}; fix this line") from e
+    # Decoded by `iter_lines`, which names the line of an undecodable byte (a text-mode file decodes 8 KB
+    # ahead of the line being parsed, so its errors cannot say where they are).
+    lines = (line + "\n" for line in iter_lines(path, "utf-8-sig", hint=None))
+    reader = csv.reader(lines, delimiter=delimiter, quotechar=quotechar, quoting=quoting)
+    line_num = 0
+    try:
+        for row in reader:
+            # line_num counts physical lines read so far; a quoted CSV record may span several.
+            start = line_num + 1
+            line_num = reader.line_num
+            yield start, row
+    except csv.Error as e:
+        raise InputError(f"{path}:{line_num + 1}: {e}; fix this line") from e
 
 
 def _require_rows(path: str | os.PathLike, rows: list[tuple[int, list[str]]], what: str) -> None:
@@ -668,13 +668,13 @@ class GenericProcessor(DataProcessor):
         rows = list(read_rows(path, delimiter, quotechar))
         _require_rows(path, rows, f"the {set_type} examples")
         index: list[int | None] = [None, None, None]
-        first = True
+        first: tuple[int, int] | None = None  # (line, number of columns) of the first record
         count = 0
         for line, row in rows:
             if not row:
                 continue
-            if first:
-                first = False
+            if first is None:
+                first = (line, len(row))
                 header = row if self.has_header else None
                 index = [self._column_index(c, header, path) for c in cols]
                 if header is not None:
@@ -682,6 +682,13 @@ class GenericProcessor(DataProcessor):
             needed = max((i + 1 if i >= 0 else -i) for i in index if i is not None)
             if len(row) < needed:
                 raise _columns_error(path, line, row, needed, sep)
+            if len(row) != first[1] and any(i is not None and i < 0 for i in index):
+                # A column counted from the end moves when a row has fewer columns: a text would become a label.
+                raise InputError(
+                    f"{path}:{line}: {len(row)} {sep}-separated columns, but line {first[0]} has {first[1]}; "
+                    "every line needs the same columns (a column counted from the end, such as the default label "
+                    "column -1, would take another field here): fix or remove this line"
+                )
             a, b, lab = (row[i] if i is not None else None for i in index)
             count += 1
             yield line, f"{set_type}-{line}", (a, b, lab)
@@ -704,11 +711,7 @@ class GenericProcessor(DataProcessor):
         if not os.path.isfile(path):
             raise InputError(f"{path}: no such file; check --data_dir and the file name")
         count = 0
-        with open(path, encoding="utf-8-sig") as f:
-            try:
-                lines = list(f)
-            except UnicodeDecodeError as e:
-                raise InputError(f"{path}: not valid UTF-8 ({e.reason}); save the file as UTF-8") from e
+        lines = list(iter_lines(path, "utf-8-sig", hint=None))
         if not any(s.strip() for s in lines):
             raise InputError(f"{path} is empty; it should hold the {set_type} examples, one JSON object per line")
         for line, text in enumerate(lines, start=1):
@@ -718,6 +721,10 @@ class GenericProcessor(DataProcessor):
                 record = json.loads(text)
             except json.JSONDecodeError as e:
                 raise InputError(f"{path}:{line}: not a JSON object ({e.msg}); write one JSON object per line") from e
+            except RecursionError:
+                raise InputError(
+                    f"{path}:{line}: JSON nested too deeply; write one flat JSON object per line"
+                ) from None
             if not isinstance(record, dict):
                 raise InputError(f"{path}:{line}: expected a JSON object per line, found {type(record).__name__}")
             values = []

@@ -34,7 +34,7 @@ from bert.formats.results import write_results
 from bert.metrics import ner_metrics
 from bert.tasks.common import FinetuneTask, label_list_flag, model_inputs, pad_2d
 from bert.tokenization import printable_text
-from bert.utils import atomic_write
+from bert.utils import atomic_write, iter_lines
 
 if TYPE_CHECKING:
     from bert.tokenization import FullTokenizer
@@ -135,34 +135,29 @@ def read_conll(
             words.clear()
             labels.clear()
 
-    with open(path, encoding="utf-8-sig") as f:
-        line_no = 0
-        try:
-            for line_no, line in enumerate(f, start=1):
-                parts = line.split()
-                if not parts:
-                    end_sentence()
-                    continue
-                if parts[0] == DOCSTART:
-                    end_sentence()
-                    continue
-                if num_columns is None:
-                    num_columns = len(parts)
-                if len(parts) != num_columns or len(parts) < 2:
-                    raise InputError(
-                        f"{path}:{line_no}: expected {max(num_columns, 2)} whitespace-separated columns "
-                        f"(token POS chunk NER for CoNLL-2003), found {len(parts)}; fix this line, or leave a blank "
-                        f"line between sentences"
-                    )
-                if allowed is not None and parts[-1] not in allowed:
-                    raise InputError(
-                        f"{path}:{line_no}: label {parts[-1]!r} is not one of {list(label_list)}; fix the label "
-                        f"or use a label list that has it"
-                    )
-                words.append(parts[0])
-                labels.append(parts[-1])
-        except UnicodeDecodeError as e:
-            raise InputError(f"{path}:{line_no + 1}: not valid UTF-8 ({e.reason}); save the file as UTF-8") from e
+    for line_no, line in enumerate(iter_lines(path, "utf-8-sig", hint=None), start=1):
+        parts = line.split()
+        if not parts:
+            end_sentence()
+            continue
+        if parts[0] == DOCSTART:
+            end_sentence()
+            continue
+        if num_columns is None:
+            num_columns = len(parts)
+        if len(parts) != num_columns or len(parts) < 2:
+            raise InputError(
+                f"{path}:{line_no}: expected {max(num_columns, 2)} whitespace-separated columns "
+                f"(token POS chunk NER for CoNLL-2003), found {len(parts)}; fix this line, or leave a blank "
+                f"line between sentences"
+            )
+        if allowed is not None and parts[-1] not in allowed:
+            raise InputError(
+                f"{path}:{line_no}: label {parts[-1]!r} is not one of {list(label_list)}; fix the label "
+                f"or use a label list that has it"
+            )
+        words.append(parts[0])
+        labels.append(parts[-1])
     end_sentence()
     if not examples:
         raise InputError(f"{path} holds no sentences; expected 'token POS chunk NER' lines (CoNLL-2003 layout)")

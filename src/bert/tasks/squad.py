@@ -151,6 +151,7 @@ def squad_examples_from_json(
         raise InputError(f'{source}: no "data" list at the top level; give a SQuAD file ({{"data": [...]}})')
     examples: list[SquadExample] = []
     num_skipped = 0
+    seen: dict[str, str] = {}  # question id -> where it is: predictions are keyed by id
     for a, entry in enumerate(dataset_json["data"]):
         where = f"{source}: article {a}"
         if isinstance(entry, dict) and isinstance(entry.get("title"), str):
@@ -159,7 +160,7 @@ def squad_examples_from_json(
             raise InputError(f'{where} has no "paragraphs" list; every article needs one')
         for p, paragraph in enumerate(entry["paragraphs"]):
             paragraph_examples, paragraph_skipped = _paragraph_examples(
-                paragraph, f"{where}, paragraph {p}", source, is_training, version_2_with_negative
+                paragraph, f"{where}, paragraph {p}", source, is_training, version_2_with_negative, seen
             )
             examples.extend(paragraph_examples)
             num_skipped += paragraph_skipped
@@ -174,7 +175,7 @@ def squad_examples_from_json(
 
 
 def _paragraph_examples(
-    paragraph: Any, where: str, source: str, is_training: bool, version_2_with_negative: bool
+    paragraph: Any, where: str, source: str, is_training: bool, version_2_with_negative: bool, seen: dict[str, str]
 ) -> tuple[list[SquadExample], int]:
     """The examples of one paragraph's questions, and how many of them were skipped (training only).
 
@@ -186,6 +187,7 @@ def _paragraph_examples(
         source: the file name, for error messages about a question (named by its id).
         is_training: read the answers (`_training_answer`).
         version_2_with_negative: read `is_impossible` too.
+        seen: the ids of the questions read so far (and where they are), updated; a repeated id is an error.
     """
     if not isinstance(paragraph, dict) or not isinstance(paragraph.get("context"), str):
         raise InputError(f'{where} has no "context" string; every paragraph needs one')
@@ -200,6 +202,12 @@ def _paragraph_examples(
         if not isinstance(qa, dict) or not isinstance(qa.get("id"), str):
             raise InputError(f'{where}, question {q} has no string "id"; add one')
         qas_id = qa["id"]
+        if qas_id in seen:
+            raise InputError(
+                f"{where}, question {q} has the id {qas_id!r} of {seen[qas_id]}; question ids must be unique "
+                "(predictions are keyed by them): fix or remove the duplicate"
+            )
+        seen[qas_id] = f"{where.split(': ', 1)[-1]}, question {q}"
         if not isinstance(qa.get("question"), str):
             raise InputError(f'{source}: question {qas_id} has no "question" string; add the question text')
         answer = _NO_ANSWER

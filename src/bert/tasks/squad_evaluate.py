@@ -28,9 +28,11 @@ logger = logging.getLogger(__name__)
 
 def iter_questions(dataset: list, source: str = "dataset") -> Iterator[dict]:
     """Yield every question (`qa` dict) of a SQuAD `data` list in file order, checking the fields the
-    evaluation reads (`paragraphs`, `qas`, `id`, `answers`, answer `text`) and naming the one missing."""
+    evaluation reads (`paragraphs`, `qas`, `id`, `answers`, answer `text`) and naming the one missing, and
+    that no id appears twice (predictions are keyed by id: a repeated question would be scored twice)."""
     if not isinstance(dataset, list):
         raise InputError(f'{source}: "data" must be a list of articles; give a SQuAD dataset file')
+    seen: dict[str, str] = {}
     for a, article in enumerate(dataset):
         where = f"{source}: article {a}" + (
             f" ({article.get('title')!r})" if isinstance(article, dict) and "title" in article else ""
@@ -43,6 +45,13 @@ def iter_questions(dataset: list, source: str = "dataset") -> Iterator[dict]:
             for q, qa in enumerate(paragraph["qas"]):
                 if not isinstance(qa, dict) or not isinstance(qa.get("id"), str):
                     raise InputError(f'{where}, paragraph {p}, question {q} has no string "id"; add one')
+                here = f"{where}, paragraph {p}, question {q}"
+                if qa["id"] in seen:
+                    raise InputError(
+                        f"{here} has the id {qa['id']!r} of {seen[qa['id']].split(': ', 1)[-1]}; question ids must be "
+                        "unique (predictions are keyed by them): fix or remove the duplicate"
+                    )
+                seen[qa["id"]] = here
                 answers = qa.get("answers")
                 if not isinstance(answers, list):
                     raise InputError(
