@@ -984,6 +984,8 @@ def read_input_record(line: str, task: str) -> Any:
         with contextlib.suppress(ValueError):
             obj = json.loads(line)
     if not isinstance(obj, dict):
+        if not line.strip():
+            raise InputError("empty line; remove it or give it some text")
         if task in (QUESTION_ANSWERING, MULTIPLE_CHOICE):
             example = (
                 '{"question": ..., "context": ...}'
@@ -991,8 +993,6 @@ def read_input_record(line: str, task: str) -> Any:
                 else '{"context": ..., "endings": [...]}'
             )
             raise InputError(f"{task} needs a JSON object per line, e.g. {example}")
-        if not line.strip():
-            raise InputError("empty line; remove it or give it some text")
         return (line, None) if task == CLASSIFICATION else line
 
     def field(name: str, required: bool = True) -> Any:
