@@ -93,6 +93,24 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "run_extract_features",
         "fixed contextual features per token, as JSON lines (extract_features.py)",
     ),
+    "predict": (
+        "bert.commands.predict",
+        "PredictArgs",
+        "run_predict",
+        "a fine-tuned model on raw text: labels, entities, answers or choices as JSON lines",
+    ),
+    "embed": (
+        "bert.commands.embed",
+        "EmbedArgs",
+        "run_embed",
+        "one vector per line (cls/mean/max/pooler pooling; sentence-transformers models), .npy or JSON lines",
+    ),
+    "fill-mask": (
+        "bert.commands.fill_mask",
+        "FillMaskArgs",
+        "run_fill_mask",
+        "the likeliest tokens at each [MASK], from the pre-training masked-LM head",
+    ),
     "convert": (
         "bert.commands.convert",
         "ConvertArgs",

@@ -480,6 +480,52 @@ class BasicTokenizer:
             return self._tokenize_fast(convert_to_unicode(text))
         return self._tokenize_reference(convert_to_unicode(text))
 
+    def tokenize_with_offsets(self, text: str) -> list[tuple[str, int, int]]:
+        """`tokenize(text)` with the span `text[start:end]` each token comes from, as (token, start, end).
+
+        The original pipeline works on the cleaned, lower-cased and accent-stripped text, so its tokens
+        lose their positions. Here each character of `text` is normalized on its own and keeps its index:
+        whitespace ends a word, a character `_clean_text` drops belongs to no token (and splits nothing), a
+        CJK ideograph and a character whose normalized form is punctuation are tokens of their own, and
+        every other character extends the current word. This gives the same token boundaries as the
+        whole-chunk pipeline: lower-casing and NFD act per character except for Greek final sigma (a letter
+        either way) and for reordering combining marks (dropped, or never split). A span covers the
+        characters of its token, including combining marks that accent stripping removed.
+        """
+        if self.never_split:
+            raise ValueError("tokenize_with_offsets does not support never_split")
+        tokens = self.tokenize(text)
+        spans: list[tuple[int, int]] = []
+        word_open = False  # whether the last span is a word that the next letter extends
+        for i, char in enumerate(text):
+            cp = ord(char)
+            if cp == 0 or cp == 0xFFFD or _is_control(char, self.legacy_control_chars):
+                continue
+            if char.isspace():  # what `whitespace_tokenize` splits on, after `_clean_text`
+                word_open = False
+                continue
+            if self.tokenize_chinese_chars and _is_chinese_char(cp):
+                spans.append((i, i + 1))
+                word_open = False
+                continue
+            normalized = char.lower() if self.do_lower_case else char
+            if self.strip_accents:
+                normalized = self._run_strip_accents(normalized)
+            for c in normalized:
+                if _is_punctuation(c):
+                    spans.append((i, i + 1))
+                    word_open = False
+                elif word_open:
+                    spans[-1] = (spans[-1][0], i + 1)
+                else:
+                    spans.append((i, i + 1))
+                    word_open = True
+            if not normalized and word_open:  # a stripped combining mark stays with its word
+                spans[-1] = (spans[-1][0], i + 1)
+        if len(spans) != len(tokens):
+            raise ValueError(f"could not align {len(tokens)} tokens with {len(spans)} spans of {text!r}")
+        return [(token, start, end) for token, (start, end) in zip(tokens, spans)]
+
     # --- reference path (a plain port of the original) ------------------------------------------------
 
     def _tokenize_reference(self, text: str) -> list[str]:

@@ -15,6 +15,8 @@ import json
 import logging
 import math
 import os
+import re
+import shutil
 import struct
 import sys
 import tempfile
@@ -106,6 +108,17 @@ def write_run_info(output_dir: str | os.PathLike, command: str, args: object) ->
         json.dump(info, f, indent=2, sort_keys=True, default=str)
         f.write("\n")
     return path
+
+
+# A lone surrogate (from a "\\ud800"-style escape in a JSON input) cannot be encoded as UTF-8.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def json_line(obj: object) -> str:
+    """`obj` as one line of JSON with non-ASCII characters as they are, or escaped when a lone surrogate
+    would make the line unencodable as UTF-8."""
+    line = json.dumps(obj, ensure_ascii=False)
+    return json.dumps(obj) if _LONE_SURROGATE.search(line) is not None else line
 
 
 def load_json_file(path: str | os.PathLike, what: str):
@@ -281,3 +294,67 @@ def exit_with_parent(parent_pid: int, interval: float = 0.5) -> None:
     if os.getppid() != parent_pid:
         os._exit(1)
     threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
+@contextlib.contextmanager
+def readable_input(input_file: str | None, flag: str = "--input_file") -> Iterator[str]:
+    """A path to read, more than once if need be: `input_file`, or stdin copied to a temporary file.
+
+    Raises:
+        InputError: `input_file` does not exist.
+    """
+    if input_file is not None:
+        if not os.path.isfile(input_file):
+            raise InputError(f"{flag}={input_file}: no such file; pass an existing file, or omit it to read stdin")
+        yield input_file
+        return
+    fd, tmp = tempfile.mkstemp(prefix="bert-stdin.", suffix=".txt")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            source = sys.stdin.buffer if hasattr(sys.stdin, "buffer") else None
+            if source is not None:
+                shutil.copyfileobj(source, f)
+            else:  # a text stream (e.g. replaced in tests)
+                f.write(sys.stdin.read().encode("utf-8"))
+        yield tmp
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def count_lines(path: str) -> int:
+    """The number of lines `iter_lines(path)` yields (a last line without a newline counts)."""
+    n = 0
+    last = b"\n"
+    with _open_binary(path) as f:
+        while block := f.read(_BLOCK_BYTES):
+            n += block.count(b"\n")
+            last = block[-1:]
+    return n + (last != b"\n")
+
+
+@contextlib.contextmanager
+def output_file_or_stdout(output_file: str | os.PathLike | None, mode: str = "w") -> Iterator[IO]:
+    """A file to write: `output_file`, written atomically, or (None) stdout, written when the block succeeds.
+
+    Either way nothing is seen before the whole output is there: stdout receives a temporary file's
+    contents at the end, so an error midway leaves it empty rather than half-written.
+    """
+    if output_file is not None:
+        with atomic_write(output_file, mode) as f:
+            yield f
+        return
+    binary = "b" in mode
+    with tempfile.TemporaryFile(
+        mode="w+b" if binary else "w+", encoding=None if binary else "utf-8", newline=None if binary else ""
+    ) as f:
+        yield f
+        f.seek(0)
+        sys.stdout.flush()
+        if binary:
+            shutil.copyfileobj(f, sys.stdout.buffer)
+        elif hasattr(sys.stdout, "buffer"):  # UTF-8 whatever the console's encoding
+            shutil.copyfileobj(f.buffer if hasattr(f, "buffer") else f, sys.stdout.buffer)
+        else:
+            shutil.copyfileobj(f, sys.stdout)
+        sys.stdout.flush()

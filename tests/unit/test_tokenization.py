@@ -496,3 +496,39 @@ def test_cli_bad_json_text_names_the_line(test_vocab_file, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "in.jsonl line 2" in err and '"text"' in err and "\n" not in err
     assert not out.exists()  # nothing half-written
+
+
+# ------------------------------------------------------------------------------------------------------
+# Basic tokens with their character spans (used to map NER entities back to the raw text)
+
+
+@pytest.mark.parametrize("do_lower_case", [True, False])
+def test_tokenize_with_offsets_spans_the_raw_characters(do_lower_case):
+    text = "  Héllo,\tWORLD!! na\u0308ive 北京x\x00y  (U.S.)\u00a0end"
+    bt = BasicTokenizer(do_lower_case=do_lower_case)
+    got = bt.tokenize_with_offsets(text)
+    assert [t for t, _, _ in got] == bt.tokenize(text)
+    spans = [text[s:e] for _, s, e in got]
+    # The NUL inside "x\x00y" is dropped without splitting; the combining diaeresis stays with its word.
+    assert spans == [
+        *("Héllo", ",", "WORLD", "!", "!", "na\u0308ive", "北", "京", "x\x00y", "(", "U", ".", "S", ".", ")", "end")
+    ]
+    for token, s, e in got:
+        assert bt.tokenize(text[s:e]) == [token]
+
+
+def test_tokenize_with_offsets_on_75_languages():
+    from conftest import shared_path
+
+    files = sorted(shared_path("data", "multilingual_sentences").glob("*.txt"))
+    for do_lower_case in (True, False):
+        bt = BasicTokenizer(do_lower_case=do_lower_case)
+        for path in files:
+            for line in path.read_text(encoding="utf-8").splitlines()[:20]:
+                got = bt.tokenize_with_offsets(line)
+                assert [t for t, _, _ in got] == bt.tokenize(line)
+                ends = [0] + [e for _, _, e in got]
+                for (token, s, e), prev_end in zip(got, ends):
+                    assert prev_end <= s < e, (path.name, line)
+                    # Re-tokenized alone a span gives its token; a word-final sigma alone lower-cases to σ.
+                    assert bt.tokenize(line[s:e]) in ([token], [token.replace("ς", "σ")]), (path.name, line)

@@ -8,9 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import itertools
-import json
 import os
-import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +16,7 @@ from typing import Any
 from bert.errors import InputError
 from bert.outputs import claim
 from bert.tokenization import FullTokenizer, read_texts
-from bert.utils import DECODE_ERRORS, atomic_write
+from bert.utils import DECODE_ERRORS, atomic_write, json_line
 
 
 @dataclass
@@ -50,7 +48,6 @@ class TokenizeArgs:
 
 
 _BATCH_LINES = 4096
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def run_tokenize(args: TokenizeArgs) -> dict[str, Any]:
@@ -86,10 +83,7 @@ def _tokenize(args: TokenizeArgs) -> dict[str, Any]:
         while batch := list(itertools.islice(texts, _BATCH_LINES)):
             for text, tokens in zip(batch, tokenizer.tokenize_batch(batch)):
                 record = {"text": text, "tokens": tokens, "ids": tokenizer.convert_tokens_to_ids(tokens)}
-                line = json.dumps(record, ensure_ascii=False)
-                if _LONE_SURROGATE.search(line) is not None:  # from a JSON escape; not encodable as UTF-8
-                    line = json.dumps(record)
-                out.write(line)
+                out.write(json_line(record))
                 out.write("\n")
                 n_tokens += len(tokens)
             n_lines += len(batch)

@@ -1,0 +1,86 @@
+"""`bert fill-mask`: the likeliest tokens at each [MASK] of each input line, from the pre-training
+masked-LM head (`bert.inference.Predictor.fill_mask`), one JSON line out per input line."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm import tqdm
+
+from bert.errors import InputError
+from bert.inference import FILL_MASK, Predictor, located, read_input_chunks
+from bert.utils import count_lines, json_line, output_file_or_stdout, readable_input
+
+logger = logging.getLogger(__name__)
+
+CHUNK_LINES = 2048
+
+
+@dataclass
+class FillMaskArgs:
+    """Predict the tokens at [MASK]: one input line (plain text, or JSON with a "text" field) with one or
+    more [MASK] -> one JSON line {"sequence", "masks": [{"start", "end", "predictions": [{"token",
+    "token_id", "score", "word"}, ...]}, ...]}.
+
+    Scores are softmax probabilities over the vocabulary, best first. A "##" piece continues the word
+    before the mask: its "word" is that whole word (play[MASK] with ##ing -> playing), and "sequence",
+    the text with every mask replaced by its top prediction, joins it to that word.
+    """
+
+    model: str = field(
+        metadata={"help": "A pre-trained model with its masked-LM head (BertForPreTraining or BertForMaskedLM)."}
+    )
+    input_file: str | None = field(
+        default=None, metadata={"help": "Input lines (plain text or JSON lines, .gz accepted); stdin if unset."}
+    )
+    output_file: str | None = field(default=None, metadata={"help": "Output JSON-lines file; stdout if unset."})
+    top_k: int = field(default=5, metadata={"help": "Predictions per mask."})
+    max_seq_length: int | None = field(
+        default=None,
+        metadata={"help": "Longest input in tokens, with [CLS] and [SEP]; default: max_position_embeddings."},
+    )
+    do_lower_case: bool | None = field(
+        default=None, metadata={"help": "Lower-case the input; default: the model's tokenizer_config.json."}
+    )
+    batch_size: int = field(default=32, metadata={"help": "Sequences per forward pass."})
+    device: str | None = field(default=None, metadata={"help": "torch device; default cuda if available, else cpu."})
+
+
+def run_fill_mask(args: FillMaskArgs) -> dict[str, Any]:
+    """Fill the masks of every input line; returns {"lines", "masks", "output_file"}."""
+    if args.batch_size < 1:
+        raise InputError(f"--batch_size={args.batch_size} must be at least 1")
+    if args.top_k < 1:
+        raise InputError(f"--top_k={args.top_k} must be at least 1")
+    predictor = Predictor.from_pretrained(
+        args.model,
+        args.device,
+        max_seq_length=args.max_seq_length,
+        batch_size=args.batch_size,
+        do_lower_case=args.do_lower_case,
+    )
+    if predictor.task != FILL_MASK or not predictor.has_mlm_head:
+        raise InputError(
+            f"--model={args.model} is a {predictor.architecture} without the masked-LM head (cls.predictions.*); "
+            "use a pre-trained BertForPreTraining or BertForMaskedLM model"
+        )
+    name = args.input_file or "<stdin>"
+    lines_done = masks = 0
+    with readable_input(args.input_file) as path:
+        total = count_lines(path)
+        with (
+            output_file_or_stdout(args.output_file) as out,
+            tqdm(total=total, unit="line", desc="fill-mask", disable=args.input_file is None) as bar,
+        ):
+            for lines, texts in read_input_chunks(path, FILL_MASK, name, CHUNK_LINES):
+                with located(name, lines):
+                    results = predictor.fill_mask(texts, top_k=args.top_k)
+                for result in results:
+                    out.write(json_line(result) + "\n")
+                    masks += len(result["masks"])
+                lines_done += len(lines)
+                bar.update(len(lines))
+    logger.info("filled %d masks in %d lines", masks, lines_done)
+    return {"lines": lines_done, "masks": masks, "output_file": args.output_file}

@@ -1,0 +1,1070 @@
+"""Models on raw text: load a model once, then classify, tag, answer, choose, embed or fill masks, batch
+after batch.
+
+    predictor = Predictor.from_pretrained("out/mrpc/model")
+    predictor.classify([("He said so.", "He did say that.")], top_k=2)
+
+`Predictor.from_pretrained` reads a model in any format `bert.checkpoint.read_checkpoint` reads: the
+native (= transformers) layout, a directory with `config.json`, `model.safetensors` or
+`pytorch_model.bin`, `vocab.txt` and `tokenizer_config.json`, or an original TF checkpoint with
+`bert_config.json` and `vocab.txt` beside it. The head is the one `config.json`'s `architectures[0]`
+names; without it (TF checkpoints), the one the weights hold. Inputs are tokenized with the model's
+own settings (`tokenizer_config.json`: `do_lower_case`, `tokenize_chinese_chars`, `strip_accents`).
+
+What each head offers (every model also offers `embed`):
+- BertForSequenceClassification: `classify` (single-label, multi-label or regression);
+- BertForTokenClassification: `ner` (entity spans) and `tag_words` (a tag per word);
+- BertForQuestionAnswering: `answer`;
+- BertForMultipleChoice: `choose`;
+- BertForPreTraining / BertForMaskedLM: `fill_mask`;
+- BertModel: `embed`.
+
+Features and post-processing are the fine-tuning tasks' own, so answers equal the task commands':
+`bert.tasks.glue.convert_examples_to_features` (classification, truncated as run_classifier.py does),
+`bert.tasks.ner.convert_ner_examples_to_features` and `word_predictions` (a word's tag is its first
+piece's), `bert.tasks.squad` (doc-stride windows, run_squad.py's `write_predictions` n-best rules over
+all windows), `bert.tasks.swag`. Each call sorts its sequences by length, runs them in batches padded
+only to the batch's longest (the model skips padding itself when a batch has much of it), and returns
+the results in input order, under `torch.inference_mode()` with the model in eval mode.
+
+Config keys read from `config.json` (the fine-tuning commands write them; transformers' names where it
+has them), each with a fallback: `problem_type` ("single_label_classification", "regression" or
+"multi_label_classification"; default regression for one output, else single-label), `id2label`
+(default LABEL_0, LABEL_1, ...), `label_thresholds` ({label: threshold} for multi-label, default 0.5),
+`max_seq_length` (the fine-tuning length; default 384 for question answering, 128 for the other heads,
+the position table's size for embeddings and fill-mask; never above `max_position_embeddings`), and for
+question answering `doc_stride` (128), `max_query_length` (64, or half of `max_seq_length` when that is
+shorter than 128), `n_best_size` (20), `max_answer_length` (30), `version_2_with_negative` (false) and
+`null_score_diff_threshold` (0.0). A sentence-transformers
+model directory (`modules.json`, `1_Pooling/config.json`, `sentence_bert_config.json`) sets `embed`'s
+default pooling, normalisation and length, so it gives what sentence-transformers gives.
+
+Character offsets (`start`, `end`) are Python string indices (code points) into the input, `end`
+exclusive. A `Predictor` is safe to share between threads: calls run one at a time (a lock), since the
+model and the tokenizer's memo are shared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from bert.checkpoint import Checkpoint, _fit_prefix, load_into, read_checkpoint
+from bert.config import BertConfig
+from bert.errors import InputError
+from bert.metrics import iob_chunks
+from bert.modeling import (
+    BertForMultipleChoice,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+)
+from bert.tasks.common import pad_2d
+from bert.tasks.glue import InputExample, convert_examples_to_features
+from bert.tasks.ner import NerExample, convert_ner_examples_to_features, word_predictions
+from bert.tasks.squad import (
+    RawResult,
+    compute_predictions,
+    doc_spans_for,
+    squad_examples_from_json,
+)
+from bert.tasks.squad import convert_examples_to_features as squad_features
+from bert.tasks.swag import SwagExample, convert_swag_examples_to_features
+from bert.tokenization import FullTokenizer, load_vocab
+from bert.training import resolve_device
+from bert.utils import iter_lines
+
+logger = logging.getLogger(__name__)
+
+# Tasks, by the head that serves them.
+CLASSIFICATION = "classification"
+NER = "ner"
+QUESTION_ANSWERING = "question-answering"
+MULTIPLE_CHOICE = "multiple-choice"
+FILL_MASK = "fill-mask"
+EMBEDDINGS = "embeddings"
+
+# architectures[0] -> (task, model class). Ours has no BertForMaskedLM: its weights (encoder and
+# cls.predictions) load into BertForPreTraining, whose next-sentence head then stays unused.
+ARCHITECTURES: dict[str, tuple[str, type]] = {
+    "BertForSequenceClassification": (CLASSIFICATION, BertForSequenceClassification),
+    "BertForTokenClassification": (NER, BertForTokenClassification),
+    "BertForQuestionAnswering": (QUESTION_ANSWERING, BertForQuestionAnswering),
+    "BertForMultipleChoice": (MULTIPLE_CHOICE, BertForMultipleChoice),
+    "BertForPreTraining": (FILL_MASK, BertForPreTraining),
+    "BertForMaskedLM": (FILL_MASK, BertForPreTraining),
+    "BertModel": (EMBEDDINGS, BertModel),
+}
+# What to do with a model that lacks a head a method needs.
+_HEAD_ADVICE = {
+    CLASSIFICATION: "fine-tune it with `bert classify`",
+    NER: "fine-tune it with `bert ner`",
+    QUESTION_ANSWERING: "fine-tune it with `bert squad`",
+    MULTIPLE_CHOICE: "fine-tune it with `bert swag`",
+    FILL_MASK: "use a pre-trained BertForPreTraining or BertForMaskedLM model",
+}
+PROBLEM_TYPES = ("single_label_classification", "regression", "multi_label_classification")
+POOLINGS = ("cls", "mean", "max", "pooler")
+LONG_DOCUMENT = ("truncate", "windows")
+MASK_TOKEN = "[MASK]"
+_MLM_KEY = "cls.predictions.transform.dense.weight"
+# The task modules log their first examples field by field, which would repeat on every call here.
+_TASK_LOGGERS = ("bert.tasks.glue", "bert.tasks.ner", "bert.tasks.squad", "bert.tasks.swag")
+
+
+class InputItemError(InputError):
+    """Bad input in item `index` (0-based) of a call; `reason` says what is wrong and how to fix it."""
+
+    def __init__(self, index: int, reason: str):
+        super().__init__(f"input {index}: {reason}")
+        self.index = index
+        self.reason = reason
+
+
+@dataclass
+class SentenceTransformersConfig:
+    """What a sentence-transformers model directory says about its embeddings."""
+
+    pooling: str | None  # None: a pooling (or module) this project does not implement
+    normalize: bool
+    max_seq_length: int | None
+    unsupported: str | None = None  # why `pooling` is None
+
+
+def read_sentence_transformers_config(model_dir: str | os.PathLike) -> SentenceTransformersConfig | None:
+    """`modules.json`, its Pooling module's `config.json` and `sentence_bert_config.json`, or None."""
+    base = Path(model_dir)
+    modules_file = base / "modules.json"
+    if not modules_file.is_file():
+        return None
+    modules = _read_json(modules_file)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise InputError(f"{modules_file}: expected a list of modules; fix or delete it")
+    pooling, normalize, unsupported = None, False, None
+    for m in modules:
+        kind = str(m.get("type", "")).rsplit(".", 1)[-1]
+        if kind == "Transformer":
+            continue
+        if kind == "Normalize":
+            normalize = True
+        elif kind == "Pooling":
+            config = _read_json(base / str(m.get("path", "")) / "config.json")
+            modes = sorted(k[len("pooling_mode_") :] for k, v in config.items() if k.startswith("pooling_mode_") and v)
+            pooling = {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max"}.get(modes[0]) if modes else None
+            if len(modes) != 1 or pooling is None:
+                unsupported = f"pooling modes {modes}"
+        else:
+            unsupported = f"a {kind} module"
+    if unsupported:
+        pooling = None
+    settings = base / "sentence_bert_config.json"
+    max_seq_length = _read_json(settings).get("max_seq_length") if settings.is_file() else None
+    return SentenceTransformersConfig(pooling, normalize, max_seq_length, unsupported)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path} is missing; the model directory is incomplete") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InputError(f"{path} is not valid JSON ({e}); fix or replace it") from None
+
+
+def _architecture(ckpt: Checkpoint) -> str:
+    """`architectures[0]` of the config or, without it, the head the weights hold."""
+    archs = ckpt.config.extra.get("architectures") if ckpt.config is not None else None
+    if isinstance(archs, list) and archs:
+        if archs[0] not in ARCHITECTURES:
+            raise InputError(
+                f"{ckpt.source}: config.json names the architecture {archs[0]!r}; this project runs "
+                f"{', '.join(ARCHITECTURES)}"
+            )
+        return archs[0]
+    keys = ckpt.state_dict.keys()
+    if "qa_outputs.weight" in keys:
+        return "BertForQuestionAnswering"
+    if "classifier.weight" in keys:
+        return "BertForSequenceClassification"  # run_classifier.py's output_weights
+    if _MLM_KEY in keys:
+        return "BertForPreTraining"
+    return "BertModel"
+
+
+def _load_model(architecture: str, ckpt: Checkpoint, has_pooler: bool) -> torch.nn.Module:
+    """The model of `architecture` with the checkpoint's weights, in fp32 on the CPU.
+
+    It is built on the meta device and given zeroed storage, which skips the random initialisation
+    (minutes for BERT-Base on a busy 2-core machine, all of it overwritten by the loading); weights
+    that share a tensor (the masked-LM decoder and the word embeddings) are tied again. Only weights
+    the task never reads may be missing from the checkpoint: the next-sentence head and the pooler of a
+    masked-LM model.
+    """
+    task, model_class = ARCHITECTURES[architecture]
+    kwargs: dict[str, Any] = {}
+    if model_class is BertModel:
+        kwargs["add_pooling_layer"] = has_pooler
+    elif task in (CLASSIFICATION, NER):
+        head = ckpt.state_dict.get("classifier.bias")
+        if head is None:
+            raise InputError(
+                f"{ckpt.source}: config.json says {architecture}, but the weights have no classifier; "
+                f"{_HEAD_ADVICE[task]}"
+            )
+        kwargs["num_labels"] = head.shape[0]
+    with torch.device("meta"):
+        model = model_class(ckpt.config, **kwargs)
+    first_name: dict[int, str] = {}
+    tied = [(name, first_name.setdefault(id(p), name)) for name, p in model.named_parameters(remove_duplicate=False)]
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    for name, source in tied:
+        if name != source:
+            owner, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(owner), attr, model.get_parameter(source))
+    load_into(model, ckpt)
+    loaded = set(_fit_prefix(ckpt.state_dict, model))
+    unused_when_missing = ("cls.seq_relationship.", "bert.pooler.") if task == FILL_MASK else ()
+    missing = [
+        name
+        for name, source in tied
+        if name == source and name not in loaded and not name.startswith(unused_when_missing)
+    ]
+    if missing:
+        raise InputError(
+            f"{ckpt.source}: the weights lack {len(missing)} of {architecture}'s (e.g. {missing[0]}); pass the "
+            "directory of a complete model"
+        )
+    return model
+
+
+def _labels(config: BertConfig, num_labels: int) -> list[str]:
+    id2label = config.extra.get("id2label")
+    if isinstance(id2label, dict) and len(id2label) == num_labels:
+        with contextlib.suppress(KeyError):
+            return [str(id2label[str(i)]) for i in range(num_labels)]
+    return [f"LABEL_{i}" for i in range(num_labels)]
+
+
+@contextlib.contextmanager
+def _quiet_task_logs() -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in _TASK_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _require_texts(texts: Sequence[Any], what: str = "text") -> None:
+    if isinstance(texts, str):
+        raise TypeError(f"expected a list of {what}s, got one string")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise InputItemError(i, f"{what} must be a string, got {type(t).__name__}")
+        if not t.strip():
+            raise InputItemError(i, f"empty {what}; give some text or leave the item out")
+
+
+def _top(scores: np.ndarray, labels: Sequence[str], k: int | None) -> list[dict[str, Any]]:
+    order = np.argsort(-scores, kind="stable")[: k or None]
+    return [{"label": labels[i], "score": float(scores[i])} for i in order]
+
+
+class Predictor:
+    """A model with its tokenizer and settings, ready for raw text. Build it with `from_pretrained`.
+
+    Attributes:
+        model: the `bert.modeling` model, in eval mode on `device`.
+        architecture: its class name as `config.json` names it (e.g. "BertForMaskedLM").
+        task: the head's task: "classification", "ner", "question-answering", "multiple-choice",
+            "fill-mask" or "embeddings".
+        tokenizer: a `FullTokenizer` with the model's settings.
+        max_seq_length: the longest sequence, in WordPiece tokens with [CLS] and [SEP].
+        labels: the label list of a classification or NER head (else None).
+        problem_type: classification only, see the module docstring.
+        batch_size: sequences per forward pass when a call does not say.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: FullTokenizer,
+        architecture: str,
+        device: torch.device,
+        *,
+        max_seq_length: int | None = None,
+        batch_size: int = 32,
+        has_mlm_head: bool = False,
+        has_pooler: bool = True,
+        sentence_transformers: SentenceTransformersConfig | None = None,
+        source: str = "model",
+    ):
+        if batch_size < 1:
+            raise InputError(f"batch_size={batch_size} must be at least 1")
+        self.model = model.to(device).eval()
+        self.tokenizer = tokenizer
+        self.architecture = architecture
+        self.task = ARCHITECTURES[architecture][0]
+        self.device = device
+        self.batch_size = batch_size
+        self.source = source
+        self.config: BertConfig = model.config
+        self.encoder: BertModel = model if isinstance(model, BertModel) else model.bert
+        self.has_mlm_head = has_mlm_head
+        self.has_pooler = has_pooler and self.encoder.pooler is not None
+        self.sentence_transformers = sentence_transformers
+        extra = self.config.extra
+        self.labels: list[str] | None = None
+        self.problem_type: str | None = None
+        self.label_thresholds: dict[str, float] = {}
+        if self.task in (CLASSIFICATION, NER):
+            self.labels = _labels(self.config, model.num_labels)
+        if self.task == CLASSIFICATION:
+            default = "regression" if model.num_labels == 1 else "single_label_classification"
+            self.problem_type = extra.get("problem_type") or default
+            if self.problem_type not in PROBLEM_TYPES:
+                raise InputError(
+                    f"{source}: config.json problem_type {self.problem_type!r} is not one of {', '.join(PROBLEM_TYPES)}"
+                )
+            thresholds = extra.get("label_thresholds") or {}
+            self.label_thresholds = {label: float(thresholds.get(label, 0.5)) for label in self.labels}
+        self.doc_stride = int(extra.get("doc_stride", 128))
+        self.n_best_size = int(extra.get("n_best_size", 20))
+        self.max_answer_length = int(extra.get("max_answer_length", 30))
+        self.version_2_with_negative = bool(extra.get("version_2_with_negative", False))
+        self.null_score_diff_threshold = float(extra.get("null_score_diff_threshold", 0.0))
+        limit = self.config.max_position_embeddings
+        if max_seq_length is None:
+            max_seq_length = extra.get("max_seq_length")
+        if max_seq_length is None and self.task == EMBEDDINGS and sentence_transformers is not None:
+            max_seq_length = sentence_transformers.max_seq_length
+        if max_seq_length is None:
+            max_seq_length = {QUESTION_ANSWERING: 384, FILL_MASK: limit, EMBEDDINGS: limit}.get(self.task, 128)
+            max_seq_length = min(max_seq_length, limit)
+        self.max_seq_length = int(max_seq_length)
+        if not 3 <= self.max_seq_length <= limit:
+            raise InputError(
+                f"max_seq_length={self.max_seq_length} must be between 3 and max_position_embeddings={limit}"
+            )
+        # run_squad.py's default, or half the sequence for models too short for it.
+        self.max_query_length = int(extra.get("max_query_length", min(64, self.max_seq_length // 2)))
+        if self.task == QUESTION_ANSWERING and self.max_seq_length <= self.max_query_length + 3:
+            raise InputError(
+                f"max_seq_length={self.max_seq_length} leaves no room for the context after a question of "
+                f"max_query_length={self.max_query_length}; raise max_seq_length"
+            )
+        self._special = {t: self.tokenizer.vocab.get(t) for t in ("[CLS]", "[SEP]", MASK_TOKEN)}
+        for token in ("[CLS]", "[SEP]"):
+            if self._special[token] is None:
+                raise InputError(f"{source}: the vocabulary has no {token} token; use the model's own vocab.txt")
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_dir: str | os.PathLike,
+        device: str | torch.device | None = None,
+        *,
+        max_seq_length: int | None = None,
+        batch_size: int = 32,
+        do_lower_case: bool | None = None,
+    ) -> Predictor:
+        """Load a model directory (or a checkpoint file or TF prefix) for inference.
+
+        Args:
+            model_dir: see the module docstring.
+            device: a torch device; default CUDA when available, else CPU.
+            max_seq_length: override the config's `max_seq_length` (see the module docstring).
+            batch_size: sequences per forward pass when a call does not say.
+            do_lower_case: override `tokenizer_config.json` (needed only for models without one, e.g. a
+                cased TF checkpoint; the default then is lower-casing).
+        """
+        ckpt = read_checkpoint(model_dir)
+        if ckpt.config is None:
+            raise InputError(
+                f"{model_dir}: no config.json or bert_config.json beside the weights; add the model's config"
+            )
+        if ckpt.vocab_file is None:
+            raise InputError(f"{model_dir}: no vocab.txt beside the weights; add the model's vocabulary")
+        architecture = _architecture(ckpt)
+        has_pooler = any(k.endswith("pooler.dense.weight") for k in ckpt.state_dict)
+        model = _load_model(architecture, ckpt, has_pooler)
+        settings = ckpt.tokenizer_settings
+        if do_lower_case is None:
+            do_lower_case = settings.get("do_lower_case")
+            if do_lower_case is None:
+                logger.warning("%s has no tokenizer_config.json: lower-casing the input (uncased model)", model_dir)
+                do_lower_case = True
+        vocab = load_vocab(ckpt.vocab_file)
+        ckpt.config.validate_vocab(max(vocab.values()) + 1, ckpt.vocab_file)
+        tokenizer = FullTokenizer(
+            vocab,
+            do_lower_case=bool(do_lower_case),
+            tokenize_chinese_chars=settings.get("tokenize_chinese_chars", True) is not False,
+            strip_accents=settings.get("strip_accents"),
+        )
+        st = read_sentence_transformers_config(model_dir) if Path(model_dir).is_dir() else None
+        return cls(
+            model,
+            tokenizer,
+            architecture,
+            resolve_device(str(device) if device is not None else None),
+            max_seq_length=max_seq_length,
+            batch_size=batch_size,
+            has_mlm_head=_MLM_KEY in ckpt.state_dict,
+            has_pooler=has_pooler,
+            sentence_transformers=st,
+            source=str(model_dir),
+        )
+
+    def _require(self, task: str) -> None:
+        if self.task != task or (task == FILL_MASK and not self.has_mlm_head):
+            raise InputError(
+                f"{self.source} is a {self.architecture} (config.json architectures) without a {task} head; "
+                f"{_HEAD_ADVICE[task]}, or use `bert embed` for its embeddings"
+            )
+
+    # --------------------------------------------------------------------------------------- batching
+    def _run(
+        self,
+        sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
+        fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray], Sequence[Any]],
+        batch_size: int | None,
+    ) -> list[Any]:
+        """`fn(input_ids, attention_mask, token_type_ids, indexes)` on batches of (ids, segment ids)
+        sequences, longest first, each padded to its longest; its per-row results in input order."""
+        batch_size = batch_size or self.batch_size
+        lengths = np.array([len(ids) for ids, _ in sequences])
+        order = np.argsort(-lengths, kind="stable")
+        out: list[Any] = [None] * len(sequences)
+        with torch.inference_mode():
+            for start in range(0, len(order), batch_size):
+                idx = order[start : start + batch_size]
+                T = int(lengths[idx[0]])
+                ids = pad_2d([sequences[i][0] for i in idx], T)
+                types = pad_2d([sequences[i][1] for i in idx], T)
+                mask = (np.arange(T)[None, :] < lengths[idx][:, None]).astype(np.int64)  # [B, T]
+                tensors = [torch.from_numpy(a).to(self.device) for a in (ids, mask, types)]
+                for i, row in zip(idx, fn(*tensors, idx)):
+                    out[i] = row
+        return out
+
+    # --------------------------------------------------------------------------------- classification
+    def classify(
+        self,
+        inputs: Sequence[str | tuple[str, str | None]],
+        top_k: int | None = 1,
+        long_document: str = "truncate",
+        doc_stride: int | None = None,
+        batch_size: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Classify texts or text pairs; one result per input, in order.
+
+        Args:
+            inputs: texts, or (text, text_pair) tuples (text_pair may be None).
+            top_k: also list the `top_k` best labels with their scores under "scores" (0 or None: all);
+                with 1 (the default) only the best.
+            long_document: "truncate" cuts a pair to `max_seq_length` as `bert classify` does (the longer
+                text loses its last tokens first); "windows" reads the whole first text in windows of
+                `max_seq_length`, `doc_stride` tokens apart (the pair, when there is one, goes whole into
+                every window), and averages the windows' logits.
+            doc_stride: tokens between window starts (default: the config's `doc_stride`, 128).
+
+        Returns dicts, by `problem_type`: single-label {"label", "score"} (softmax probability);
+        multi-label {"labels": [{"label", "score"}, ...]} for every label whose sigmoid reaches its
+        threshold, best first; regression {"score"} (the model's output). With `top_k` != 1, also
+        "scores": [{"label", "score"}, ...], best first.
+
+        Windows' logits are averaged, not max-pooled: the mean keeps logits on the scale the head was
+        fine-tuned at (so softmax scores, multi-label thresholds and regression outputs mean what they
+        mean for one window, and a text that fits one window gets exactly its truncate result), and one
+        odd window cannot decide alone; max pooling would drift regression scores and multi-label scores
+        upward with the number of windows.
+        """
+        self._require(CLASSIFICATION)
+        if long_document not in LONG_DOCUMENT:
+            raise InputError(f"long_document={long_document!r} must be one of {', '.join(LONG_DOCUMENT)}")
+        pairs = []
+        for i, item in enumerate(inputs):
+            a, b = (item, None) if isinstance(item, str) else tuple(item)
+            if not isinstance(a, str) or not a.strip():
+                raise InputItemError(i, "the text must be a non-empty string")
+            if b is not None and not isinstance(b, str):
+                raise InputItemError(i, f"text_pair must be a string, got {type(b).__name__}")
+            pairs.append((a, b or None))
+        with self._lock, _quiet_task_logs():
+            if long_document == "truncate":
+                sequences, owners = self._truncated_features(pairs)
+            else:
+                sequences, owners = self._windowed_features(pairs, doc_stride or self.doc_stride)
+
+            def head(ids, mask, types, idx):
+                return list(self.model(ids, mask, types).logits.float().cpu().numpy())
+
+            logits = self._run(sequences, head, batch_size)
+        pooled = np.zeros((len(pairs), len(logits[0]) if logits else 1), dtype=np.float32)
+        counts = np.zeros(len(pairs))
+        for owner, row in zip(owners, logits):
+            pooled[owner] += row
+            counts[owner] += 1
+        pooled /= counts[:, None]
+        return [self._classification_result(row, top_k) for row in pooled]
+
+    def _truncated_features(self, pairs: list[tuple[str, str | None]]) -> tuple[list, list[int]]:
+        placeholder = 0.0 if self.problem_type == "regression" else self.labels[0]
+        label_list = [None] if self.problem_type == "regression" else self.labels
+        examples = [InputExample(str(i), a, b, placeholder) for i, (a, b) in enumerate(pairs)]
+        features = convert_examples_to_features(examples, label_list, self.max_seq_length, self.tokenizer, pad=False)
+        full = sum(len(f.input_ids) == self.max_seq_length for f in features)
+        if full:
+            logger.warning(
+                "%d of %d inputs fill max_seq_length=%d and may have been cut; windows read long texts whole",
+                full,
+                len(features),
+                self.max_seq_length,
+            )
+        return [(f.input_ids, f.segment_ids) for f in features], list(range(len(pairs)))
+
+    def _windowed_features(self, pairs: list[tuple[str, str | None]], doc_stride: int) -> tuple[list, list[int]]:
+        if doc_stride < 1:
+            raise InputError(f"doc_stride={doc_stride} must be at least 1")
+        tok = self.tokenizer
+        cls_id, sep_id = self._special["[CLS]"], self._special["[SEP]"]
+        sequences, owners = [], []
+        for i, (a, b) in enumerate(pairs):
+            ids_a = tok.encode(a)
+            ids_b = tok.encode(b) if b else []
+            room = self.max_seq_length - (3 if ids_b else 2) - len(ids_b)
+            if room < 1:
+                raise InputItemError(
+                    i,
+                    f"text_pair has {len(ids_b)} tokens, which leaves no room for text in windows of "
+                    f"max_seq_length={self.max_seq_length}; shorten text_pair or use long_document=truncate",
+                )
+            spans = doc_spans_for(len(ids_a), room, doc_stride) or [(0, 0)]
+            for start, length in spans:
+                ids = [cls_id, *ids_a[start : start + length], sep_id]
+                types = [0] * len(ids)
+                if ids_b:
+                    ids += [*ids_b, sep_id]
+                    types += [1] * (len(ids_b) + 1)
+                sequences.append((ids, types))
+                owners.append(i)
+        return sequences, owners
+
+    def _classification_result(self, logits: np.ndarray, top_k: int | None) -> dict[str, Any]:
+        if self.problem_type == "regression":
+            return {"score": float(logits[0])}
+        t = torch.from_numpy(logits)
+        if self.problem_type == "multi_label_classification":
+            scores = torch.sigmoid(t).numpy()
+            ranked = _top(scores, self.labels, None)
+            result: dict[str, Any] = {"labels": [r for r in ranked if r["score"] >= self.label_thresholds[r["label"]]]}
+        else:
+            scores = torch.softmax(t, dim=-1).numpy()
+            result = _top(scores, self.labels, 1)[0]
+        if top_k != 1:
+            result["scores"] = _top(scores, self.labels, top_k)
+        return result
+
+    # -------------------------------------------------------------------------------------------- NER
+    def tag_words(self, texts: Sequence[str], batch_size: int | None = None) -> list[list[dict[str, Any]]]:
+        """A tag per word: for each text, [{"word", "start", "end", "label", "score"}, ...].
+
+        Words are the original BasicTokenizer's tokens (whitespace-separated, each punctuation
+        character apart), each with its span in the text. A word's tag is its first WordPiece's
+        prediction and its score that prediction's softmax probability, as `bert ner` reads them; texts
+        longer than `max_seq_length` are tagged in consecutive windows at word boundaries.
+        """
+        self._require(NER)
+        _require_texts(texts)
+        basic = self.tokenizer.basic_tokenizer
+        spans = [[(s, e) for _, s, e in basic.tokenize_with_offsets(t)] for t in texts]
+        examples = [
+            NerExample(str(i), [t[s:e] for s, e in sp], [self.labels[0]] * len(sp))
+            for i, (t, sp) in enumerate(zip(texts, spans))
+        ]
+        with self._lock, _quiet_task_logs():
+            features = convert_ner_examples_to_features(
+                examples, self.labels, self.max_seq_length, self.tokenizer, pad=False
+            )
+
+            def head(ids, mask, types, idx):
+                logits = self.model(ids, mask, types).logits.float()  # [B, T, L]
+                return [row[: len(features[i].input_ids)] for row, i in zip(logits.cpu().numpy(), idx)]
+
+            logits = self._run([(f.input_ids, f.segment_ids) for f in features], head, batch_size)
+        if features:
+            tags = word_predictions(examples, features, _pad_3d(logits), self.labels)
+        else:
+            tags = [[] for _ in examples]
+        scores = [[0.0] * len(ex.words) for ex in examples]
+        for f, row in zip(features, logits):
+            probs = torch.softmax(torch.from_numpy(row), dim=-1).max(-1).values.tolist()  # [T]
+            for position, w in enumerate(f.word_index):
+                if w >= 0:
+                    scores[f.example_index][w] = probs[position]
+        out = []
+        for ex, sp, labels, sc in zip(examples, spans, tags, scores):
+            out.append(
+                [
+                    {"word": w, "start": s, "end": e, "label": label, "score": score}
+                    for w, (s, e), label, score in zip(ex.words, sp, labels, sc)
+                ]
+            )
+        return out
+
+    def ner(self, texts: Sequence[str], batch_size: int | None = None) -> list[list[dict[str, Any]]]:
+        """Entity spans: for each text, [{"entity", "start", "end", "text", "score"}, ...] in text order.
+
+        The words' tags (`tag_words`) are grouped into entities as conlleval reads them (a B- tag or a
+        change of type starts one, so IOB1 and IOB2 tags both work); an entity covers its words'
+        characters, `text[start:end]`, with what lies between them, and its score is the mean of its
+        words' scores.
+        """
+        out = []
+        for text, words in zip(texts, self.tag_words(texts, batch_size)):
+            entities = []
+            for kind, first, last in iob_chunks([w["label"] for w in words]):
+                start, end = words[first]["start"], words[last - 1]["end"]
+                score = float(np.mean([w["score"] for w in words[first:last]]))
+                entities.append({"entity": kind, "start": start, "end": end, "text": text[start:end], "score": score})
+            out.append(entities)
+        return out
+
+    # ---------------------------------------------------------------------------- question answering
+    def answer(
+        self, questions: Sequence[str], contexts: Sequence[str], batch_size: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The answer span of each question in its context: {"answer", "start", "end", "score"}.
+
+        As `bert squad --do_predict`: the context is cut into windows of `max_seq_length` tokens,
+        `doc_stride` apart, after the question (cut to `max_query_length` tokens); the answer is the
+        best span over all windows by run_squad.py's n-best rules, its text projected back onto the
+        context's words, and its score its n-best softmax probability. `start` and `end` locate it in the
+        context; `context[start:end]` is the answer, except that whitespace between its words is the
+        context's own (the answer text joins words by one space, as predictions.json does). For a SQuAD
+        2.0 model (`version_2_with_negative`) a question the model deems unanswerable gets
+        {"answer": None, "start": None, "end": None, "score": <the no-answer probability>}.
+        """
+        self._require(QUESTION_ANSWERING)
+        if len(questions) != len(contexts):
+            raise InputError(f"{len(questions)} questions for {len(contexts)} contexts; give one context per question")
+        _require_texts(questions, "question")
+        _require_texts(contexts, "context")
+        data = {
+            "data": [
+                {"paragraphs": [{"context": c, "qas": [{"id": str(i), "question": q}]}]}
+                for i, (q, c) in enumerate(zip(questions, contexts))
+            ]
+        }
+        examples = squad_examples_from_json(data, is_training=False, source="input")
+        with self._lock, _quiet_task_logs():
+            features = squad_features(
+                examples,
+                self.tokenizer,
+                self.max_seq_length,
+                self.doc_stride,
+                self.max_query_length,
+                is_training=False,
+                pad_to_max_length=False,
+            )
+
+            def head(ids, mask, types, idx):
+                logits = self.model(ids, mask, types).logits.float().cpu().numpy()  # [B, T, 2]
+                return [row[: len(features[i].input_ids)] for row, i in zip(logits, idx)]
+
+            logits = self._run([(f.input_ids, f.segment_ids) for f in features], head, batch_size)
+        # bert squad ranks the real positions of each window only.
+        results = [RawResult(f.unique_id, row[:, 0].tolist(), row[:, 1].tolist()) for f, row in zip(features, logits)]
+        predictions = compute_predictions(
+            examples,
+            features,
+            results,
+            self.n_best_size,
+            self.max_answer_length,
+            self.tokenizer.basic_tokenizer.do_lower_case,
+            self.version_2_with_negative,
+            self.null_score_diff_threshold,
+        )
+        by_example: dict[int, list] = {}
+        for f in features:
+            by_example.setdefault(f.example_index, []).append(f)
+        by_id = {r.unique_id: r for r in results}
+        out = []
+        for i, (example, context) in enumerate(zip(examples, contexts)):
+            text = predictions.predictions[example.qas_id]
+            nbest = predictions.nbest[example.qas_id]
+            entry = next(e for e in nbest if e["text"] == text)
+            span = None
+            if text:
+                span = _answer_span(example, context, by_example.get(i, []), by_id, entry, self.max_answer_length)
+            if span is None:  # no answer (SQuAD 2.0), or no valid span at all (run_squad.py's "empty")
+                out.append({"answer": None, "start": None, "end": None, "score": entry["probability"]})
+            else:
+                out.append({"answer": text, "start": span[0], "end": span[1], "score": entry["probability"]})
+        return out
+
+    # ------------------------------------------------------------------------------- multiple choice
+    def choose(
+        self, contexts: Sequence[str], endings: Sequence[Sequence[str]], batch_size: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The best ending of each context: {"choice": index, "ending", "score", "scores": [per ending]}.
+
+        Each (context, ending) pair is `[CLS] context [SEP] ending [SEP]`, truncated to `max_seq_length`
+        as `bert swag` does; the scores are the softmax over the context's endings.
+        """
+        self._require(MULTIPLE_CHOICE)
+        if len(contexts) != len(endings):
+            raise InputError(f"{len(contexts)} contexts for {len(endings)} lists of endings; give one list per context")
+        _require_texts(contexts, "context")
+        for i, ends in enumerate(endings):
+            if isinstance(ends, str) or len(ends) < 2:
+                raise InputItemError(i, "give at least two endings to choose from, as a list")
+            try:
+                _require_texts(ends, "ending")
+            except InputItemError as e:
+                raise InputItemError(i, f"ending {e.reason}") from None
+        examples = [SwagExample(str(i), c, "", list(e)) for i, (c, e) in enumerate(zip(contexts, endings))]
+        with self._lock, _quiet_task_logs():
+            features = convert_swag_examples_to_features(examples, self.max_seq_length, self.tokenizer, pad=False)
+            # Every choice is its own sequence (one choice per row), so choices sort by length like the rest.
+            sequences = [(ids, seg) for f in features for ids, seg in zip(f.input_ids, f.segment_ids)]
+
+            def head(ids, mask, types, idx):
+                logits = self.model(ids[:, None], mask[:, None], types[:, None]).logits  # [B, 1]
+                return logits[:, 0].float().cpu().tolist()
+
+            flat = iter(self._run(sequences, head, batch_size))
+        out = []
+        for ends in endings:
+            logits = torch.tensor([next(flat) for _ in ends])
+            scores = torch.softmax(logits, dim=-1).tolist()
+            best = int(np.argmax(scores))
+            out.append({"choice": best, "ending": ends[best], "score": scores[best], "scores": scores})
+        return out
+
+    # ------------------------------------------------------------------------------------ embeddings
+    @property
+    def default_pooling(self) -> str:
+        """The sentence-transformers model's pooling, else mean pooling (see `embed`)."""
+        st = self.sentence_transformers
+        if st is not None and st.pooling is None:
+            raise InputError(
+                f"{self.source}: the sentence-transformers configuration asks for {st.unsupported}, which this "
+                f"project does not implement; choose a pooling ({', '.join(POOLINGS)}) explicitly"
+            )
+        return st.pooling if st is not None else "mean"
+
+    @property
+    def default_normalize(self) -> bool:
+        return self.sentence_transformers.normalize if self.sentence_transformers is not None else False
+
+    def embed(
+        self,
+        texts: Sequence[str],
+        pooling: str | None = None,
+        normalize: bool | None = None,
+        batch_size: int | None = None,
+    ) -> np.ndarray:
+        """One float32 vector per text, [len(texts), hidden_size].
+
+        Each text is `[CLS] text [SEP]`, cut to `max_seq_length` tokens (as sentence-transformers does).
+
+        Args:
+            pooling: "cls" (the last layer at [CLS]), "mean" (the mean of the last layer over the real
+                tokens, [CLS] and [SEP] included, as sentence-transformers), "max" (their element-wise
+                maximum) or "pooler" (the pre-training pooler: tanh(dense([CLS]))). Default: the
+                sentence-transformers configuration beside the model, else "mean" (better than [CLS] for
+                similarity without fine-tuning, Reimers & Gurevych 2019).
+            normalize: scale each vector to unit length (default: as the sentence-transformers
+                configuration says, else False).
+        """
+        pooling = pooling or self.default_pooling
+        normalize = self.default_normalize if normalize is None else normalize
+        if pooling not in POOLINGS:
+            raise InputError(f"pooling={pooling!r} must be one of {', '.join(POOLINGS)}")
+        if pooling == "pooler" and not self.has_pooler:
+            raise InputError(f"{self.source} has no pooler weights; use pooling cls, mean or max")
+        _require_texts(texts)
+        cls_id, sep_id = self._special["[CLS]"], self._special["[SEP]"]
+        keep = self.max_seq_length - 2
+
+        def pool(ids, mask, types, idx):
+            out = self.encoder(ids, mask, types)
+            hidden = out.sequence_output.float()  # [B, T, H]
+            if pooling == "cls":
+                vectors = hidden[:, 0]
+            elif pooling == "pooler":
+                vectors = out.pooled_output.float()
+            elif pooling == "mean":
+                m = mask[:, :, None].to(hidden.dtype)  # [B, T, 1]
+                vectors = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+            else:
+                vectors = hidden.masked_fill(mask[:, :, None] == 0, -1e9).max(1).values
+            if normalize:
+                vectors = F.normalize(vectors, p=2, dim=1)
+            return list(vectors.cpu().numpy())
+
+        with self._lock:
+            sequences = [
+                ([cls_id, *ids[:keep], sep_id], [0] * (len(ids[:keep]) + 2))
+                for ids in self.tokenizer.encode_batch(texts)
+            ]
+            vectors = self._run(sequences, pool, batch_size)
+        if not vectors:
+            return np.zeros((0, self.config.hidden_size), dtype=np.float32)
+        return np.stack(vectors).astype(np.float32, copy=False)
+
+    # ------------------------------------------------------------------------------------- fill-mask
+    def fill_mask(self, texts: Sequence[str], top_k: int = 5, batch_size: int | None = None) -> list[dict[str, Any]]:
+        """The `top_k` likeliest tokens at each `[MASK]` of each text, by the pre-training MLM head.
+
+        Each `[MASK]` in the text (written exactly so) is one masked position; the rest is tokenized as
+        usual. Returns, per text, {"sequence", "masks": [{"start", "end", "predictions": [{"token",
+        "token_id", "score", "word"}, ...]}, ...]}: the probabilities (softmax over the vocabulary) in
+        descending order; `start`/`end` locate the `[MASK]` in the text. Whole words: a prediction that
+        continues a word (a `##` piece) reads as part of the word before the mask, so its "word" is that
+        word with the piece's text appended (`"play[MASK]"` with `##ing` -> "playing"), and otherwise
+        "word" is the token itself. "sequence" is the text with every mask replaced by its top
+        prediction, a `##` piece joined to the word before it (the whitespace before the mask dropped).
+        """
+        self._require(FILL_MASK)
+        if top_k < 1:
+            raise InputError(f"top_k={top_k} must be at least 1")
+        _require_texts(texts)
+        mask_id = self._special[MASK_TOKEN]
+        if mask_id is None:
+            raise InputError(f"{self.source}: the vocabulary has no {MASK_TOKEN} token")
+        cls_id, sep_id = self._special["[CLS]"], self._special["[SEP]"]
+        sequences, positions = [], []
+        with self._lock:
+            for i, text in enumerate(texts):
+                parts = text.split(MASK_TOKEN)
+                if len(parts) == 1:
+                    raise InputItemError(
+                        i, f"no {MASK_TOKEN} in the text; write {MASK_TOKEN} where a word is to be guessed"
+                    )
+                ids, where = [cls_id], []
+                for j, part in enumerate(parts):
+                    ids += self.tokenizer.encode(part)
+                    if j < len(parts) - 1:
+                        where.append(len(ids))
+                        ids.append(mask_id)
+                ids.append(sep_id)
+                if len(ids) > self.max_seq_length:
+                    raise InputItemError(
+                        i,
+                        f"{len(ids)} tokens with [CLS] and [SEP], more than max_seq_length={self.max_seq_length}; "
+                        "shorten the text around its masks",
+                    )
+                sequences.append((ids, [0] * len(ids)))
+                positions.append(where)
+            head = self.model.cls.predictions
+
+            def predict(ids, mask, types, idx):
+                hidden = self.encoder(ids, mask, types).sequence_output  # [B, T, H]
+                rows = [b for b, i in enumerate(idx) for _ in positions[i]]
+                cols = [p for i in idx for p in positions[i]]
+                probs = torch.softmax(head(hidden[rows, cols]).float(), dim=-1)  # [M, V]
+                values, tokens = probs.topk(min(top_k, probs.shape[-1]), dim=-1)  # [M, k]
+                values, tokens = values.cpu().tolist(), tokens.cpu().tolist()
+                out, m = [], 0
+                for i in idx:
+                    n = len(positions[i])
+                    out.append(list(zip(tokens[m : m + n], values[m : m + n])))
+                    m += n
+                return out
+
+            found = self._run(sequences, predict, batch_size)
+        return [self._fill_result(text, per_mask) for text, per_mask in zip(texts, found)]
+
+    def _fill_result(self, text: str, per_mask: list[tuple[list[int], list[float]]]) -> dict[str, Any]:
+        inv = self.tokenizer.inv_vocab
+        masks = []
+        sequence = ""
+        pos = 0
+        for token_ids, scores in per_mask:
+            start = text.index(MASK_TOKEN, pos)
+            sequence += text[pos:start]
+            before = re.search(r"\S*$", sequence.rstrip()).group(0)
+            predictions = []
+            for token_id, score in zip(token_ids, scores):
+                token = inv.get(token_id, f"[{token_id}]")
+                word = before + token[2:] if token.startswith("##") else token
+                predictions.append({"token": token, "token_id": token_id, "score": score, "word": word})
+            top = predictions[0]["token"]
+            sequence = sequence.rstrip() + top[2:] if top.startswith("##") else sequence + top
+            pos = start + len(MASK_TOKEN)
+            masks.append({"start": start, "end": pos, "predictions": predictions})
+        return {"sequence": sequence + text[pos:], "masks": masks}
+
+
+def _pad_3d(rows: list[np.ndarray]) -> np.ndarray:
+    """[n_i, L] arrays as one zero-padded [len(rows), max n_i, L] array."""
+    out = np.zeros((len(rows), max(len(r) for r in rows), rows[0].shape[-1]), dtype=np.float32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+def _answer_span(
+    example, context: str, features: list, results: dict[int, RawResult], entry: dict, max_answer_length: int
+) -> tuple[int, int] | None:
+    """Where in `context` the n-best `entry` lies: (start, end) character offsets, or None.
+
+    `compute_predictions` reports the answer's text and its start and end logits, not its position; the
+    window positions with those logits that form a valid span give its words, and the text's place in
+    them (found as `get_final_text` finds it) gives its characters.
+    """
+    answer = entry["text"]
+    word_starts, pos = [], 0
+    for word in example.doc_tokens:
+        pos = context.index(word, pos)
+        word_starts.append(pos)
+        pos += len(word)
+    for f in features:
+        r = results[f.unique_id]
+        for s, first in f.token_to_orig_map.items():
+            if r.start_logits[s] != entry["start_logit"] or not f.token_is_max_context.get(s, False):
+                continue
+            for e, last in f.token_to_orig_map.items():
+                if not s <= e < s + max_answer_length or r.end_logits[e] != entry["end_logit"]:
+                    continue
+                words = example.doc_tokens[first : last + 1]
+                k = " ".join(words).find(answer)
+                if k < 0:
+                    continue
+                start = _joined_to_context(words, word_starts[first:], k)
+                end = _joined_to_context(words, word_starts[first:], k + len(answer) - 1) + 1
+                return start, end
+    return None
+
+
+def _joined_to_context(words: list[str], starts: list[int], k: int) -> int:
+    """The context offset of character `k` of `" ".join(words)` (a joining space maps after its word)."""
+    for word, start in zip(words, starts):
+        if k <= len(word):
+            return start + k
+        k -= len(word) + 1
+    raise ValueError("offset past the words")
+
+
+def read_input_record(line: str, task: str) -> Any:
+    """What `task` takes from one input line, as the commands (and any caller with JSON lines) give it.
+
+    A line is plain text, or a JSON object: {"text"} or {"text", "text_pair"} for classification (a tuple
+    (text, text_pair) is returned), {"text"} for NER, embeddings and fill-mask (the text is returned),
+    {"question", "context"} for question answering (a tuple), {"context", "endings": [...]} for multiple
+    choice (a tuple). Raises `InputError` saying what is wrong, without the line's location.
+    """
+    obj = None
+    if line.lstrip().startswith("{"):
+        with contextlib.suppress(ValueError):
+            obj = json.loads(line)
+    if not isinstance(obj, dict):
+        if not line.strip():
+            raise InputError("empty line; remove it or give it some text")
+        if task in (QUESTION_ANSWERING, MULTIPLE_CHOICE):
+            example = (
+                '{"question": ..., "context": ...}'
+                if task == QUESTION_ANSWERING
+                else '{"context": ..., "endings": [...]}'
+            )
+            raise InputError(f"{task} needs a JSON object per line, e.g. {example}")
+        return (line, None) if task == CLASSIFICATION else line
+
+    def field(name: str, required: bool = True) -> Any:
+        value = obj.get(name)
+        if value is None and not required:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            what = "is missing" if value is None else "must be a non-empty string"
+            raise InputError(f'field "{name}" {what}; keys given: {", ".join(sorted(obj)) or "none"}')
+        return value
+
+    if task == QUESTION_ANSWERING:
+        return field("question"), field("context")
+    if task == MULTIPLE_CHOICE:
+        endings = obj.get("endings")
+        if (
+            not isinstance(endings, list)
+            or len(endings) < 2
+            or not all(isinstance(e, str) and e.strip() for e in endings)
+        ):
+            raise InputError('field "endings" must be a list of at least two non-empty strings')
+        return field("context"), endings
+    if task == CLASSIFICATION:
+        return field("text"), field("text_pair", required=False)
+    return field("text")
+
+
+def cosine_similarity(vectors: np.ndarray) -> np.ndarray:
+    """The [N, N] cosine similarity matrix of N vectors."""
+    v = torch.from_numpy(np.asarray(vectors, dtype=np.float32))
+    v = F.normalize(v, p=2, dim=1)
+    return (v @ v.T).numpy()
+
+
+def read_input_chunks(path: str, task: str, name: str, chunk_size: int) -> Iterator[tuple[list[int], list[Any]]]:
+    """(line numbers, records) of consecutive runs of up to `chunk_size` lines of a UTF-8 input file,
+    each line read by `read_input_record`; a bad line raises `InputError` naming `name` and its number."""
+    lines, records = [], []
+    hint = "the text through `iconv -c -f utf-8 -t utf-8`"
+    for number, line in enumerate(iter_lines(path, "utf-8", "strict", hint=hint), start=1):
+        if number == 1 and line.startswith("\ufeff"):
+            line = line[1:]
+        line = line[:-1] if line.endswith("\r") else line
+        try:
+            records.append(read_input_record(line, task))
+        except InputError as e:
+            raise InputError(f"{name} line {number}: {e}") from None
+        lines.append(number)
+        if len(records) == chunk_size:
+            yield lines, records
+            lines, records = [], []
+    if records:
+        yield lines, records
+
+
+@contextlib.contextmanager
+def located(name: str, line_numbers: Sequence[int]) -> Iterator[None]:
+    """Re-raise an `InputItemError` of a call on the records of `line_numbers` as an error naming the line."""
+    try:
+        yield
+    except InputItemError as e:
+        raise InputError(f"{name} line {line_numbers[e.index]}: {e.reason}") from None
+
+
+__all__ = [
+    "ARCHITECTURES",
+    "InputItemError",
+    "POOLINGS",
+    "Predictor",
+    "cosine_similarity",
+    "located",
+    "read_input_chunks",
+    "read_input_record",
+    "read_sentence_transformers_config",
+]

@@ -1,0 +1,488 @@
+"""bert.inference: the head chosen from config.json (or the weights), batched results equal to one
+forward pass per input and in input order, the config contract (problem types, thresholds, lengths),
+windows for long texts, NER spans on the raw characters, answers located in the context, multiple
+choice, embeddings equal to transformers' BertModel with the same pooling, fill-mask against a direct
+forward pass, sentence-transformers settings, bad input, and one call at a time across threads."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bert.checkpoint import export_tf, save_pretrained
+from bert.config import BertConfig
+from bert.errors import InputError
+from bert.inference import InputItemError, Predictor, read_input_record, read_sentence_transformers_config
+from bert.modeling import (
+    BertForMultipleChoice,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+)
+from bert.tasks.swag import SwagExample, convert_swag_examples_to_features
+from conftest import FIXTURES
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello!",
+    "A much longer sentence, with commas, numbers like 1,234.5 and a few (parenthesised) words in it.",
+    "Short one.",
+    "naïve café résumé",
+]
+
+
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+    path.write_bytes(gzip.decompress((FIXTURES / "tokenization" / "vocab_uncased.txt.gz").read_bytes()))
+    return path
+
+
+def tiny_config(vocab: Path, **overrides) -> BertConfig:
+    n = sum(1 for _ in open(vocab, encoding="utf-8"))
+    base = dict(
+        vocab_size=n,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+        hidden_act="gelu",
+    )
+    return BertConfig(**{**base, **overrides})
+
+
+def save(model, directory: Path, vocab: Path, do_lower_case: bool = True, **extra) -> Path:
+    model.config.extra.update(extra)
+    save_pretrained(model, directory, vocab, do_lower_case=do_lower_case)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def classifier_dir(vocab, tmp_path_factory):
+    torch.manual_seed(1)
+    model = BertForSequenceClassification(tiny_config(vocab), num_labels=3)
+    labels = ["neg", "neutral", "pos"]
+    return save(
+        model,
+        tmp_path_factory.mktemp("cls"),
+        vocab,
+        id2label={str(i): x for i, x in enumerate(labels)},
+        label2id={x: i for i, x in enumerate(labels)},
+        max_seq_length=24,
+    )
+
+
+def direct_logits(predictor: Predictor, ids: list[int], types: list[int] | None = None) -> torch.Tensor:
+    """One unbatched, unpadded forward pass."""
+    with torch.no_grad():
+        t = torch.tensor([ids])
+        return predictor.model(t, torch.ones_like(t), torch.tensor([types or [0] * len(ids)])).logits[0].float()
+
+
+def encode(predictor: Predictor, a: str, b: str | None = None, limit: int | None = None) -> tuple[list, list]:
+    tok = predictor.tokenizer
+    ta, tb = tok.tokenize(a), tok.tokenize(b) if b else []
+    if limit is not None:
+        ta = ta[: limit - 2]
+    ids = tok.convert_tokens_to_ids(["[CLS]", *ta, "[SEP]"])
+    types = [0] * len(ids)
+    if tb:
+        ids += tok.convert_tokens_to_ids([*tb, "[SEP]"])
+        types += [1] * (len(tb) + 1)
+    return ids, types
+
+
+# ---------------------------------------------------------------------------------------- classification
+def test_classify_batched_equals_one_at_a_time_in_input_order(classifier_dir):
+    p = Predictor.from_pretrained(classifier_dir, "cpu", batch_size=2)
+    assert (p.task, p.labels, p.problem_type, p.max_seq_length) == (
+        "classification",
+        ["neg", "neutral", "pos"],
+        "single_label_classification",
+        24,
+    )
+    inputs = [*SENTENCES, (SENTENCES[1], SENTENCES[3]), (SENTENCES[0], None)]
+    results = p.classify(inputs, top_k=0)
+    assert len(results) == len(inputs)
+    for item, result in zip(inputs, results):
+        a, b = (item, None) if isinstance(item, str) else item
+        probs = torch.softmax(direct_logits(p, *encode(p, a, b, limit=24)), -1).numpy()
+        best = int(probs.argmax())
+        assert result["label"] == p.labels[best]
+        assert result["score"] == pytest.approx(float(probs[best]), abs=1e-6)
+        scores = [s["score"] for s in result["scores"]]
+        assert scores == sorted(scores, reverse=True) and len(scores) == 3
+        assert sum(scores) == pytest.approx(1.0, abs=1e-5)
+    assert "scores" not in p.classify(SENTENCES[:1])[0]
+    assert len(p.classify(SENTENCES[:1], top_k=2)[0]["scores"]) == 2
+
+
+def test_multi_label_thresholds_and_regression(vocab, tmp_path):
+    torch.manual_seed(2)
+    model = BertForSequenceClassification(tiny_config(vocab), num_labels=3)
+    labels = ["a", "b", "c"]
+    with torch.no_grad():
+        model.classifier.bias.copy_(torch.tensor([3.0, 0.0, -3.0]))  # sigmoid ~ 0.95, 0.5, 0.05
+    directory = save(
+        model,
+        tmp_path / "ml",
+        vocab,
+        problem_type="multi_label_classification",
+        id2label={str(i): x for i, x in enumerate(labels)},
+        label_thresholds={"a": 0.99, "c": 0.01},
+    )
+    p = Predictor.from_pretrained(directory, "cpu")
+    assert p.label_thresholds == {"a": 0.99, "b": 0.5, "c": 0.01}
+    for text, result in zip(SENTENCES, p.classify(SENTENCES, top_k=0)):
+        sig = torch.sigmoid(direct_logits(p, *encode(p, text))).numpy()
+        expected = [x for x, s, t in zip(labels, sig, (0.99, 0.5, 0.01)) if s >= t]
+        assert sorted(r["label"] for r in result["labels"]) == sorted(expected)
+        assert {r["label"]: r["score"] for r in result["scores"]} == pytest.approx(dict(zip(labels, sig)), abs=1e-6)
+
+    reg = BertForSequenceClassification(tiny_config(vocab), num_labels=1)
+    p = Predictor.from_pretrained(save(reg, tmp_path / "reg", vocab), "cpu")
+    assert p.problem_type == "regression"
+    result = p.classify(SENTENCES[:2])
+    assert set(result[0]) == {"score"}
+    assert result[1]["score"] == pytest.approx(float(direct_logits(p, *encode(p, SENTENCES[1]))[0]), abs=1e-5)
+
+
+def test_long_document_windows(classifier_dir):
+    p = Predictor.from_pretrained(classifier_dir, "cpu")
+    short = SENTENCES[0]
+    # A text that fits one window gets exactly its truncate result.
+    assert p.classify([short], long_document="windows") == p.classify([short])
+    long_text = " ".join(SENTENCES * 3)
+    tokens = p.tokenizer.tokenize(long_text)
+    assert len(tokens) > 3 * 22
+    ids = p.tokenizer.convert_tokens_to_ids(tokens)
+    cls, sep = p.tokenizer.vocab["[CLS]"], p.tokenizer.vocab["[SEP]"]
+    windows, start = [], 0
+    while True:  # 22 tokens per window (24 minus [CLS] and [SEP]), 10 apart
+        windows.append([cls, *ids[start : start + 22], sep])
+        if start + 22 >= len(ids):
+            break
+        start += 10
+    mean = torch.stack([direct_logits(p, w) for w in windows]).mean(0)
+    result = p.classify([long_text, short], long_document="windows", doc_stride=10, top_k=0)
+    probs = torch.softmax(mean, -1).numpy()
+    assert {s["label"]: s["score"] for s in result[0]["scores"]} == pytest.approx(dict(zip(p.labels, probs)), abs=1e-5)
+    assert result[1] == p.classify([short], top_k=0)[0]
+    truncated = p.classify([long_text], top_k=0)[0]
+    direct = torch.softmax(direct_logits(p, windows[0]), -1).numpy()
+    assert {s["label"]: s["score"] for s in truncated["scores"]} == pytest.approx(dict(zip(p.labels, direct)), abs=1e-5)
+
+
+def test_tokenizer_settings_come_from_the_model(vocab, tmp_path):
+    model = BertForSequenceClassification(tiny_config(vocab), num_labels=2)
+    cased = Predictor.from_pretrained(save(model, tmp_path / "cased", vocab, do_lower_case=False), "cpu")
+    assert cased.tokenizer.tokenize("Hello") == ["[UNK]"]  # the uncased vocab has no "Hello"
+    uncased = Predictor.from_pretrained(save(model, tmp_path / "uncased", vocab, do_lower_case=True), "cpu")
+    assert uncased.tokenizer.tokenize("Hello") == ["hello"]
+    assert Predictor.from_pretrained(tmp_path / "cased", "cpu", do_lower_case=True).tokenizer.tokenize("Hello") == [
+        "hello"
+    ]
+
+
+def test_head_comes_from_the_weights_of_a_tf_checkpoint(vocab, tmp_path):
+    torch.manual_seed(3)
+    model = BertForQuestionAnswering(tiny_config(vocab))
+    prefix = export_tf(model, tmp_path / "tf", vocab, do_lower_case=True)
+    p = Predictor.from_pretrained(prefix, "cpu")
+    assert p.architecture == "BertForQuestionAnswering" and p.max_seq_length == 64  # 384 capped by the positions
+    assert torch.equal(p.model.qa_outputs.weight, model.qa_outputs.weight)
+
+
+# ------------------------------------------------------------------------------------------------- NER
+@pytest.fixture(scope="module")
+def tagger_dir(vocab, tmp_path_factory):
+    model = BertForTokenClassification(tiny_config(vocab), num_labels=3)
+    labels = ["O", "B-PER", "I-PER"]
+    return model, labels, tmp_path_factory.mktemp("ner"), vocab
+
+
+def rigged_tagger(tagger_dir, favourite: str) -> Predictor:
+    """A tagger that tags every word `favourite` (the head's bias dominates)."""
+    model, labels, directory, vocab = tagger_dir
+    with torch.no_grad():
+        model.classifier.weight.zero_()
+        model.classifier.bias.copy_(torch.tensor([10.0 if x == favourite else 0.0 for x in labels]))
+    save(model, directory / favourite, vocab, id2label={str(i): x for i, x in enumerate(labels)})
+    return Predictor.from_pretrained(directory / favourite, "cpu")
+
+
+def test_ner_spans_are_raw_characters(tagger_dir):
+    text = "  John  Smith-Jones,\tof New\u00a0York (N.Y.)  "
+    p = rigged_tagger(tagger_dir, "I-PER")  # IOB1: one chunk over every word
+    [words] = p.tag_words([text])
+    assert [w["word"] for w in words] == [
+        "John",
+        "Smith",
+        "-",
+        "Jones",
+        ",",
+        "of",
+        "New",
+        "York",
+        "(",
+        "N",
+        ".",
+        "Y",
+        ".",
+        ")",
+    ]
+    for w in words:
+        assert text[w["start"] : w["end"]] == w["word"] and w["label"] == "I-PER"
+        assert w["score"] == pytest.approx(np.exp(10) / (np.exp(10) + 2), rel=1e-5)
+    [entities] = p.ner([text])
+    start, end = text.index("John"), text.index(")") + 1
+    assert entities == [
+        {
+            "entity": "PER",
+            "start": start,
+            "end": end,
+            "text": text[start:end],
+            "score": pytest.approx(words[0]["score"]),
+        }
+    ]
+    p = rigged_tagger(tagger_dir, "B-PER")  # every word its own entity
+    [entities] = p.ner([text])
+    assert [e["text"] for e in entities] == [w["word"] for w in words]
+    assert [text[e["start"] : e["end"]] for e in entities] == [e["text"] for e in entities]
+    assert rigged_tagger(tagger_dir, "O").ner([text, "x"]) == [[], []]
+
+
+def test_ner_long_text_is_tagged_in_windows(tagger_dir):
+    p = rigged_tagger(tagger_dir, "B-PER")
+    text = " ".join(f"w{i}" for i in range(200))  # far more pieces than 64 positions
+    [words] = p.tag_words([text])
+    assert len(words) == 200 and all(w["label"] == "B-PER" for w in words)
+
+
+# ------------------------------------------------------------------------------------- question answering
+def test_answer_is_located_in_the_context(vocab, tmp_path):
+    torch.manual_seed(4)
+    model = BertForQuestionAnswering(tiny_config(vocab, max_position_embeddings=48))
+    p = Predictor.from_pretrained(save(model, tmp_path / "qa", vocab, doc_stride=8, max_query_length=8), "cpu")
+    assert p.max_seq_length == 48 and p.doc_stride == 8
+    context = "  The  Normans (Norman: Nourmands; French: Normands)\n were the people who, in the 10th and 11th " * 4
+    questions = ["Who were the Normans?", "When?", "What is French for them?"]
+    results = p.answer(questions, [context] * 3)
+    for r in results:
+        assert r["answer"] and 0 <= r["start"] < r["end"] <= len(context)
+        assert " ".join(context[r["start"] : r["end"]].split()) == r["answer"]
+        assert 0 < r["score"] <= 1
+
+
+def test_squad_v2_no_answer(vocab, tmp_path):
+    model = BertForQuestionAnswering(tiny_config(vocab))
+    with torch.no_grad():  # [CLS] wins: every position but 0 scores the same, the null score is higher
+        model.qa_outputs.weight.zero_()
+        model.qa_outputs.bias.zero_()
+    directory = save(model, tmp_path / "v2", vocab, version_2_with_negative=True, null_score_diff_threshold=-1.0)
+    p = Predictor.from_pretrained(directory, "cpu")
+    [r] = p.answer(["Who?"], ["Nobody was there."])
+    assert r["answer"] is None and r["start"] is None and 0 < r["score"] < 1
+
+
+# ---------------------------------------------------------------------------------------- multiple choice
+def test_choose_equals_padded_swag_batches(vocab, tmp_path):
+    torch.manual_seed(5)
+    model = BertForMultipleChoice(tiny_config(vocab))
+    p = Predictor.from_pretrained(save(model, tmp_path / "mc", vocab, max_seq_length=20), "cpu")
+    contexts = ["A man sits at a piano.", "She opens the door"]
+    endings = [["He plays a song.", "He eats the piano whole, slowly.", "It rains."], ["and walks in.", "x"]]
+    results = p.choose(contexts, endings)
+    for context, ends, result in zip(contexts, endings, results):
+        [f] = convert_swag_examples_to_features([SwagExample("0", context, "", ends)], 20, p.tokenizer, pad=True)
+        with torch.no_grad():
+            logits = p.model(
+                torch.tensor([f.input_ids]), torch.tensor([f.input_mask]), torch.tensor([f.segment_ids])
+            ).logits[0]
+        expected = torch.softmax(logits, -1).tolist()
+        assert result["scores"] == pytest.approx(expected, abs=1e-5)
+        assert result["choice"] == int(np.argmax(expected)) and result["ending"] == ends[result["choice"]]
+
+
+# ------------------------------------------------------------------------------------------- embeddings
+def test_embeddings_equal_transformers_bert_model(vocab, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(6)
+    directory = save(BertModel(tiny_config(vocab)), tmp_path / "enc", vocab)
+    p = Predictor.from_pretrained(directory, "cpu", batch_size=2)
+    hf = transformers.BertModel.from_pretrained(str(directory)).eval()
+    batch = [encode(p, s)[0] for s in SENTENCES]
+    T = max(map(len, batch))
+    ids = torch.tensor([b + [0] * (T - len(b)) for b in batch])
+    mask = (ids != 0).long()
+    with torch.no_grad():
+        out = hf(input_ids=ids, attention_mask=mask)
+    hidden, m = out.last_hidden_state, mask[:, :, None].float()
+    pooled = {
+        "cls": hidden[:, 0],
+        "mean": (hidden * m).sum(1) / m.sum(1),
+        "max": hidden.masked_fill(m == 0, -1e9).max(1).values,
+        "pooler": out.pooler_output,
+    }
+    for pooling, expected in pooled.items():
+        ours = p.embed(SENTENCES, pooling=pooling)
+        assert ours.dtype == np.float32 and ours.shape == (len(SENTENCES), 32)
+        np.testing.assert_allclose(ours, expected.numpy(), atol=1e-5, rtol=0, err_msg=pooling)
+        normalized = torch.nn.functional.normalize(expected, dim=1).numpy()
+        np.testing.assert_allclose(p.embed(SENTENCES, pooling=pooling, normalize=True), normalized, atol=1e-5, rtol=0)
+
+
+def test_embeddings_are_cut_to_max_seq_length_and_not_normalized_by_default(vocab, tmp_path):
+    directory = save(BertModel(tiny_config(vocab)), tmp_path / "enc", vocab)
+    p = Predictor.from_pretrained(directory, "cpu", max_seq_length=8)
+    long_text = SENTENCES[2]
+    [v] = p.embed([long_text], pooling="cls")
+    ids = encode(p, long_text, limit=8)[0]
+    with torch.no_grad():
+        direct = p.model(torch.tensor([ids])).sequence_output[0, 0].numpy()
+    np.testing.assert_allclose(v, direct, atol=1e-5)
+    assert p.default_pooling == "mean" and not p.default_normalize
+    assert abs(float(np.linalg.norm(p.embed(["x"])[0])) - 1) > 1e-3
+
+
+def test_sentence_transformers_settings(vocab, tmp_path):
+    directory = save(BertModel(tiny_config(vocab)), tmp_path / "st", vocab)
+    (directory / "1_Pooling").mkdir()
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    (directory / "modules.json").write_text(json.dumps(modules))
+    pooling = {"pooling_mode_cls_token": False, "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": True}
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 10, "do_lower_case": False}))
+    st = read_sentence_transformers_config(directory)
+    assert (st.pooling, st.normalize, st.max_seq_length) == ("max", True, 10)
+    p = Predictor.from_pretrained(directory, "cpu")
+    assert p.max_seq_length == 10
+    np.testing.assert_array_equal(p.embed(SENTENCES), p.embed(SENTENCES, pooling="max", normalize=True))
+    modules.insert(2, {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    (directory / "modules.json").write_text(json.dumps(modules))
+    p = Predictor.from_pretrained(directory, "cpu")
+    with pytest.raises(InputError, match="a Dense module"):
+        p.embed(SENTENCES)
+    assert p.embed(SENTENCES, pooling="cls").shape == (5, 32)
+
+
+# -------------------------------------------------------------------------------------------- fill-mask
+def test_fill_mask_matches_a_direct_forward_pass(vocab, tmp_path):
+    torch.manual_seed(7)
+    model = BertForPreTraining(tiny_config(vocab)).eval()
+    p = Predictor.from_pretrained(save(model, tmp_path / "mlm", vocab), "cpu", batch_size=2)
+    texts = ["The capital of France is [MASK].", "[MASK] [MASK] went home", "play[MASK] now", "A [MASK]."]
+    results = p.fill_mask(texts, top_k=4)
+    tok = p.tokenizer
+    for text, result in zip(texts, results):
+        parts = text.split("[MASK]")
+        ids, positions = [tok.vocab["[CLS]"]], []
+        for j, part in enumerate(parts):
+            ids += tok.convert_tokens_to_ids(tok.tokenize(part))
+            if j < len(parts) - 1:
+                positions.append(len(ids))
+                ids.append(tok.vocab["[MASK]"])
+        ids.append(tok.vocab["[SEP]"])
+        with torch.no_grad():
+            probs = torch.softmax(model(torch.tensor([ids])).mlm_logits[0], -1)  # [T, V] at every position
+        assert len(result["masks"]) == len(positions)
+        for mask, pos in zip(result["masks"], positions):
+            assert text[mask["start"] : mask["end"]] == "[MASK]"
+            scores = [x["score"] for x in mask["predictions"]]
+            assert len(scores) == 4 and scores == sorted(scores, reverse=True) and sum(scores) <= 1
+            top = probs[pos].topk(4)
+            assert [x["token_id"] for x in mask["predictions"]] == top.indices.tolist()
+            assert scores == pytest.approx(top.values.tolist(), abs=1e-6)
+            assert [x["token"] for x in mask["predictions"]] == tok.convert_ids_to_tokens(top.indices.tolist())
+
+
+def test_fill_mask_whole_words(vocab, tmp_path):
+    model = BertForPreTraining(tiny_config(vocab))
+    p = Predictor.from_pretrained(save(model, tmp_path / "mlm", vocab), "cpu")
+    ing = p.tokenizer.vocab["##ing"]
+    with torch.no_grad():  # rig the head: "##ing" everywhere
+        p.model.cls.predictions.bias.zero_()
+        p.model.cls.predictions.bias[ing] = 100.0
+    [r] = p.fill_mask(["I like play [MASK] games."], top_k=2)
+    top = r["masks"][0]["predictions"][0]
+    assert (top["token"], top["word"]) == ("##ing", "playing")
+    assert r["sequence"] == "I like playing games."
+
+
+# ------------------------------------------------------------------------------------------- bad input
+def test_bad_input(vocab, tmp_path, classifier_dir):
+    pretrained = save(BertForPreTraining(tiny_config(vocab)), tmp_path / "pt", vocab)
+    p = Predictor.from_pretrained(pretrained, "cpu")
+    with pytest.raises(InputError, match="without a classification head; fine-tune it with `bert classify`"):
+        p.classify(["x"])
+    with pytest.raises(InputItemError, match=r"input 1: no \[MASK\]") as e:
+        p.fill_mask(["a [MASK]", "b"])
+    assert e.value.index == 1
+    with pytest.raises(InputItemError, match="more than max_seq_length=64"):
+        p.fill_mask(["word " * 70 + "[MASK]"])
+    encoder = Predictor.from_pretrained(save(BertModel(tiny_config(vocab)), tmp_path / "enc", vocab), "cpu")
+    with pytest.raises(InputError, match="without a fill-mask head"):
+        encoder.fill_mask(["a [MASK]"])
+    c = Predictor.from_pretrained(classifier_dir, "cpu")
+    with pytest.raises(InputItemError, match="input 2: the text must be a non-empty string"):
+        c.classify(["a", "b", "  "])
+    with pytest.raises(InputItemError, match="text_pair has"):
+        c.classify([("a", "word " * 30)], long_document="windows")
+    with pytest.raises(InputError, match="max_seq_length=100 must be between 3 and max_position_embeddings=64"):
+        Predictor.from_pretrained(classifier_dir, "cpu", max_seq_length=100)
+    config = json.loads((tmp_path / "enc" / "config.json").read_text())
+    (tmp_path / "enc" / "config.json").write_text(json.dumps({**config, "architectures": ["BertForQuestionAnswering"]}))
+    with pytest.raises(InputError, match=r"lack 2 of BertForQuestionAnswering's \(e.g. qa_outputs.weight\)"):
+        Predictor.from_pretrained(tmp_path / "enc", "cpu")
+
+
+def test_read_input_record():
+    assert read_input_record("plain text", "classification") == ("plain text", None)
+    assert read_input_record('{"text": "a", "text_pair": "b"}', "classification") == ("a", "b")
+    assert read_input_record('{"text": "a"}', "embeddings") == "a"
+    assert read_input_record("{not json", "fill-mask") == "{not json"
+    assert read_input_record('{"question": "q", "context": "c"}', "question-answering") == ("q", "c")
+    assert read_input_record('{"context": "c", "endings": ["x", "y"]}', "multiple-choice") == ("c", ["x", "y"])
+    for line, task, message in [
+        ("", "embeddings", "empty line"),
+        ('{"question": "q"}', "question-answering", 'field "context" is missing; keys given: question'),
+        ("plain", "question-answering", "needs a JSON object per line"),
+        ('{"context": "c", "endings": ["x"]}', "multiple-choice", "at least two"),
+        ('{"text": ""}', "classification", 'field "text" must be a non-empty string'),
+    ]:
+        with pytest.raises(InputError, match=message):
+            read_input_record(line, task)
+
+
+def test_calls_from_several_threads_run_one_at_a_time(classifier_dir):
+    p = Predictor.from_pretrained(classifier_dir, "cpu", batch_size=2)
+    expected = p.classify(SENTENCES, top_k=0)
+    results, errors = [], []
+
+    def work():
+        try:
+            for _ in range(3):
+                results.append(p.classify(SENTENCES, top_k=0))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and len(results) == 12
+    assert all(r == expected for r in results)
