@@ -117,6 +117,12 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "run_convert",
         "convert a checkpoint between TF, HF and native formats",
     ),
+    "export": (
+        "bert.commands.export",
+        "ExportArgs",
+        "run_export",
+        "a model directory -> ONNX or TorchScript (optionally int8), checked against the eager model",
+    ),
     "evaluate-squad": (
         "bert.commands.evaluate_squad",
         "EvaluateSquadArgs",

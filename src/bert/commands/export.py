@@ -1,0 +1,46 @@
+"""`bert export`: a model directory -> one ONNX or TorchScript file, checked against the eager model."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from bert.export import FORMATS, export
+from bert.quantization import QUANTIZE_CHOICES
+from bert.utils import atomic_write
+
+
+@dataclass
+class ExportArgs:
+    """Export a model to ONNX or TorchScript for serving: inputs input_ids, attention_mask, token_type_ids
+    (batch and sequence axes dynamic), transformers' output names. The file is checked against the eager
+    model on padded batches of several shapes before it is written; config.json, vocab.txt and
+    tokenizer_config.json are copied beside it."""
+
+    model: str = field(
+        metadata={
+            "help": "Model directory (native or transformers layout); the head is config.json's architectures[0]."
+        }
+    )
+    output: str = field(
+        metadata={"help": "File to write; a directory (existing, or ending in /) gets model.onnx or model.pt inside."}
+    )
+    format: str = field(default="onnx", metadata={"help": "Exported format.", "choices": list(FORMATS)})
+    quantize: str = field(
+        default="none",
+        metadata={
+            "help": "int8: dynamic int8 quantization of the Linear layers for CPU inference (ONNX: ONNX Runtime's "
+            "quantizer; TorchScript: torch's).",
+            "choices": list(QUANTIZE_CHOICES),
+        },
+    )
+
+
+def run_export(args: ExportArgs) -> dict:
+    """Export, check and write; returns what `bert.export.export` returns. Records the args and the check's
+    result in OUTPUT.args.json."""
+    result = export(args.model, args.format, args.output, quantize=args.quantize)
+    with atomic_write(result["output"] + ".args.json") as f:
+        json.dump({"command": "export", "args": asdict(args), "result": result}, f, indent=2)
+        f.write("\n")
+    return result
