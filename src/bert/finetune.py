@@ -74,7 +74,7 @@ from bert.training import (
     list_checkpoints,
     to_device,
 )
-from bert.utils import atomic_write
+from bert.utils import atomic_write, progress
 
 logger = logging.getLogger(__name__)
 
@@ -301,17 +301,20 @@ def predict(
     precision: str = "fp32",
     group_by_length: bool = True,
     pad_to: int | None = None,
+    desc: str = "predict",
 ) -> Predictions:
     """Run `model` (unwrapped) over `features` in batches of `batch_size`, sorted by length when
     `group_by_length`, each padded to its longest feature or to `pad_to`. Under torchrun every rank
-    runs every world_size-th batch and all ranks receive all outputs. The loss terms are the head's."""
+    runs every world_size-th batch and all ranks receive all outputs. The loss terms are the head's.
+    `desc` labels the progress bar."""
     lengths = np.array([task.feature_length(f) for f in features])
     order = np.argsort(-lengths, kind="stable") if group_by_length else np.arange(len(features))
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     was_training = model.training
     model.eval()
     mine: list[tuple[np.ndarray, list[np.ndarray], np.ndarray, np.ndarray]] = []
-    for idx in batches[dist.rank :: dist.world_size]:
+    mine_batches = batches[dist.rank :: dist.world_size]
+    for idx in progress(mine_batches, desc=desc, unit="batch", disable=not dist.is_main):
         arrays = task.collate([features[i] for i in idx], pad_to)
         with autocast(dist.device, precision):
             out = model(**to_device(to_tensors(arrays), dist.device))
@@ -669,6 +672,7 @@ class _FinetuneRun:
             args.precision,
             args.group_by_length,
             self.pad_to,
+            desc=f"{self.task.command} eval",
         )
         results = {**self.task.metrics(examples, features, pred.outputs), **loss_metrics(pred, args.eval_batch_size)}
         results["global_step"] = step
@@ -689,6 +693,7 @@ class _FinetuneRun:
             args.precision,
             args.group_by_length,
             self.pad_to,
+            desc=f"{self.task.command} predict",
         )
         written = None
         if self.dist.is_main:
@@ -711,7 +716,7 @@ class _FinetuneRun:
             examples_per_step=args.train_batch_size,
             vocab_file=self.files.vocab_file,
             do_lower_case=args.do_lower_case,
-            desc=task.command,
+            desc=f"{task.command} train",
         )
         trainer = training.Trainer(self.model, self.wrapped, optimizer, scheduler, dist, self.output_dir, settings)
         torch.manual_seed(args.seed + dist.rank)  # dropout differs across ranks, as their examples do

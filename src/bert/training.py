@@ -51,14 +51,13 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
 
 from bert.checkpoint import CONFIG_NAME, save_pretrained
 from bert.config import SHAPE_FIELDS, BertConfig
 from bert.errors import InputError
 from bert.formats.tensorboard import EventWriter
 from bert.optimization import clip_grad_norm
-from bert.utils import write_run_info
+from bert.utils import log_to_file, progress, write_run_info
 
 logger = logging.getLogger(__name__)
 
@@ -496,28 +495,6 @@ class MetricsLogger:
         self.events.close()
 
 
-@contextlib.contextmanager
-def log_to_file(path: str | os.PathLike, main: bool = True):
-    """Within the block, also log this package's INFO messages to `path` (on the main process; the other
-    ranks log warnings only). Handlers set up by the caller (the CLI's, pytest's) are left in place."""
-    package = logging.getLogger("bert")
-    level = package.level
-    package.setLevel(logging.INFO if main else logging.WARNING)
-    handler = None
-    if main:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(path, encoding="utf-8")
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        package.addHandler(handler)
-    try:
-        yield
-    finally:
-        package.setLevel(level)
-        if handler is not None:
-            package.removeHandler(handler)
-            handler.close()
-
-
 def pin_memory(item: Any) -> Any:
     """`item` (tensors in lists and dicts) with every tensor in page-locked memory."""
     if isinstance(item, torch.Tensor):
@@ -759,13 +736,12 @@ class Trainer:
         if dist.is_main:
             remove_incomplete(self.output_dir)
         metrics_logger = MetricsLogger(self.output_dir, self.global_step) if dist.is_main else None
-        bar = tqdm(
+        bar = progress(
             total=num_train_steps,
             initial=self.global_step,
             desc=self.settings.desc,
             unit="step",
             disable=not dist.is_main,
-            dynamic_ncols=True,
         )
         self.wrapped.train()
         window: dict[str, torch.Tensor] = {}

@@ -9,7 +9,7 @@ from pathlib import Path
 from bert import checkpoint
 from bert.errors import InputError
 from bert.modeling import MODEL_CLASSES
-from bert.utils import write_run_info
+from bert.utils import log_to_file, write_run_info
 
 logger = logging.getLogger(__name__)
 
@@ -48,14 +48,16 @@ def run_convert(args: ConvertArgs) -> dict:
     do_lower_case = (
         args.do_lower_case if args.do_lower_case is not None else src.tokenizer_settings.get("do_lower_case")
     )
-    model = checkpoint.load_pretrained(MODEL_CLASSES[args.model_class], args.input, config=src.config, checkpoint=src)
     out = Path(args.output)
-    if args.format == "tf":
-        checkpoint.export_tf(model, out, vocab_file=vocab_file, do_lower_case=do_lower_case)
-    else:
-        checkpoint.save_pretrained(
-            model, out, vocab_file=vocab_file, do_lower_case=do_lower_case, hf_layout=args.format == "hf"
-        )
-    write_run_info(out, "convert", args)
-    logger.info("wrote %s checkpoint of %s to %s", args.format, args.model_class, out)
+    with log_to_file(out / "log.txt"):
+        model_class = MODEL_CLASSES[args.model_class]
+        model = checkpoint.load_pretrained(model_class, args.input, config=src.config, checkpoint=src)
+        if args.format == "tf":
+            checkpoint.export_tf(model, out, vocab_file=vocab_file, do_lower_case=do_lower_case)
+        else:
+            checkpoint.save_pretrained(
+                model, out, vocab_file=vocab_file, do_lower_case=do_lower_case, hf_layout=args.format == "hf"
+            )
+        write_run_info(out, "convert", args)
+        logger.info("wrote %s checkpoint of %s to %s", args.format, args.model_class, out)
     return {"output": str(out), "format": args.format, "num_tensors": len(model.state_dict())}

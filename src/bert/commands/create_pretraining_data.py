@@ -19,7 +19,7 @@ from bert.pretraining.create import create_pretraining_data
 from bert.pretraining.instances import SPECIAL_TOKENS
 from bert.pretraining.streaming import GenerationSettings
 from bert.tokenization import FullTokenizer
-from bert.utils import DECODE_ERRORS, expand_input_files
+from bert.utils import DECODE_ERRORS, expand_input_files, log_to_file
 
 
 @dataclass
@@ -147,8 +147,17 @@ def _validate(args: CreatePretrainingDataArgs) -> tuple[list[str], list[str], st
 
 
 def run_create_pretraining_data(args: CreatePretrainingDataArgs) -> dict[str, Any]:
-    """Run the command: compat or streaming generator, TFRecord or native output. Returns the statistics."""
+    """Run the command: compat or streaming generator, TFRecord or native output. Returns the statistics.
+
+    The log (the original's, with its first instances) goes to `<first output>.log.txt`, beside the
+    output, since the output itself appears only when it is complete.
+    """
     inputs, outputs, fmt, tokenizer = _validate(args)
+    with log_to_file(f"{Path(outputs[0])}.log.txt"):
+        return _create(args, inputs, outputs, fmt, tokenizer)
+
+
+def _create(args: CreatePretrainingDataArgs, inputs: list[str], outputs: list[str], fmt: str, tokenizer: Any) -> dict:
     settings = GenerationSettings(
         vocab_file=args.vocab_file,
         do_lower_case=args.do_lower_case,

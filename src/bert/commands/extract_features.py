@@ -19,7 +19,7 @@ from bert.errors import InputError
 from bert.extract_features import convert_examples_to_features, demo_file, extract, parse_layers, read_examples
 from bert.modeling import BertModel
 from bert.tokenization import FullTokenizer, load_vocab
-from bert.utils import atomic_write
+from bert.utils import atomic_write, log_to_file
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,11 @@ def run_extract_features(args: ExtractFeaturesArgs) -> dict:
     if args.max_seq_length < 3:
         raise InputError(f"--max_seq_length={args.max_seq_length} leaves no room for [CLS] and [SEP]; use at least 3")
     layer_indexes = parse_layers(args.layers, config.num_hidden_layers)
+    with log_to_file(f"{args.output_file}.log.txt"):
+        return _extract(args, input_file, init_checkpoint, ckpt, config, vocab_file, layer_indexes)
 
+
+def _extract(args: ExtractFeaturesArgs, input_file, init_checkpoint, ckpt, config, vocab_file, layer_indexes) -> dict:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = load_pretrained(BertModel, init_checkpoint, config=config, checkpoint=ckpt).to(device).eval()
     tokenizer = FullTokenizer(vocab_file, do_lower_case=args.do_lower_case)

@@ -10,11 +10,9 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from tqdm import tqdm
-
 from bert.errors import InputError
 from bert.pretraining.corpus import PARAGRAPH_MODES, SENTENCE_SPLITTERS, make_sentence_splitter, prepare_corpus
-from bert.utils import DECODE_ERRORS, expand_input_files
+from bert.utils import DECODE_ERRORS, expand_input_files, log_to_file, progress
 
 logger = logging.getLogger(__name__)
 
@@ -69,30 +67,31 @@ def run_prepare_corpus(args: PrepareCorpusArgs) -> dict:
         raise InputError(f"--num_workers={args.num_workers} must be at least 1")
     files = expand_input_files(args.input_file)
     make_sentence_splitter(args.sentence_splitter)  # fail early when the package is missing
-    start = time.time()
-    in_bytes = sum(os.path.getsize(f) for f in files)
-    with tqdm(total=len(files), unit="file", desc="prepare-corpus") as bar:
-        n_docs, n_sents = prepare_corpus(
-            files,
+    with log_to_file(f"{args.output_file}.log.txt"):
+        start = time.time()
+        in_bytes = sum(os.path.getsize(f) for f in files)
+        with progress(total=len(files), unit="file", desc="prepare-corpus") as bar:
+            n_docs, n_sents = prepare_corpus(
+                files,
+                args.output_file,
+                args.sentence_splitter,
+                args.split_chapters,
+                args.paragraph_mode,
+                args.strip_gutenberg,
+                args.encoding,
+                args.decode_errors,
+                args.num_workers,
+                on_file_done=lambda: bar.update(1),
+            )
+        seconds = time.time() - start
+        logger.info(
+            "Wrote %d documents, %d sentences from %d files to %s in %.1f s",
+            n_docs,
+            n_sents,
+            len(files),
             args.output_file,
-            args.sentence_splitter,
-            args.split_chapters,
-            args.paragraph_mode,
-            args.strip_gutenberg,
-            args.encoding,
-            args.decode_errors,
-            args.num_workers,
-            on_file_done=lambda: bar.update(1),
+            seconds,
         )
-    seconds = time.time() - start
-    logger.info(
-        "Wrote %d documents, %d sentences from %d files to %s in %.1f s",
-        n_docs,
-        n_sents,
-        len(files),
-        args.output_file,
-        seconds,
-    )
     return {
         "files": len(files),
         "documents": n_docs,

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from bert import __version__
 from bert.errors import InputError
@@ -45,7 +44,7 @@ from bert.pretraining.streaming import (
     record_stats,
     text_size,
 )
-from bert.utils import atomic_write, write_run_info
+from bert.utils import atomic_write, progress, write_run_info
 
 logger = logging.getLogger(__name__)
 
@@ -352,7 +351,7 @@ def _generate_streaming(
     total_mb = sum(text_size(p) for p in inputs) / 1e6
     buffer_chars = max(1, int(buffer_mb * 1e6))
     buffers = iter_buffers(inputs, buffer_chars, settings.random_seed, decode_errors)
-    with tqdm(total=round(total_mb, 2), unit="MB", desc="create-pretraining-data") as bar:
+    with progress(total=round(total_mb, 2), unit="MB", desc="create-pretraining-data") as bar:
 
         def collect(result: tuple[int, int, dict[str, Any]], chars: int) -> None:
             sink.add_part(*result)
