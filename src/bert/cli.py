@@ -106,6 +106,18 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "run_evaluate_squad",
         "score SQuAD predictions with the official v1.1/v2.0 evaluation",
     ),
+    "plot": (
+        "bert.commands.plot",
+        "PlotArgs",
+        "run_plot",
+        "training curves of one or more runs on the same axes (curves.png)",
+    ),
+    "env": (
+        "bert.commands.env",
+        "EnvArgs",
+        "run_env",
+        "versions, threads, devices and optional extras, for bug reports",
+    ),
 }
 
 VERBOSE_HELP = "Also print the INFO log (what the command's log file holds) on the terminal."

@@ -30,7 +30,8 @@ every task, following run_classifier.py's `main`:
    (`--metric_for_best_model`, a task default otherwise) is kept, and `--early_stopping_patience=K`
    stops training after K evaluations without improvement. The final evaluation and predictions then
    use the best checkpoint. Without it they use the last step's weights.
-6. Outputs in `--output_dir`: `args.json`, `log.txt`, `metrics.jsonl`, the checkpoints, `model/` (the
+6. Outputs in `--output_dir`: `args.json`, `log.txt`, `metrics.jsonl` (and `curves.png`, drawn from it
+   and the final evaluation, with the `plot` extra), the checkpoints, `model/` (the
    model the final evaluation and predictions used, in the native layout with `vocab.txt` and the
    tokenizer settings, loadable with `from_pretrained`; the label list is saved in its `config.json` as
    `id2label`), `eval_results.txt` (sorted `key = value`, the original's keys `eval_accuracy`,
@@ -63,6 +64,7 @@ from bert.formats.results import write_results
 from bert.formats.tensorboard import EventWriter
 from bert.modeling import MODEL_CLASSES, num_parameters
 from bert.optimization import create_optimizer
+from bert.plotting import CURVES_NAME, try_plot
 from bert.tasks.common import FinetuneTask, num_train_steps, num_warmup_steps
 from bert.tokenization import FullTokenizer, load_vocab, validate_case_matches_checkpoint
 from bert.training import (
@@ -618,6 +620,8 @@ class _FinetuneRun:
             result["eval"] = ev["results"]
         if args.do_predict:
             result["predict"] = self.predict_test_set()
+        if self.dist.is_main and (self.output_dir / METRICS_NAME).is_file():
+            try_plot([self.output_dir], self.output_dir / CURVES_NAME)
         return result
 
     def features_of(self, examples: Sequence) -> list:

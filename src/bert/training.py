@@ -57,6 +57,7 @@ from bert.config import SHAPE_FIELDS, BertConfig
 from bert.errors import InputError
 from bert.formats.tensorboard import EventWriter
 from bert.optimization import clip_grad_norm
+from bert.plotting import METRICS_NAME
 from bert.utils import log_to_file, progress, write_run_info
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,6 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 CHECKPOINT_PREFIX = "checkpoint-"
 TRAINING_STATE_NAME = "training_state.pt"
 TRAINER_STATE_NAME = "trainer_state.json"
-METRICS_NAME = "metrics.jsonl"
 
 
 _TPU = "Accepted for compatibility with the original scripts; TPUs are not supported."

@@ -15,7 +15,7 @@ import torch
 
 from bert.commands.classify import ClassifyArgs, run_classify
 from bert.metrics import f1_binary
-from conftest import cli_error, save_tiny_model, shared_path, write_tiny_config
+from conftest import check_curves, cli_error, save_tiny_model, shared_path, write_tiny_config
 
 README_FLAGS = dict(
     do_train=True,
@@ -318,6 +318,8 @@ def test_eval_every_steps_keeps_the_best_checkpoint_and_stops_early(model_files,
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-6"]
     evals = [json.loads(s) for s in (out / "metrics.jsonl").read_text().splitlines() if "eval_accuracy" in s]
     assert [e["step"] for e in evals] == [2, 4, 6]
+    # The curves: the evaluations over steps (the final one, of the best step 2, is not drawn twice).
+    assert check_curves(out)["runs"][0]["eval"]["eval_accuracy"]["steps"] == [2, 4, 6]
     # A rerun sees the early stop and trains no further.
     again = run_classify(args_for(model_files, data, out, **flags))
     assert "train" not in again and again["global_step"] == 2

@@ -13,7 +13,7 @@ import pytest
 from bert.commands.ner import NerArgs, run_ner
 from bert.metrics import ner_metrics
 from bert.tasks.ner import read_conll, read_prediction_file
-from conftest import cli_error, save_tiny_model, shared_path
+from conftest import check_curves, cli_error, save_tiny_model, shared_path
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +92,7 @@ def test_ner_on_a_conll2003_slice(model_files, tmp_path):
     }
     assert results["global_step"] == "12"
     assert np.isfinite(float(results["eval_loss"]))
+    assert {"eval_loss", "eval_f1", "eval_accuracy"} <= set(check_curves(out)["runs"][0]["eval"])
 
     # Entity scores recomputed from the written dev predictions equal eval_results.txt.
     gold, pred = read_prediction_file(out / "eval_predictions.txt")

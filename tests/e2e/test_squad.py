@@ -16,7 +16,7 @@ from bert.commands.squad import SquadArgs, run_squad
 from bert.tasks.squad import NO_NON_NULL_SCORE_DIFF, convert_examples_to_features, read_squad_examples
 from bert.tasks.squad_evaluate import evaluate_v1, evaluate_v2
 from bert.tokenization import FullTokenizer
-from conftest import cli_error, save_tiny_model, shared_path
+from conftest import check_curves, cli_error, save_tiny_model, shared_path
 
 MAX_SEQ_LENGTH = 128
 MAX_QUERY_LENGTH = 32
@@ -116,6 +116,7 @@ def test_v1_train_and_predict(v1_run):
     assert json.loads((out / "args.json").read_text())["command"] == "squad"
     losses = [json.loads(line).get("loss") for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert losses and all(np.isfinite(x) for x in losses if x is not None)
+    check_curves(out)
 
     qids = question_ids(predict)
     assert len(qids) == 40

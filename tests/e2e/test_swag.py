@@ -10,7 +10,7 @@ import pytest
 
 from bert.cli import main as cli_main
 from bert.commands.swag import SwagArgs, run_swag
-from conftest import FIXTURES, save_tiny_model, shared_path
+from conftest import FIXTURES, check_curves, save_tiny_model, shared_path
 
 SWAG = FIXTURES / "tasks" / "swag"
 
@@ -52,6 +52,7 @@ def test_swag_on_the_fixtures(model_files, tmp_path):
     results = dict(line.split(" = ") for line in lines)
     assert set(results) == {"eval_accuracy", "eval_loss", "global_step", "loss"} and lines == sorted(lines)
     assert results["global_step"] == "4" and float(results["eval_accuracy"]) in (0.0, 0.5, 1.0)
+    assert set(check_curves(out)["runs"][0]["eval"]) == {"eval_accuracy", "eval_loss"}
     # test_results.tsv: one line per test example, the four endings' probabilities.
     probs = read_tsv(out)
     assert probs.shape == (2, 4)

@@ -106,6 +106,7 @@ def test_no_library_module_defines_a_command():
 TORCH_FREE = ["bert.tasks", "bert.pretraining.instances", "bert.pretraining.streaming", "bert.pretraining.corpus"]
 TORCH_FREE += ["bert.tokenization", "bert.config", "bert.metrics", "bert.utils", "bert.formats", "bert.cli"]
 TORCH_FREE += ["bert.commands.tokenize", "bert.commands.prepare_corpus", "bert.commands.evaluate_squad"]
+TORCH_FREE += ["bert.plotting", "bert.commands.plot"]
 
 
 @pytest.mark.parametrize("prefix", TORCH_FREE)

@@ -44,6 +44,7 @@ from bert.formats.results import write_results
 from bert.formats.tensorboard import EventWriter
 from bert.modeling import BertForPreTraining, num_parameters
 from bert.optimization import create_optimizer, polynomial_warmup_lr
+from bert.plotting import CURVES_NAME, try_plot
 from bert.pretraining.evaluation import evaluate
 from bert.pretraining.inputs import (
     FEATURE_LENGTHS,
@@ -212,6 +213,9 @@ def run_pretrain(args: PretrainArgs) -> dict[str, Any]:
             result["global_step"] = trainer.global_step
             if args.do_eval:
                 result["eval"] = _evaluate(args, wrapped, eval_source, dist, trainer.global_step)
+            output_dir = Path(args.output_dir)
+            if dist.is_main and (output_dir / training.METRICS_NAME).is_file():
+                try_plot([output_dir], output_dir / CURVES_NAME)
             return result
 
 

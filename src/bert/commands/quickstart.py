@@ -15,7 +15,6 @@ rebuilds it.
 from __future__ import annotations
 
 import gzip
-import logging
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -26,8 +25,8 @@ from bert.commands.classify import ClassifyArgs, run_classify
 from bert.commands.create_pretraining_data import CreatePretrainingDataArgs, run_create_pretraining_data
 from bert.commands.pretrain import PretrainArgs, run_pretrain
 from bert.errors import InputError
-
-logger = logging.getLogger(__name__)
+from bert.plotting import CURVES_NAME, try_plot
+from bert.utils import log_to_file
 
 _DATA_FILES = ("corpus.txt", "train.tsv", "dev.tsv", "vocab.txt")
 
@@ -83,24 +82,53 @@ _SHOWN = {
     "num_train_epochs",
     "output_format",
     "streaming",
+    "log_every",
 }
 
 
-def _print_results(title: str, results: dict) -> None:
-    print(f"***** Eval results ({title}) *****")
-    for key in sorted(results):
-        print(f"  {key} = {results[key]}")
+def _dev_size(data_dir: Path) -> int:
+    with open(data_dir / "dev.tsv", encoding="utf-8") as f:
+        return sum(1 for line in f if line.strip()) - 1  # the header
+
+
+def _print_summary(out: Path, data: dict[str, Path], results: dict, stages: list, steps: list) -> None:
+    """The result block: dev metrics of both fine-tuned models, the time of each stage, where things are."""
+    names = list(results)
+    keys = sorted({k for r in results.values() for k in r} - {"global_step", "loss"})
+    print(f"\nAusten or Dickens? ({_dev_size(data['dev.tsv'].parent)} dev sentences)")
+    print(f"  {'':<16}" + "".join(f"{n:>14}" for n in names))
+    for key in keys:
+        print(f"  {key:<16}" + "".join(f"{results[n].get(key, float('nan')):>14.3f}" for n in names))
+    gain = results["pre-trained"]["eval_accuracy"] - results["random init"]["eval_accuracy"]
+    print(f"Pre-training changed dev accuracy by {gain:+.3f}.")
+    width = max(len(title) for title, _ in stages) + 2
+    print(f"\n  {'stage':<{width}}{'time':>7}")
+    for title, seconds in stages:
+        print(f"  {title:<{width}}{seconds:>5.0f} s")
+    print(f"  {'in all':<{width}}{sum(s for _, s in stages):>5.0f} s")
+    print(f"\nWritten under {out}/: log.txt (everything the steps logged), curves.png (training curves, pre-trained")
+    print("vs random init), pretrain/ and classify*/ (models in model/, eval_results.txt, curves.png, log.txt).")
+    print("The steps, to rerun or scale up by hand:")
+    for title, step_args in steps:
+        print(f"  {title} {_flags(step_args)}")
+    print("Next: README.md shows the same commands on GLUE, SQuAD and your own text; `bert plot` compares runs.")
 
 
 def run_quickstart(args: QuickstartArgs) -> dict:
-
+    """Run the four steps (module docstring) with everything they log in `--output_dir/log.txt`; prints
+    a table of the results and returns {"pretrain", "pre-trained", "random init": eval results,
+    "seconds": {stage: seconds}}."""
     if args.pretrain_steps < 1:
         raise InputError(f"--pretrain_steps={args.pretrain_steps} must be at least 1")
     out = Path(args.output_dir)
-    start = time.perf_counter()
+    with log_to_file(out / "log.txt"):
+        return _run(args, out)
+
+
+def _run(args: QuickstartArgs, out: Path) -> dict:
     data = _unpack_data(out / "data")
     seq = 64
-
+    stages: list[tuple[str, float]] = []  # (title, seconds)
     steps = []
     create = CreatePretrainingDataArgs(
         input_file=str(data["corpus.txt"]),
@@ -114,7 +142,9 @@ def run_quickstart(args: QuickstartArgs) -> dict:
         streaming=True,
     )
     steps.append(("bert create-pretraining-data", create))
+    start = time.perf_counter()
     stats = run_create_pretraining_data(create)
+    stages.append((f"create-pretraining-data: {stats['instances']:,} instances", time.perf_counter() - start))
 
     pretrain = PretrainArgs(
         input_file=create.output_file,
@@ -137,9 +167,13 @@ def run_quickstart(args: QuickstartArgs) -> dict:
         device=args.device,
     )
     steps.append(("bert pretrain", pretrain))
-    pre = run_pretrain(pretrain)
+    start = time.perf_counter()
+    pre = run_pretrain(pretrain)["eval"]
+    title = f"pretrain: {args.pretrain_steps} steps, masked LM accuracy {pre['masked_lm_accuracy']:.3f}"
+    stages.append((title, time.perf_counter() - start))
 
     results = {}
+    runs = []
     for name, init, config in (
         ("pre-trained", str(out / "pretrain" / "model"), None),
         ("random init", None, str(out / "pretrain" / "model" / "config.json")),
@@ -160,23 +194,14 @@ def run_quickstart(args: QuickstartArgs) -> dict:
             learning_rate=1e-4,
             num_train_epochs=args.num_train_epochs,
             seed=args.seed,
+            log_every=5,
             device=args.device,
         )
-        steps.append((f"bert classify ({name})", classify))
+        steps.append(("bert classify", classify))
+        start = time.perf_counter()
         results[name] = run_classify(classify)["eval"]
-
-    print()
-    print(f"Pre-training data: {stats.get('instances', '?')} instances from the built-in corpus")
-    _print_results(f"pre-training, {args.pretrain_steps} steps", pre["eval"])
-    for name, res in results.items():
-        _print_results(f"Austen or Dickens?, {name}", res)
-    gain = results["pre-trained"]["eval_accuracy"] - results["random init"]["eval_accuracy"]
-    print(f"\nPre-training changed dev accuracy by {gain:+.3f} ({time.perf_counter() - start:.0f} s in all).")
-    print(f"\nEverything is under {out}/. The steps, to rerun or scale up by hand:")
-    for title, step_args in steps:
-        print(f"  {title.split(' (')[0]} {_flags(step_args)}")
-    print(
-        "\nNext: pre-train on your own text with `bert prepare-corpus` and the commands above, fine-tune on "
-        "GLUE with `bert classify --task_name=MRPC ...`, or read README.md."
-    )
-    return {"pretrain": pre["eval"], **results}
+        stages.append((f"classify: {name}", time.perf_counter() - start))
+        runs.append(classify.output_dir)
+    try_plot(runs, out / CURVES_NAME, labels=list(results))
+    _print_summary(out, data, results, stages, steps)
+    return {"pretrain": pre, **results, "seconds": dict(stages)}
