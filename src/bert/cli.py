@@ -24,6 +24,7 @@ import sys
 import types
 import typing
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from tqdm import tqdm
 
@@ -158,17 +159,32 @@ def _field_type(field: dataclasses.Field, hints: dict) -> tuple[type, bool]:
     return tp, optional
 
 
+def _group(parser: argparse.ArgumentParser, groups: dict, args_cls: type, name: str) -> Any:
+    """Where `--help` lists flag `name`: under the command's own flags, or under the shared group (a base
+    class of `args_cls`, see `bert.flags`) that defines it, titled with the group's docstring."""
+    owner = next(c for c in args_cls.__mro__ if name in c.__dict__.get("__annotations__", {}))
+    if owner is args_cls:
+        return parser
+    if owner not in groups:
+        title = (owner.__doc__ or owner.__name__).strip().split("\n")[0].rstrip(".:")
+        groups[owner] = parser.add_argument_group(title)
+    return groups[owner]
+
+
 def add_dataclass_flags(parser: argparse.ArgumentParser, args_cls: type) -> None:
-    """Add one `--name` flag per field of `args_cls`; fields without a default are required.
+    """Add one `--name` flag per field of `args_cls`; fields without a default are required. Flags of
+    shared groups (base classes) are listed under their group's title in `--help`.
 
     Field metadata: "help" (the help text), "choices", "positional" for a positional argument (one or more
     values for a `list[T]` field), and "flag" for an extra spelling of the flag (e.g. "--na-prob-file", an
     official script's own).
     """
     hints = typing.get_type_hints(args_cls)
+    groups: dict[type, argparse._ArgumentGroup] = {}
     for f in dataclasses.fields(args_cls):
         if f.metadata.get("cli") is False:
             continue
+        target = _group(parser, groups, args_cls, f.name)
         tp, _ = _field_type(f, hints)
         has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
         default = f.default if f.default is not dataclasses.MISSING else None
@@ -178,7 +194,7 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, args_cls: type) -> None
         flag = f"--{f.name}"
         if f.metadata.get("positional"):
             many = typing.get_origin(hints[f.name]) is list
-            parser.add_argument(
+            target.add_argument(
                 f.name,
                 type=tp,
                 nargs="+" if many else None if not has_default else "?",
@@ -187,7 +203,7 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, args_cls: type) -> None
                 help=help_text,
             )
         elif tp is bool:
-            parser.add_argument(
+            target.add_argument(
                 flag,
                 type=parse_bool,
                 nargs="?",
@@ -197,17 +213,29 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, args_cls: type) -> None
                 help=help_text,
             )
             # absl's negative form, e.g. --nodo_lower_case.
-            parser.add_argument(f"--no{f.name}", dest=f.name, action="store_false", help=argparse.SUPPRESS)
+            target.add_argument(f"--no{f.name}", dest=f.name, action="store_false", help=argparse.SUPPRESS)
         else:
             choices = f.metadata.get("choices")
             flags = [f.metadata["flag"], flag] if "flag" in f.metadata else [flag]
-            parser.add_argument(
+            target.add_argument(
                 *flags, dest=f.name, type=tp, default=default, required=not has_default, choices=choices, help=help_text
             )
 
 
+def _usage(name: str, args_cls: type) -> str:
+    """`bert NAME POSITIONAL... --required=... [--flag=value ...]`: the full list is in --help, by group."""
+    parts = [f"bert {name}"]
+    for f in dataclasses.fields(args_cls):
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if f.metadata.get("cli") is False or not required:
+            continue
+        parts.append(f"{f.name.upper()}..." if f.metadata.get("positional") else f"--{f.name}={f.name.upper()}")
+    return " ".join([*parts, "[--flag=value ...]"])
+
+
 def _command_parser(name: str, args_cls: type, parser: _OneLineParser | None = None) -> _OneLineParser:
     parser = parser or _OneLineParser(prog=f"bert {name}")
+    parser.usage = _usage(name, args_cls)
     add_dataclass_flags(parser, args_cls)
     parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     return parser

@@ -58,8 +58,9 @@ import torch
 
 from bert import training
 from bert.checkpoint import load_into, read_checkpoint
-from bert.config import BertConfig
+from bert.config import BertConfig, resolve_config
 from bert.errors import InputError
+from bert.flags import SHAPE_NAMES, ModelArgs, TrainingArgs, same_as
 from bert.formats.results import write_results
 from bert.formats.tensorboard import EventWriter
 from bert.modeling import MODEL_CLASSES, num_parameters
@@ -67,15 +68,7 @@ from bert.optimization import create_optimizer
 from bert.plotting import CURVES_NAME, try_plot
 from bert.tasks.common import FinetuneTask, num_train_steps, num_warmup_steps
 from bert.tokenization import FullTokenizer, load_vocab, validate_case_matches_checkpoint
-from bert.training import (
-    METRICS_NAME,
-    PerformanceArgs,
-    RecordStream,
-    TpuCompatArgs,
-    autocast,
-    list_checkpoints,
-    to_device,
-)
+from bert.training import METRICS_NAME, RecordStream, autocast, list_checkpoints, to_device
 from bert.utils import atomic_write, progress
 
 logger = logging.getLogger(__name__)
@@ -89,56 +82,16 @@ GROUP_BATCHES = 50
 
 # ------------------------------------------------------------------------------------------------ flags
 @dataclass(kw_only=True)
-class FinetuneArgs(TpuCompatArgs, PerformanceArgs):
+class FinetuneArgs(ModelArgs, TrainingArgs):
     """Flags shared by the fine-tuning commands: run_classifier.py's, plus training options."""
 
     data_dir: str = field(
         metadata={"help": "The input data dir. Should contain the data files (train, dev, test) for the task."}
     )
-    output_dir: str = field(
-        metadata={"help": "The output directory where the model checkpoints and results will be written."}
-    )
-    bert_config_file: str | None = field(
-        default=None,
-        metadata={
-            "help": "The config json file corresponding to the pre-trained BERT model. This specifies the model "
-            "architecture. Default: the config beside --init_checkpoint."
-        },
-    )
-    vocab_file: str | None = field(
-        default=None,
-        metadata={
-            "help": "The vocabulary file that the BERT model was trained on. Default: the vocab.txt beside "
-            "--init_checkpoint."
-        },
-    )
-    init_checkpoint: str | None = field(
-        default=None,
-        metadata={"help": "Initial checkpoint (usually from a pre-trained BERT model): TF, native or transformers."},
-    )
-    do_lower_case: bool = field(
-        default=True,
-        metadata={
-            "help": "Whether to lower case the input text. Should be True for uncased models and False for cased "
-            "models."
-        },
-    )
-    max_seq_length: int = field(
-        default=128,
-        metadata={
-            "help": "The maximum total input sequence length after WordPiece tokenization. Sequences longer than "
-            "this will be truncated."
-        },
-    )
-    do_train: bool = field(default=False, metadata={"help": "Whether to run training."})
-    do_eval: bool = field(default=False, metadata={"help": "Whether to run eval on the dev set."})
     do_predict: bool = field(
         default=False, metadata={"help": "Whether to run the model in inference mode on the test set."}
     )
-    train_batch_size: int = field(default=32, metadata={"help": "Total batch size for training."})
-    eval_batch_size: int = field(default=8, metadata={"help": "Total batch size for eval."})
     predict_batch_size: int = field(default=8, metadata={"help": "Total batch size for predict."})
-    learning_rate: float = field(default=5e-5, metadata={"help": "The initial learning rate for Adam."})
     num_train_epochs: float = field(default=3.0, metadata={"help": "Total number of training epochs to perform."})
     warmup_proportion: float = field(
         default=0.1,
@@ -147,8 +100,6 @@ class FinetuneArgs(TpuCompatArgs, PerformanceArgs):
             "E.g., 0.1 = 10 percent of training."
         },
     )
-    save_checkpoints_steps: int = field(default=1000, metadata={"help": "How often to save the model checkpoint."})
-    seed: int = field(default=12345, metadata={"help": "Seed of the head's initialisation, data order and dropout."})
     eval_every_steps: int = field(
         default=0,
         metadata={
@@ -177,12 +128,10 @@ class FinetuneArgs(TpuCompatArgs, PerformanceArgs):
         default=False,
         metadata={"help": "Pad every batch to max_seq_length as the original does (slower, same results)."},
     )
-    keep_checkpoint_max: int = field(
-        default=1,
-        metadata={"help": "Keep this many newest checkpoints (besides the best one); 0 keeps all."},
-    )
-    log_every: int = field(default=50, metadata={"help": "Write training metrics every this many steps."})
-    device: str | None = field(default=None, metadata={"help": "torch device; default cuda if available, else cpu."})
+    # Fine-tuning checkpoints are only resumption points (the model is exported to model/), and runs are
+    # hundreds of steps long, not hundreds of thousands.
+    keep_checkpoint_max: int = same_as(TrainingArgs, "keep_checkpoint_max", default=1)
+    log_every: int = same_as(TrainingArgs, "log_every", default=50)
 
 
 # ------------------------------------------------------------------------------------------------- tasks
@@ -405,22 +354,21 @@ def _resolve_model_files(args: FinetuneArgs, resume_dir: Path | None) -> ModelFi
 
     validate_case_matches_checkpoint(args.do_lower_case, args.init_checkpoint)
     ckpt = read_checkpoint(args.init_checkpoint) if args.init_checkpoint else None
-    if args.bert_config_file:
-        if not os.path.isfile(args.bert_config_file):
-            raise InputError(f"--bert_config_file={args.bert_config_file}: no such file")
-        config = BertConfig.from_json_file(args.bert_config_file)
-    elif ckpt is not None and ckpt.config is not None:
-        config = ckpt.config
-    else:
-        raise InputError(
-            "no model config: pass --bert_config_file=PATH (or an --init_checkpoint with a config.json beside it)"
-        )
     vocab_file = args.vocab_file or (ckpt.vocab_file if ckpt is not None else None)
     if not vocab_file:
         raise InputError("no vocabulary: pass --vocab_file=PATH (or an --init_checkpoint with a vocab.txt beside it)")
     if not os.path.isfile(vocab_file):
         raise InputError(f"--vocab_file={vocab_file}: no such file")
     vocab = load_vocab(vocab_file)
+    if args.bert_config_file:
+        config = resolve_config(args.bert_config_file, vocab_size=max(vocab.values()) + 1)
+    elif ckpt is not None and ckpt.config is not None:
+        config = ckpt.config
+    else:
+        raise InputError(
+            f"no model config: pass --bert_config_file=PATH or a shape ({SHAPE_NAMES}), or an --init_checkpoint "
+            "with a config beside it"
+        )
     config.validate_vocab(max(vocab.values()) + 1, vocab_file)
     if args.max_seq_length > config.max_position_embeddings:
         raise InputError(

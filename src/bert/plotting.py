@@ -121,7 +121,7 @@ def plot_runs(
         raise InputError("no run to plot: give one or more --output_dir of training runs")
     names = list(labels) if labels else _labels(dirs)
     if len(names) != len(dirs):
-        raise InputError(f"{len(names)} labels for {len(dirs)} runs; give one label per run")
+        raise InputError(f"{len(names)} names for {len(dirs)} runs; give one name per run (--names)")
     runs = [{"label": n, "dir": str(d), **read_curves(d)} for n, d in zip(names, dirs)]
 
     fig = Figure(figsize=(15, 4.5), dpi=100, layout="constrained")

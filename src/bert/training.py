@@ -36,7 +36,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,7 @@ from torch.nn.parallel import DistributedDataParallel
 from bert.checkpoint import CONFIG_NAME, save_pretrained
 from bert.config import SHAPE_FIELDS, BertConfig
 from bert.errors import InputError
+from bert.flags import PRECISIONS, PerformanceArgs
 from bert.formats.tensorboard import EventWriter
 from bert.optimization import clip_grad_norm
 from bert.plotting import METRICS_NAME
@@ -62,52 +63,9 @@ from bert.utils import log_to_file, progress, write_run_info
 
 logger = logging.getLogger(__name__)
 
-PRECISIONS = ("fp32", "bf16", "fp16")
 CHECKPOINT_PREFIX = "checkpoint-"
 TRAINING_STATE_NAME = "training_state.pt"
 TRAINER_STATE_NAME = "trainer_state.json"
-
-
-_TPU = "Accepted for compatibility with the original scripts; TPUs are not supported."
-
-
-@dataclass(kw_only=True)
-class TpuCompatArgs:
-    """The original scripts' TPU flags, shared by the training commands: accepted so that their command
-    lines run unchanged, and ignored, except that --use_tpu must stay false."""
-
-    iterations_per_loop: int = field(
-        default=1000, metadata={"help": "How many steps to make in each estimator call. Accepted; no effect."}
-    )
-    use_tpu: bool = field(default=False, metadata={"help": "Whether to use TPU or GPU/CPU. Must stay false."})
-    tpu_name: str | None = field(default=None, metadata={"help": _TPU})
-    tpu_zone: str | None = field(default=None, metadata={"help": _TPU})
-    gcp_project: str | None = field(default=None, metadata={"help": _TPU})
-    master: str | None = field(default=None, metadata={"help": _TPU})
-    num_tpu_cores: int = field(default=8, metadata={"help": _TPU})
-
-    def check_no_tpu(self) -> None:
-        if self.use_tpu:
-            raise InputError("--use_tpu=true is not supported; drop it (CPU and GPU are chosen with --device)")
-
-
-@dataclass(kw_only=True)
-class PerformanceArgs:
-    """How the training commands compute a step: flags shared by pretrain and every fine-tuning command."""
-
-    gradient_accumulation_steps: int = field(
-        default=1, metadata={"help": "Micro-batches per optimizer step; train_batch_size is split into them."}
-    )
-    precision: str = field(
-        default="fp32",
-        metadata={"help": "fp32, bf16 (autocast) or fp16 (autocast and loss scaling).", "choices": list(PRECISIONS)},
-    )
-    gradient_checkpointing: bool = field(
-        default=False, metadata={"help": "Recompute activations in the backward pass: less memory, more compute."}
-    )
-    compile: bool = field(
-        default=False, metadata={"help": "torch.compile the model (eager fallback if compilation fails)."}
-    )
 
 
 # ------------------------------------------------------------------------------------------ devices

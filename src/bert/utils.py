@@ -67,13 +67,25 @@ def log_to_file(path: str | os.PathLike, main: bool = True) -> Iterator[None]:
     level = package.level
     package.setLevel(logging.INFO if main else logging.WARNING)
     handler = None
+    path = Path(path)
+    new_file, new_dir = not path.exists(), not path.parent.exists()
     if main:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(path, encoding="utf-8")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(path, encoding="utf-8", delay=True)
         handler.setFormatter(logging.Formatter(LOG_FORMAT))
         package.addHandler(handler)
     try:
         yield
+    except InputError:
+        # Bad input stops the command with nothing written: the log file it started goes too.
+        if handler is not None and new_file:
+            handler.close()
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            with contextlib.suppress(OSError):  # only when empty
+                if new_dir:
+                    path.parent.rmdir()
+        raise
     finally:
         package.setLevel(level)
         if handler is not None:

@@ -70,7 +70,7 @@ def test_pretraining_results_get_the_eval_prefix_at_their_step(tmp_path):
 def test_two_runs_on_the_same_axes(tmp_path, capsys):
     a, b = fake_run(tmp_path / "a" / "classify"), fake_run(tmp_path / "b" / "classify", seed=1, every=2)
     out = tmp_path / "both.png"
-    assert main(["plot", str(a), str(b), f"--output_file={out}", "--labels=pre-trained,random init"]) == 0
+    assert main(["plot", str(a), str(b), f"--output_file={out}", "--names=pre-trained,random init"]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
     assert png_size(out) == (1500, 450)
     record = json.loads(out.with_suffix(".json").read_text())
@@ -88,7 +88,7 @@ def test_two_runs_on_the_same_axes(tmp_path, capsys):
 def test_bad_runs_and_flags_are_one_line_errors(tmp_path, capsys):
     run = fake_run(tmp_path / "run")
     assert "no metrics.jsonl" in cli_error(capsys, "plot", str(tmp_path / "nowhere"))
-    assert "2 labels for 1 runs" in cli_error(capsys, "plot", str(run), "--labels=a,b")
+    assert "2 names for 1 runs" in cli_error(capsys, "plot", str(run), "--names=a,b")
     assert "ending in .png" in cli_error(capsys, "plot", str(run), "--output_file=curves.pdf")
     n = len((run / "metrics.jsonl").read_text().splitlines())
     with open(run / "metrics.jsonl", "a") as f:

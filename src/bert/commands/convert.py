@@ -7,8 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bert import checkpoint
+from bert.config import resolve_config
 from bert.errors import InputError
+from bert.flags import ModelArgs, same_as
 from bert.modeling import MODEL_CLASSES
+from bert.tokenization import load_vocab
 from bert.utils import log_to_file, write_run_info
 
 logger = logging.getLogger(__name__)
@@ -24,12 +27,8 @@ class ConvertArgs:
         default="native",
         metadata={"help": "Output format.", "choices": ["native", "hf", "tf"]},
     )
-    bert_config_file: str | None = field(
-        default=None, metadata={"help": "Config JSON; needed when the input has no config beside it."}
-    )
-    vocab_file: str | None = field(
-        default=None, metadata={"help": "vocab.txt to copy beside the weights (found beside the input if absent)."}
-    )
+    bert_config_file: str | None = same_as(ModelArgs, "bert_config_file")
+    vocab_file: str | None = same_as(ModelArgs, "vocab_file")
     do_lower_case: bool | None = field(
         default=None, metadata={"help": "Tokenizer casing to record (read from the input's settings if absent)."}
     )
@@ -43,15 +42,21 @@ def run_convert(args: ConvertArgs) -> dict:
     """Read `--input` in any format and write it as `--format`; returns the output path and tensor count."""
     if args.model_class not in MODEL_CLASSES:
         raise InputError(f"--model_class={args.model_class} is unknown; use one of {', '.join(MODEL_CLASSES)}")
-    src = checkpoint.read_checkpoint(args.input, config_file=args.bert_config_file)
+    src = checkpoint.read_checkpoint(args.input)
     vocab_file = args.vocab_file or src.vocab_file
+    config = src.config
+    if args.bert_config_file:
+        # A shape's name takes vocab_size from the vocabulary, else from the checkpoint's embeddings.
+        embeddings = [v for k, v in src.state_dict.items() if k.endswith("word_embeddings.weight")]
+        vocab_size = len(load_vocab(vocab_file)) if vocab_file else embeddings[0].shape[0] if embeddings else None
+        config = resolve_config(args.bert_config_file, vocab_size)
     do_lower_case = (
         args.do_lower_case if args.do_lower_case is not None else src.tokenizer_settings.get("do_lower_case")
     )
     out = Path(args.output)
     with log_to_file(out / "log.txt"):
         model_class = MODEL_CLASSES[args.model_class]
-        model = checkpoint.load_pretrained(model_class, args.input, config=src.config, checkpoint=src)
+        model = checkpoint.load_pretrained(model_class, args.input, config=config, checkpoint=src)
         if args.format == "tf":
             checkpoint.export_tf(model, out, vocab_file=vocab_file, do_lower_case=do_lower_case)
         else:

@@ -29,7 +29,7 @@ class PlotArgs:
         default=None,
         metadata={"help": f"The PNG to write. Default: RUN_DIR/{CURVES_NAME} (one run), ./{CURVES_NAME} (several)."},
     )
-    labels: str | None = field(
+    names: str | None = field(
         default=None,
         metadata={"help": "The runs' names in the legend, comma separated, in order. Default: their directory names."},
     )
@@ -43,8 +43,8 @@ def run_plot(args: PlotArgs) -> dict[str, Any]:
     output = Path(args.output_file) if args.output_file else default
     if output.suffix.lower() != ".png":
         raise InputError(f"--output_file={output}: the picture is a PNG; give a name ending in .png")
-    labels = [s.strip() for s in args.labels.split(",")] if args.labels else None
-    record = plot_runs(args.run_dirs, output, labels)
+    names = [s.strip() for s in args.names.split(",")] if args.names else None
+    record = plot_runs(args.run_dirs, output, names)
     runs = ", ".join(r["label"] for r in record["runs"])
     print(f"wrote {output} ({runs}; the series drawn: {output.with_suffix('.json')})")
     return record

@@ -11,14 +11,15 @@ import time
 from dataclasses import dataclass, field
 
 from bert.errors import InputError
+from bert.flags import CorpusArgs
 from bert.pretraining.corpus import PARAGRAPH_MODES, SENTENCE_SPLITTERS, make_sentence_splitter, prepare_corpus
-from bert.utils import DECODE_ERRORS, expand_input_files, log_to_file, progress
+from bert.utils import expand_input_files, log_to_file, progress
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class PrepareCorpusArgs:
+@dataclass(kw_only=True)
+class PrepareCorpusArgs(CorpusArgs):
     """Raw text (e.g. Project Gutenberg books, plain or .gz) to one sentence per line, blank line between documents."""
 
     input_file: str = field(
@@ -51,14 +52,6 @@ class PrepareCorpusArgs:
         default=True, metadata={"help": "Drop the Project Gutenberg header and footer (START/END OF lines)."}
     )
     encoding: str = field(default="utf-8", metadata={"help": "Text encoding of the input files."})
-    decode_errors: str = field(
-        default="strict",
-        metadata={
-            "help": "Undecodable bytes: strict (error naming file and line), ignore (drop) or replace (U+FFFD).",
-            "choices": DECODE_ERRORS,
-        },
-    )
-    num_workers: int = field(default=1, metadata={"help": "Processes splitting files in parallel."})
 
 
 def run_prepare_corpus(args: PrepareCorpusArgs) -> dict:

@@ -25,6 +25,8 @@ from bert.commands.classify import ClassifyArgs, run_classify
 from bert.commands.create_pretraining_data import CreatePretrainingDataArgs, run_create_pretraining_data
 from bert.commands.pretrain import PretrainArgs, run_pretrain
 from bert.errors import InputError
+from bert.finetune import FinetuneArgs
+from bert.flags import TrainingArgs, same_as
 from bert.plotting import CURVES_NAME, try_plot
 from bert.utils import log_to_file
 
@@ -35,11 +37,12 @@ _DATA_FILES = ("corpus.txt", "train.tsv", "dev.tsv", "vocab.txt")
 class QuickstartArgs:
     """Pre-train a tiny BERT on built-in text, fine-tune and evaluate it: the main job on built-in defaults."""
 
-    output_dir: str = field(default="quickstart_output", metadata={"help": "Where every step writes its files."})
+    # The one command that runs with no flags at all.
+    output_dir: str = same_as(TrainingArgs, "output_dir", default="quickstart_output")
     pretrain_steps: int = field(default=400, metadata={"help": "Pre-training steps (batch 32, 64 tokens)."})
-    num_train_epochs: float = field(default=3.0, metadata={"help": "Fine-tuning epochs over the 2,000 sentences."})
-    seed: int = field(default=12345, metadata={"help": "Seed of the data, the initialisation and the order."})
-    device: str | None = field(default=None, metadata={"help": "torch device; default cuda if available, else cpu."})
+    num_train_epochs: float = same_as(FinetuneArgs, "num_train_epochs")
+    seed: int = same_as(TrainingArgs, "seed")
+    device: str | None = same_as(TrainingArgs, "device")
 
 
 def _unpack_data(data_dir: Path) -> dict[str, Path]:
@@ -57,33 +60,35 @@ def _unpack_data(data_dir: Path) -> dict[str, Path]:
 
 def _flags(args: object) -> str:
     """The command line that runs the same step by hand."""
-    return " ".join(f"--{k}={v}" for k, v in vars(args).items() if v is not None and k in _SHOWN)
+    values = vars(args)
+    return " ".join(f"--{k}={values[k]}" for k in _SHOWN if values.get(k) is not None)
 
 
-_SHOWN = {
+# The flags of the printed command lines, in this order (the others keep their defaults).
+_SHOWN = (
+    "task_name",
     "input_file",
+    "data_dir",
     "output_file",
     "output_dir",
     "vocab_file",
     "bert_config_file",
     "init_checkpoint",
+    "has_header",
+    "output_format",
+    "streaming",
+    "do_train",
+    "do_eval",
     "max_seq_length",
     "max_predictions_per_seq",
     "dupe_factor",
     "train_batch_size",
+    "learning_rate",
     "num_train_steps",
     "num_warmup_steps",
-    "learning_rate",
-    "do_train",
-    "do_eval",
-    "task_name",
-    "data_dir",
-    "has_header",
     "num_train_epochs",
-    "output_format",
-    "streaming",
     "log_every",
-}
+)
 
 
 def _dev_size(data_dir: Path) -> int:

@@ -42,6 +42,7 @@ from typing import Any
 
 from bert.errors import InputError
 from bert.finetune import FinetuneArgs, run_finetune
+from bert.flags import ModelArgs, same_as
 from bert.tasks.squad import NO_EVAL, SquadTask
 
 
@@ -62,13 +63,7 @@ class SquadArgs(FinetuneArgs):
         default=None,
         metadata={"help": "SQuAD json for predictions. E.g., dev-v1.1.json or test-v1.1.json (.json.gz accepted)."},
     )
-    max_seq_length: int = field(
-        default=384,
-        metadata={
-            "help": "The maximum total input sequence length after WordPiece tokenization. Sequences longer than "
-            "this will be truncated, and sequences shorter than this will be padded."
-        },
-    )
+    max_seq_length: int = same_as(ModelArgs, "max_seq_length", default=384)  # run_squad.py's default
     doc_stride: int = field(
         default=128,
         metadata={"help": "When splitting up a long document into chunks, how much stride to take between chunks."},
@@ -84,7 +79,6 @@ class SquadArgs(FinetuneArgs):
         default=False,
         metadata={"help": "Whether to predict answers for --predict_file (and evaluate them when it has answers)."},
     )
-    predict_batch_size: int = field(default=8, metadata={"help": "Total batch size for predictions."})
     n_best_size: int = field(
         default=20,
         metadata={

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert.errors import InputError
+from bert.flags import ModelArgs, same_as
 from bert.tokenization import FullTokenizer, read_texts
 from bert.utils import atomic_write
 
@@ -26,13 +27,7 @@ class TokenizeArgs:
     field) -> one output JSON line {"text": ..., "tokens": [...], "ids": [...]}."""
 
     vocab_file: str = field(metadata={"help": "The vocabulary file that the BERT model was trained on."})
-    do_lower_case: bool = field(
-        default=True,
-        metadata={
-            "help": "Whether to lower case the input text. Should be True for uncased models and False "
-            "for cased models."
-        },
-    )
+    do_lower_case: bool = same_as(ModelArgs, "do_lower_case")
     input_file: str | None = field(
         default=None,
         metadata={"help": "Input text file (one text per line, or JSON lines with a 'text' field); stdin if unset."},
