@@ -277,3 +277,33 @@ def cli_error(capsys, command: str, *argv: str) -> str:
     assert code == 2 and len(errors) == 1, err[-2000:]
     assert err.strip() == errors[0], f"more than the error line on stderr:\n{err[-2000:]}"
     return errors[0]
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) from a PNG's header; asserts the file is a PNG."""
+    data = Path(path).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", f"{path} is not a PNG"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def check_curves(output_dir: Path, png: Path | None = None) -> dict:
+    """Assert that a training run drew `curves.png` (1500 x 450 pixels) and that the series it drew, as
+    recorded in the JSON beside it, are those of `metrics.jsonl`: the training loss and learning rate of
+    every training line, and each evaluation metric of the evaluation lines plus the final evaluation of
+    `eval_results.json` at its global_step. Returns the record."""
+    png = png or output_dir / "curves.png"
+    assert png_size(png) == (1500, 450)
+    record = json.loads(png.with_suffix(".json").read_text())
+    (run,) = record["runs"]
+    lines = [json.loads(s) for s in (output_dir / "metrics.jsonl").read_text().splitlines() if s.strip()]
+    training = [m for m in lines if "learning_rate" in m]
+    for key in ("loss", "learning_rate"):
+        assert run["train"][key] == {"steps": [m["step"] for m in training], "values": [m[key] for m in training]}
+    final = json.loads((output_dir / "eval_results.json").read_text())
+    for key, drawn in run["eval"].items():
+        points = {m["step"]: m[key] for m in lines if "learning_rate" not in m and key in m}
+        raw = key if key in final else key[len("eval_") :]
+        if raw in final:
+            points.setdefault(final.get("global_step", training[-1]["step"]), final[raw])
+        assert drawn == {"steps": sorted(points), "values": [points[s] for s in sorted(points)]}, key
+    return record

@@ -5,12 +5,17 @@ Flags are generated from the dataclass fields, so a flag's help text lives once,
 `python run_classifier.py --task_name=MRPC ...` ports as `bert classify --task_name=MRPC ...`.
 Booleans accept `--flag`, `--flag=true/false`, `--flag true` and absl's `--noflag`.
 
+The terminal shows progress bars, results, warnings and errors; the INFO log (the original's example
+dumps included) goes to the log file of the command's output (`log.txt` in an output directory), and to
+the terminal too with `--verbose` (`bert --verbose COMMAND ...` or `bert COMMAND --verbose ...`).
+
 Nothing imports this module: every command runs from Python through its run function.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
 import logging
@@ -18,11 +23,15 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
+from tqdm import tqdm
+
+from bert import __version__
 from bert.errors import InputError
 from bert.outputs import os_error_message
-from bert.utils import check_finite_flags
+from bert.utils import LOG_FORMAT, check_finite_flags
 
 # name -> (module, args class, run function, one-line description). Modules are imported lazily so that
 # `bert tokenize` never pays for importing torch.
@@ -129,7 +138,21 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "run_evaluate_squad",
         "score SQuAD predictions with the official v1.1/v2.0 evaluation",
     ),
+    "plot": (
+        "bert.commands.plot",
+        "PlotArgs",
+        "run_plot",
+        "training curves of one or more runs on the same axes (curves.png)",
+    ),
+    "env": (
+        "bert.commands.env",
+        "EnvArgs",
+        "run_env",
+        "versions, threads, devices and optional extras, for bug reports",
+    ),
 }
+
+VERBOSE_HELP = "Also print the INFO log (what the command's log file holds) on the terminal."
 
 _TRUE = {"true", "t", "1", "yes", "y"}
 _FALSE = {"false", "f", "0", "no", "n"}
@@ -155,8 +178,10 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def _field_type(field: dataclasses.Field, hints: dict) -> tuple[type, bool]:
-    """(scalar type, optional) for a dataclass field annotated `T` or `T | None`."""
+    """(scalar type, optional) for a dataclass field annotated `T`, `T | None` or `list[T]` (one or more)."""
     tp = hints[field.name]
+    if typing.get_origin(tp) is list:
+        return typing.get_args(tp)[0], False
     optional = False
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -165,16 +190,32 @@ def _field_type(field: dataclasses.Field, hints: dict) -> tuple[type, bool]:
     return tp, optional
 
 
-def add_dataclass_flags(parser: argparse.ArgumentParser, args_cls: type) -> None:
-    """Add one `--name` flag per field of `args_cls`; fields without a default are required.
+def _group(parser: argparse.ArgumentParser, groups: dict, args_cls: type, name: str) -> Any:
+    """Where `--help` lists flag `name`: under the command's own flags, or under the shared group (a base
+    class of `args_cls`, see `bert.flags`) that defines it, titled with the group's docstring."""
+    owner = next(c for c in args_cls.__mro__ if name in c.__dict__.get("__annotations__", {}))
+    if owner is args_cls:
+        return parser
+    if owner not in groups:
+        title = (owner.__doc__ or owner.__name__).strip().split("\n")[0].rstrip(".:")
+        groups[owner] = parser.add_argument_group(title)
+    return groups[owner]
 
-    Field metadata: "help" (the help text), "choices", "positional" for a positional argument, and "flag"
-    for an extra spelling of the flag (e.g. "--na-prob-file", an official script's own).
+
+def add_dataclass_flags(parser: argparse.ArgumentParser, args_cls: type) -> None:
+    """Add one `--name` flag per field of `args_cls`; fields without a default are required. Flags of
+    shared groups (base classes) are listed under their group's title in `--help`.
+
+    Field metadata: "help" (the help text), "choices", "positional" for a positional argument (one or more
+    values for a `list[T]` field), and "flag" for an extra spelling of the flag (e.g. "--na-prob-file", an
+    official script's own).
     """
     hints = typing.get_type_hints(args_cls)
+    groups: dict[type, argparse._ArgumentGroup] = {}
     for f in dataclasses.fields(args_cls):
         if f.metadata.get("cli") is False:
             continue
+        target = _group(parser, groups, args_cls, f.name)
         tp, _ = _field_type(f, hints)
         has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
         default = f.default if f.default is not dataclasses.MISSING else None
@@ -183,16 +224,17 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, args_cls: type) -> None
             help_text += f" (default: {default})"
         flag = f"--{f.name}"
         if f.metadata.get("positional"):
-            parser.add_argument(
+            many = typing.get_origin(hints[f.name]) is list
+            target.add_argument(
                 f.name,
                 type=tp,
-                nargs=None if not has_default else "?",
+                nargs="+" if many else None if not has_default else "?",
                 default=default,
                 metavar=f.name.upper(),
                 help=help_text,
             )
         elif tp is bool:
-            parser.add_argument(
+            target.add_argument(
                 flag,
                 type=parse_bool,
                 nargs="?",
@@ -202,22 +244,43 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, args_cls: type) -> None
                 help=help_text,
             )
             # absl's negative form, e.g. --nodo_lower_case.
-            parser.add_argument(f"--no{f.name}", dest=f.name, action="store_false", help=argparse.SUPPRESS)
+            target.add_argument(f"--no{f.name}", dest=f.name, action="store_false", help=argparse.SUPPRESS)
         else:
             choices = f.metadata.get("choices")
             flags = [f.metadata["flag"], flag] if "flag" in f.metadata else [flag]
-            parser.add_argument(
+            target.add_argument(
                 *flags, dest=f.name, type=tp, default=default, required=not has_default, choices=choices, help=help_text
             )
 
 
+def _usage(name: str, args_cls: type) -> str:
+    """`bert NAME POSITIONAL... --required=... [--flag=value ...]`: the full list is in --help, by group."""
+    parts = [f"bert {name}"]
+    for f in dataclasses.fields(args_cls):
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if f.metadata.get("cli") is False or not required:
+            continue
+        parts.append(f"{f.name.upper()}..." if f.metadata.get("positional") else f"--{f.name}={f.name.upper()}")
+    return " ".join([*parts, "[--flag=value ...]"])
+
+
+def _command_parser(name: str, args_cls: type, parser: _OneLineParser | None = None) -> _OneLineParser:
+    parser = parser or _OneLineParser(prog=f"bert {name}")
+    parser.usage = _usage(name, args_cls)
+    add_dataclass_flags(parser, args_cls)
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="bert", description="BERT in PyTorch, with the original's commands and flags.")
+    parser.add_argument("--version", action="version", version=f"bert {__version__}")
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_OneLineParser)
     for name, (module, args_name, _, description) in COMMANDS.items():
         args_cls = getattr(importlib.import_module(module), args_name)
         p = sub.add_parser(name, help=description, description=(args_cls.__doc__ or description).strip())
-        add_dataclass_flags(p, args_cls)
+        _command_parser(name, args_cls, p)
     return parser
 
 
@@ -241,42 +304,73 @@ def _attach_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
+class _TerminalHandler(logging.StreamHandler):
+    """Log records on stderr above the progress bars (tqdm.write clears a bar and redraws it below)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def terminal_logging(verbose: bool) -> Iterator[None]:
+    """The terminal's share of the log while a command runs: warnings and errors, everything with
+    `verbose`. (The log files of the commands' outputs get the INFO messages either way.)"""
+    root = logging.getLogger()
+    handler = _TerminalHandler(sys.stderr)
+    handler.setLevel(logging.INFO if verbose else logging.WARNING)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT if verbose else "%(levelname)s: %(message)s"))
+    level = root.level
+    root.addHandler(handler)
+    if verbose:
+        root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = _attach_negative_values(list(sys.argv[1:] if argv is None else argv))
+    verbose = False
+    while argv and argv[0] in ("--verbose", "--version"):
+        if argv[0] == "--version":
+            print(f"bert {__version__}")
+            return 0
+        verbose = True
+        argv = argv[1:]
     if argv and argv[0] in COMMANDS and not any(a in ("-h", "--help") for a in argv):
         # Build only the parser of the command being run: the others' modules may import torch.
         args_cls, run = _resolve(argv[0])
-        parser = _OneLineParser(prog=f"bert {argv[0]}")
-        add_dataclass_flags(parser, args_cls)
-        ns = parser.parse_args(argv[1:])
+        ns = vars(_command_parser(argv[0], args_cls).parse_args(argv[1:]))
     else:
         parser = build_parser()
-        ns = parser.parse_args(argv)
-        if ns.command is None:
+        ns = vars(parser.parse_args(argv))
+        if ns["command"] is None:
             parser.print_help()
             return 2
-        args_cls, run = _resolve(ns.command)
-        ns = vars(ns)
-        ns.pop("command")
-        ns = argparse.Namespace(**ns)
-    args = args_cls(**vars(ns))
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        check_finite_flags(args)
-        run(args)
-    except InputError as e:
-        print(f"bert {argv[0]}: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        # A full disk, a read-only file system, a path of the wrong kind: the environment, not a bug, so one
-        # line naming the path, its flag and the fix (the traceback goes to the debug log).
-        logging.getLogger("bert").debug("OSError", exc_info=True)
-        print(f"bert {argv[0]}: error: {os_error_message(e, args)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        args_cls, run = _resolve(ns.pop("command"))
+    verbose = ns.pop("verbose") or verbose
+    args = args_cls(**ns)
+    with terminal_logging(verbose):
+        try:
+            check_finite_flags(args)
+            run(args)
+        except InputError as e:
+            print(f"bert {argv[0]}: error: {e}", file=sys.stderr)
+            return 2
+        except OSError as e:
+            # A full disk, a read-only file system, a path of the wrong kind: the environment, not a bug, so
+            # one line naming the path, its flag and the fix (the traceback goes to the debug log).
+            logging.getLogger("bert").debug("OSError", exc_info=True)
+            print(f"bert {argv[0]}: error: {os_error_message(e, args)}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
     return 0
 
 

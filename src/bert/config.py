@@ -291,7 +291,11 @@ def named_config(name: str, vocab_size: int = 30522) -> BertConfig:
 
 
 def resolve_config(spec: str | os.PathLike, vocab_size: int | None = None) -> BertConfig:
-    """A config from a JSON file path or, if no such file exists, from a released shape's name."""
+    """--bert_config_file: a config from a JSON file path or, if no such file exists, from a released shape's
+    name (with `vocab_size`, 30522 by default)."""
     if os.path.exists(spec):
         return BertConfig.from_json_file(spec)
-    return named_config(str(spec), vocab_size=vocab_size or 30522)
+    text = str(spec)
+    if text.lower().endswith(".json") or "/" in text or os.sep in text:
+        raise InputError(f"--bert_config_file={text}: no such file (nor a released shape's name such as tiny or base)")
+    return named_config(text, vocab_size=vocab_size or 30522)

@@ -17,10 +17,10 @@ from importlib import resources
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from bert.errors import InputError
 from bert.tasks.common import truncate_seq_pair
+from bert.utils import progress
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def extract(model, features: list[InputFeatures], layer_indexes: list[int], batc
     Batches are padded to their own longest sequence, not to max_seq_length: padded keys get -10000
     before the softmax, so real tokens' outputs are the same (within float rounding) and much cheaper.
     """
-    for start in tqdm(range(0, len(features), batch_size), desc="extract-features", unit="batch"):
+    for start in progress(range(0, len(features), batch_size), desc="extract-features", unit="batch"):
         batch = features[start : start + batch_size]
         T = max(len(f.input_ids) for f in batch)
 

@@ -30,7 +30,8 @@ every task, following run_classifier.py's `main`:
    (`--metric_for_best_model`, a task default otherwise) is kept, and `--early_stopping_patience=K`
    stops training after K evaluations without improvement. The final evaluation and predictions then
    use the best checkpoint. Without it they use the last step's weights.
-6. Outputs in `--output_dir`: `args.json`, `log.txt`, `metrics.jsonl`, the checkpoints, `model/` (the
+6. Outputs in `--output_dir`: `args.json`, `log.txt`, `metrics.jsonl` (and `curves.png`, drawn from it
+   and the final evaluation, with the `plot` extra), the checkpoints, `model/` (the
    model the final evaluation and predictions used, in the native layout with `vocab.txt` and the
    tokenizer settings, loadable with `from_pretrained`; the label list is saved in its `config.json` as
    `id2label`), `eval_results.txt` (sorted `key = value`, the original's keys `eval_accuracy`,
@@ -57,25 +58,18 @@ import torch
 
 from bert import training
 from bert.checkpoint import load_into, read_checkpoint
-from bert.config import BertConfig
+from bert.config import BertConfig, resolve_config
 from bert.errors import InputError
+from bert.flags import SHAPE_NAMES, ModelArgs, TrainingArgs, same_as
 from bert.formats.results import write_results
 from bert.formats.tensorboard import EventWriter
 from bert.modeling import MODEL_CLASSES, num_parameters
 from bert.optimization import create_optimizer
+from bert.plotting import CURVES_NAME, try_plot
 from bert.tasks.common import FinetuneTask, num_train_steps, num_warmup_steps
 from bert.tokenization import FullTokenizer, load_vocab, validate_case_matches_checkpoint
-from bert.training import (
-    METRICS_NAME,
-    GuardArgs,
-    PerformanceArgs,
-    RecordStream,
-    TpuCompatArgs,
-    autocast,
-    list_checkpoints,
-    to_device,
-)
-from bert.utils import atomic_write
+from bert.training import METRICS_NAME, RecordStream, autocast, list_checkpoints, to_device
+from bert.utils import atomic_write, progress
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +82,7 @@ GROUP_BATCHES = 50
 
 # ------------------------------------------------------------------------------------------------ flags
 @dataclass(kw_only=True)
-class FinetuneArgs(TpuCompatArgs, PerformanceArgs, GuardArgs):
+class FinetuneArgs(ModelArgs, TrainingArgs):
     """Flags shared by the fine-tuning commands: run_classifier.py's, plus training options."""
 
     data_dir: str = field(
@@ -97,56 +91,10 @@ class FinetuneArgs(TpuCompatArgs, PerformanceArgs, GuardArgs):
             "help": "The input data dir. Should contain the data files (train, dev, test) for the task.",
         }
     )
-    output_dir: str = field(
-        metadata={"help": "The output directory where the model checkpoints and results will be written."}
-    )
-    bert_config_file: str | None = field(
-        default=None,
-        metadata={
-            "help": "The config json file corresponding to the pre-trained BERT model. This specifies the model "
-            "architecture. Default: the config beside --init_checkpoint."
-        },
-    )
-    vocab_file: str | None = field(
-        default=None,
-        metadata={
-            "help": "The vocabulary file that the BERT model was trained on. Default: the vocab.txt beside "
-            "--init_checkpoint."
-        },
-    )
-    init_checkpoint: str | None = field(
-        default=None,
-        metadata={"help": "Initial checkpoint (usually from a pre-trained BERT model): TF, native or transformers."},
-    )
-    do_lower_case: bool = field(
-        default=True,
-        metadata={
-            "run_defining": "model",
-            "help": "Whether to lower case the input text. Should be True for uncased models and False for cased "
-            "models.",
-        },
-    )
-    max_seq_length: int = field(
-        default=128,
-        metadata={
-            "run_defining": "train",
-            "help": "The maximum total input sequence length after WordPiece tokenization. Sequences longer than "
-            "this will be truncated.",
-        },
-    )
-    do_train: bool = field(default=False, metadata={"help": "Whether to run training."})
-    do_eval: bool = field(default=False, metadata={"help": "Whether to run eval on the dev set."})
     do_predict: bool = field(
         default=False, metadata={"help": "Whether to run the model in inference mode on the test set."}
     )
-    train_batch_size: int = field(
-        default=32, metadata={"run_defining": "train", "help": "Total batch size for training."}
-    )
-    eval_batch_size: int = field(default=8, metadata={"help": "Total batch size for eval."})
     predict_batch_size: int = field(default=8, metadata={"help": "Total batch size for predict."})
-    learning_rate: float = field(
-        default=5e-5, metadata={"run_defining": "train", "help": "The initial learning rate for Adam."}
-    )
     num_train_epochs: float = field(
         default=3.0, metadata={"run_defining": "train", "help": "Total number of training epochs to perform."}
     )
@@ -157,11 +105,6 @@ class FinetuneArgs(TpuCompatArgs, PerformanceArgs, GuardArgs):
             "help": "Proportion of training to perform linear learning rate warmup for. "
             "E.g., 0.1 = 10 percent of training.",
         },
-    )
-    save_checkpoints_steps: int = field(default=1000, metadata={"help": "How often to save the model checkpoint."})
-    seed: int = field(
-        default=12345,
-        metadata={"run_defining": "train", "help": "Seed of the head's initialisation, data order and dropout."},
     )
     eval_every_steps: int = field(
         default=0,
@@ -194,12 +137,10 @@ class FinetuneArgs(TpuCompatArgs, PerformanceArgs, GuardArgs):
         default=False,
         metadata={"help": "Pad every batch to max_seq_length as the original does (slower, same results)."},
     )
-    keep_checkpoint_max: int = field(
-        default=1,
-        metadata={"help": "Keep this many newest checkpoints (besides the best one); 0 keeps all."},
-    )
-    log_every: int = field(default=50, metadata={"help": "Write training metrics every this many steps."})
-    device: str | None = field(default=None, metadata={"help": "torch device; default cuda if available, else cpu."})
+    # Fine-tuning checkpoints are only resumption points (the model is exported to model/), and runs are
+    # hundreds of steps long, not hundreds of thousands.
+    keep_checkpoint_max: int = same_as(TrainingArgs, "keep_checkpoint_max", default=1)
+    log_every: int = same_as(TrainingArgs, "log_every", default=50)
 
 
 # ------------------------------------------------------------------------------------------------- tasks
@@ -320,17 +261,20 @@ def predict(
     precision: str = "fp32",
     group_by_length: bool = True,
     pad_to: int | None = None,
+    desc: str = "predict",
 ) -> Predictions:
     """Run `model` (unwrapped) over `features` in batches of `batch_size`, sorted by length when
     `group_by_length`, each padded to its longest feature or to `pad_to`. Under torchrun every rank
-    runs every world_size-th batch and all ranks receive all outputs. The loss terms are the head's."""
+    runs every world_size-th batch and all ranks receive all outputs. The loss terms are the head's.
+    `desc` labels the progress bar."""
     lengths = np.array([task.feature_length(f) for f in features])
     order = np.argsort(-lengths, kind="stable") if group_by_length else np.arange(len(features))
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     was_training = model.training
     model.eval()
     mine: list[tuple[np.ndarray, list[np.ndarray], np.ndarray, np.ndarray]] = []
-    for idx in batches[dist.rank :: dist.world_size]:
+    mine_batches = batches[dist.rank :: dist.world_size]
+    for idx in progress(mine_batches, desc=desc, unit="batch", disable=not dist.is_main):
         arrays = task.collate([features[i] for i in idx], pad_to)
         with autocast(dist.device, precision):
             out = model(**to_device(to_tensors(arrays), dist.device))
@@ -420,24 +364,26 @@ class ModelFiles:
 def _resolve_model_files(args: FinetuneArgs, resume_dir: Path | None) -> ModelFiles:
 
     validate_case_matches_checkpoint(args.do_lower_case, args.init_checkpoint)
-    verify = not args.ignore_checkpoint_digest
-    ckpt = read_checkpoint(args.init_checkpoint, verify=verify) if args.init_checkpoint else None
-    if args.bert_config_file:
-        if not os.path.isfile(args.bert_config_file):
-            raise InputError(f"--bert_config_file={args.bert_config_file}: no such file")
-        config = BertConfig.from_json_file(args.bert_config_file)
-    elif ckpt is not None and ckpt.config is not None:
-        config = ckpt.config
-    else:
-        raise InputError(
-            "no model config: pass --bert_config_file=PATH (or an --init_checkpoint with a config.json beside it)"
-        )
+    ckpt = (
+        read_checkpoint(args.init_checkpoint, verify=not args.ignore_checkpoint_digest)
+        if args.init_checkpoint
+        else None
+    )
     vocab_file = args.vocab_file or (ckpt.vocab_file if ckpt is not None else None)
     if not vocab_file:
         raise InputError("no vocabulary: pass --vocab_file=PATH (or an --init_checkpoint with a vocab.txt beside it)")
     if not os.path.isfile(vocab_file):
         raise InputError(f"--vocab_file={vocab_file}: no such file")
     vocab = load_vocab(vocab_file)
+    if args.bert_config_file:
+        config = resolve_config(args.bert_config_file, vocab_size=max(vocab.values()) + 1)
+    elif ckpt is not None and ckpt.config is not None:
+        config = ckpt.config
+    else:
+        raise InputError(
+            f"no model config: pass --bert_config_file=PATH or a shape ({SHAPE_NAMES}), or an --init_checkpoint "
+            "with a config beside it"
+        )
     config.validate_vocab(max(vocab.values()) + 1, vocab_file)
     if args.max_seq_length > config.max_position_embeddings:
         raise InputError(
@@ -644,6 +590,8 @@ class _FinetuneRun:
             result["eval"] = ev["results"]
         if args.do_predict:
             result["predict"] = self.predict_test_set()
+        if self.dist.is_main and (self.output_dir / METRICS_NAME).is_file():
+            try_plot([self.output_dir], self.output_dir / CURVES_NAME)
         return result
 
     def save_tuned_config(self) -> None:
@@ -712,6 +660,7 @@ class _FinetuneRun:
             args.precision,
             args.group_by_length,
             self.pad_to,
+            desc=f"{self.task.command} eval",
         )
         results = {**self.task.metrics(examples, features, pred.outputs), **loss_metrics(pred, args.eval_batch_size)}
         results["global_step"] = step
@@ -732,6 +681,7 @@ class _FinetuneRun:
             args.precision,
             args.group_by_length,
             self.pad_to,
+            desc=f"{self.task.command} predict",
         )
         written = None
         if self.dist.is_main:
@@ -754,7 +704,7 @@ class _FinetuneRun:
             examples_per_step=args.train_batch_size,
             vocab_file=self.files.vocab_file,
             do_lower_case=args.do_lower_case,
-            desc=task.command,
+            desc=f"{task.command} train",
             max_nonfinite_steps=args.max_nonfinite_steps,
         )
         trainer = training.Trainer(self.model, self.wrapped, optimizer, scheduler, dist, self.output_dir, settings)

@@ -39,7 +39,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,23 +54,22 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
 
 from bert.checkpoint import CONFIG_NAME, save_pretrained
 from bert.config import SHAPE_FIELDS, BertConfig
 from bert.errors import InputError, NonFiniteError
+from bert.flags import PRECISIONS, PerformanceArgs
 from bert.formats.tensorboard import EventWriter
 from bert.optimization import clip_grad_norm
 from bert.outputs import claim, remove_temporaries
-from bert.utils import atomic_write, check_finite_flags, write_run_info
+from bert.plotting import METRICS_NAME
+from bert.utils import atomic_write, log_to_file, progress, write_run_info
 
 logger = logging.getLogger(__name__)
 
-PRECISIONS = ("fp32", "bf16", "fp16")
 CHECKPOINT_PREFIX = "checkpoint-"
 TRAINING_STATE_NAME = "training_state.pt"
 TRAINER_STATE_NAME = "trainer_state.json"
-METRICS_NAME = "metrics.jsonl"
 ARGS_NAME = "args.json"
 ARGS_HISTORY_NAME = "args_history.jsonl"
 MODEL_DIR = "model"
@@ -88,81 +87,6 @@ RESULT_NAMES = (
     "nbest_predictions.json",
     "null_odds.json",
 )
-
-
-_TPU = "Accepted for compatibility with the original scripts; TPUs are not supported."
-
-
-@dataclass(kw_only=True)
-class TpuCompatArgs:
-    """The original scripts' TPU flags, shared by the training commands: accepted so that their command
-    lines run unchanged, and ignored, except that --use_tpu must stay false."""
-
-    iterations_per_loop: int = field(
-        default=1000, metadata={"help": "How many steps to make in each estimator call. Accepted; no effect."}
-    )
-    use_tpu: bool = field(default=False, metadata={"help": "Whether to use TPU or GPU/CPU. Must stay false."})
-    tpu_name: str | None = field(default=None, metadata={"help": _TPU})
-    tpu_zone: str | None = field(default=None, metadata={"help": _TPU})
-    gcp_project: str | None = field(default=None, metadata={"help": _TPU})
-    master: str | None = field(default=None, metadata={"help": _TPU})
-    num_tpu_cores: int = field(default=8, metadata={"help": _TPU})
-
-    def check_no_tpu(self) -> None:
-        if self.use_tpu:
-            raise InputError("--use_tpu=true is not supported; drop it (CPU and GPU are chosen with --device)")
-
-
-@dataclass(kw_only=True)
-class PerformanceArgs:
-    """How the training commands compute a step: flags shared by pretrain and every fine-tuning command."""
-
-    gradient_accumulation_steps: int = field(
-        default=1, metadata={"help": "Micro-batches per optimizer step; train_batch_size is split into them."}
-    )
-    precision: str = field(
-        default="fp32",
-        metadata={"help": "fp32, bf16 (autocast) or fp16 (autocast and loss scaling).", "choices": list(PRECISIONS)},
-    )
-    gradient_checkpointing: bool = field(
-        default=False, metadata={"help": "Recompute activations in the backward pass: less memory, more compute."}
-    )
-    compile: bool = field(
-        default=False, metadata={"help": "torch.compile the model (eager fallback if compilation fails)."}
-    )
-
-
-@dataclass(kw_only=True)
-class GuardArgs:
-    """What a training run checks, and the flag that relaxes each check: shared by pretrain and every
-    fine-tuning command. Flags whose field metadata has "run_defining" are compared with the run that
-    an output directory holds before it is resumed: "train" (the optimisation: batch size, learning rate,
-    schedule, seed), "data" (a path to the training data, compared resolved) and "model" (what the model
-    is: the task, its labels, the casing; compared also when evaluation or prediction alone reuses it)."""
-
-    max_nonfinite_steps: int = field(
-        default=0,
-        metadata={
-            "help": "Steps whose loss or gradient norm is not finite to skip (their update is not applied; counted "
-            "in the logs) before the run stops. 0: stop at the first, keeping the last good checkpoint."
-        },
-    )
-    ignore_checkpoint_digest: bool = field(
-        default=False,
-        metadata={"help": "Load checkpoints whose tensors do not match the digest saved with them (damaged files)."},
-    )
-    allow_changed_flags: bool = field(
-        default=False,
-        metadata={
-            "help": "Resume --output_dir with run-defining flags (batch size, learning rate, schedule, task, data) "
-            "other than its run's; the change is recorded in args_history.jsonl and the earlier results removed."
-        },
-    )
-
-    def check_guard_flags(self) -> None:
-        check_finite_flags(self)
-        if self.max_nonfinite_steps < 0:
-            raise InputError(f"--max_nonfinite_steps={self.max_nonfinite_steps} must not be negative")
 
 
 # ------------------------------------------------------------------------------------------ devices
@@ -767,28 +691,6 @@ class MetricsLogger:
         self.events.close()
 
 
-@contextlib.contextmanager
-def log_to_file(path: str | os.PathLike, main: bool = True):
-    """Within the block, also log this package's INFO messages to `path` (on the main process; the other
-    ranks log warnings only). Handlers set up by the caller (the CLI's, pytest's) are left in place."""
-    package = logging.getLogger("bert")
-    level = package.level
-    package.setLevel(logging.INFO if main else logging.WARNING)
-    handler = None
-    if main:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(path, encoding="utf-8")
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        package.addHandler(handler)
-    try:
-        yield
-    finally:
-        package.setLevel(level)
-        if handler is not None:
-            package.removeHandler(handler)
-            handler.close()
-
-
 def pin_memory(item: Any) -> Any:
     """`item` (tensors in lists and dicts) with every tensor in page-locked memory."""
     if isinstance(item, torch.Tensor):
@@ -1051,13 +953,12 @@ class Trainer:
         if dist.is_main:
             remove_incomplete(self.output_dir)
         metrics_logger = MetricsLogger(self.output_dir, self.global_step) if dist.is_main else None
-        bar = tqdm(
+        bar = progress(
             total=num_train_steps,
             initial=self.global_step,
             desc=self.settings.desc,
             unit="step",
             disable=not dist.is_main,
-            dynamic_ncols=True,
         )
         self.wrapped.train()
         window: dict[str, torch.Tensor] = {}

@@ -1,6 +1,6 @@
 """Small helpers below everything else: atomic file writes, reading text files (plain or gzipped, globs,
-undecodable bytes named by line), logging set-up, the record of what a command did, flags that must be
-finite, and worker processes that end with their parent. No torch here.
+undecodable bytes named by line), a command's log file and progress bars, the record of what a command
+did, flags that must be finite, and worker processes that end with their parent. No torch here.
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+
+from tqdm import tqdm
 
 from bert import __version__
 from bert.errors import InputError
@@ -79,18 +81,57 @@ def _named(e: OSError, path: Path) -> OSError:
     return e
 
 
-def setup_logging(output_dir: str | os.PathLike | None = None, log_name: str = "log.txt") -> None:
-    """Log INFO to stderr and, when an output directory is given, to a file inside it."""
-    handlers: list[logging.Handler] = [logging.StreamHandler()]
-    if output_dir is not None:
-        Path(output_dir).mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(Path(output_dir) / log_name, encoding="utf-8"))
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        handlers=handlers,
-        force=True,
-    )
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+@contextlib.contextmanager
+def log_to_file(path: str | os.PathLike, main: bool = True) -> Iterator[None]:
+    """Within the block, also log this package's INFO messages to `path`, appended (on the main process;
+    the other ranks log warnings only). The terminal shows what `bert.cli` lets through (warnings, or
+    everything with --verbose); handlers set up by the caller (the CLI's, pytest's) are left in place."""
+    package = logging.getLogger("bert")
+    level = package.level
+    package.setLevel(logging.INFO if main else logging.WARNING)
+    handler = None
+    path = Path(path)
+    new_file, new_dir = not path.exists(), not path.parent.exists()
+    if main:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(path, encoding="utf-8", delay=True)
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        package.addHandler(handler)
+    try:
+        yield
+    except InputError:
+        # Bad input stops the command with nothing written: the log file it started goes too.
+        if handler is not None and new_file:
+            handler.close()
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            with contextlib.suppress(OSError):  # only when empty
+                if new_dir:
+                    path.parent.rmdir()
+        raise
+    finally:
+        package.setLevel(level)
+        if handler is not None:
+            package.removeHandler(handler)
+            handler.close()
+
+
+def progress(iterable: Iterable | None = None, **kwargs: Any) -> tqdm:
+    """A progress bar on stderr, with its rate and time left: one per stage of a command.
+
+    Away from a terminal (a pipe, a CI log) it is redrawn every 10 seconds instead of several times a
+    second, so logs hold a few updates per stage; `TQDM_DISABLE=1` hides every bar.
+    """
+    interactive = getattr(sys.stderr, "isatty", lambda: False)()
+    kwargs.setdefault("mininterval", 0.1 if interactive else 10.0)
+    kwargs.setdefault("dynamic_ncols", True)
+    # tqdm reads TQDM_* variables only for arguments left out; disable is often passed (ranks > 0).
+    if os.environ.get("TQDM_DISABLE", "").lower() in ("1", "true", "yes"):
+        kwargs["disable"] = True
+    return tqdm(iterable, **kwargs)
 
 
 def write_run_info(output_dir: str | os.PathLike, command: str, args: object) -> Path:

@@ -18,6 +18,7 @@ from bert.metrics import f1_binary
 from conftest import (
     args_for,
     assert_same_weights,
+    check_curves,
     cli_error,
     glue_slice,
     model_flags,
@@ -303,6 +304,8 @@ def test_eval_every_steps_keeps_the_best_checkpoint_and_stops_early(model_files,
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-6"]
     evals = [m for m in read_metrics(out) if "eval_accuracy" in m]
     assert [e["step"] for e in evals] == [2, 4, 6]
+    # The curves: the evaluations over steps (the final one, of the best step 2, is not drawn twice).
+    assert check_curves(out)["runs"][0]["eval"]["eval_accuracy"]["steps"] == [2, 4, 6]
     # A rerun sees the early stop and trains no further.
     again = run_classify(mrpc_args(model_files, data, out, **flags))
     assert "train" not in again and again["global_step"] == 2

@@ -23,7 +23,14 @@ from bert.tasks.ner import (
     word_predictions,
 )
 from bert.tokenization import FullTokenizer
-from conftest import args_for, cli_error, model_flags, read_results, shared_path
+from conftest import (
+    args_for,
+    check_curves,
+    cli_error,
+    model_flags,
+    read_results,
+    shared_path,
+)
 
 TINY_MODEL = dict(vocab="cased.txt", do_lower_case=False)  # conftest's model_files
 
@@ -104,6 +111,7 @@ def test_ner_on_a_conll2003_slice(model_files, tmp_path):
     gold, pred = read_prediction_file(out / "eval_predictions.txt")
     assert gold == [ex.labels for ex in dev]
     assert pred == word_predictions(dev, features, argmax, CONLL2003_LABELS)
+    assert {"eval_loss", "eval_f1", "eval_accuracy"} <= set(check_curves(out)["runs"][0]["eval"])
 
     # Entity scores recomputed from the written dev predictions equal eval_results.txt.
     scores = ner_metrics(gold, pred)

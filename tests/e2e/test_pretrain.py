@@ -23,6 +23,7 @@ from bert.training import TRAINING_STATE_NAME, DistContext, list_checkpoints, lo
 from conftest import (
     FIXTURES,
     assert_same_weights,
+    check_curves,
     cli_error,
     read_metrics,
     read_results,
@@ -74,6 +75,8 @@ def test_pretrain_on_sample_text(tmp_path):
         assert m["loss"] == pytest.approx(m["masked_lm_loss"] + m["next_sentence_loss"], rel=1e-5)
         assert {"grad_norm", "learning_rate", "sequences_per_second"} <= set(m)
     assert lines[0]["learning_rate"] == 0.0 and lines[1]["learning_rate"] == pytest.approx(5e-4, rel=1e-12)
+    drawn = check_curves(out)["runs"][0]["eval"]
+    assert {"eval_loss", "eval_masked_lm_accuracy", "eval_next_sentence_accuracy"} <= set(drawn)
 
     # eval_results.txt: the original's six keys, sorted, `key = value`; and its JSON copy.
     text = (out / "eval_results.txt").read_text().splitlines()

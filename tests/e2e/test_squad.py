@@ -19,6 +19,7 @@ from bert.tokenization import FullTokenizer
 from conftest import (
     args_for,
     assert_same_weights,
+    check_curves,
     cli_error,
     model_flags,
     read_metrics,
@@ -107,6 +108,7 @@ def test_v1_train_and_predict(v1_run):
     assert read_metrics(out)[-1]["step"] == 5
     # The last checkpoint is the exported model.
     assert_same_weights(read_weights(out / "checkpoint-5"), read_weights(out / "model"))
+    check_curves(out)
 
     qids = question_ids(predict)
     assert len(qids) == 40

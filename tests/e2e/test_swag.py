@@ -12,7 +12,15 @@ import torch
 from bert.commands.swag import SwagArgs, run_swag
 from bert.tasks.swag import convert_swag_examples_to_features, read_swag_examples, swag_features_to_arrays
 from bert.tokenization import FullTokenizer
-from conftest import FIXTURES, args_for, cli_error, model_flags, read_results, read_tsv
+from conftest import (
+    FIXTURES,
+    args_for,
+    check_curves,
+    cli_error,
+    model_flags,
+    read_results,
+    read_tsv,
+)
 
 SWAG = FIXTURES / "tasks" / "swag"
 
@@ -33,6 +41,7 @@ def test_swag_on_the_fixtures(model_files, tmp_path):
     results = read_results(out / "eval_results.txt")
     assert set(results) == {"eval_accuracy", "eval_loss", "global_step", "loss"}
     assert results["global_step"] == "4" and float(results["eval_accuracy"]) in (0.0, 0.5, 1.0)
+    assert set(check_curves(out)["runs"][0]["eval"]) == {"eval_accuracy", "eval_loss"}
     # test_results.tsv: one line per test example, the four endings' probabilities.
     probs = read_tsv(out / "test_results.tsv")
     assert probs.shape == (2, 4)

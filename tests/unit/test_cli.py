@@ -2,6 +2,7 @@
 spellings, and reports bad command lines in one line with exit code 2."""
 
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from bert import cli
-from conftest import REPO
+from conftest import REPO, cli_error
 
 
 def test_every_command_is_documented_in_the_readme_and_back():
@@ -97,3 +98,168 @@ def test_bad_command_lines_one_line_exit_2(capsys, argv, fragment):
 def test_no_command_prints_help_and_exits_2(capsys):
     assert cli.main([]) == 2
     assert "extract-features" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------ one flag, one meaning
+# Flags that two commands share but define differently, on purpose: which aspects differ, and why.
+DIFFERENT_ON_PURPOSE = {
+    "input_file": ({"help", "default"}, "what the input holds is the command's own: text, TFRecords, examples"),
+    "output_file": ({"help", "default"}, "what the output holds is the command's own"),
+    "train_file": ({"help", "default"}, "each task's file names, as its data set ships them"),
+    "dev_file": ({"help", "default"}, "each task's file names, as its data set ships them"),
+    "test_file": ({"help", "default"}, "each task's file names, as its data set ships them"),
+    "labels": ({"help"}, "classify's generic labels are the training file's; ner's default is the CoNLL-2003 tags"),
+    "do_predict": ({"help"}, "run_squad.py predicts answers to --predict_file, run_classifier.py the test set"),
+    "vocab_file": ({"help", "default"}, "required where there is no checkpoint to find it beside"),
+    "do_lower_case": ({"help", "default"}, "convert records the casing it is given, else keeps the input's"),
+    "max_seq_length": ({"default"}, "run_squad.py's default is 384"),
+    "keep_checkpoint_max": ({"default"}, "fine-tuning checkpoints are resumption points; the model is exported"),
+    "log_every": ({"default"}, "pre-training runs 100,000s of steps, fine-tuning hundreds"),
+    "output_dir": ({"default"}, "quickstart runs with no flags at all"),
+}
+
+
+def _flags_by_name() -> dict[str, dict[str, dict]]:
+    """flag -> {command: {"help", "default", "choices"}} over every command of the table."""
+    out: dict[str, dict[str, dict]] = {}
+    for name in cli.COMMANDS:
+        args_cls, _ = cli._resolve(name)
+        for f in dataclasses.fields(args_cls):
+            if f.metadata.get("cli") is False:
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else "(required)"
+            entry = {"help": f.metadata.get("help"), "default": default, "choices": f.metadata.get("choices")}
+            out.setdefault(f.name, {})[name] = entry
+    return out
+
+
+def test_a_flag_shared_by_commands_has_one_help_text_and_one_default():
+    shared = {flag: by_command for flag, by_command in _flags_by_name().items() if len(by_command) > 1}
+    assert {"bert_config_file", "init_checkpoint", "vocab_file", "do_lower_case", "seed", "device"} <= set(shared)
+    for flag, by_command in shared.items():
+        differing = {
+            aspect
+            for aspect in ("help", "default", "choices")
+            if len({repr(e[aspect]) for e in by_command.values()}) > 1
+        }
+        allowed, _reason = DIFFERENT_ON_PURPOSE.get(flag, (set(), ""))
+        assert differing <= allowed, f"--{flag} differs in {differing - allowed} between {sorted(by_command)}"
+    # Every listed difference is still real (a flag made consistent leaves the list).
+    for flag, (allowed, _reason) in DIFFERENT_ON_PURPOSE.items():
+        assert flag in shared, f"--{flag} is no longer shared"
+        by_command = shared[flag]
+        for aspect in allowed:
+            assert len({repr(e[aspect]) for e in by_command.values()}) > 1, f"--{flag}: {aspect} no longer differs"
+
+
+def test_every_model_building_command_takes_a_shape_name(tmp_path, capsys):
+    """--bert_config_file=tiny wherever a model is built (vocab_size from the vocabulary); a path that does
+    not exist says so."""
+    import torch
+
+    from bert.checkpoint import save_pretrained
+    from bert.commands.classify import ClassifyArgs
+    from bert.commands.convert import ConvertArgs, run_convert
+    from bert.commands.extract_features import ExtractFeaturesArgs, run_extract_features
+    from bert.config import named_config
+    from bert.extract_features import demo_file
+    from bert.finetune import _resolve_model_files
+    from bert.modeling import BertForPreTraining
+
+    vocab = demo_file("vocab.txt")
+    torch.manual_seed(0)
+    weights = tmp_path / "tiny"  # BERT-Tiny's shape over the demo vocabulary, saved without its config
+    save_pretrained(BertForPreTraining(named_config("tiny", vocab_size=99)), weights, vocab_file=vocab)
+    (weights / "config.json").unlink()
+
+    out = tmp_path / "features.jsonl"
+    args = ExtractFeaturesArgs(output_file=str(out), init_checkpoint=str(weights), bert_config_file="tiny", layers="-1")
+    assert run_extract_features(args)["examples"] == 5
+    assert len(json.loads(out.read_text().splitlines()[0])["features"][0]["layers"][0]["values"]) == 128
+
+    converted = tmp_path / "converted"
+    run_convert(ConvertArgs(input=str(weights), output=str(converted), bert_config_file="tiny"))
+    assert json.loads((converted / "config.json").read_text())["hidden_size"] == 128
+
+    classify = ClassifyArgs(
+        task_name="generic", data_dir=str(tmp_path), output_dir=str(tmp_path / "out"), init_checkpoint=str(weights)
+    )
+    for shape, hidden in (("tiny", 128), ("L-4_H-256", 256)):
+        files = _resolve_model_files(dataclasses.replace(classify, bert_config_file=shape), None)
+        assert (files.config.hidden_size, files.config.vocab_size) == (hidden, 99)
+
+    flags = [f"--data_dir={tmp_path}", f"--output_dir={tmp_path / 'out'}", f"--init_checkpoint={weights}"]
+    err = cli_error(capsys, "classify", "--task_name=generic", "--do_train", "--bert_config_file=x/config.json", *flags)
+    assert err.endswith(
+        "--bert_config_file=x/config.json: no such file (nor a released shape's name such as tiny or base)"
+    )
+    assert "unknown model shape 'huge'" in cli_error(
+        capsys, "classify", "--task_name=generic", "--do_train", "--bert_config_file=huge", *flags
+    )
+
+
+def test_verbose_and_version(tmp_path, capsys):
+    from bert import __version__
+
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out == f"bert {__version__}\n"
+    out = tmp_path / "f.jsonl"
+    # Default: the INFO log goes to the output's log file only; --verbose (before or after) adds the terminal.
+    assert cli.main(["extract-features", f"--output_file={out}"]) == 0
+    assert "INFO" not in capsys.readouterr().err
+    assert "*** Example ***" in (tmp_path / "f.jsonl.log.txt").read_text()
+    for argv in (
+        ["--verbose", "extract-features", f"--output_file={out}"],
+        ["extract-features", "--verbose", f"--output_file={out}"],
+    ):
+        assert cli.main(argv) == 0
+        err = capsys.readouterr().err
+        assert "INFO bert.extract_features: *** Example ***" in err
+    # The terminal handler is removed when the command ends: nothing leaks into the next one.
+    assert cli.main(["extract-features", f"--output_file={out}"]) == 0
+    assert "INFO" not in capsys.readouterr().err
+
+
+def test_env_names_versions_and_extras(capsys):
+    import torch
+
+    assert cli.main(["env"]) == 0
+    lines = dict(line.split(":", 1) for line in capsys.readouterr().out.splitlines())
+    assert lines["torch"].split()[0] == torch.__version__
+    assert lines["threads"].split()[0] == str(torch.get_num_threads())
+    assert {"bert", "python", "cpu", "cuda", "extra [plot]", "extra [corpus]"} <= set(lines)
+
+
+def test_pretrain_takes_a_shape_name_or_the_config_and_vocab_beside_the_checkpoint(tmp_path):
+    import torch
+
+    from bert.checkpoint import save_pretrained
+    from bert.commands.create_pretraining_data import CreatePretrainingDataArgs, run_create_pretraining_data
+    from bert.commands.pretrain import PretrainArgs, run_pretrain
+    from bert.config import named_config
+    from bert.extract_features import demo_file
+    from bert.modeling import BertForPreTraining
+    from conftest import shared_path
+
+    vocab = demo_file("vocab.txt")
+    data = tmp_path / "data"
+    text = shared_path("data", "sample_text.txt")
+    run_create_pretraining_data(
+        CreatePretrainingDataArgs(input_file=str(text), output_file=str(data), vocab_file=str(vocab), max_seq_length=32)
+    )
+    torch.manual_seed(0)
+    weights = tmp_path / "tiny"
+    save_pretrained(BertForPreTraining(named_config("tiny", vocab_size=99)), weights, vocab_file=vocab)
+    flags = dict(input_file=str(data), max_seq_length=32, do_train=True, num_train_steps=1, train_batch_size=4)
+    # No --bert_config_file, no --vocab_file: both from beside --init_checkpoint.
+    run_pretrain(PretrainArgs(output_dir=str(tmp_path / "a"), init_checkpoint=str(weights), **flags))
+    info = json.loads((tmp_path / "a" / "args.json").read_text())["args"]
+    assert info["vocab_file"] == str(weights / "vocab.txt")
+    assert json.loads((tmp_path / "a" / "model" / "config.json").read_text())["hidden_size"] == 128
+    # A shape's name, with the vocab beside the checkpoint giving vocab_size.
+    (weights / "config.json").unlink()
+    run_pretrain(
+        PretrainArgs(output_dir=str(tmp_path / "b"), init_checkpoint=str(weights), bert_config_file="tiny", **flags)
+    )
+    config = json.loads((tmp_path / "b" / "model" / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]) == (128, 2, 99)

@@ -7,10 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bert import checkpoint
+from bert.config import resolve_config
 from bert.errors import InputError
+from bert.flags import ModelArgs, same_as
 from bert.modeling import MODEL_CLASSES
 from bert.outputs import claim, staged_directory
-from bert.utils import write_run_info
+from bert.tokenization import load_vocab
+from bert.utils import log_to_file, write_run_info
 
 logger = logging.getLogger(__name__)
 
@@ -25,12 +28,8 @@ class ConvertArgs:
         default="native",
         metadata={"help": "Output format.", "choices": ["native", "hf", "tf"]},
     )
-    bert_config_file: str | None = field(
-        default=None, metadata={"help": "Config JSON; needed when the input has no config beside it."}
-    )
-    vocab_file: str | None = field(
-        default=None, metadata={"help": "vocab.txt to copy beside the weights (found beside the input if absent)."}
-    )
+    bert_config_file: str | None = same_as(ModelArgs, "bert_config_file")
+    vocab_file: str | None = same_as(ModelArgs, "vocab_file")
     do_lower_case: bool | None = field(
         default=None, metadata={"help": "Tokenizer casing to record (read from the input's settings if absent)."}
     )
@@ -53,14 +52,21 @@ def run_convert(args: ConvertArgs) -> dict:
 def _convert(args: ConvertArgs) -> dict:
     if args.model_class not in MODEL_CLASSES:
         raise InputError(f"--model_class={args.model_class} is unknown; use one of {', '.join(MODEL_CLASSES)}")
-    src = checkpoint.read_checkpoint(args.input, config_file=args.bert_config_file)
+    src = checkpoint.read_checkpoint(args.input)
     vocab_file = args.vocab_file or src.vocab_file
+    config = src.config
+    if args.bert_config_file:
+        # A shape's name takes vocab_size from the vocabulary, else from the checkpoint's embeddings.
+        embeddings = [v for k, v in src.state_dict.items() if k.endswith("word_embeddings.weight")]
+        vocab_size = len(load_vocab(vocab_file)) if vocab_file else embeddings[0].shape[0] if embeddings else None
+        config = resolve_config(args.bert_config_file, vocab_size)
     do_lower_case = (
         args.do_lower_case if args.do_lower_case is not None else src.tokenizer_settings.get("do_lower_case")
     )
-    model = checkpoint.load_pretrained(MODEL_CLASSES[args.model_class], args.input, config=src.config, checkpoint=src)
     out = Path(args.output)
-    with staged_directory(out) as tmp:
+    # The log goes into the staged directory too: nothing appears in --output before the whole of it.
+    with staged_directory(out) as tmp, log_to_file(tmp / "log.txt"):
+        model = checkpoint.load_pretrained(MODEL_CLASSES[args.model_class], args.input, config=config, checkpoint=src)
         if args.format == "tf":
             checkpoint.export_tf(model, tmp, vocab_file=vocab_file, do_lower_case=do_lower_case)
         else:
@@ -68,5 +74,5 @@ def _convert(args: ConvertArgs) -> dict:
                 model, tmp, vocab_file=vocab_file, do_lower_case=do_lower_case, hf_layout=args.format == "hf"
             )
         write_run_info(tmp, "convert", args)
-    logger.info("wrote %s checkpoint of %s to %s", args.format, args.model_class, out)
+        logger.info("wrote %s checkpoint of %s to %s", args.format, args.model_class, out)
     return {"output": str(out), "format": args.format, "num_tensors": len(model.state_dict())}

@@ -14,17 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from bert.errors import InputError
+from bert.flags import CorpusArgs, MaskingArgs, ModelArgs, same_as
 from bert.formats.native import check_output_dir
 from bert.outputs import claim
 from bert.pretraining.create import create_pretraining_data
 from bert.pretraining.instances import SPECIAL_TOKENS
 from bert.pretraining.streaming import GenerationSettings
 from bert.tokenization import FullTokenizer
-from bert.utils import DECODE_ERRORS, expand_input_files
+from bert.utils import expand_input_files, log_to_file
 
 
-@dataclass
-class CreatePretrainingDataArgs:
+@dataclass(kw_only=True)
+class CreatePretrainingDataArgs(MaskingArgs, CorpusArgs):
     """Create masked LM / next sentence masked_lm examples for BERT (create_pretraining_data.py): TFRecord
     files as the original writes, or a native dataset of memory-mappable shards."""
 
@@ -37,20 +38,8 @@ class CreatePretrainingDataArgs:
         }
     )
     vocab_file: str = field(metadata={"help": "The vocabulary file that the BERT model was trained on."})
-    do_lower_case: bool = field(
-        default=True,
-        metadata={
-            "help": "Whether to lower case the input text. Should be True for uncased models and False for "
-            "cased models."
-        },
-    )
-    do_whole_word_mask: bool = field(
-        default=False, metadata={"help": "Whether to use whole word masking rather than per-WordPiece masking."}
-    )
-    max_seq_length: int = field(default=128, metadata={"help": "Maximum sequence length."})
-    max_predictions_per_seq: int = field(
-        default=20, metadata={"help": "Maximum number of masked LM predictions per sequence."}
-    )
+    do_lower_case: bool = same_as(ModelArgs, "do_lower_case")
+    max_seq_length: int = same_as(ModelArgs, "max_seq_length")
     random_seed: int = field(default=12345, metadata={"help": "Random seed for data generation."})
     dupe_factor: int = field(
         default=10, metadata={"help": "Number of times to duplicate the input data (with different masks)."}
@@ -69,7 +58,6 @@ class CreatePretrainingDataArgs:
             "choices": ("auto", "tfrecord", "native"),
         },
     )
-    num_workers: int = field(default=1, metadata={"help": "Worker processes; more than 1 implies --streaming."})
     streaming: bool = field(
         default=False,
         metadata={
@@ -80,14 +68,6 @@ class CreatePretrainingDataArgs:
     streaming_buffer_mb: float = field(
         default=4.0,
         metadata={"help": "Streaming: MB of text per buffer; random-next segments are drawn within a buffer."},
-    )
-    decode_errors: str = field(
-        default="strict",
-        metadata={
-            "help": "Bytes that are not UTF-8: strict (error naming file and line), ignore (drop them, "
-            "as the original did silently), replace (U+FFFD).",
-            "choices": DECODE_ERRORS,
-        },
     )
 
 
@@ -148,12 +128,17 @@ def _validate(args: CreatePretrainingDataArgs) -> tuple[list[str], list[str], st
 
 
 def run_create_pretraining_data(args: CreatePretrainingDataArgs) -> dict[str, Any]:
-    """Run the command: compat or streaming generator, TFRecord or native output. Returns the statistics."""
+    """Run the command: compat or streaming generator, TFRecord or native output. Returns the statistics.
+
+    The log (the original's, with its first instances) goes to `<first output>.log.txt`, beside the
+    output, since the output itself appears only when it is complete.
+    """
     inputs, outputs, fmt, tokenizer = _validate(args)
     kind = "trees" if fmt == "native" else "files"
     derived = {} if fmt == "native" else {"--output_file": [".stats.json"]}
     read = {"--input_file": inputs, "--vocab_file": args.vocab_file}
-    with claim("create-pretraining-data", **{kind: {"--output_file": outputs}}, inputs=read, derived=derived):
+    claimed = claim("create-pretraining-data", **{kind: {"--output_file": outputs}}, inputs=read, derived=derived)
+    with claimed, log_to_file(f"{Path(outputs[0])}.log.txt"):
         return _create(args, inputs, outputs, fmt, tokenizer)
 
 

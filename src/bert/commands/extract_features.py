@@ -6,6 +6,7 @@ built-in demo: five sentences and a tiny checkpoint written by the original Tens
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass, field
@@ -14,55 +15,39 @@ from pathlib import Path
 import torch
 
 from bert.checkpoint import load_pretrained, read_checkpoint
-from bert.config import BertConfig
+from bert.config import resolve_config
 from bert.errors import InputError
 from bert.extract_features import convert_examples_to_features, demo_file, extract, parse_layers, read_examples
+from bert.flags import CorpusArgs, ModelArgs, TpuCompatArgs, TrainingArgs, same_as
 from bert.modeling import BertModel
 from bert.outputs import claim
 from bert.tokenization import FullTokenizer, load_vocab
-from bert.utils import DECODE_ERRORS, atomic_write
+from bert.utils import atomic_write, log_to_file
 
 logger = logging.getLogger(__name__)
 
+_DEFAULT_LAYERS = "-1,-2,-3,-4"
 
-@dataclass
-class ExtractFeaturesArgs:
+
+@dataclass(kw_only=True)
+class ExtractFeaturesArgs(ModelArgs):
     """Extract fixed features from a BERT checkpoint (extract_features.py).
 
     With no flags but --output_file, it runs on the built-in demo: five sentences and the tiny
-    checkpoint written by the original TensorFlow code (random weights; a check that everything works).
+    checkpoint written by the original TensorFlow code (random weights, 64 positions; a check that
+    everything works).
     """
 
     output_file: str = field(metadata={"help": "Where to write the JSON lines."})
     input_file: str | None = field(
         default=None, metadata={"help": "One example per line; 'A ||| B' for a pair. Default: built-in demo text."}
     )
-    layers: str = field(default="-1,-2,-3,-4", metadata={"help": "Encoder layers to output, e.g. -1,-2."})
-    bert_config_file: str | None = field(
-        default=None, metadata={"help": "Config of the pre-trained model (found beside the checkpoint if absent)."}
-    )
-    max_seq_length: int = field(
-        default=128, metadata={"help": "Maximum total length after WordPiece; longer inputs are truncated."}
-    )
-    init_checkpoint: str | None = field(
-        default=None, metadata={"help": "Checkpoint in any supported format. Default: the built-in tiny model."}
-    )
-    vocab_file: str | None = field(
-        default=None, metadata={"help": "vocab.txt of the model (found beside the checkpoint if absent)."}
-    )
-    do_lower_case: bool = field(default=True, metadata={"help": "Lower-case the input (True for uncased models)."})
+    layers: str = field(default=_DEFAULT_LAYERS, metadata={"help": "Encoder layers to output, e.g. -1,-2."})
     batch_size: int = field(default=32, metadata={"help": "Batch size for predictions."})
-    use_tpu: bool = field(default=False, metadata={"help": "Accepted for compatibility; must stay false."})
+    use_tpu: bool = same_as(TpuCompatArgs, "use_tpu")
     use_one_hot_embeddings: bool = field(default=False, metadata={"help": "Accepted for compatibility; no effect."})
-    device: str | None = field(default=None, metadata={"help": "torch device; default cuda if available, else cpu."})
-    decode_errors: str = field(
-        default="strict",
-        metadata={
-            "help": "Bytes of --input_file that are not UTF-8: strict (error naming the line), ignore (drop them, as "
-            "the original did silently) or replace (U+FFFD).",
-            "choices": DECODE_ERRORS,
-        },
-    )
+    device: str | None = same_as(TrainingArgs, "device")
+    decode_errors: str = same_as(CorpusArgs, "decode_errors")
 
 
 def run_extract_features(args: ExtractFeaturesArgs) -> dict:
@@ -87,14 +72,22 @@ def _extract_features(args: ExtractFeaturesArgs) -> dict:
     init_checkpoint = args.init_checkpoint or demo_file("bert_model.ckpt")
     if not Path(input_file).is_file():
         raise InputError(f"input file {input_file} does not exist; pass --input_file=PATH")
-    ckpt = read_checkpoint(init_checkpoint, config_file=args.bert_config_file)
-    config: BertConfig | None = ckpt.config
-    if config is None:
-        raise InputError(f"no config found beside {init_checkpoint}; pass --bert_config_file=PATH")
+    ckpt = read_checkpoint(init_checkpoint)
     vocab_file = args.vocab_file or ckpt.vocab_file
     if vocab_file is None or not Path(vocab_file).is_file():
         raise InputError(f"vocab file {vocab_file or '(none beside the checkpoint)'} not found; pass --vocab_file=PATH")
-    config.validate_vocab(len(load_vocab(vocab_file)), vocab_file)
+    vocab_size = len(load_vocab(vocab_file))
+    config = resolve_config(args.bert_config_file, vocab_size) if args.bert_config_file else ckpt.config
+    if config is None:
+        raise InputError(f"no config found beside {init_checkpoint}; pass --bert_config_file=PATH or a shape's name")
+    config.validate_vocab(vocab_size, vocab_file)
+    if args.init_checkpoint is None:
+        # The built-in demo model has 2 layers and 64 positions; the defaults are the original's, for released
+        # models, so the demo runs on its own with no flags but --output_file.
+        fit: dict = {"max_seq_length": min(args.max_seq_length, config.max_position_embeddings)}
+        if args.layers == _DEFAULT_LAYERS:
+            fit["layers"] = ",".join(str(-i) for i in range(1, min(4, config.num_hidden_layers) + 1))
+        args = dataclasses.replace(args, **fit)
     if args.max_seq_length > config.max_position_embeddings:
         raise InputError(
             f"--max_seq_length={args.max_seq_length} exceeds the model's max_position_embeddings="
@@ -103,7 +96,11 @@ def _extract_features(args: ExtractFeaturesArgs) -> dict:
     if args.max_seq_length < 3:
         raise InputError(f"--max_seq_length={args.max_seq_length} leaves no room for [CLS] and [SEP]; use at least 3")
     layer_indexes = parse_layers(args.layers, config.num_hidden_layers)
+    with log_to_file(f"{args.output_file}.log.txt"):
+        return _extract(args, input_file, init_checkpoint, ckpt, config, vocab_file, layer_indexes)
 
+
+def _extract(args: ExtractFeaturesArgs, input_file, init_checkpoint, ckpt, config, vocab_file, layer_indexes) -> dict:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = load_pretrained(BertModel, init_checkpoint, config=config, checkpoint=ckpt).to(device).eval()
     tokenizer = FullTokenizer(vocab_file, do_lower_case=args.do_lower_case)

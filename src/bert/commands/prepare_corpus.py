@@ -10,18 +10,17 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from tqdm import tqdm
-
 from bert.errors import InputError
+from bert.flags import CorpusArgs
 from bert.outputs import claim
 from bert.pretraining.corpus import PARAGRAPH_MODES, SENTENCE_SPLITTERS, make_sentence_splitter, prepare_corpus
-from bert.utils import DECODE_ERRORS, expand_input_files
+from bert.utils import expand_input_files, log_to_file, progress
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class PrepareCorpusArgs:
+@dataclass(kw_only=True)
+class PrepareCorpusArgs(CorpusArgs):
     """Raw text (e.g. Project Gutenberg books, plain or .gz) to one sentence per line, blank line between documents."""
 
     input_file: str = field(
@@ -54,14 +53,6 @@ class PrepareCorpusArgs:
         default=True, metadata={"help": "Drop the Project Gutenberg header and footer (START/END OF lines)."}
     )
     encoding: str = field(default="utf-8", metadata={"help": "Text encoding of the input files."})
-    decode_errors: str = field(
-        default="strict",
-        metadata={
-            "help": "Undecodable bytes: strict (error naming file and line), ignore (drop) or replace (U+FFFD).",
-            "choices": DECODE_ERRORS,
-        },
-    )
-    num_workers: int = field(default=1, metadata={"help": "Processes splitting files in parallel."})
 
 
 def run_prepare_corpus(args: PrepareCorpusArgs) -> dict:
@@ -75,30 +66,31 @@ def run_prepare_corpus(args: PrepareCorpusArgs) -> dict:
 
 def _prepare_corpus(args: PrepareCorpusArgs, files: list[str]) -> dict:
     make_sentence_splitter(args.sentence_splitter)  # fail early when the package is missing
-    start = time.time()
-    in_bytes = sum(os.path.getsize(f) for f in files)
-    with tqdm(total=len(files), unit="file", desc="prepare-corpus") as bar:
-        n_docs, n_sents = prepare_corpus(
-            files,
+    with log_to_file(f"{args.output_file}.log.txt"):
+        start = time.time()
+        in_bytes = sum(os.path.getsize(f) for f in files)
+        with progress(total=len(files), unit="file", desc="prepare-corpus") as bar:
+            n_docs, n_sents = prepare_corpus(
+                files,
+                args.output_file,
+                args.sentence_splitter,
+                args.split_chapters,
+                args.paragraph_mode,
+                args.strip_gutenberg,
+                args.encoding,
+                args.decode_errors,
+                args.num_workers,
+                on_file_done=lambda: bar.update(1),
+            )
+        seconds = time.time() - start
+        logger.info(
+            "Wrote %d documents, %d sentences from %d files to %s in %.1f s",
+            n_docs,
+            n_sents,
+            len(files),
             args.output_file,
-            args.sentence_splitter,
-            args.split_chapters,
-            args.paragraph_mode,
-            args.strip_gutenberg,
-            args.encoding,
-            args.decode_errors,
-            args.num_workers,
-            on_file_done=lambda: bar.update(1),
+            seconds,
         )
-    seconds = time.time() - start
-    logger.info(
-        "Wrote %d documents, %d sentences from %d files to %s in %.1f s",
-        n_docs,
-        n_sents,
-        len(files),
-        args.output_file,
-        seconds,
-    )
     return {
         "files": len(files),
         "documents": n_docs,

@@ -27,6 +27,7 @@ Dynamic masking (`--dynamic_masking`): see `bert.pretraining.inputs`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -40,10 +41,12 @@ from bert import training
 from bert.checkpoint import Checkpoint, load_into, read_checkpoint
 from bert.config import BertConfig, resolve_config
 from bert.errors import InputError
+from bert.flags import SHAPE_NAMES, MaskingArgs, ModelArgs, TrainingArgs, same_as
 from bert.formats.results import write_results
 from bert.formats.tensorboard import EventWriter
 from bert.modeling import BertForPreTraining, num_parameters
 from bert.optimization import create_optimizer, polynomial_warmup_lr
+from bert.plotting import CURVES_NAME, try_plot
 from bert.pretraining.evaluation import evaluate
 from bert.pretraining.inputs import (
     FEATURE_LENGTHS,
@@ -53,74 +56,35 @@ from bert.pretraining.inputs import (
     rank_batches,
 )
 from bert.tokenization import load_vocab
-from bert.training import GuardArgs, PerformanceArgs, RecordStream, TpuCompatArgs
+from bert.training import RecordStream
 from bert.utils import expand_input_files
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class PretrainArgs(TpuCompatArgs, PerformanceArgs, GuardArgs):
+@dataclass(kw_only=True)
+class PretrainArgs(MaskingArgs, TrainingArgs):
     """Pre-train BERT with the masked-LM and next-sentence objectives (run_pretraining.py).
 
     Resumes from the newest checkpoint in --output_dir when there is one. Under
     `torchrun --nproc_per_node=N bert pretrain ...` the processes share the global batch.
     """
 
-    bert_config_file: str = field(
-        metadata={
-            "help": "The config json file corresponding to the pre-trained BERT model. This specifies the model "
-            "architecture. Or a released shape: tiny, mini, small, medium, base, large, L-4_H-256, ..."
-        }
-    )
     input_file: str = field(
         metadata={
             "run_defining": "data",
             "help": "Input TF example files (can be a glob or comma separated), or native dataset directories.",
         }
     )
-    output_dir: str = field(metadata={"help": "The output directory where the model checkpoints will be written."})
-    init_checkpoint: str | None = field(
-        default=None, metadata={"help": "Initial checkpoint (usually from a pre-trained BERT model)."}
-    )
-    vocab_file: str | None = field(
-        default=None,
-        metadata={"help": "The vocabulary of the data: gives vocab_size for a shape name, checked against the config."},
-    )
-    max_seq_length: int = field(
-        default=128,
-        metadata={
-            "run_defining": "train",
-            "help": "The maximum total input sequence length after WordPiece tokenization. Sequences longer than "
-            "this will be truncated, and sequences shorter than this will be padded. Must match data generation.",
-        },
-    )
-    max_predictions_per_seq: int = field(
-        default=20,
-        metadata={
-            "run_defining": "train",
-            "help": "Maximum number of masked LM predictions per sequence. Must match data generation.",
-        },
-    )
-    do_train: bool = field(default=False, metadata={"help": "Whether to run training."})
-    do_eval: bool = field(default=False, metadata={"help": "Whether to run eval on the dev set."})
-    train_batch_size: int = field(
-        default=32, metadata={"run_defining": "train", "help": "Total batch size for training."}
-    )
-    eval_batch_size: int = field(default=8, metadata={"help": "Total batch size for eval."})
-    learning_rate: float = field(
-        default=5e-5, metadata={"run_defining": "train", "help": "The initial learning rate for Adam."}
-    )
+    bert_config_file: str | None = same_as(ModelArgs, "bert_config_file")
+    init_checkpoint: str | None = same_as(ModelArgs, "init_checkpoint")
+    vocab_file: str | None = same_as(ModelArgs, "vocab_file")
+    max_seq_length: int = same_as(ModelArgs, "max_seq_length")
     num_train_steps: int = field(
         default=100000, metadata={"run_defining": "train", "help": "Number of training steps."}
     )
     num_warmup_steps: int = field(default=10000, metadata={"run_defining": "train", "help": "Number of warmup steps."})
-    save_checkpoints_steps: int = field(default=1000, metadata={"help": "How often to save the model checkpoint."})
     max_eval_steps: int = field(default=100, metadata={"help": "Maximum number of eval steps."})
-    seed: int = field(
-        default=12345,
-        metadata={"run_defining": "train", "help": "Seed of the initialisation, data order, dropout and masking."},
-    )
     optimizer: str = field(
         default="adamw_bert",
         metadata={
@@ -133,19 +97,9 @@ class PretrainArgs(TpuCompatArgs, PerformanceArgs, GuardArgs):
         default=False,
         metadata={"run_defining": "train", "help": "Draw new masked positions for every epoch (needs --vocab_file)."},
     )
-    do_whole_word_mask: bool = field(
-        default=False,
-        metadata={
-            "run_defining": "train",
-            "help": "With --dynamic_masking: mask all the WordPiece pieces of a word together.",
-        },
-    )
     eval_files: str | None = field(
         default=None, metadata={"help": "Evaluate on these files instead of --input_file (globs, comma separated)."}
     )
-    keep_checkpoint_max: int = field(default=5, metadata={"help": "Keep this many newest checkpoints (0: all)."})
-    log_every: int = field(default=100, metadata={"help": "Write metrics every this many steps."})
-    device: str | None = field(default=None, metadata={"help": "torch device; default cuda if available, else cpu."})
     fsdp: bool = field(
         default=False, metadata={"help": "Under torchrun, shard the model with FSDP instead of replicating it (DDP)."}
     )
@@ -181,8 +135,6 @@ def _check_flags(args: PretrainArgs, world_size: int) -> None:
         )
     if args.do_eval and args.eval_batch_size % world_size:
         raise InputError(f"--eval_batch_size={args.eval_batch_size} must be divisible by the {world_size} processes")
-    if args.dynamic_masking and not args.vocab_file:
-        raise InputError("--dynamic_masking needs --vocab_file (for the [MASK], [CLS] and [SEP] ids)")
     if args.do_whole_word_mask and not args.dynamic_masking:
         raise InputError(
             "--do_whole_word_mask applies to --dynamic_masking only (static records keep the masks "
@@ -200,6 +152,9 @@ def run_pretrain(args: PretrainArgs) -> dict[str, Any]:
     ):
         # 1. Flags, vocab, data, config, output directory: all checked before any model is built.
         _check_flags(args, dist.world_size)
+        args, beside, init = _with_checkpoint_defaults(args)
+        if args.dynamic_masking and not args.vocab_file:
+            raise InputError("--dynamic_masking needs --vocab_file (for the [MASK], [CLS] and [SEP] ids)")
         vocab = load_vocab(args.vocab_file) if args.vocab_file else None
         masking = None
         if args.dynamic_masking:
@@ -212,16 +167,14 @@ def run_pretrain(args: PretrainArgs) -> dict[str, Any]:
             eval_source = open_pretraining_data(
                 args.eval_files, args.max_seq_length, args.max_predictions_per_seq, args.vocab_file, "--eval_files"
             )
-        config = _model_config(args, vocab, train_source.manifests)
+        config = _model_config(args, vocab, train_source.manifests, beside)
         for source in {id(train_source): train_source, id(eval_source): eval_source}.values():
             source.check_ids(config.vocab_size, config.type_vocab_size)
         resume_dir = _resume_dir(args, config)
-        verify = not args.ignore_checkpoint_digest
-        init = (
-            read_checkpoint(args.init_checkpoint, verify=verify)
-            if resume_dir is None and args.init_checkpoint
-            else None
-        )
+        if resume_dir is not None:
+            init = None
+        elif args.init_checkpoint and init is None:
+            init = read_checkpoint(args.init_checkpoint, verify=not args.ignore_checkpoint_digest)
         manifests = train_source.manifests
         do_lower_case = bool(manifests[0]["do_lower_case"]) if manifests and "do_lower_case" in manifests[0] else None
 
@@ -243,6 +196,9 @@ def run_pretrain(args: PretrainArgs) -> dict[str, Any]:
             result["global_step"] = trainer.global_step
             if args.do_eval:
                 result["eval"] = _evaluate(args, wrapped, eval_source, dist, trainer.global_step)
+            output_dir = Path(args.output_dir)
+            if dist.is_main and (output_dir / training.METRICS_NAME).is_file():
+                try_plot([output_dir], output_dir / CURVES_NAME)
             return result
 
 
@@ -255,10 +211,37 @@ def _inputs(args: PretrainArgs) -> dict[str, Any]:
     return inputs
 
 
-def _model_config(args: PretrainArgs, vocab: dict[str, int] | None, manifests: list[dict]) -> BertConfig:
+def _with_checkpoint_defaults(args: PretrainArgs) -> tuple[PretrainArgs, Checkpoint | None, Checkpoint | None]:
+    """--vocab_file and --bert_config_file left out come from beside the checkpoint the run starts from: the
+    newest one of --output_dir when resuming (--init_checkpoint is then ignored), else --init_checkpoint.
+
+    Returns the flags with --vocab_file filled in, the checkpoint read for that (its config is the default
+    of --bert_config_file), and --init_checkpoint when it is that checkpoint (None otherwise)."""
+    resume = training.latest_checkpoint(args.output_dir)
+    source = resume if resume is not None else args.init_checkpoint
+    if not source or (args.bert_config_file and args.vocab_file):
+        return args, None, None
+    beside = read_checkpoint(source, verify=not args.ignore_checkpoint_digest)
+    args = dataclasses.replace(args, vocab_file=args.vocab_file or beside.vocab_file)
+    return args, beside, beside if resume is None else None
+
+
+def _model_config(
+    args: PretrainArgs, vocab: dict[str, int] | None, manifests: list[dict], beside: Checkpoint | None
+) -> BertConfig:
     """The config of --bert_config_file (a file, or a shape whose vocab_size comes from the vocab or the
-    data), checked against the vocab and --max_seq_length."""
+    data) or else of the checkpoint the run starts from, checked against the vocab and --max_seq_length."""
     vocab_entries = max(vocab.values()) + 1 if vocab else None
+    if not args.bert_config_file:
+        if beside is None or beside.config is None:
+            raise InputError(
+                f"no model config: pass --bert_config_file=PATH or a shape ({SHAPE_NAMES}), or an --init_checkpoint "
+                "with a config beside it"
+            )
+        config = beside.config
+        if vocab_entries is not None:
+            config.validate_vocab(vocab_entries, args.vocab_file)
+        return _check_length(args, config)
     vocab_size = vocab_entries
     if vocab_size is None and not os.path.exists(args.bert_config_file):
         sizes = {int(m["vocab_size"]) for m in manifests if "vocab_size" in m}
@@ -271,6 +254,10 @@ def _model_config(args: PretrainArgs, vocab: dict[str, int] | None, manifests: l
     config = resolve_config(args.bert_config_file, vocab_size)
     if vocab_entries is not None:
         config.validate_vocab(vocab_entries, args.vocab_file)
+    return _check_length(args, config)
+
+
+def _check_length(args: PretrainArgs, config: BertConfig) -> BertConfig:
     if args.max_seq_length > config.max_position_embeddings:
         raise InputError(
             f"--max_seq_length={args.max_seq_length} exceeds the model's max_position_embeddings="

@@ -15,7 +15,6 @@ rebuilds it.
 from __future__ import annotations
 
 import gzip
-import logging
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -26,10 +25,11 @@ from bert.commands.classify import ClassifyArgs, run_classify
 from bert.commands.create_pretraining_data import CreatePretrainingDataArgs, run_create_pretraining_data
 from bert.commands.pretrain import PretrainArgs, run_pretrain
 from bert.errors import InputError
+from bert.finetune import FinetuneArgs
+from bert.flags import TrainingArgs, same_as
 from bert.outputs import claim
-from bert.utils import atomic_write
-
-logger = logging.getLogger(__name__)
+from bert.plotting import CURVES_NAME, try_plot
+from bert.utils import atomic_write, log_to_file
 
 _DATA_FILES = ("corpus.txt", "train.tsv", "dev.tsv", "vocab.txt")
 
@@ -38,11 +38,12 @@ _DATA_FILES = ("corpus.txt", "train.tsv", "dev.tsv", "vocab.txt")
 class QuickstartArgs:
     """Pre-train a tiny BERT on built-in text, fine-tune and evaluate it: the main job on built-in defaults."""
 
-    output_dir: str = field(default="quickstart_output", metadata={"help": "Where every step writes its files."})
+    # The one command that runs with no flags at all.
+    output_dir: str = same_as(TrainingArgs, "output_dir", default="quickstart_output")
     pretrain_steps: int = field(default=400, metadata={"help": "Pre-training steps (batch 32, 64 tokens)."})
-    num_train_epochs: float = field(default=3.0, metadata={"help": "Fine-tuning epochs over the 2,000 sentences."})
-    seed: int = field(default=12345, metadata={"help": "Seed of the data, the initialisation and the order."})
-    device: str | None = field(default=None, metadata={"help": "torch device; default cuda if available, else cpu."})
+    num_train_epochs: float = same_as(FinetuneArgs, "num_train_epochs")
+    seed: int = same_as(TrainingArgs, "seed")
+    device: str | None = same_as(TrainingArgs, "device")
 
 
 def _unpack_data(data_dir: Path) -> dict[str, Path]:
@@ -60,41 +61,69 @@ def _unpack_data(data_dir: Path) -> dict[str, Path]:
 
 def _flags(args: object) -> str:
     """The command line that runs the same step by hand."""
-    return " ".join(f"--{k}={v}" for k, v in vars(args).items() if v is not None and k in _SHOWN)
+    values = vars(args)
+    return " ".join(f"--{k}={values[k]}" for k in _SHOWN if values.get(k) is not None)
 
 
-_SHOWN = {
+# The flags of the printed command lines, in this order (the others keep their defaults).
+_SHOWN = (
+    "task_name",
     "input_file",
+    "data_dir",
     "output_file",
     "output_dir",
     "vocab_file",
     "bert_config_file",
     "init_checkpoint",
+    "has_header",
+    "output_format",
+    "streaming",
+    "do_train",
+    "do_eval",
     "max_seq_length",
     "max_predictions_per_seq",
     "dupe_factor",
     "train_batch_size",
+    "learning_rate",
     "num_train_steps",
     "num_warmup_steps",
-    "learning_rate",
-    "do_train",
-    "do_eval",
-    "task_name",
-    "data_dir",
-    "has_header",
     "num_train_epochs",
-    "output_format",
-    "streaming",
-}
+    "log_every",
+)
 
 
-def _print_results(title: str, results: dict) -> None:
-    print(f"***** Eval results ({title}) *****")
-    for key in sorted(results):
-        print(f"  {key} = {results[key]}")
+def _dev_size(data_dir: Path) -> int:
+    with open(data_dir / "dev.tsv", encoding="utf-8") as f:
+        return sum(1 for line in f if line.strip()) - 1  # the header
+
+
+def _print_summary(out: Path, data: dict[str, Path], results: dict, stages: list, steps: list) -> None:
+    """The result block: dev metrics of both fine-tuned models, the time of each stage, where things are."""
+    names = list(results)
+    keys = sorted({k for r in results.values() for k in r} - {"global_step", "loss"})
+    print(f"\nAusten or Dickens? ({_dev_size(data['dev.tsv'].parent)} dev sentences)")
+    print(f"  {'':<16}" + "".join(f"{n:>14}" for n in names))
+    for key in keys:
+        print(f"  {key:<16}" + "".join(f"{results[n].get(key, float('nan')):>14.3f}" for n in names))
+    gain = results["pre-trained"]["eval_accuracy"] - results["random init"]["eval_accuracy"]
+    print(f"Pre-training changed dev accuracy by {gain:+.3f}.")
+    width = max(len(title) for title, _ in stages) + 2
+    print(f"\n  {'stage':<{width}}{'time':>7}")
+    for title, seconds in stages:
+        print(f"  {title:<{width}}{seconds:>5.0f} s")
+    print(f"  {'in all':<{width}}{sum(s for _, s in stages):>5.0f} s")
+    print(f"\nWritten under {out}/: log.txt (everything the steps logged), curves.png (training curves, pre-trained")
+    print("vs random init), pretrain/ and classify*/ (models in model/, eval_results.txt, curves.png, log.txt).")
+    print("The steps, to rerun or scale up by hand:")
+    for title, step_args in steps:
+        print(f"  {title} {_flags(step_args)}")
+    print("Next: README.md shows the same commands on GLUE, SQuAD and your own text; `bert plot` compares runs.")
 
 
 def run_quickstart(args: QuickstartArgs) -> dict:
+    """Run the four steps (module docstring) with everything they log in `--output_dir/log.txt`; prints
+    a table of the results and returns {"pretrain", "pre-trained", "random init": eval results,
+    "seconds": {stage: seconds}}."""
     if args.pretrain_steps < 1:
         raise InputError(f"--pretrain_steps={args.pretrain_steps} must be at least 1")
     with claim("quickstart", dirs={"--output_dir": args.output_dir}):
@@ -103,10 +132,14 @@ def run_quickstart(args: QuickstartArgs) -> dict:
 
 def _quickstart(args: QuickstartArgs) -> dict:
     out = Path(args.output_dir)
-    start = time.perf_counter()
+    with log_to_file(out / "log.txt"):
+        return _run(args, out)
+
+
+def _run(args: QuickstartArgs, out: Path) -> dict:
     data = _unpack_data(out / "data")
     seq = 64
-
+    stages: list[tuple[str, float]] = []  # (title, seconds)
     steps = []
     create = CreatePretrainingDataArgs(
         input_file=str(data["corpus.txt"]),
@@ -120,7 +153,9 @@ def _quickstart(args: QuickstartArgs) -> dict:
         streaming=True,
     )
     steps.append(("bert create-pretraining-data", create))
+    start = time.perf_counter()
     stats = run_create_pretraining_data(create)
+    stages.append((f"create-pretraining-data: {stats['instances']:,} instances", time.perf_counter() - start))
 
     pretrain = PretrainArgs(
         input_file=create.output_file,
@@ -143,9 +178,13 @@ def _quickstart(args: QuickstartArgs) -> dict:
         device=args.device,
     )
     steps.append(("bert pretrain", pretrain))
-    pre = run_pretrain(pretrain)
+    start = time.perf_counter()
+    pre = run_pretrain(pretrain)["eval"]
+    title = f"pretrain: {args.pretrain_steps} steps, masked LM accuracy {pre['masked_lm_accuracy']:.3f}"
+    stages.append((title, time.perf_counter() - start))
 
     results = {}
+    runs = []
     for name, init, config in (
         ("pre-trained", str(out / "pretrain" / "model"), None),
         ("random init", None, str(out / "pretrain" / "model" / "config.json")),
@@ -166,23 +205,14 @@ def _quickstart(args: QuickstartArgs) -> dict:
             learning_rate=1e-4,
             num_train_epochs=args.num_train_epochs,
             seed=args.seed,
+            log_every=5,
             device=args.device,
         )
-        steps.append((f"bert classify ({name})", classify))
+        steps.append(("bert classify", classify))
+        start = time.perf_counter()
         results[name] = run_classify(classify)["eval"]
-
-    print()
-    print(f"Pre-training data: {stats.get('instances', '?')} instances from the built-in corpus")
-    _print_results(f"pre-training, {args.pretrain_steps} steps", pre["eval"])
-    for name, res in results.items():
-        _print_results(f"Austen or Dickens?, {name}", res)
-    gain = results["pre-trained"]["eval_accuracy"] - results["random init"]["eval_accuracy"]
-    print(f"\nPre-training changed dev accuracy by {gain:+.3f} ({time.perf_counter() - start:.0f} s in all).")
-    print(f"\nEverything is under {out}/. The steps, to rerun or scale up by hand:")
-    for title, step_args in steps:
-        print(f"  {title.split(' (')[0]} {_flags(step_args)}")
-    print(
-        "\nNext: pre-train on your own text with `bert prepare-corpus` and the commands above, fine-tune on "
-        "GLUE with `bert classify --task_name=MRPC ...`, or read README.md."
-    )
-    return {"pretrain": pre["eval"], **results}
+        stages.append((f"classify: {name}", time.perf_counter() - start))
+        runs.append(classify.output_dir)
+    try_plot(runs, out / CURVES_NAME, labels=list(results))
+    _print_summary(out, data, results, stages, steps)
+    return {"pretrain": pre, **results, "seconds": dict(stages)}

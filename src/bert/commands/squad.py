@@ -42,6 +42,7 @@ from typing import Any
 
 from bert.errors import InputError
 from bert.finetune import FinetuneArgs, run_finetune
+from bert.flags import ModelArgs, same_as
 from bert.tasks.squad import NO_EVAL, SquadTask
 
 
@@ -66,14 +67,7 @@ class SquadArgs(FinetuneArgs):
         default=None,
         metadata={"help": "SQuAD json for predictions. E.g., dev-v1.1.json or test-v1.1.json (.json.gz accepted)."},
     )
-    max_seq_length: int = field(
-        default=384,
-        metadata={
-            "run_defining": "train",
-            "help": "The maximum total input sequence length after WordPiece tokenization. Sequences longer than "
-            "this will be truncated, and sequences shorter than this will be padded.",
-        },
-    )
+    max_seq_length: int = same_as(ModelArgs, "max_seq_length", default=384)  # run_squad.py's default
     doc_stride: int = field(
         default=128,
         metadata={
@@ -93,7 +87,6 @@ class SquadArgs(FinetuneArgs):
         default=False,
         metadata={"help": "Whether to predict answers for --predict_file (and evaluate them when it has answers)."},
     )
-    predict_batch_size: int = field(default=8, metadata={"help": "Total batch size for predictions."})
     n_best_size: int = field(
         default=20,
         metadata={

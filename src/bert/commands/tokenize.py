@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert.errors import InputError
+from bert.flags import CorpusArgs, ModelArgs, same_as
 from bert.outputs import claim
 from bert.tokenization import FullTokenizer, read_texts
-from bert.utils import DECODE_ERRORS, atomic_write, json_line
+from bert.utils import atomic_write, json_line
 
 
 @dataclass
@@ -25,26 +26,13 @@ class TokenizeArgs:
     field) -> one output JSON line {"text": ..., "tokens": [...], "ids": [...]}."""
 
     vocab_file: str = field(metadata={"help": "The vocabulary file that the BERT model was trained on."})
-    do_lower_case: bool = field(
-        default=True,
-        metadata={
-            "help": "Whether to lower case the input text. Should be True for uncased models and False "
-            "for cased models."
-        },
-    )
+    do_lower_case: bool = same_as(ModelArgs, "do_lower_case")
     input_file: str | None = field(
         default=None,
         metadata={"help": "Input text file (one text per line, or JSON lines with a 'text' field); stdin if unset."},
     )
     output_file: str | None = field(default=None, metadata={"help": "Output JSON-lines file; stdout if unset."})
-    decode_errors: str = field(
-        default="strict",
-        metadata={
-            "help": "Bytes that are not UTF-8: strict (error naming the line), ignore (drop them, as the original "
-            "did silently) or replace (U+FFFD).",
-            "choices": DECODE_ERRORS,
-        },
-    )
+    decode_errors: str = same_as(CorpusArgs, "decode_errors")
 
 
 _BATCH_LINES = 4096

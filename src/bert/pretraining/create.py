@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from bert import __version__
 from bert.errors import InputError
@@ -44,7 +43,7 @@ from bert.pretraining.streaming import (
     process_buffer,
     record_stats,
 )
-from bert.utils import atomic_write, text_size, write_run_info
+from bert.utils import atomic_write, progress, text_size, write_run_info
 
 logger = logging.getLogger(__name__)
 
@@ -353,7 +352,7 @@ def _generate_streaming(
     total_mb = sum(text_size(p) for p in inputs) / 1e6
     buffer_chars = max(1, int(buffer_mb * 1e6))
     buffers = iter_buffers(inputs, buffer_chars, settings.random_seed, decode_errors)
-    with tqdm(total=round(total_mb, 2), unit="MB", desc="create-pretraining-data") as bar:
+    with progress(total=round(total_mb, 2), unit="MB", desc="create-pretraining-data") as bar:
 
         def collect(result: tuple[int, int, dict[str, Any]], chars: int) -> None:
             sink.add_part(*result)

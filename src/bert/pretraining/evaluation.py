@@ -7,6 +7,7 @@ import torch
 
 from bert.pretraining.inputs import features_to_model_inputs
 from bert.training import RecordStream, autocast
+from bert.utils import progress
 
 # The keys of eval_results.txt, as run_pretraining.py writes them.
 EVAL_KEYS = (
@@ -40,7 +41,7 @@ def evaluate(
     rows = []  # per batch: this rank's sums
     was_training = wrapped.training
     wrapped.eval()
-    for step in range(max_eval_steps):
+    for step in progress(range(max_eval_steps), desc="pretrain eval", unit="batch", disable=not dist.is_main):
         indices, _ = stream.take(step * eval_batch_size, eval_batch_size)
         batch = features_to_model_inputs(source.get_batch(indices[dist.rank * per_rank : (dist.rank + 1) * per_rank]))
         batch = {k: v.to(dist.device) for k, v in batch.items()}

@@ -1,0 +1,98 @@
+"""`bert env`: what a bug report needs to know about the machine, one `name: value` line each.
+
+The package and Python versions, torch with its threads and build, the devices (CUDA GPUs and whether
+they run bf16, the CPU's instruction set), and which optional extras are installed.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bert import __version__
+
+# pyproject's optional extras -> the packages each one brings; then optional packages outside extras.
+EXTRAS = {"corpus": ["pysbd"], "plot": ["matplotlib"], "test": ["pytest", "transformers"]}
+OPTIONAL = {
+    "blingfire": "the faster sentence splitter of prepare-corpus",
+    "google-crc32c": "faster TFRecord checksums",
+    "crc32c": "faster TFRecord checksums",
+}
+
+
+@dataclass
+class EnvArgs:
+    """Print the versions, threads, devices and optional extras that a bug report should include."""
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu() -> str:
+    name = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    flags: set[str] = set()
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.startswith("model name") and ":" in line:
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and ":" in line:
+                flags = set(line.split(":", 1)[1].split())
+    capability = torch.backends.cpu.get_cpu_capability()
+    bf16 = {"avx512_bf16", "amx_bf16"} & flags
+    fast_bf16 = f"; bf16 instructions: {', '.join(sorted(bf16))}" if bf16 else ""
+    return f"{name} ({os.cpu_count()} logical cores; torch kernels {capability}{fast_bf16})"
+
+
+def environment() -> dict[str, Any]:
+    """The report as an ordered dict of strings."""
+    info: dict[str, Any] = {
+        "bert": f"{__version__} ({Path(__file__).resolve().parents[1]})",
+        "python": f"{platform.python_version()} ({sys.executable})",
+        "platform": platform.platform(),
+        "torch": f"{torch.__version__} (CUDA build {torch.version.cuda or 'none'})",
+        "threads": f"{torch.get_num_threads()} intra-op, {torch.get_num_interop_threads()} inter-op "
+        f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})",
+        "cpu": _cpu(),
+    }
+    if torch.cuda.is_available():
+        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        bf16 = "yes" if torch.cuda.is_bf16_supported() else "no"
+        info["cuda"] = f"{len(names)} device(s): {', '.join(names)}; bf16: {bf16}"
+    else:
+        info["cuda"] = "not available (training runs on the CPU)"
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        info["mps"] = "available (--device=mps)"
+    for package in ("numpy", "tokenizers", "safetensors", "tqdm"):
+        info[package] = _version(package) or "missing"
+    for extra, packages in EXTRAS.items():
+        found = [f"{p} {_version(p)}" for p in packages if _version(p)]
+        missing = [p for p in packages if not _version(p)]
+        status = ", ".join(found) if found else "not installed"
+        if missing and found:
+            status += f" (missing {', '.join(missing)})"
+        info[f"extra [{extra}]"] = f"{status}; pip install 'bert[{extra}]'" if missing else status
+    for package, why in OPTIONAL.items():
+        if _version(package):
+            info[package] = f"{_version(package)} ({why})"
+    return info
+
+
+def run_env(args: EnvArgs) -> dict[str, Any]:
+    """Print the report, one `name: value` line each; returns it."""
+    info = environment()
+    width = max(len(k) for k in info) + 1
+    for key, value in info.items():
+        print(f"{key + ':':<{width}} {value}")
+    return info

@@ -1,0 +1,231 @@
+"""README.md is tested: every command recipe in it runs, and the "From Python" snippet runs as written.
+
+The recipes are the lines of README.md's ```bash blocks (continuation lines joined). They run in README
+order in one working directory, as a reader would run them, so a recipe may use what an earlier one wrote
+(`bert pretrain` reads the `tf_examples.tfrecord` of `bert create-pretraining-data`, `bert evaluate-squad`
+the predictions of `bert squad`, `bert plot` the quickstart's runs). The variables are the original
+README's, on small substitutes:
+
+- `$BERT_BASE_DIR` (`uncased_L-12_H-768_A-12/`) and `$BERT_CASED_DIR` are the tiny checkpoint the
+  original TensorFlow code wrote (`bert/data/demo`: 2 layers, hidden 32, 64 positions, 99 tokens);
+- `$GLUE_DIR/MRPC`, `$SQUAD_DIR` (train and dev files, cut from SQuAD 2.0 dev), `conll2003/`,
+  `swagaf/data/`, `corpus/`, `sample_text.txt`, `input.txt`: a few rows of the real data (SWAG: the
+  hand-written fixtures).
+
+Work is cut by appending flags (the last value of a flag wins): `CUTS`, to every command that has the
+flag, and `COMMAND_CUTS`. So the recipe of a new command runs here with no change to this file, and a
+README change that breaks a recipe fails this test. A recipe that needs another input gets it in
+`workdir` below. `pip install` and `python -m pytest` steps are not recipes. Each recipe must end with
+exit code 0, no error line, and at most 40 lines on the terminal (progress bars, results, warnings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import bert
+from bert import cli
+from conftest import FIXTURES, REPO, shared_path
+
+README = REPO / "README.md"
+DEMO = Path(bert.__file__).parent / "data" / "demo"
+
+# flag -> value appended to every recipe whose command has the flag.
+CUTS = {
+    "max_seq_length": "64",  # the tiny checkpoint has 64 positions
+    "max_query_length": "16",  # SQuAD windows within 64 tokens
+    "doc_stride": "32",
+    "dupe_factor": "1",
+    "num_train_steps": "2",
+    "num_warmup_steps": "1",
+    "max_eval_steps": "2",
+    "num_train_epochs": "1",
+    "train_batch_size": "4",  # the 4 SWAG fixture examples make one step
+    "layers": "-1,-2",  # the tiny checkpoint has 2 layers
+}
+# command -> {flag: value}, where a command's own scale needs its own cut.
+COMMAND_CUTS = {"quickstart": {"pretrain_steps": "4", "num_train_epochs": "0.1"}}
+MAX_TERMINAL_LINES = 40
+
+
+def _blocks(language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", README.read_text(encoding="utf-8"), flags=re.M | re.S)
+
+
+def recipes() -> list[str]:
+    """The command lines of the README's bash blocks: continuation lines joined, `&&` chains split,
+    install and test steps dropped."""
+    out = []
+    for block in _blocks("bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            for step in line.split("&&"):
+                step = step.strip()
+                if step and not step.startswith(("pip install", "python -m pytest")):
+                    out.append(step)
+    return out
+
+
+def _command(recipe: str) -> str:
+    """The subcommand a recipe runs (in a pipeline, the last step's)."""
+    return shlex.split(recipe.split("|")[-1], comments=True)[1]
+
+
+RECIPES = recipes()
+
+
+def test_the_readme_has_recipes_for_every_command():
+    commands = {_command(r) for r in RECIPES}
+    assert commands == set(cli.COMMANDS), "every command has a recipe in README.md, and only commands do"
+
+
+def _lines_of(path: Path, n: int) -> str:
+    return "".join(path.read_text(encoding="utf-8").splitlines(keepends=True)[:n])
+
+
+def _squad_slice(dev: dict, first: int, count: int) -> dict:
+    """`count` paragraphs of SQuAD 2.0 dev from the `first`, with their questions."""
+    paragraphs = [p for article in dev["data"] for p in article["paragraphs"]][first : first + count]
+    return {"version": dev["version"], "data": [{"title": "slice", "paragraphs": paragraphs}]}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """The working directory of the recipes, with the substitutes the module docstring lists."""
+    work = tmp_path_factory.mktemp("readme")
+    for name in ("uncased_L-12_H-768_A-12", "cased_L-12_H-768_A-12"):
+        shutil.copytree(DEMO, work / name, ignore=shutil.ignore_patterns("input.txt", "README.md"))
+    shutil.copy(DEMO / "input.txt", work / "input.txt")
+    shutil.copy(shared_path("data", "sample_text.txt"), work / "sample_text.txt")
+    mrpc = work / "glue" / "MRPC"
+    mrpc.mkdir(parents=True)
+    for name, rows in (("train", 16), ("dev", 8), ("test", 8)):
+        (mrpc / f"{name}.tsv").write_text(_lines_of(shared_path("data", "glue", "MRPC", f"{name}.tsv"), rows + 1))
+    squad = work / "squad"
+    squad.mkdir()
+    with gzip.open(shared_path("data", "squad", "dev-v2.0.json.gz"), "rt", encoding="utf-8") as f:
+        dev = json.load(f)
+    for name, first in (("train-v2.0.json", 0), ("dev-v2.0.json", 100)):
+        data = _squad_slice(dev, first, 2)
+        for p in data["data"][0]["paragraphs"]:
+            for qa in p["qas"]:
+                qa["answers"] = qa["answers"][:1] if name.startswith("train") else qa["answers"]
+        (squad / name).write_text(json.dumps(data), encoding="utf-8")
+    conll = work / "conll2003"
+    conll.mkdir()
+    for name in ("train.txt", "valid.txt", "test.txt"):
+        text = shared_path("data", "conll2003", name).read_text(encoding="utf-8")
+        (conll / name).write_text("\n\n".join(text.split("\n\n")[:12]) + "\n", encoding="utf-8")
+    shutil.copytree(FIXTURES / "tasks" / "swag", work / "swagaf" / "data")
+    books = work / "corpus" / "books"
+    books.mkdir(parents=True)
+    book = next(iter(sorted(shared_path("data", "corpus", "british-novels").glob("*.txt.gz"))))
+    with gzip.open(book, "rt", encoding="utf-8") as src, gzip.open(books / book.name, "wt", encoding="utf-8") as dst:
+        dst.writelines(line for _, line in zip(range(400), src))
+    # `bert` for the recipes that go through the shell (pipes): this interpreter, this checkout.
+    bin_dir = work / ".bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "bert"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m bert "$@"\n')
+    shim.chmod(0o755)
+    return work
+
+
+@pytest.fixture
+def in_workdir(workdir, monkeypatch):
+    monkeypatch.chdir(workdir)
+    monkeypatch.setenv("BERT_BASE_DIR", str(workdir / "uncased_L-12_H-768_A-12"))
+    monkeypatch.setenv("BERT_CASED_DIR", str(workdir / "cased_L-12_H-768_A-12"))
+    monkeypatch.setenv("GLUE_DIR", str(workdir / "glue"))
+    monkeypatch.setenv("SQUAD_DIR", str(workdir / "squad"))
+    src = str(Path(bert.__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setenv("PATH", f"{workdir / '.bin'}{os.pathsep}{os.environ['PATH']}")
+    return workdir
+
+
+def _cuts(command: str) -> list[str]:
+    args_cls, _ = cli._resolve(command)
+    flags = {f.name for f in dataclasses.fields(args_cls)}
+    cuts = {k: v for k, v in CUTS.items() if k in flags} | COMMAND_CUTS.get(command, {})
+    return [f"--{k}={v}" for k, v in cuts.items()]
+
+
+def _run(recipe: str, capsys) -> tuple[int, str, str]:
+    """Run one recipe line: `bert ...` in this process (with the cuts appended), pipelines in the shell."""
+    if "|" in recipe:
+        line = f"{recipe} {' '.join(_cuts(_command(recipe)))}"
+        done = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=600)
+        return done.returncode, done.stdout, done.stderr
+    argv = [os.path.expandvars(a) for a in shlex.split(recipe, comments=True)]
+    assert argv[0] == "bert", f"README recipe {recipe!r}: not a `bert` command (install steps go with pip)"
+    code = cli.main([*argv[1:], *_cuts(argv[1])])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize(
+    "recipe", RECIPES, ids=[f"{i:02d}-{r.split('|')[-1].split()[1]}" for i, r in enumerate(RECIPES)]
+)
+def test_readme_recipe(recipe, in_workdir, capsys):
+    code, out, err = _run(recipe, capsys)
+    assert code == 0, f"README recipe failed: {recipe}\n{err[-3000:]}"
+    assert not [line for line in err.splitlines() if ": error:" in line or line.startswith("ERROR")], err[-3000:]
+    terminal = out.count("\n") + err.count("\n")
+    assert terminal <= MAX_TERMINAL_LINES, f"{terminal} lines on the terminal:\n{out}{err}"
+    if _command(recipe) in AFTER:
+        AFTER[_command(recipe)](in_workdir, out, err)
+
+
+def test_readme_python_snippet(in_workdir):
+    (snippet,) = _blocks("python")
+    namespace: dict = {}
+    exec(compile(snippet, f"{README}: From Python", "exec"), namespace)
+    assert tuple(namespace["logits"].shape) == (1, 2)
+
+
+def _quickstart(work: Path, printed: str, err: str) -> None:
+    """The first command of the README: the table, the stages, the logs, the curves."""
+    out = work / "quickstart_output"
+    assert re.search(r"^ +pre-trained +random init$", printed, flags=re.M), printed
+    row = re.search(r"^  eval_accuracy +(\d\.\d{3}) +(\d\.\d{3})$", printed, flags=re.M)
+    runs = ("classify", "classify_random_init")
+    results = {run: json.loads((out / run / "eval_results.json").read_text()) for run in runs}
+    assert row and float(row.group(1)) == round(results["classify"]["eval_accuracy"], 3)
+    assert float(row.group(2)) == round(results["classify_random_init"]["eval_accuracy"], 3)
+    for stage in ("create-pretraining-data: ", "pretrain: 4 steps", "classify: pre-trained", "classify: random init"):
+        assert re.search(rf"^  {re.escape(stage)}.* +\d+ s$", printed, flags=re.M), stage
+    for line in ("bert create-pretraining-data --input_file=", "bert pretrain --", "bert classify --"):
+        assert line in printed
+    # The terminal: no INFO lines (no "*** Example ***" dumps); the only warning is the random-init twin's.
+    assert "INFO" not in err and "*** Example ***" not in err
+    assert [line for line in err.splitlines() if line.startswith("WARNING")] == [
+        "WARNING: no --init_checkpoint: the model starts from random weights"
+    ]
+    # The files: the whole log (the example dumps of every step), each step's log, results and curves.
+    log = (out / "log.txt").read_text()
+    assert log.count("*** Example ***") >= 15 and "Wrote 14168 total instances" in log
+    assert "*** Example ***" in (out / "pretraining_data.log.txt").read_text()
+    assert "***** Running training *****" in (out / "classify" / "log.txt").read_text()
+    assert json.loads((out / "pretraining_data" / "manifest.json").read_text())["max_seq_length"] == 64
+    assert (out / "pretrain" / "model" / "model.safetensors").is_file()
+    assert "global_step = 4" in (out / "pretrain" / "eval_results.txt").read_text()
+    for run in runs:
+        assert results[run]["global_step"] == 6  # int(2000 / 32 * 0.1)
+        assert (out / run / "curves.png").is_file()
+    drawn = json.loads((out / "curves.json").read_text())
+    assert [r["label"] for r in drawn["runs"]] == ["pre-trained", "random init"]
+    assert json.loads((out / "classify" / "args.json").read_text())["args"]["init_checkpoint"].endswith("model")
+
+
+AFTER = {"quickstart": _quickstart}
