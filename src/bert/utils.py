@@ -123,9 +123,11 @@ def progress(iterable: Iterable | None = None, **kwargs: Any) -> tqdm:
     """A progress bar on stderr, with its rate and time left: one per stage of a command.
 
     Away from a terminal (a pipe, a CI log) it is redrawn every 10 seconds instead of several times a
-    second, so logs hold a few updates per stage; `TQDM_DISABLE=1` hides every bar.
+    second, so logs hold a few updates per stage; `TQDM_DISABLE=1` hides every bar. A bar shows only after
+    its first second, so work that ends sooner (or stops at once on bad input) leaves no bar behind.
     """
     interactive = getattr(sys.stderr, "isatty", lambda: False)()
+    kwargs.setdefault("delay", 1.0)
     kwargs.setdefault("mininterval", 0.1 if interactive else 10.0)
     kwargs.setdefault("dynamic_ncols", True)
     # tqdm reads TQDM_* variables only for arguments left out; disable is often passed (ranks > 0).

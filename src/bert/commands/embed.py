@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from bert.errors import InputError
 from bert.inference import EMBEDDINGS, POOLINGS, Predictor, cosine_similarity, located, read_input_chunks
-from bert.utils import count_lines, json_line, output_file_or_stdout, readable_input
+from bert.utils import count_lines, json_line, output_file_or_stdout, progress, readable_input
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +111,7 @@ def run_embed(args: EmbedArgs) -> dict[str, Any]:
         kept = []
         with (
             output_file_or_stdout(args.output_file, "wb" if as_npy else "w") as out,
-            tqdm(total=total, unit="line", desc="embed", disable=args.input_file is None) as bar,
+            progress(total=total, unit="line", desc="embed", disable=args.input_file is None) as bar,
         ):
             if as_npy:
                 rows = total

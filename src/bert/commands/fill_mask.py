@@ -7,11 +7,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from tqdm import tqdm
-
 from bert.errors import InputError
 from bert.inference import FILL_MASK, Predictor, located, read_input_chunks
-from bert.utils import count_lines, json_line, output_file_or_stdout, readable_input
+from bert.utils import count_lines, json_line, output_file_or_stdout, progress, readable_input
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +70,7 @@ def run_fill_mask(args: FillMaskArgs) -> dict[str, Any]:
         total = count_lines(path)
         with (
             output_file_or_stdout(args.output_file) as out,
-            tqdm(total=total, unit="line", desc="fill-mask", disable=args.input_file is None) as bar,
+            progress(total=total, unit="line", desc="fill-mask", disable=args.input_file is None) as bar,
         ):
             for lines, texts in read_input_chunks(path, FILL_MASK, name, CHUNK_LINES):
                 with located(name, lines):

@@ -13,8 +13,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from tqdm import tqdm
-
 from bert.errors import InputError
 from bert.inference import (
     CLASSIFICATION,
@@ -26,7 +24,7 @@ from bert.inference import (
     located,
     read_input_chunks,
 )
-from bert.utils import count_lines, json_line, output_file_or_stdout, readable_input
+from bert.utils import count_lines, json_line, output_file_or_stdout, progress, readable_input
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +141,7 @@ def run_predict(args: PredictArgs) -> dict[str, Any]:
         total = count_lines(path)
         with (
             output_file_or_stdout(args.output_file) as out,
-            tqdm(total=total, unit="line", desc="predict", disable=args.input_file is None) as bar,
+            progress(total=total, unit="line", desc="predict", disable=args.input_file is None) as bar,
         ):
             for lines, records in read_input_chunks(path, task, name, CHUNK_LINES):
                 with located(name, lines):
