@@ -297,7 +297,7 @@ def _clean(out: Output) -> None:
     else:
         removed = remove_temporaries(out.path.parent, [out.path.name, *out.derived])
     if removed:
-        logger.info("removed what an interrupted run left: %s", ", ".join(str(p) for p in removed))
+        logger.warning("removed what an interrupted run left: %s", ", ".join(str(p) for p in removed))
 
 
 @contextlib.contextmanager

@@ -102,8 +102,9 @@ def log_to_file(path: str | os.PathLike, main: bool = True) -> Iterator[None]:
         package.addHandler(handler)
     try:
         yield
-    except InputError:
-        # Bad input stops the command with nothing written: the log file it started goes too.
+    except (InputError, OSError):
+        # Bad input (or a full disk, a read-only place) stops the command with nothing written: the log
+        # file it started goes too; the one error line says what happened.
         if handler is not None and new_file:
             handler.close()
             with contextlib.suppress(FileNotFoundError):

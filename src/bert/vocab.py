@@ -32,11 +32,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-from tqdm import tqdm
 
 from bert.errors import InputError
 from bert.tokenization import BasicTokenizer, WordpieceTokenizer, _is_chinese_char, _is_punctuation
-from bert.utils import iter_lines, text_size
+from bert.utils import iter_lines, progress, text_size
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +82,7 @@ def count_words(
     tokenizer = BasicTokenizer(do_lower_case=do_lower_case)
     counts: collections.Counter[str] = collections.Counter()
     total = sum(text_size(f) for f in files)
-    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1000, desc=desc, disable=desc is None) as bar:
+    with progress(total=total, unit="B", unit_scale=True, unit_divisor=1000, desc=desc, disable=desc is None) as bar:
         for path in files:
             lines = iter_lines(path, "utf-8", decode_errors)
             chars = 0

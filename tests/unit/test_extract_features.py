@@ -19,14 +19,16 @@ VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "b", "c", "d", "|||"]
 def test_read_examples_splits_pairs_on_the_last_separator(tmp_path):
     path = tmp_path / "input.txt"
     path.write_bytes(b"  one line  \nleft ||| right\na ||| b ||| c\n\nno|||spaces\nbad \xff byte\n")
-    examples = read_examples(path)
+    with pytest.raises(InputError, match=r"input\.txt:6: bytes that are not valid UTF-8 at column 5"):
+        read_examples(path)
+    examples = read_examples(path, "ignore")
     assert [(e.unique_id, e.text_a, e.text_b) for e in examples] == [
         (0, "one line", None),
         (1, "left", "right"),
         (2, "a ||| b", "c"),  # the original's greedy first group
         (3, "", None),  # an empty line is an example too
         (4, "no|||spaces", None),
-        (5, "bad  byte", None),  # undecodable bytes dropped, as convert_to_unicode does
+        (5, "bad  byte", None),  # undecodable bytes dropped on request, as convert_to_unicode does
     ]
     with pytest.raises(InputError, match=r"input file \S*missing\.txt does not exist; pass --input_file"):
         read_examples(tmp_path / "missing.txt")

@@ -219,7 +219,7 @@ def test_missing_or_bad_file(tmp_path):
         read_squad_examples(tmp_path / "nope.json", is_training=False)
     bad = tmp_path / "bad.json"
     bad.write_text("{not json", encoding="utf-8")
-    with pytest.raises(InputError, match="is not valid JSON") as info:
+    with pytest.raises(InputError, match=r"bad\.json:1: not valid JSON \(.*column 2\); fix the file") as info:
         read_squad_examples(bad, is_training=False)
     assert str(bad) in str(info.value)
 

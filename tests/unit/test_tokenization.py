@@ -184,13 +184,15 @@ def test_unknown_tokens_and_ids_raise_key_error(test_vocab_file, fast):
 
 
 @BOTH
-def test_missing_unk_raises_key_error_on_ids_only(tmp_path, fast):
-    """Without [UNK] in the vocab, tokenize still emits it; converting it to an id is what fails."""
+def test_missing_unk_is_an_input_error_on_ids_only(tmp_path, fast):
+    """Without [UNK] in the vocab, tokenize still emits it; converting it to an id is what fails, with one
+    line naming the vocabulary and the fix."""
     tokenizer = FullTokenizer(write_vocab(tmp_path / "v.txt", ["un", "##want"]), fast=fast)
     assert tokenizer.tokenize("unwant zzz") == ["un", "##want", "[UNK]"]
-    with pytest.raises(KeyError):
+    assert tokenizer.encode("unwant") == [0, 1]
+    with pytest.raises(InputError, match=r"v\.txt has no \[UNK\] token.*add a line \[UNK\]"):
         tokenizer.encode("unwant zzz")
-    with pytest.raises(KeyError):
+    with pytest.raises(InputError, match=r"has no \[UNK\] token"):
         tokenizer.encode_batch(["zzz"])
 
 
@@ -429,8 +431,9 @@ def test_cli_tokenize_files(test_vocab_file, tmp_path):
         "UNwant\u00e9d,running\n".encode() + b'{"text": "want runn", "id": 3}\n\n{"no_text": 1}\nwa\xff\r\n'
     )
     out = tmp_path / "out.jsonl"
-    rc = cli.main(["tokenize", f"--vocab_file={test_vocab_file}", "--input_file", str(src), f"--output_file={out}"])
-    assert rc == 0
+    argv = ["tokenize", f"--vocab_file={test_vocab_file}", "--input_file", str(src), f"--output_file={out}"]
+    assert cli.main(argv) == 2 and not out.exists()  # undecodable bytes are an error by default
+    assert cli.main([*argv, "--decode_errors=ignore"]) == 0  # and dropped on request, as the original did
     rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert rows == [
         {

@@ -160,9 +160,9 @@ def test_load_json_file_reads_plain_and_gzipped_json(tmp_path):
     "name, content, message",
     [
         ("missing.json", None, r"^--predict_file \S*missing\.json: no such file; check the path$"),
-        ("bad.json", b'{"a": ', r"^--predict_file \S*bad\.json is not valid JSON \(.*\); give a UTF-8 \.json"),
-        ("latin.json", '{"a": "é"}'.encode("latin-1"), r"latin\.json is not valid JSON"),
-        ("bad.json.gz", b"not gzip", r"bad\.json\.gz is not valid JSON"),
+        ("bad.json", b'{"a": ', r"^--predict_file \S*bad\.json:1: not valid JSON \(.*, column 7\); fix the file$"),
+        ("latin.json", '{"a": "é"}'.encode("latin-1"), r"latin\.json:1: bytes that are not valid UTF-8 \(b'\\xe9'\)"),
+        ("bad.json.gz", b"not gzip", r"bad\.json\.gz cannot be read \(.*\); is the file complete and not corrupt\?$"),
     ],
 )
 def test_load_json_file_errors_name_the_file_and_the_flag(tmp_path, name, content, message):
@@ -185,7 +185,8 @@ def test_write_run_info_records_the_resolved_args(tmp_path, monkeypatch):
     path = write_run_info(tmp_path / "out", "classify", _Args(output_dir="out"))
     assert path == tmp_path / "out" / "args.json"
     info = json.loads(path.read_text())
-    assert set(info) == {"command", "args", "argv", "bert_version", "time"}
+    assert set(info) == {"command", "args", "argv", "bert_version", "cwd", "time"}
+    assert info["cwd"] == os.getcwd()  # relative paths in args resolve against it
     assert info["command"] == "classify" and info["bert_version"] == __version__
     assert info["args"] == {"output_dir": "out", "rate": 2e-5, "layers": [-1, -2]}
     assert info["argv"] == ["bert", "classify", "--rate=2e-5"]

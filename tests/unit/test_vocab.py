@@ -216,7 +216,7 @@ def test_bad_input(tmp_path, capsys, corpus):
         ([f"--input_file={corpus}", "--num_unused=-1"], "--num_unused=-1"),
         ([f"--input_file={corpus}", "--limit_alphabet=0"], "--limit_alphabet=0"),
         ([f"--input_file={corpus}", f"--heldout_file={tmp_path}/none.txt"], "--heldout_file: nothing matches"),
-        ([f"--input_file={bad_utf8}"], f"{bad_utf8}:2: bytes that are not valid utf-8"),
+        ([f"--input_file={bad_utf8}"], f"{bad_utf8}:2: bytes that are not valid UTF-8 at column"),
     ]
     for argv, fragment in cases:
         line = cli_error(capsys, "build-vocab", *argv, f"--output_file={out}")

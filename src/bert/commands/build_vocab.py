@@ -17,7 +17,8 @@ from typing import Any
 
 from bert import __version__
 from bert.errors import InputError
-from bert.utils import DECODE_ERRORS, atomic_write, expand_input_files
+from bert.flags import CorpusArgs, same_as
+from bert.utils import atomic_write, expand_input_files
 from bert.vocab import UNUSED_BEFORE_UNK, build_vocab, vocab_layout
 
 logger = logging.getLogger(__name__)
@@ -77,14 +78,7 @@ class BuildVocabArgs:
             "[UNK] words and the pieces per word."
         },
     )
-    decode_errors: str = field(
-        default="strict",
-        metadata={
-            "help": "Bytes that are not UTF-8: strict (error naming file and line), ignore (drop them, "
-            "as the original did silently), replace (U+FFFD).",
-            "choices": DECODE_ERRORS,
-        },
-    )
+    decode_errors: str = same_as(CorpusArgs, "decode_errors")
 
 
 def stats_path(output_file: str | os.PathLike) -> Path:
