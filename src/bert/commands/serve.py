@@ -15,13 +15,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import uvicorn
-from starlette.applications import Starlette
 
 from bert.errors import InputError
 from bert.inference import Predictor
 from bert.quantization import QUANTIZE_CHOICES
-from bert.serving import ServeSettings, create_app
+
+try:  # the `serve` extra; without it `bert --help` still lists the command and `bert serve` says what to install
+    import uvicorn
+    from starlette.applications import Starlette
+
+    from bert.serving import ServeSettings, create_app
+except ImportError as e:
+    uvicorn = None
+    _MISSING = e.name
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +125,8 @@ def app_from_environment() -> Starlette:
 
 def run_serve(args: ServeArgs) -> dict[str, Any]:
     """Serve until SIGTERM or Ctrl-C; returns {"host", "port", "workers"} once every request has been answered."""
+    if uvicorn is None:
+        raise InputError(f"bert serve needs {_MISSING}, which is not installed; pip install 'bert[serve]'")
     _check(args)
     # uvicorn re-raises the signal that stopped it once it has shut down; a handler of our own turns SIGTERM
     # into a normal return (exit code 0) after the graceful shutdown.
