@@ -14,8 +14,8 @@ The routes follow text-embeddings-inference (TEI), so its clients work unchanged
   "raw_scores": false, "truncate": false} -> [{"label", "score"}, ...] over every label, best first (a
   batch: one such list per input); a classification model;
 - `POST /v1/embeddings` (OpenAI's) {"input": str | [str], "model", "encoding_format": "float" |
-  "base64"} -> {"object": "list", "data": [{"object": "embedding", "embedding", "index"}], "model",
-  "usage": {"prompt_tokens", "total_tokens"}}; normalized vectors, as OpenAI's;
+  "base64", "truncate": false} -> {"object": "list", "data": [{"object": "embedding", "embedding",
+  "index"}], "model", "usage": {"prompt_tokens", "total_tokens"}}; normalized vectors, as OpenAI's;
 - `POST /fill-mask` {"inputs": str | [str], "top_k": 5}, `POST /ner` {"inputs": str | [str]},
   `POST /qa` {"question", "context"} or {"inputs": [{"question", "context"}, ...]}: the Predictor's
   `fill_mask`, `ner` and `answer` results (one, or a list for a list);
@@ -522,7 +522,8 @@ class _Api:
         hidden = self.predictor.config.hidden_size
         if dims is not None and dims != hidden:
             raise ApiError(422, f'"dimensions"={dims}: this model gives {hidden}-dimensional vectors only')
-        vectors, tokens = await self._run(EMBED, texts, (True,), False)
+        truncate = _flag(body, "truncate", False, bool)  # not OpenAI's; TEI's meaning
+        vectors, tokens = await self._run(EMBED, texts, (True,), truncate)
         data = []
         for i, v in enumerate(vectors):
             # base64: little-endian float32 bytes, what OpenAI's clients ask for by default and decode.
