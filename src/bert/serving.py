@@ -28,7 +28,8 @@ input, or (with "truncate": false, TEI's default) an input longer than the model
 
 Batching: a handler checks its request, then hands it to the `Batcher` and awaits a future; the
 Batcher's one model thread takes queued requests in arrival order while their tokens fit
-`max_batch_tokens`, waiting up to `max_wait_ms` after the oldest one's arrival for more, and runs each
+`max_batch_tokens`, waiting up to `max_wait_ms` after the oldest one's arrival for more (when the
+previous batch held several requests: a lone client is never kept waiting), and runs each
 kind of request (embed, classify, ...) as one Predictor call, which sorts the inputs by length and pads
 each forward pass to its longest. The event loop never waits for the model: results come back through
 `loop.call_soon_threadsafe`.
@@ -227,6 +228,10 @@ class Batcher:
         self._depth = 0
         self._cond = threading.Condition()
         self._closing = False
+        # Whether the next batch waits for company: only after a batch of several requests. A lone client
+        # then never waits (nobody else is coming), while concurrent clients, whose next requests arrive a
+        # few milliseconds apart once a batch is answered, fill the next batch instead of splitting it.
+        self._gather = True
         self._thread = threading.Thread(target=self._work, name="bert-model", daemon=True)
 
     @property
@@ -285,7 +290,8 @@ class Batcher:
                 if self._closing:
                     return None
                 self._cond.wait()
-            deadline = self._queue[0].enqueued + self.settings.max_wait_ms / 1000
+            wait = self.settings.max_wait_ms / 1000 if self._gather else 0.0
+            deadline = self._queue[0].enqueued + wait
         while True:
             # Only this thread removes jobs, so the snapshot's head stays the queue's head; tokens are counted
             # outside the lock, which `submit` takes on the event loop.
@@ -302,6 +308,7 @@ class Batcher:
         with self._cond:
             batch = [self._queue.popleft() for _ in range(count)]
             self._depth -= sum(len(job.inputs) for job in batch)
+        self._gather = len(batch) > 1
         return batch
 
     def _fit(self, queued: list[_Job]) -> tuple[int, bool]:

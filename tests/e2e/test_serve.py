@@ -358,20 +358,22 @@ def test_ner_qa_and_fill_mask_routes_equal_the_predictor(vocab, tmp_path):
         assert_close(call(port, "/qa", {"question": questions[1], "context": context})[2], expected[1])
         assert call(port, "/qa", {"question": "Who?"})[2]["error"] == '"context" is missing'
     p = Predictor.from_pretrained(mlm_dir, "cpu")
+    texts = ["The capital of France is [MASK].", "A [MASK] sat on the [MASK]."]
+    expected = p.fill_mask(texts, top_k=3)
     with inprocess_server(p, max_wait_ms=300) as port:
-        texts = ["The capital of France is [MASK].", "A [MASK] sat on the [MASK]."]
-        status, _, got = call(port, "/fill-mask", {"inputs": texts, "top_k": 3})
-        expected = p.fill_mask(texts, top_k=3)
-        assert status == 200
-        assert_close(got, expected)
-        # Two requests sharing a batch (300 ms to gather): the bad input fails its own request only.
+        # The first two requests share a batch (300 ms to gather): the bad input fails its own request only.
         with ThreadPoolExecutor(2) as pool:
-            bad = pool.submit(call, port, "/fill-mask", {"inputs": [texts[1], "no mask here"]})
+            bad = pool.submit(call, port, "/fill-mask", {"inputs": [texts[1], "no mask here"], "top_k": 3})
             good = pool.submit(call, port, "/fill-mask", {"inputs": texts[0], "top_k": 3})
             (status, _, error), (good_status, _, one) = bad.result(60), good.result(60)
         assert status == 422 and "input 1: no [MASK]" in error["error"]
         assert good_status == 200
         assert_close(one, expected[0])
+        shared = call(port, "/metrics")[2]
+        assert (metric(shared, "bert_batch_size_count"), metric(shared, "bert_batch_size_sum")) == (1, 3)
+        status, _, got = call(port, "/fill-mask", {"inputs": texts, "top_k": 3})
+        assert status == 200
+        assert_close(got, expected)
 
 
 def test_full_queue_gives_503_with_retry_after(predictor):

@@ -54,7 +54,10 @@ class ServeArgs:
     )
     max_wait_ms: float = field(
         default=5.0,
-        metadata={"help": "How long a request may wait for others to share its batch (0: run what is queued)."},
+        metadata={
+            "help": "How long a request may wait for others to share its batch, when the previous batch held several "
+            "requests (a lone client never waits); 0: run what is queued."
+        },
     )
     max_queue_size: int = field(
         default=1024, metadata={"help": "Inputs waiting for the model at most; beyond: 503 with Retry-After."}
