@@ -32,6 +32,7 @@ uvicorn = pytest.importorskip("uvicorn", reason="bert serve needs the serve extr
 from bert.checkpoint import save_pretrained  # noqa: E402
 from bert.commands.embed import EmbedArgs, run_embed  # noqa: E402
 from bert.commands.predict import PredictArgs, run_predict  # noqa: E402
+from bert.commands.serve import ServeArgs, run_serve  # noqa: E402
 from bert.config import BertConfig  # noqa: E402
 from bert.inference import Predictor  # noqa: E402
 from bert.modeling import (  # noqa: E402
@@ -328,6 +329,15 @@ def test_bad_requests_get_tei_errors_and_the_server_goes_on(server):
     latency = 'bert_request_duration_seconds_count{route="/embed"}'
     assert metric(after, latency) - metric(before, latency) == 8  # 7 refused + 1 answered
     assert metric(after, "bert_queue_depth") == 0
+
+
+def test_check_answers_each_route_once_and_exits(classifier, predictor, capsys):
+    result = run_serve(ServeArgs(model=str(classifier), check=True, threads=1))
+    assert result == {"check": {"/health": 200, "/info": 200, "/embed": 200, "/predict": 200}}
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(" -> ")[0] for line in printed] == ["GET /health", "GET /info", "POST /embed", "POST /predict"]
+    [expected] = predictor.classify(["This is a fine test."], top_k=0)
+    assert_predictions(json.loads(printed[3].split(" 200 ", 1)[1]), expected["scores"])
 
 
 # ------------------------------------------------------------------------------------ other heads, in-process

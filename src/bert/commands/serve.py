@@ -7,17 +7,21 @@ the environment (uvicorn re-imports the app by name in every worker process).
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import logging
 import os
 import signal
+import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from bert.errors import InputError
-from bert.inference import Predictor
+from bert.inference import CLASSIFICATION, FILL_MASK, NER, QUESTION_ANSWERING, Predictor
 from bert.quantization import QUANTIZE_CHOICES
 
 try:  # the `serve` extra; without it `bert --help` still lists the command and `bert serve` says what to install
@@ -75,6 +79,13 @@ class ServeArgs:
         default=None, metadata={"help": "Lower-case the input; default: the model's tokenizer_config.json."}
     )
     device: str | None = field(default=None, metadata={"help": "torch device; default cuda if available, else cpu."})
+    check: bool = field(
+        default=False,
+        metadata={
+            "help": "Start on a free 127.0.0.1 port, send one request to each route the model answers, print "
+            "the answers and exit (non-zero if one fails): a check of a model directory before deploying it."
+        },
+    )
 
 
 def _check(args: ServeArgs) -> None:
@@ -119,18 +130,82 @@ def build_app(args: ServeArgs) -> Starlette:
     return create_app(predictor, settings)
 
 
+def log_requests() -> None:
+    """The one line per request (`bert.serving`, INFO) goes to stderr whatever the terminal's log level."""
+    request_log = logging.getLogger("bert.serving")
+    if not request_log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        request_log.addHandler(handler)
+        request_log.setLevel(logging.INFO)
+        request_log.propagate = False
+
+
 def app_from_environment() -> Starlette:
     """The app of a --workers process: uvicorn calls this factory in each one."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_requests()
     return build_app(ServeArgs(**json.loads(os.environ[ARGS_ENVIRONMENT])))
 
 
+# The request --check sends to each route, by the model's task (every model also embeds).
+CHECK_REQUESTS = {
+    CLASSIFICATION: ("/predict", {"inputs": "This is a fine test.", "truncate": True}),
+    NER: ("/ner", {"inputs": "John Smith lives in New York."}),
+    QUESTION_ANSWERING: ("/qa", {"question": "Where does he live?", "context": "John Smith lives in New York."}),
+    FILL_MASK: ("/fill-mask", {"inputs": "Paris is the [MASK] of France.", "top_k": 3}),
+}
+
+
+def check_routes(app: Starlette) -> dict[str, int]:
+    """Serve `app` on a free loopback port in a thread, send GET /health and /info, POST /embed and the
+    head's route, print each answer (cut to one line), stop; returns {route: HTTP status}."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise InputError("--check: the server did not start on 127.0.0.1 (see the log above)")
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    api = app.state.api
+    requests = [("/health", None), ("/info", None), ("/embed", {"inputs": "This is a fine test.", "truncate": True})]
+    if api.predictor.task in CHECK_REQUESTS and (api.predictor.task != FILL_MASK or api.predictor.has_mlm_head):
+        requests.append(CHECK_REQUESTS[api.predictor.task])
+    statuses = {}
+    try:
+        for path, body in requests:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+            if body is None:
+                conn.request("GET", path)
+            else:
+                conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            text = response.read().decode()
+            conn.close()
+            statuses[path] = response.status
+            shown = text if len(text) <= 160 else text[:160] + "..."
+            print(f"{'GET' if body is None else 'POST'} {path} -> {response.status} {shown}")
+    finally:
+        server.should_exit = True
+        thread.join(60)
+    failed = {path: status for path, status in statuses.items() if status != 200}
+    if failed:
+        raise InputError(
+            f"--check: {', '.join(f'{p} answered {s}' for p, s in failed.items())} (see the answers above)"
+        )
+    return statuses
+
+
 def run_serve(args: ServeArgs) -> dict[str, Any]:
-    """Serve until SIGTERM or Ctrl-C; returns {"host", "port", "workers"} once every request has been answered."""
+    """Serve until SIGTERM or Ctrl-C; returns {"host", "port", "workers"} once every request has been answered
+    (with --check: {"check": {route: status}})."""
     if uvicorn is None:
         raise InputError(f"bert serve needs {_MISSING}, which is not installed; pip install 'bert[serve]'")
     _check(args)
+    log_requests()
+    if args.check:
+        return {"check": check_routes(build_app(args))}
     # uvicorn re-raises the signal that stopped it once it has shut down; a handler of our own turns SIGTERM
     # into a normal return (exit code 0) after the graceful shutdown.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: logger.info("stopped by SIGTERM"))
