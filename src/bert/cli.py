@@ -120,6 +120,12 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "run_fill_mask",
         "the likeliest tokens at each [MASK], from the pre-training masked-LM head",
     ),
+    "serve": (
+        "bert.commands.serve",
+        "ServeArgs",
+        "run_serve",
+        "a model behind HTTP: TEI's /embed and /predict, OpenAI's /v1/embeddings, /ner, /qa, /fill-mask, batched",
+    ),
     "convert": (
         "bert.commands.convert",
         "ConvertArgs",

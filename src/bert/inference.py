@@ -73,6 +73,7 @@ from bert.modeling import (
     BertForTokenClassification,
     BertModel,
 )
+from bert.quantization import quantize_model
 from bert.tasks.common import pad_2d
 from bert.tasks.glue import InputExample, convert_examples_to_features
 from bert.tasks.ner import NerExample, convert_ner_examples_to_features, word_predictions
@@ -389,6 +390,7 @@ class Predictor:
         max_seq_length: int | None = None,
         batch_size: int = 32,
         do_lower_case: bool | None = None,
+        quantize: str = "none",
     ) -> Predictor:
         """Load a model directory (or a checkpoint file or TF prefix) for inference.
 
@@ -399,6 +401,8 @@ class Predictor:
             batch_size: sequences per forward pass when a call does not say.
             do_lower_case: override `tokenizer_config.json` (needed only for models without one, e.g. a
                 cased TF checkpoint; the default then is lower-casing).
+            quantize: "none", or "int8" for `bert.quantization.quantize_int8` (CPU only; the default device
+                then is the CPU).
         """
         ckpt = read_checkpoint(model_dir)
         if ckpt.config is None:
@@ -410,6 +414,10 @@ class Predictor:
         architecture = _architecture(ckpt)
         has_pooler = any(k.endswith("pooler.dense.weight") for k in ckpt.state_dict)
         model = _load_model(architecture, ckpt, has_pooler)
+        if device is None and quantize == "int8":
+            device = "cpu"
+        device = resolve_device(str(device) if device is not None else None)
+        model = quantize_model(model, quantize, device)
         settings = ckpt.tokenizer_settings
         if do_lower_case is None:
             do_lower_case = settings.get("do_lower_case")
@@ -429,7 +437,7 @@ class Predictor:
             model,
             tokenizer,
             architecture,
-            resolve_device(str(device) if device is not None else None),
+            device,
             max_seq_length=max_seq_length,
             batch_size=batch_size,
             has_mlm_head=_MLM_KEY in ckpt.state_dict,
@@ -478,6 +486,7 @@ class Predictor:
         long_document: str = "truncate",
         doc_stride: int | None = None,
         batch_size: int | None = None,
+        raw_scores: bool = False,
     ) -> list[dict[str, Any]]:
         """Classify texts or text pairs; one result per input, in order.
 
@@ -490,6 +499,7 @@ class Predictor:
                 `max_seq_length`, `doc_stride` tokens apart (the pair, when there is one, goes whole into
                 every window), and averages the windows' logits.
             doc_stride: tokens between window starts (default: the config's `doc_stride`, 128).
+            raw_scores: "scores" lists the logits instead of the probabilities.
 
         Returns dicts, by `problem_type`: single-label {"label", "score"} (softmax probability);
         multi-label {"labels": [{"label", "score"}, ...]} for every label whose sigmoid reaches its
@@ -529,7 +539,7 @@ class Predictor:
             pooled[owner] += row
             counts[owner] += 1
         pooled /= counts[:, None]
-        return [self._classification_result(row, top_k) for row in pooled]
+        return [self._classification_result(row, top_k, raw_scores) for row in pooled]
 
     def _truncated_features(self, pairs: list[tuple[str, str | None]]) -> tuple[list, list[int]]:
         placeholder = 0.0 if self.problem_type == "regression" else self.labels[0]
@@ -573,7 +583,7 @@ class Predictor:
                 owners.append(i)
         return sequences, owners
 
-    def _classification_result(self, logits: np.ndarray, top_k: int | None) -> dict[str, Any]:
+    def _classification_result(self, logits: np.ndarray, top_k: int | None, raw_scores: bool) -> dict[str, Any]:
         if self.problem_type == "regression":
             return {"score": float(logits[0])}
         t = torch.from_numpy(logits)
@@ -585,7 +595,7 @@ class Predictor:
             scores = torch.softmax(t, dim=-1).numpy()
             result = _top(scores, self.labels, 1)[0]
         if top_k != 1:
-            result["scores"] = _top(scores, self.labels, top_k)
+            result["scores"] = _top(logits if raw_scores else scores, self.labels, top_k)
         return result
 
     # -------------------------------------------------------------------------------------------- NER

@@ -18,6 +18,7 @@ import numpy as np
 
 from bert.errors import InputError
 from bert.inference import EMBEDDINGS, POOLINGS, Predictor, cosine_similarity, located, read_input_chunks
+from bert.quantization import QUANTIZE_CHOICES
 from bert.utils import count_lines, json_line, output_file_or_stdout, progress, readable_input
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,14 @@ class EmbedArgs:
     )
     batch_size: int = field(default=32, metadata={"help": "Sequences per forward pass."})
     device: str | None = field(default=None, metadata={"help": "torch device; default cuda if available, else cpu."})
+    quantize: str = field(
+        default="none",
+        metadata={
+            "help": "int8: quantize the Linear layers for CPU inference (bert.quantization; outputs move by about "
+            "one percent).",
+            "choices": list(QUANTIZE_CHOICES),
+        },
+    )
 
 
 def _write_rows(out, vectors: np.ndarray, as_npy: bool) -> None:
@@ -95,6 +104,7 @@ def run_embed(args: EmbedArgs) -> dict[str, Any]:
         max_seq_length=args.max_seq_length,
         batch_size=args.batch_size,
         do_lower_case=args.do_lower_case,
+        quantize=args.quantize,
     )
     pooling = args.pooling or predictor.default_pooling
     normalize = predictor.default_normalize if args.normalize is None else args.normalize

@@ -24,6 +24,7 @@ from bert.inference import (
     located,
     read_input_chunks,
 )
+from bert.quantization import QUANTIZE_CHOICES
 from bert.utils import count_lines, json_line, output_file_or_stdout, progress, readable_input
 
 logger = logging.getLogger(__name__)
@@ -84,6 +85,14 @@ class PredictArgs:
     )
     batch_size: int = field(default=32, metadata={"help": "Sequences per forward pass."})
     device: str | None = field(default=None, metadata={"help": "torch device; default cuda if available, else cpu."})
+    quantize: str = field(
+        default="none",
+        metadata={
+            "help": "int8: quantize the Linear layers for CPU inference (bert.quantization; outputs move by about "
+            "one percent).",
+            "choices": list(QUANTIZE_CHOICES),
+        },
+    )
 
 
 def _predict(predictor: Predictor, records: list, args: PredictArgs) -> list[dict[str, Any]]:
@@ -118,6 +127,7 @@ def run_predict(args: PredictArgs) -> dict[str, Any]:
         max_seq_length=args.max_seq_length,
         batch_size=args.batch_size,
         do_lower_case=args.do_lower_case,
+        quantize=args.quantize,
     )
     if predictor.task not in (CLASSIFICATION, NER, QUESTION_ANSWERING, MULTIPLE_CHOICE):
         other = "bert fill-mask" if predictor.has_mlm_head else "bert embed"

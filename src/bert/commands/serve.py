@@ -1,0 +1,232 @@
+"""`bert serve`: a model directory behind HTTP, with text-embeddings-inference's and OpenAI's embedding
+routes (`bert.serving`). One uvicorn process by default; `--workers=N` starts N processes, each loading
+the model and rebuilding the app from this module's `app_from_environment`, which reads the flags from
+the environment (uvicorn re-imports the app by name in every worker process).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from bert.errors import InputError
+from bert.inference import CLASSIFICATION, FILL_MASK, NER, QUESTION_ANSWERING, Predictor
+from bert.quantization import QUANTIZE_CHOICES
+
+try:  # the `serve` extra; without it `bert --help` still lists the command and `bert serve` says what to install
+    import uvicorn
+    from starlette.applications import Starlette
+
+    from bert.serving import ServeSettings, create_app
+except ImportError as e:
+    uvicorn = None
+    _MISSING = e.name
+
+logger = logging.getLogger(__name__)
+
+# The flags, as JSON, for the worker processes of --workers > 1.
+ARGS_ENVIRONMENT = "BERT_SERVE_ARGS"
+
+
+@dataclass
+class ServeArgs:
+    """Serve a model over HTTP: POST /embed, /predict, /v1/embeddings (OpenAI), /fill-mask, /ner, /qa;
+    GET /health, /info, /metrics. Requests from all clients are batched together on the model."""
+
+    model: str = field(metadata={"help": "The model directory (any bert predict / bert embed model)."})
+    host: str = field(default="127.0.0.1", metadata={"help": "Address to listen on (0.0.0.0: every interface)."})
+    port: int = field(default=8080, metadata={"help": "TCP port."})
+    workers: int = field(
+        default=1, metadata={"help": "Server processes, each with its own copy of the model (uvicorn workers)."}
+    )
+    threads: int | None = field(
+        default=None, metadata={"help": "torch threads per worker process; default: CPU cores // workers."}
+    )
+    max_batch_tokens: int = field(
+        default=16384, metadata={"help": "Tokens (after tokenization, with [CLS]/[SEP]) per model batch at most."}
+    )
+    max_wait_ms: float = field(
+        default=5.0,
+        metadata={
+            "help": "How long a request may wait for others to share its batch, when the previous batch held several "
+            "requests (a lone client never waits); 0: run what is queued."
+        },
+    )
+    max_queue_size: int = field(
+        default=1024, metadata={"help": "Inputs waiting for the model at most; beyond: 503 with Retry-After."}
+    )
+    max_client_batch_size: int = field(default=32, metadata={"help": "Inputs per request at most (413 beyond)."})
+    max_request_bytes: int = field(default=2_000_000, metadata={"help": "Request body size at most (413 beyond)."})
+    quantize: str = field(
+        default="none",
+        metadata={
+            "help": "int8: quantize the Linear layers for CPU inference (bert.quantization; outputs move by about "
+            "one percent).",
+            "choices": list(QUANTIZE_CHOICES),
+        },
+    )
+    max_seq_length: int | None = field(
+        default=None, metadata={"help": "Longest input in tokens; default: the model's (see bert predict/embed)."}
+    )
+    do_lower_case: bool | None = field(
+        default=None, metadata={"help": "Lower-case the input; default: the model's tokenizer_config.json."}
+    )
+    device: str | None = field(default=None, metadata={"help": "torch device; default cuda if available, else cpu."})
+    check: bool = field(
+        default=False,
+        metadata={
+            "help": "Start on a free 127.0.0.1 port, send one request to each route the model answers, print "
+            "the answers and exit (non-zero if one fails): a check of a model directory before deploying it."
+        },
+    )
+
+
+def _check(args: ServeArgs) -> None:
+    for name in ("workers", "max_batch_tokens", "max_queue_size", "max_client_batch_size", "max_request_bytes"):
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name}={getattr(args, name)} must be at least 1")
+    if args.threads is not None and args.threads < 1:
+        raise InputError(f"--threads={args.threads} must be at least 1")
+    if args.max_wait_ms < 0:
+        raise InputError(f"--max_wait_ms={args.max_wait_ms} must be 0 or more")
+    if not 0 <= args.port < 65536:
+        raise InputError(f"--port={args.port} must be between 0 and 65535")
+
+
+def build_app(args: ServeArgs) -> Starlette:
+    """Load the model of `args` and return the app serving it."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    torch.set_num_threads(args.threads or max(1, cores // args.workers))
+    predictor = Predictor.from_pretrained(
+        args.model,
+        args.device,
+        max_seq_length=args.max_seq_length,
+        do_lower_case=args.do_lower_case,
+        quantize=args.quantize,
+    )
+    settings = ServeSettings(
+        model_id=args.model,
+        max_batch_tokens=args.max_batch_tokens,
+        max_wait_ms=args.max_wait_ms,
+        max_queue_size=args.max_queue_size,
+        max_client_batch_size=args.max_client_batch_size,
+        max_request_bytes=args.max_request_bytes,
+        quantize=args.quantize,
+    )
+    logger.info(
+        "serving %s (%s, max_seq_length %d, %d torch threads)",
+        args.model,
+        predictor.architecture,
+        predictor.max_seq_length,
+        torch.get_num_threads(),
+    )
+    return create_app(predictor, settings)
+
+
+def log_requests() -> None:
+    """The one line per request (`bert.serving`, INFO) goes to stderr whatever the terminal's log level."""
+    request_log = logging.getLogger("bert.serving")
+    if not request_log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        request_log.addHandler(handler)
+        request_log.setLevel(logging.INFO)
+        request_log.propagate = False
+
+
+def app_from_environment() -> Starlette:
+    """The app of a --workers process: uvicorn calls this factory in each one."""
+    log_requests()
+    return build_app(ServeArgs(**json.loads(os.environ[ARGS_ENVIRONMENT])))
+
+
+# The request --check sends to each route, by the model's task (every model also embeds).
+CHECK_REQUESTS = {
+    CLASSIFICATION: ("/predict", {"inputs": "This is a fine test.", "truncate": True}),
+    NER: ("/ner", {"inputs": "John Smith lives in New York."}),
+    QUESTION_ANSWERING: ("/qa", {"question": "Where does he live?", "context": "John Smith lives in New York."}),
+    FILL_MASK: ("/fill-mask", {"inputs": "Paris is the [MASK] of France.", "top_k": 3}),
+}
+
+
+def check_routes(app: Starlette) -> dict[str, int]:
+    """Serve `app` on a free loopback port in a thread, send GET /health and /info, POST /embed and the
+    head's route, print each answer (cut to one line), stop; returns {route: HTTP status}."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise InputError("--check: the server did not start on 127.0.0.1 (see the log above)")
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    api = app.state.api
+    requests = [("/health", None), ("/info", None), ("/embed", {"inputs": "This is a fine test.", "truncate": True})]
+    if api.predictor.task in CHECK_REQUESTS and (api.predictor.task != FILL_MASK or api.predictor.has_mlm_head):
+        requests.append(CHECK_REQUESTS[api.predictor.task])
+    statuses = {}
+    try:
+        for path, body in requests:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+            if body is None:
+                conn.request("GET", path)
+            else:
+                conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            text = response.read().decode()
+            conn.close()
+            statuses[path] = response.status
+            shown = text if len(text) <= 160 else text[:160] + "..."
+            print(f"{'GET' if body is None else 'POST'} {path} -> {response.status} {shown}")
+    finally:
+        server.should_exit = True
+        thread.join(60)
+    failed = {path: status for path, status in statuses.items() if status != 200}
+    if failed:
+        raise InputError(
+            f"--check: {', '.join(f'{p} answered {s}' for p, s in failed.items())} (see the answers above)"
+        )
+    return statuses
+
+
+def run_serve(args: ServeArgs) -> dict[str, Any]:
+    """Serve until SIGTERM or Ctrl-C; returns {"host", "port", "workers"} once every request has been answered
+    (with --check: {"check": {route: status}})."""
+    if uvicorn is None:
+        raise InputError(f"bert serve needs {_MISSING}, which is not installed; pip install 'bert[serve]'")
+    _check(args)
+    log_requests()
+    if args.check:
+        return {"check": check_routes(build_app(args))}
+    # uvicorn re-raises the signal that stopped it once it has shut down; a handler of our own turns SIGTERM
+    # into a normal return (exit code 0) after the graceful shutdown.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: logger.info("stopped by SIGTERM"))
+    options = dict(host=args.host, port=args.port, access_log=False, log_level="info")
+    try:
+        if args.workers == 1:
+            server = uvicorn.Server(uvicorn.Config(build_app(args), **options))
+            server.run()
+            if not server.started:
+                raise InputError(
+                    f"could not serve on {args.host}:{args.port} (see the log above); choose another --port or --host"
+                )
+        else:
+            # Fail here, in one line, rather than in every worker: the model must load.
+            Predictor.from_pretrained(args.model, "cpu", max_seq_length=args.max_seq_length)
+            os.environ[ARGS_ENVIRONMENT] = json.dumps(dataclasses.asdict(args))
+            uvicorn.run(f"{__name__}:app_from_environment", factory=True, workers=args.workers, **options)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return {"host": args.host, "port": args.port, "workers": args.workers}
