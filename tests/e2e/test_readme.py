@@ -76,8 +76,14 @@ def recipes() -> list[str]:
     return out
 
 
+ASSIGNMENT = re.compile(r"^([A-Z_]+)=\$\((.*)\)$")  # NAME=$(command): a variable later recipes use
+SHELL_VARS: dict[str, str] = {}  # the values the assignment recipes gave, for the recipes after them
+
+
 def _command(recipe: str) -> str:
-    """The subcommand a recipe runs (in a pipeline, the last step's)."""
+    """The subcommand a recipe runs (in a pipeline, the last step's); "=" for an assignment."""
+    if ASSIGNMENT.match(recipe):
+        return "="
     return shlex.split(recipe.split("|")[-1], comments=True)[1]
 
 
@@ -85,7 +91,7 @@ RECIPES = recipes()
 
 
 def test_the_readme_has_recipes_for_every_command():
-    commands = {_command(r) for r in RECIPES}
+    commands = {_command(r) for r in RECIPES} - {"="}
     assert commands == set(cli.COMMANDS), "every command has a recipe in README.md, and only commands do"
 
 
@@ -97,6 +103,26 @@ def _squad_slice(dev: dict, first: int, count: int) -> dict:
     """`count` paragraphs of SQuAD 2.0 dev from the `first`, with their questions."""
     paragraphs = [p for article in dev["data"] for p in article["paragraphs"]][first : first + count]
     return {"version": dev["version"], "data": [{"title": "slice", "paragraphs": paragraphs}]}
+
+
+def _classification_data(work: Path) -> None:
+    """`reviews/` (long texts, one label) and `topics/` (several labels a row) in the generic layout: SST-2
+    sentences, joined in fours so that they need several windows, and keyword topics."""
+    sst = [line.split("\t") for line in _lines_of(shared_path("data", "glue", "SST-2", "dev.tsv"), 65).splitlines()]
+    rows = [(" ".join(s for s, _ in sst[1 + i : 5 + i]), sst[1 + i][1]) for i in range(0, 64, 4)]
+    topics = {"film": "movie", "music": "song", "sport": "game"}
+    for name, start in (("train", 0), ("dev", 8), ("test", 12)):
+        part = rows[start : start + (8 if name == "train" else 4)]
+        (work / "reviews").mkdir(exist_ok=True)
+        lines = ["text\tlabel", *(f"{text}\t{label}" for text, label in part)]
+        (work / "reviews" / f"{name}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (work / "topics").mkdir(exist_ok=True)
+        tagged = []
+        for i, (text, _) in enumerate(part):
+            labels = [t for j, t in enumerate(topics) if (i + j) % 2 == 0]
+            words = " ".join(topics[t] for t in labels)
+            tagged.append(f"{words} {text[:80]}\t{','.join(labels)}")
+        (work / "topics" / f"{name}.tsv").write_text("\n".join(tagged) + "\n", encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
@@ -127,11 +153,23 @@ def workdir(tmp_path_factory) -> Path:
         text = shared_path("data", "conll2003", name).read_text(encoding="utf-8")
         (conll / name).write_text("\n\n".join(text.split("\n\n")[:12]) + "\n", encoding="utf-8")
     shutil.copytree(FIXTURES / "tasks" / "swag", work / "swagaf" / "data")
-    books = work / "corpus" / "books"
-    books.mkdir(parents=True)
-    book = next(iter(sorted(shared_path("data", "corpus", "british-novels").glob("*.txt.gz"))))
-    with gzip.open(book, "rt", encoding="utf-8") as src, gzip.open(books / book.name, "wt", encoding="utf-8") as dst:
-        dst.writelines(line for _, line in zip(range(400), src))
+    for collection, name in (
+        ("british-novels", "Austen_Emma.txt.gz"),
+        ("nltk_gutenberg", None),
+        ("haggard", "She_3155.txt.gz"),
+    ):
+        books = sorted(shared_path("data", "corpus", collection).glob("*.txt.gz"))
+        book = next(b for b in books if name in (None, b.name))
+        (work / "corpus" / collection).mkdir(parents=True)
+        with gzip.open(book, "rt", encoding="utf-8") as src:
+            lines = [line for _, line in zip(range(400), src)]
+        with gzip.open(work / "corpus" / collection / book.name, "wt", encoding="utf-8") as dst:
+            dst.writelines(lines)
+    _classification_data(work)
+    (work / "sentences.txt").write_text("A man is playing a guitar.\nSomeone plays an instrument.\n")
+    with (work / "questions.jsonl").open("w", encoding="utf-8") as f:
+        for p in _squad_slice(dev, 100, 2)["data"][0]["paragraphs"]:
+            f.write(json.dumps({"question": p["qas"][0]["question"], "context": p["context"]}) + "\n")
     # `bert` for the recipes that go through the shell (pipes): this interpreter, this checkout.
     bin_dir = work / ".bin"
     bin_dir.mkdir()
@@ -151,6 +189,8 @@ def in_workdir(workdir, monkeypatch):
     src = str(Path(bert.__file__).resolve().parents[1])
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p))
     monkeypatch.setenv("PATH", f"{workdir / '.bin'}{os.pathsep}{os.environ['PATH']}")
+    for name, value in SHELL_VARS.items():
+        monkeypatch.setenv(name, value)
     return workdir
 
 
@@ -163,6 +203,11 @@ def _cuts(command: str) -> list[str]:
 
 def _run(recipe: str, capsys) -> tuple[int, str, str]:
     """Run one recipe line: `bert ...` in this process (with the cuts appended), pipelines in the shell."""
+    if match := ASSIGNMENT.match(recipe):
+        done = subprocess.run(["bash", "-c", match.group(2)], capture_output=True, text=True, timeout=60)
+        SHELL_VARS[match.group(1)] = done.stdout.strip()
+        os.environ[match.group(1)] = SHELL_VARS[match.group(1)]  # in_workdir's monkeypatch restores it
+        return done.returncode, "", done.stderr
     if "|" in recipe:
         line = f"{recipe} {' '.join(_cuts(_command(recipe)))}"
         done = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=600)
@@ -174,9 +219,7 @@ def _run(recipe: str, capsys) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
-@pytest.mark.parametrize(
-    "recipe", RECIPES, ids=[f"{i:02d}-{r.split('|')[-1].split()[1]}" for i, r in enumerate(RECIPES)]
-)
+@pytest.mark.parametrize("recipe", RECIPES, ids=[f"{i:02d}-{_command(r)}" for i, r in enumerate(RECIPES)])
 def test_readme_recipe(recipe, in_workdir, capsys):
     code, out, err = _run(recipe, capsys)
     assert code == 0, f"README recipe failed: {recipe}\n{err[-3000:]}"
@@ -187,11 +230,17 @@ def test_readme_recipe(recipe, in_workdir, capsys):
         AFTER[_command(recipe)](in_workdir, out, err)
 
 
-def test_readme_python_snippet(in_workdir):
-    (snippet,) = _blocks("python")
+# The Python blocks, in README order; those that call a running server (`bert serve`) are not run here
+# (tests/e2e/test_serve.py talks to one).
+SNIPPETS = [block for block in _blocks("python") if "http://" not in block]
+
+
+@pytest.mark.parametrize("snippet", SNIPPETS, ids=[f"python-{i}" for i in range(len(SNIPPETS))])
+def test_readme_python_snippet(snippet, in_workdir):
     namespace: dict = {}
-    exec(compile(snippet, f"{README}: From Python", "exec"), namespace)
-    assert tuple(namespace["logits"].shape) == (1, 2)
+    exec(compile(snippet, f"{README}: Python block", "exec"), namespace)
+    if "logits" in namespace:  # the model's logits: one example, two labels
+        assert tuple(namespace["logits"].shape) == (1, 2)
 
 
 def _quickstart(work: Path, printed: str, err: str) -> None:
