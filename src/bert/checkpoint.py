@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -177,6 +177,27 @@ def read_checkpoint(
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise InputError(f"{tok} is not valid JSON; fix or delete it") from None
     return Checkpoint(state, str(path), fmt, config, str(vocab) if vocab else None, settings)
+
+
+def architecture(ckpt: Checkpoint, supported: Collection[str], user: str) -> str:
+    """The model class a checkpoint is: `architectures[0]` of its config or, without one (the original's
+    checkpoints), the head its weights hold. `user` ("this project runs", "export supports") and the
+    `supported` class names make the error when the config names another class."""
+    archs = ckpt.config.extra.get("architectures") if ckpt.config is not None else None
+    if isinstance(archs, list) and archs:
+        if archs[0] not in supported:
+            raise InputError(
+                f"{ckpt.source}: config.json names the architecture {archs[0]!r}; {user} {', '.join(supported)}"
+            )
+        return archs[0]
+    keys = ckpt.state_dict.keys()
+    if "qa_outputs.weight" in keys:
+        return "BertForQuestionAnswering"
+    if "classifier.weight" in keys:
+        return "BertForSequenceClassification"  # run_classifier.py's output_weights
+    if "cls.predictions.transform.dense.weight" in keys:
+        return "BertForPreTraining"
+    return "BertModel"
 
 
 def _fit_prefix(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bert.checkpoint import Checkpoint, load_pretrained, read_checkpoint
+from bert.checkpoint import Checkpoint, architecture, load_pretrained, read_checkpoint
 from bert.errors import InputError
 from bert.extract_features import demo_file
 from bert.modeling import (
@@ -102,32 +102,12 @@ class ExportGraph(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------- loading
-def architecture(ckpt: Checkpoint) -> str:
-    """The model class to build: `architectures[0]` of config.json or, without it, the head the weights hold."""
-    archs = ckpt.config.extra.get("architectures") if ckpt.config is not None else None
-    if isinstance(archs, list) and archs:
-        if archs[0] not in MODEL_CLASSES:
-            raise InputError(
-                f"{ckpt.source}: config.json names the architecture {archs[0]!r}; export supports "
-                f"{', '.join(MODEL_CLASSES)}"
-            )
-        return archs[0]
-    keys = ckpt.state_dict.keys()
-    if "qa_outputs.weight" in keys:
-        return "BertForQuestionAnswering"
-    if "classifier.weight" in keys:
-        return "BertForSequenceClassification"
-    if "cls.predictions.bias" in keys:
-        return "BertForPreTraining"
-    return "BertModel"
-
-
 def load_model(model_dir: str | os.PathLike) -> tuple[nn.Module, Checkpoint]:
     """The model of a native or transformers directory (or any checkpoint `read_checkpoint` reads), in eval mode."""
     ckpt = read_checkpoint(model_dir)
     if ckpt.config is None:
         raise InputError(f"{model_dir}: no config.json or bert_config.json beside the weights; add the model's config")
-    name = architecture(ckpt)
+    name = architecture(ckpt, MODEL_CLASSES, "export supports")
     kwargs = {}
     if name == "BertModel":
         kwargs["add_pooling_layer"] = any(k.endswith("pooler.dense.weight") for k in ckpt.state_dict)

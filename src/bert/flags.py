@@ -20,6 +20,7 @@ from bert.errors import InputError
 from bert.utils import DECODE_ERRORS, check_finite_flags
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+QUANTIZE_CHOICES = ("none", "int8")
 SHAPE_NAMES = "tiny, mini, small, medium, base, large, L-4_H-256, ..."
 
 
@@ -189,6 +190,25 @@ class TrainingArgs(TpuCompatArgs, PerformanceArgs, GuardArgs):
         },
     )
     device: str | None = field(default=None, metadata={"help": "torch device; default cuda if available, else cpu."})
+
+
+@dataclass(kw_only=True)
+class InferenceArgs:
+    """A model run on raw text: predict, embed and fill-mask (serve takes some of these flags)."""
+
+    do_lower_case: bool | None = field(
+        default=None, metadata={"help": "Lower-case the input; default: the model's tokenizer_config.json."}
+    )
+    batch_size: int = field(default=32, metadata={"help": "Sequences per forward pass."})
+    device: str | None = same_as(TrainingArgs, "device")
+    quantize: str = field(
+        default="none",
+        metadata={
+            "help": "int8: quantize the Linear layers for CPU inference (bert.quantization; outputs move by about "
+            "one percent).",
+            "choices": list(QUANTIZE_CHOICES),
+        },
+    )
 
 
 @dataclass(kw_only=True)

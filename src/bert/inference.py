@@ -62,6 +62,7 @@ import torch
 import torch.nn.functional as F
 
 from bert.checkpoint import Checkpoint, _fit_prefix, load_into, read_checkpoint
+from bert.checkpoint import architecture as checkpoint_architecture
 from bert.config import BertConfig
 from bert.errors import InputError
 from bert.metrics import iob_chunks
@@ -87,7 +88,7 @@ from bert.tasks.squad import convert_examples_to_features as squad_features
 from bert.tasks.swag import SwagExample, convert_swag_examples_to_features
 from bert.tokenization import FullTokenizer, load_vocab
 from bert.training import resolve_device
-from bert.utils import iter_lines
+from bert.utils import iter_lines, progress
 
 logger = logging.getLogger(__name__)
 
@@ -184,26 +185,6 @@ def _read_json(path: Path) -> Any:
         raise InputError(f"{path} is missing; the model directory is incomplete") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InputError(f"{path} is not valid JSON ({e}); fix or replace it") from None
-
-
-def _architecture(ckpt: Checkpoint) -> str:
-    """`architectures[0]` of the config or, without it, the head the weights hold."""
-    archs = ckpt.config.extra.get("architectures") if ckpt.config is not None else None
-    if isinstance(archs, list) and archs:
-        if archs[0] not in ARCHITECTURES:
-            raise InputError(
-                f"{ckpt.source}: config.json names the architecture {archs[0]!r}; this project runs "
-                f"{', '.join(ARCHITECTURES)}"
-            )
-        return archs[0]
-    keys = ckpt.state_dict.keys()
-    if "qa_outputs.weight" in keys:
-        return "BertForQuestionAnswering"
-    if "classifier.weight" in keys:
-        return "BertForSequenceClassification"  # run_classifier.py's output_weights
-    if _MLM_KEY in keys:
-        return "BertForPreTraining"
-    return "BertModel"
 
 
 def _load_model(architecture: str, ckpt: Checkpoint, has_pooler: bool) -> torch.nn.Module:
@@ -411,7 +392,7 @@ class Predictor:
             )
         if ckpt.vocab_file is None:
             raise InputError(f"{model_dir}: no vocab.txt beside the weights; add the model's vocabulary")
-        architecture = _architecture(ckpt)
+        architecture = checkpoint_architecture(ckpt, ARCHITECTURES, "this project runs")
         has_pooler = any(k.endswith("pooler.dense.weight") for k in ckpt.state_dict)
         model = _load_model(architecture, ckpt, has_pooler)
         if device is None and quantize == "int8":
@@ -1037,8 +1018,12 @@ def cosine_similarity(vectors: np.ndarray) -> np.ndarray:
     return (v @ v.T).numpy()
 
 
-def read_input_chunks(path: str, task: str, name: str, chunk_size: int) -> Iterator[tuple[list[int], list[Any]]]:
-    """(line numbers, records) of consecutive runs of up to `chunk_size` lines of a UTF-8 input file,
+# Input lines per call of the model: the batches of a chunk are sorted by length together.
+CHUNK_LINES = 2048
+
+
+def _read_input_chunks(path: str, task: str, name: str) -> Iterator[tuple[list[int], list[Any]]]:
+    """(line numbers, records) of consecutive runs of up to CHUNK_LINES lines of a UTF-8 input file,
     each line read by `read_input_record`; a bad line raises `InputError` naming `name` and its number."""
     lines, records = [], []
     hint = "the text through `iconv -c -f utf-8 -t utf-8`"
@@ -1051,20 +1036,29 @@ def read_input_chunks(path: str, task: str, name: str, chunk_size: int) -> Itera
         except InputError as e:
             raise InputError(f"{name} line {number}: {e}") from None
         lines.append(number)
-        if len(records) == chunk_size:
+        if len(records) == CHUNK_LINES:
             yield lines, records
             lines, records = [], []
     if records:
         yield lines, records
 
 
-@contextlib.contextmanager
-def located(name: str, line_numbers: Sequence[int]) -> Iterator[None]:
-    """Re-raise an `InputItemError` of a call on the records of `line_numbers` as an error naming the line."""
-    try:
-        yield
-    except InputItemError as e:
-        raise InputError(f"{name} line {line_numbers[e.index]}: {e.reason}") from None
+def map_input_lines(
+    path: str, name: str, task: str, run: Callable[[list[Any]], list[Any]], total: int, desc: str | None
+) -> Iterator[list[Any]]:
+    """`run(records)` over an input file, chunk by chunk, in order: the results of each chunk.
+
+    The file `path` (`name` in errors) holds one record per line for `task` (`read_input_record`); a bad
+    line, or an `InputItemError` that `run` raises for one record, is an `InputError` naming its line.
+    A progress bar `desc` counts the `total` lines (none when `desc` is None)."""
+    with progress(total=total, unit="line", desc=desc, disable=desc is None) as bar:
+        for lines, records in _read_input_chunks(path, task, name):
+            try:
+                results = run(records)
+            except InputItemError as e:
+                raise InputError(f"{name} line {lines[e.index]}: {e.reason}") from None
+            yield results
+            bar.update(len(lines))
 
 
 __all__ = [
@@ -1073,8 +1067,7 @@ __all__ = [
     "POOLINGS",
     "Predictor",
     "cosine_similarity",
-    "located",
-    "read_input_chunks",
+    "map_input_lines",
     "read_input_record",
     "read_sentence_transformers_config",
 ]

@@ -5,11 +5,12 @@ References:
   1e-12, additive -10000 attention mask, truncated-normal init) and `run_pretraining.py` (the
   pre-training heads and losses).
 - huggingface/transformers `modeling_bert.py` (the module and parameter names, so its checkpoints load
-  with no key map and the original TF names map by a plain scope rename, see `bert/convert.py`).
+  with no key map and the original TF names map by a plain scope rename, see `bert/formats/keymaps.py`).
 
 Dimension legend used in the shape comments:
     B batch, T sequence length, H hidden size, N attention heads, D head size (H / N),
-    I intermediate size, V vocab size, P masked positions per sequence, C choices, L labels.
+    I intermediate size, V vocab size, P masked positions per sequence, C choices, L labels,
+    R real (non-padding) tokens of a batch.
 """
 
 from __future__ import annotations
@@ -81,12 +82,12 @@ UNPAD_BELOW = 0.9
 class Unpadding:
     """Where the real tokens of a padded batch are, to run the encoder on them alone.
 
-    Every layer but attention works token by token, so those layers run on the [N, H] matrix of the N real
+    Every layer but attention works token by token, so those layers run on the [R, H] matrix of the R real
     tokens; attention re-pads its q, k, v to [B, T, H] and masks padded keys as usual. Outputs come
     back padded, with zeros at the padded positions (the padded path computes unused values there).
     """
 
-    index: torch.Tensor  # [N] flat positions b * T + t of the real tokens
+    index: torch.Tensor  # [R] flat positions b * T + t of the real tokens
     batch: int
     seq_len: int
 
@@ -96,11 +97,11 @@ class Unpadding:
         return cls(attention_mask.reshape(-1).nonzero().squeeze(1), B, T)
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
-        return x.reshape(self.batch * self.seq_len, *x.shape[2:]).index_select(0, self.index)  # [B, T, H] -> [N, H]
+        return x.reshape(self.batch * self.seq_len, *x.shape[2:]).index_select(0, self.index)  # [B, T, H] -> [R, H]
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         full = x.new_zeros(self.batch * self.seq_len, *x.shape[1:]).index_copy(0, self.index, x)  # [B*T, H]
-        return full.view(self.batch, self.seq_len, *x.shape[1:])  # [N, H] -> [B, T, H]
+        return full.view(self.batch, self.seq_len, *x.shape[1:])  # [R, H] -> [B, T, H]
 
 
 class BertEmbeddings(nn.Module):
@@ -138,9 +139,9 @@ class BertSelfAttention(nn.Module):
     def forward(
         self, hidden: torch.Tensor, mask_bias: torch.Tensor | None, unpadding: Unpadding | None = None
     ) -> torch.Tensor:
-        q, k, v = self.query(hidden), self.key(hidden), self.value(hidden)  # [B, T, H], or [N, H] unpadded
+        q, k, v = self.query(hidden), self.key(hidden), self.value(hidden)  # [B, T, H], or [R, H] unpadded
         if unpadding is not None:
-            q, k, v = unpadding.pad(q), unpadding.pad(k), unpadding.pad(v)  # [N, H] -> [B, T, H]
+            q, k, v = unpadding.pad(q), unpadding.pad(k), unpadding.pad(v)  # [R, H] -> [B, T, H]
         B, T, H = q.shape
         # softmax(q k^T / sqrt(D) + mask_bias) v, mask_bias [B, 1, 1, T] masks padded keys only.
         context = F.scaled_dot_product_attention(

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from bert.errors import InputError
+from bert.flags import QUANTIZE_CHOICES
 
-QUANTIZE_CHOICES = ("none", "int8")
 _QCONFIG = torch.ao.quantization.QConfig(
     activation=torch.ao.quantization.PlaceholderObserver.with_args(
         dtype=torch.quint8, quant_min=0, quant_max=255, is_dynamic=True

@@ -122,6 +122,7 @@ DIFFERENT_ON_PURPOSE = {
     "model": ({"help"}, "each command needs another head: fine-tuned, any, masked-LM, exportable"),
     "top_k": ({"help", "default"}, "labels to list for predict, tokens per mask for fill-mask"),
     "output": ({"help"}, "convert writes a checkpoint directory, export a file"),
+    "quantize": ({"help"}, "export quantizes the file it writes, with the runtime's own quantizer"),
     "format": ({"help", "default", "choices"}, "checkpoint formats for convert, runtimes for export"),
     "keep_checkpoint_max": ({"default"}, "fine-tuning checkpoints are resumption points; the model is exported"),
     "log_every": ({"default"}, "pre-training runs 100,000s of steps, fine-tuning hundreds"),

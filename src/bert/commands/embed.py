@@ -17,19 +17,18 @@ from typing import Any
 import numpy as np
 
 from bert.errors import InputError
-from bert.inference import EMBEDDINGS, POOLINGS, Predictor, cosine_similarity, located, read_input_chunks
-from bert.quantization import QUANTIZE_CHOICES
-from bert.utils import count_lines, json_line, output_file_or_stdout, progress, readable_input
+from bert.flags import InferenceArgs
+from bert.inference import EMBEDDINGS, POOLINGS, Predictor, cosine_similarity, map_input_lines
+from bert.utils import count_lines, json_line, output_file_or_stdout, readable_input
 
 logger = logging.getLogger(__name__)
 
-CHUNK_LINES = 2048
 # --similarity prints an N x N matrix: meant for a handful of sentences.
 MAX_SIMILARITY_LINES = 1000
 
 
 @dataclass
-class EmbedArgs:
+class EmbedArgs(InferenceArgs):
     """Embed text: one vector per input line (plain text, or JSON lines with a "text" field).
 
     Output: --output_file=x.npy writes a float32 matrix, row i for line i; any other name (or stdout)
@@ -70,19 +69,6 @@ class EmbedArgs:
             "or config.json), else max_position_embeddings."
         },
     )
-    do_lower_case: bool | None = field(
-        default=None, metadata={"help": "Lower-case the input; default: the model's tokenizer_config.json."}
-    )
-    batch_size: int = field(default=32, metadata={"help": "Sequences per forward pass."})
-    device: str | None = field(default=None, metadata={"help": "torch device; default cuda if available, else cpu."})
-    quantize: str = field(
-        default="none",
-        metadata={
-            "help": "int8: quantize the Linear layers for CPU inference (bert.quantization; outputs move by about "
-            "one percent).",
-            "choices": list(QUANTIZE_CHOICES),
-        },
-    )
 
 
 def _write_rows(out, vectors: np.ndarray, as_npy: bool) -> None:
@@ -119,24 +105,20 @@ def run_embed(args: EmbedArgs) -> dict[str, Any]:
                 "write the vectors (--output_file=x.npy) and compare them yourself"
             )
         kept = []
-        with (
-            output_file_or_stdout(args.output_file, "wb" if as_npy else "w") as out,
-            progress(total=total, unit="line", desc="embed", disable=args.input_file is None) as bar,
-        ):
+        desc = "embed" if args.input_file is not None else None
+        with output_file_or_stdout(args.output_file, "wb" if as_npy else "w") as out:
             if as_npy:
                 rows = total
                 cols = total if args.similarity else dim
                 np.lib.format.write_array_header_1_0(
                     out, {"descr": "<f4", "fortran_order": False, "shape": (rows, cols)}
                 )
-            for lines, texts in read_input_chunks(path, EMBEDDINGS, name, CHUNK_LINES):
-                with located(name, lines):
-                    vectors = predictor.embed(texts, pooling=pooling, normalize=normalize)
+            embed = lambda texts: predictor.embed(texts, pooling=pooling, normalize=normalize)  # noqa: E731
+            for vectors in map_input_lines(path, name, EMBEDDINGS, embed, total, desc):
                 if args.similarity:
                     kept.append(vectors)
                 else:
                     _write_rows(out, vectors, as_npy)
-                bar.update(len(lines))
             if args.similarity:
                 matrix = cosine_similarity(np.concatenate(kept)) if kept else np.zeros((0, 0), np.float32)
                 if as_npy:

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from bert.export import FORMATS, export
-from bert.quantization import QUANTIZE_CHOICES
+from bert.flags import QUANTIZE_CHOICES
 from bert.utils import atomic_write
 
 

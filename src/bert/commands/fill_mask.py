@@ -8,16 +8,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert.errors import InputError
-from bert.inference import FILL_MASK, Predictor, located, read_input_chunks
-from bert.utils import count_lines, json_line, output_file_or_stdout, progress, readable_input
+from bert.flags import InferenceArgs
+from bert.inference import FILL_MASK, Predictor, map_input_lines
+from bert.utils import count_lines, json_line, output_file_or_stdout, readable_input
 
 logger = logging.getLogger(__name__)
 
-CHUNK_LINES = 2048
-
 
 @dataclass
-class FillMaskArgs:
+class FillMaskArgs(InferenceArgs):
     """Predict the tokens at [MASK]: one input line (plain text, or JSON with a "text" field) with one or
     more [MASK] -> one JSON line {"sequence", "masks": [{"start", "end", "predictions": [{"token",
     "token_id", "score", "word"}, ...]}, ...]}.
@@ -39,11 +38,6 @@ class FillMaskArgs:
         default=None,
         metadata={"help": "Longest input in tokens, with [CLS] and [SEP]; default: max_position_embeddings."},
     )
-    do_lower_case: bool | None = field(
-        default=None, metadata={"help": "Lower-case the input; default: the model's tokenizer_config.json."}
-    )
-    batch_size: int = field(default=32, metadata={"help": "Sequences per forward pass."})
-    device: str | None = field(default=None, metadata={"help": "torch device; default cuda if available, else cpu."})
 
 
 def run_fill_mask(args: FillMaskArgs) -> dict[str, Any]:
@@ -58,6 +52,7 @@ def run_fill_mask(args: FillMaskArgs) -> dict[str, Any]:
         max_seq_length=args.max_seq_length,
         batch_size=args.batch_size,
         do_lower_case=args.do_lower_case,
+        quantize=args.quantize,
     )
     if predictor.task != FILL_MASK or not predictor.has_mlm_head:
         raise InputError(
@@ -68,17 +63,13 @@ def run_fill_mask(args: FillMaskArgs) -> dict[str, Any]:
     lines_done = masks = 0
     with readable_input(args.input_file) as path:
         total = count_lines(path)
-        with (
-            output_file_or_stdout(args.output_file) as out,
-            progress(total=total, unit="line", desc="fill-mask", disable=args.input_file is None) as bar,
-        ):
-            for lines, texts in read_input_chunks(path, FILL_MASK, name, CHUNK_LINES):
-                with located(name, lines):
-                    results = predictor.fill_mask(texts, top_k=args.top_k)
+        desc = "fill-mask" if args.input_file is not None else None
+        with output_file_or_stdout(args.output_file) as out:
+            fill = lambda texts: predictor.fill_mask(texts, top_k=args.top_k)  # noqa: E731
+            for results in map_input_lines(path, name, FILL_MASK, fill, total, desc):
                 for result in results:
                     out.write(json_line(result) + "\n")
                     masks += len(result["masks"])
-                lines_done += len(lines)
-                bar.update(len(lines))
+                lines_done += len(results)
     logger.info("filled %d masks in %d lines", masks, lines_done)
     return {"lines": lines_done, "masks": masks, "output_file": args.output_file}

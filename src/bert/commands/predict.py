@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert.errors import InputError
+from bert.flags import InferenceArgs
 from bert.inference import (
     CLASSIFICATION,
     MULTIPLE_CHOICE,
@@ -21,20 +22,15 @@ from bert.inference import (
     QUESTION_ANSWERING,
     InputItemError,
     Predictor,
-    located,
-    read_input_chunks,
+    map_input_lines,
 )
-from bert.quantization import QUANTIZE_CHOICES
-from bert.utils import count_lines, json_line, output_file_or_stdout, progress, readable_input
+from bert.utils import count_lines, json_line, output_file_or_stdout, readable_input
 
 logger = logging.getLogger(__name__)
 
-# Input lines per call of the model: the batches of a chunk are sorted by length together.
-CHUNK_LINES = 2048
-
 
 @dataclass
-class PredictArgs:
+class PredictArgs(InferenceArgs):
     """Run a fine-tuned model on raw text: one JSON line per input line.
 
     Input (stdin or --input_file), per line: plain text, or JSON: {"text"} or {"text", "text_pair"} for
@@ -78,19 +74,6 @@ class PredictArgs:
         metadata={
             "help": "Longest sequence in tokens; default: the model's fine-tuning length (config.json), "
             "else 128 (384 for question answering)."
-        },
-    )
-    do_lower_case: bool | None = field(
-        default=None, metadata={"help": "Lower-case the input; default: the model's tokenizer_config.json."}
-    )
-    batch_size: int = field(default=32, metadata={"help": "Sequences per forward pass."})
-    device: str | None = field(default=None, metadata={"help": "torch device; default cuda if available, else cpu."})
-    quantize: str = field(
-        default="none",
-        metadata={
-            "help": "int8: quantize the Linear layers for CPU inference (bert.quantization; outputs move by about "
-            "one percent).",
-            "choices": list(QUANTIZE_CHOICES),
         },
     )
 
@@ -149,16 +132,11 @@ def run_predict(args: PredictArgs) -> dict[str, Any]:
     n = 0
     with readable_input(args.input_file) as path:
         total = count_lines(path)
-        with (
-            output_file_or_stdout(args.output_file) as out,
-            progress(total=total, unit="line", desc="predict", disable=args.input_file is None) as bar,
-        ):
-            for lines, records in read_input_chunks(path, task, name, CHUNK_LINES):
-                with located(name, lines):
-                    results = _predict(predictor, records, args)
+        desc = "predict" if args.input_file is not None else None
+        with output_file_or_stdout(args.output_file) as out:
+            for results in map_input_lines(path, name, task, lambda r: _predict(predictor, r, args), total, desc):
                 for result in results:
                     out.write(json_line(result) + "\n")
-                n += len(lines)
-                bar.update(len(lines))
+                n += len(results)
     logger.info("predicted %d lines with %s (%s)", n, args.model, predictor.task)
     return {"lines": n, "task": predictor.task, "output_file": args.output_file}

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from bert.errors import InputError
+from bert.flags import InferenceArgs, same_as
 from bert.inference import CLASSIFICATION, FILL_MASK, NER, QUESTION_ANSWERING, Predictor
-from bert.quantization import QUANTIZE_CHOICES
 
 try:  # the `serve` extra; without it `bert --help` still lists the command and `bert serve` says what to install
     import uvicorn
@@ -68,21 +68,12 @@ class ServeArgs:
     )
     max_client_batch_size: int = field(default=32, metadata={"help": "Inputs per request at most (413 beyond)."})
     max_request_bytes: int = field(default=2_000_000, metadata={"help": "Request body size at most (413 beyond)."})
-    quantize: str = field(
-        default="none",
-        metadata={
-            "help": "int8: quantize the Linear layers for CPU inference (bert.quantization; outputs move by about "
-            "one percent).",
-            "choices": list(QUANTIZE_CHOICES),
-        },
-    )
+    quantize: str = same_as(InferenceArgs, "quantize")
     max_seq_length: int | None = field(
         default=None, metadata={"help": "Longest input in tokens; default: the model's (see bert predict/embed)."}
     )
-    do_lower_case: bool | None = field(
-        default=None, metadata={"help": "Lower-case the input; default: the model's tokenizer_config.json."}
-    )
-    device: str | None = field(default=None, metadata={"help": "torch device; default cuda if available, else cpu."})
+    do_lower_case: bool | None = same_as(InferenceArgs, "do_lower_case")
+    device: str | None = same_as(InferenceArgs, "device")
     check: bool = field(
         default=False,
         metadata={
