@@ -210,6 +210,17 @@ class InferenceArgs:
         },
     )
 
+    def predictor_settings(self) -> dict[str, Any]:
+        """The keywords of `bert.inference.Predictor.from_pretrained` these flags set (checked first)."""
+        if self.batch_size < 1:
+            raise InputError(f"--batch_size={self.batch_size} must be at least 1")
+        return {
+            "device": self.device,
+            "batch_size": self.batch_size,
+            "do_lower_case": self.do_lower_case,
+            "quantize": self.quantize,
+        }
+
 
 @dataclass(kw_only=True)
 class MaskingArgs:

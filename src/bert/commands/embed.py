@@ -82,16 +82,8 @@ def _write_rows(out, vectors: np.ndarray, as_npy: bool) -> None:
 
 def run_embed(args: EmbedArgs) -> dict[str, Any]:
     """Embed every input line; returns {"lines", "dim", "output_file", "pooling", "normalize"}."""
-    if args.batch_size < 1:
-        raise InputError(f"--batch_size={args.batch_size} must be at least 1")
-    predictor = Predictor.from_pretrained(
-        args.model,
-        args.device,
-        max_seq_length=args.max_seq_length,
-        batch_size=args.batch_size,
-        do_lower_case=args.do_lower_case,
-        quantize=args.quantize,
-    )
+    settings = args.predictor_settings()
+    predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
     pooling = args.pooling or predictor.default_pooling
     normalize = predictor.default_normalize if args.normalize is None else args.normalize
     as_npy = args.output_file is not None and args.output_file.endswith(".npy")

@@ -42,18 +42,10 @@ class FillMaskArgs(InferenceArgs):
 
 def run_fill_mask(args: FillMaskArgs) -> dict[str, Any]:
     """Fill the masks of every input line; returns {"lines", "masks", "output_file"}."""
-    if args.batch_size < 1:
-        raise InputError(f"--batch_size={args.batch_size} must be at least 1")
     if args.top_k < 1:
         raise InputError(f"--top_k={args.top_k} must be at least 1")
-    predictor = Predictor.from_pretrained(
-        args.model,
-        args.device,
-        max_seq_length=args.max_seq_length,
-        batch_size=args.batch_size,
-        do_lower_case=args.do_lower_case,
-        quantize=args.quantize,
-    )
+    settings = args.predictor_settings()
+    predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
     if predictor.task != FILL_MASK or not predictor.has_mlm_head:
         raise InputError(
             f"--model={args.model} is a {predictor.architecture} without the masked-LM head (cls.predictions.*); "

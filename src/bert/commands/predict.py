@@ -98,20 +98,12 @@ def _predict(predictor: Predictor, records: list, args: PredictArgs) -> list[dic
 
 def run_predict(args: PredictArgs) -> dict[str, Any]:
     """Predict every input line; returns {"lines", "task", "output_file"}."""
-    if args.batch_size < 1:
-        raise InputError(f"--batch_size={args.batch_size} must be at least 1")
     if args.top_k < 0:
         raise InputError(f"--top_k={args.top_k} must be 0 (all labels) or more")
     if args.doc_stride is not None and args.doc_stride < 1:
         raise InputError(f"--doc_stride={args.doc_stride} must be at least 1")
-    predictor = Predictor.from_pretrained(
-        args.model,
-        args.device,
-        max_seq_length=args.max_seq_length,
-        batch_size=args.batch_size,
-        do_lower_case=args.do_lower_case,
-        quantize=args.quantize,
-    )
+    settings = args.predictor_settings()
+    predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
     if predictor.task not in (CLASSIFICATION, NER, QUESTION_ANSWERING, MULTIPLE_CHOICE):
         other = "bert fill-mask" if predictor.has_mlm_head else "bert embed"
         raise InputError(
