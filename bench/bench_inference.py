@@ -175,13 +175,16 @@ def main() -> None:
     def hf_batches():
         for i in range(0, len(pairs), bs):
             chunk = pairs[i : i + bs]
+            # SST-2 sentences come first, then MRPC pairs: the one batch holding both is sent as two calls
+            # (singles, then pairs), in order, since an empty text_pair would add a [SEP] to the singles.
             singles = [a for a, b in chunk if b is None]
-            if len(singles) == len(chunk):
+            twos = [(a, b) for a, b in chunk if b is not None]
+            if singles:
                 yield hf_clf_tok(singles, padding=True, truncation=True, max_length=128, return_tensors="pt")
-            else:  # a batch of pairs (SST-2 and MRPC rows are never mixed but at one boundary)
+            if twos:
                 yield hf_clf_tok(
-                    [a for a, _ in chunk],
-                    [b or "" for _, b in chunk],
+                    [a for a, _ in twos],
+                    [b for _, b in twos],
                     padding=True,
                     truncation=True,
                     max_length=128,
