@@ -177,18 +177,19 @@ def bench_model(name: str, args, workdir: Path) -> dict:
     onnx_fp32, onnx_int8 = workdir / f"{name}.onnx", workdir / f"{name}-int8.onnx"
     t = time.perf_counter()
     checked = export(model_dir, "onnx", onnx_fp32)
-    export(model_dir, "onnx", onnx_int8, quantize="int8")
+    if not args.fp32_only:
+        export(model_dir, "onnx", onnx_int8, quantize="int8")
     print(
         f"  exported and checked in {time.perf_counter() - t:.0f} s (fp32 max abs diff {checked['max_abs_diff']:.1e})"
     )
-    int8 = quantize_int8(copy.deepcopy(model))
     engines = {
         "ours": ours(model),
         "ort": ort_engine(onnx_fp32, args.threads),
         "transformers": transformers_engine(load_transformers(model_dir, architecture)),
-        "ours int8": ours(int8),
-        "ort int8": ort_engine(onnx_int8, args.threads),
     }
+    if not args.fp32_only:
+        engines["ours int8"] = ours(quantize_int8(copy.deepcopy(model)))
+        engines["ort int8"] = ort_engine(onnx_int8, args.threads)
     rows = [  # (label, engine, batch order, pad to)
         ("ours, sorted", "ours", "sorted", None),
         ("ours, input order", "ours", "input", None),
@@ -202,6 +203,7 @@ def bench_model(name: str, args, workdir: Path) -> dict:
         ("ONNX Runtime int8, input order", "ort int8", "input", None),
         ("ONNX Runtime int8, sorted", "ort int8", "sorted", None),
     ]
+    rows = [row for row in rows if row[1] in engines]
     tokenizer = FullTokenizer(vocab, do_lower_case=True)
     results = {}
     for task in args.tasks:
@@ -256,6 +258,8 @@ def print_table(name: str, report: dict) -> None:
         ("ours int8 sorted / ONNX Runtime int8 sorted", "ours int8, sorted", "ONNX Runtime int8, sorted"),
     ]
     for text, a, b in ratios:
+        if a not in labels or b not in labels:  # --fp32_only
+            continue
         cells = [f"{report['results'][t]['seconds'][b] / report['results'][t]['seconds'][a]:.2f}" for t in tasks]
         print(f"| ratio: {text} | " + " | ".join(cells) + " |")
 
@@ -318,6 +322,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no_accuracy", action="store_true", help="skip the int8 accuracy measurement")
+    parser.add_argument("--fp32_only", action="store_true", help="no int8 exports or rows")
     args = parser.parse_args()
     args.tasks = args.tasks.split(",")
     torch.set_num_threads(args.threads)
