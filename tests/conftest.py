@@ -134,6 +134,41 @@ def save_tiny_model(directory: Path, vocab: Path, do_lower_case: bool, **overrid
     return config, vocab, directory / "init"
 
 
+def uncased_vocab(directory: Path) -> Path:
+    """The released uncased vocab.txt (a fixture of tests/fixtures), written as `directory/vocab.txt`."""
+    import gzip
+
+    path = directory / "vocab.txt"
+    path.write_bytes(gzip.decompress((FIXTURES / "tokenization" / "vocab_uncased.txt.gz").read_bytes()))
+    return path
+
+
+def vocab_config(vocab: Path, **overrides):
+    """A tiny `BertConfig` (2 layers, hidden 32, 4 heads, 64 positions) over the entries of `vocab`."""
+    from bert.config import BertConfig
+
+    n = sum(1 for _ in open(vocab, encoding="utf-8"))
+    base = dict(
+        vocab_size=n,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+        hidden_act="gelu",
+    )
+    return BertConfig(**{**base, **overrides})
+
+
+def save_model_dir(model, directory: Path, vocab: Path, do_lower_case: bool = True, **extra) -> Path:
+    """`model` saved as a native model directory, `extra` added to its config.json (labels, task settings)."""
+    from bert.checkpoint import save_pretrained
+
+    model.config.extra.update(extra)
+    save_pretrained(model, directory, vocab, do_lower_case=do_lower_case)
+    return directory
+
+
 @pytest.fixture(scope="module")
 def model_files(request, tmp_path_factory):
     """(config file, vocab file, init checkpoint) of the test module's tiny model: the shared uncased vocab,

@@ -205,8 +205,7 @@ def _run(recipe: str, capsys) -> tuple[int, str, str]:
     """Run one recipe line: `bert ...` in this process (with the cuts appended), pipelines in the shell."""
     if match := ASSIGNMENT.match(recipe):
         done = subprocess.run(["bash", "-c", match.group(2)], capture_output=True, text=True, timeout=60)
-        SHELL_VARS[match.group(1)] = done.stdout.strip()
-        os.environ[match.group(1)] = SHELL_VARS[match.group(1)]  # in_workdir's monkeypatch restores it
+        SHELL_VARS[match.group(1)] = done.stdout.strip()  # in_workdir sets it for the recipes after this one
         return done.returncode, "", done.stderr
     if "|" in recipe:
         line = f"{recipe} {' '.join(_cuts(_command(recipe)))}"

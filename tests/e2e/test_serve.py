@@ -7,7 +7,6 @@ all-MiniLM-L6-v2 equal to `bert embed`."""
 from __future__ import annotations
 
 import base64
-import gzip
 import http.client
 import json
 import os
@@ -29,11 +28,9 @@ import torch
 pytest.importorskip("starlette", reason="bert serve needs the serve extra (pip install '.[serve]')")
 uvicorn = pytest.importorskip("uvicorn", reason="bert serve needs the serve extra (pip install '.[serve]')")
 
-from bert.checkpoint import save_pretrained  # noqa: E402
 from bert.commands.embed import EmbedArgs, run_embed  # noqa: E402
 from bert.commands.predict import PredictArgs, run_predict  # noqa: E402
 from bert.commands.serve import ServeArgs, run_serve  # noqa: E402
-from bert.config import BertConfig  # noqa: E402
 from bert.inference import Predictor  # noqa: E402
 from bert.modeling import (  # noqa: E402
     BertForPreTraining,
@@ -42,7 +39,7 @@ from bert.modeling import (  # noqa: E402
     BertForTokenClassification,
 )
 from bert.serving import ServeSettings, create_app  # noqa: E402
-from conftest import FIXTURES  # noqa: E402
+from conftest import save_model_dir, uncased_vocab, vocab_config  # noqa: E402
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -138,38 +135,16 @@ def inprocess_server(predictor: Predictor, **settings):
         thread.join(30)
 
 
-def tiny_config(vocab: Path, **overrides) -> BertConfig:
-    n = sum(1 for _ in open(vocab, encoding="utf-8"))
-    base = dict(
-        vocab_size=n,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=37,
-        max_position_embeddings=64,
-        hidden_act="gelu",
-    )
-    return BertConfig(**{**base, **overrides})
-
-
-def save(model, directory: Path, vocab: Path, **extra) -> Path:
-    model.config.extra.update(extra)
-    save_pretrained(model, directory, vocab, do_lower_case=True)
-    return directory
-
-
 @pytest.fixture(scope="module")
 def vocab(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
-    path.write_bytes(gzip.decompress((FIXTURES / "tokenization" / "vocab_uncased.txt.gz").read_bytes()))
-    return path
+    return uncased_vocab(tmp_path_factory.mktemp("vocab"))
 
 
 @pytest.fixture(scope="module")
 def classifier(vocab, tmp_path_factory) -> Path:
     torch.manual_seed(1)
-    model = BertForSequenceClassification(tiny_config(vocab), num_labels=3)
-    return save(
+    model = BertForSequenceClassification(vocab_config(vocab), num_labels=3)
+    return save_model_dir(
         model,
         tmp_path_factory.mktemp("cls"),
         vocab,
@@ -343,12 +318,12 @@ def test_check_answers_each_route_once_and_exits(classifier, predictor, capsys):
 # ------------------------------------------------------------------------------------ other heads, in-process
 def test_ner_qa_and_fill_mask_routes_equal_the_predictor(vocab, tmp_path):
     torch.manual_seed(3)
-    tagger = BertForTokenClassification(tiny_config(vocab), num_labels=3)
-    ner_dir = save(tagger, tmp_path / "ner", vocab, id2label={"0": "O", "1": "B-PER", "2": "I-PER"})
-    qa_dir = save(
-        BertForQuestionAnswering(tiny_config(vocab)), tmp_path / "qa", vocab, doc_stride=8, max_query_length=8
+    tagger = BertForTokenClassification(vocab_config(vocab), num_labels=3)
+    ner_dir = save_model_dir(tagger, tmp_path / "ner", vocab, id2label={"0": "O", "1": "B-PER", "2": "I-PER"})
+    qa_dir = save_model_dir(
+        BertForQuestionAnswering(vocab_config(vocab)), tmp_path / "qa", vocab, doc_stride=8, max_query_length=8
     )
-    mlm_dir = save(BertForPreTraining(tiny_config(vocab)), tmp_path / "mlm", vocab)
+    mlm_dir = save_model_dir(BertForPreTraining(vocab_config(vocab)), tmp_path / "mlm", vocab)
     context = "The Normans were the people who in the 10th and 11th centuries gave their name to Normandy. " * 3
 
     p = Predictor.from_pretrained(ner_dir, "cpu")

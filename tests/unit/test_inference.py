@@ -6,7 +6,6 @@ forward pass, sentence-transformers settings, bad input, and one call at a time 
 
 from __future__ import annotations
 
-import gzip
 import json
 import threading
 from pathlib import Path
@@ -15,8 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from bert.checkpoint import export_tf, save_pretrained
-from bert.config import BertConfig
+from bert.checkpoint import export_tf
 from bert.errors import InputError
 from bert.inference import InputItemError, Predictor, read_input_record, read_sentence_transformers_config
 from bert.modeling import (
@@ -28,7 +26,7 @@ from bert.modeling import (
     BertModel,
 )
 from bert.tasks.swag import SwagExample, convert_swag_examples_to_features
-from conftest import FIXTURES
+from conftest import save_model_dir, uncased_vocab, vocab_config
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -41,37 +39,15 @@ SENTENCES = [
 
 @pytest.fixture(scope="module")
 def vocab(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
-    path.write_bytes(gzip.decompress((FIXTURES / "tokenization" / "vocab_uncased.txt.gz").read_bytes()))
-    return path
-
-
-def tiny_config(vocab: Path, **overrides) -> BertConfig:
-    n = sum(1 for _ in open(vocab, encoding="utf-8"))
-    base = dict(
-        vocab_size=n,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=37,
-        max_position_embeddings=64,
-        hidden_act="gelu",
-    )
-    return BertConfig(**{**base, **overrides})
-
-
-def save(model, directory: Path, vocab: Path, do_lower_case: bool = True, **extra) -> Path:
-    model.config.extra.update(extra)
-    save_pretrained(model, directory, vocab, do_lower_case=do_lower_case)
-    return directory
+    return uncased_vocab(tmp_path_factory.mktemp("vocab"))
 
 
 @pytest.fixture(scope="module")
 def classifier_dir(vocab, tmp_path_factory):
     torch.manual_seed(1)
-    model = BertForSequenceClassification(tiny_config(vocab), num_labels=3)
+    model = BertForSequenceClassification(vocab_config(vocab), num_labels=3)
     labels = ["neg", "neutral", "pos"]
-    return save(
+    return save_model_dir(
         model,
         tmp_path_factory.mktemp("cls"),
         vocab,
@@ -128,11 +104,11 @@ def test_classify_batched_equals_one_at_a_time_in_input_order(classifier_dir):
 
 def test_multi_label_thresholds_and_regression(vocab, tmp_path):
     torch.manual_seed(2)
-    model = BertForSequenceClassification(tiny_config(vocab), num_labels=3)
+    model = BertForSequenceClassification(vocab_config(vocab), num_labels=3)
     labels = ["a", "b", "c"]
     with torch.no_grad():
         model.classifier.bias.copy_(torch.tensor([3.0, 0.0, -3.0]))  # sigmoid ~ 0.95, 0.5, 0.05
-    directory = save(
+    directory = save_model_dir(
         model,
         tmp_path / "ml",
         vocab,
@@ -148,8 +124,8 @@ def test_multi_label_thresholds_and_regression(vocab, tmp_path):
         assert sorted(r["label"] for r in result["labels"]) == sorted(expected)
         assert {r["label"]: r["score"] for r in result["scores"]} == pytest.approx(dict(zip(labels, sig)), abs=1e-6)
 
-    reg = BertForSequenceClassification(tiny_config(vocab), num_labels=1)
-    p = Predictor.from_pretrained(save(reg, tmp_path / "reg", vocab), "cpu")
+    reg = BertForSequenceClassification(vocab_config(vocab), num_labels=1)
+    p = Predictor.from_pretrained(save_model_dir(reg, tmp_path / "reg", vocab), "cpu")
     assert p.problem_type == "regression"
     result = p.classify(SENTENCES[:2])
     assert set(result[0]) == {"score"}
@@ -183,10 +159,10 @@ def test_long_document_windows(classifier_dir):
 
 
 def test_tokenizer_settings_come_from_the_model(vocab, tmp_path):
-    model = BertForSequenceClassification(tiny_config(vocab), num_labels=2)
-    cased = Predictor.from_pretrained(save(model, tmp_path / "cased", vocab, do_lower_case=False), "cpu")
+    model = BertForSequenceClassification(vocab_config(vocab), num_labels=2)
+    cased = Predictor.from_pretrained(save_model_dir(model, tmp_path / "cased", vocab, do_lower_case=False), "cpu")
     assert cased.tokenizer.tokenize("Hello") == ["[UNK]"]  # the uncased vocab has no "Hello"
-    uncased = Predictor.from_pretrained(save(model, tmp_path / "uncased", vocab, do_lower_case=True), "cpu")
+    uncased = Predictor.from_pretrained(save_model_dir(model, tmp_path / "uncased", vocab, do_lower_case=True), "cpu")
     assert uncased.tokenizer.tokenize("Hello") == ["hello"]
     assert Predictor.from_pretrained(tmp_path / "cased", "cpu", do_lower_case=True).tokenizer.tokenize("Hello") == [
         "hello"
@@ -195,7 +171,7 @@ def test_tokenizer_settings_come_from_the_model(vocab, tmp_path):
 
 def test_head_comes_from_the_weights_of_a_tf_checkpoint(vocab, tmp_path):
     torch.manual_seed(3)
-    model = BertForQuestionAnswering(tiny_config(vocab))
+    model = BertForQuestionAnswering(vocab_config(vocab))
     prefix = export_tf(model, tmp_path / "tf", vocab, do_lower_case=True)
     p = Predictor.from_pretrained(prefix, "cpu")
     assert p.architecture == "BertForQuestionAnswering" and p.max_seq_length == 64  # 384 capped by the positions
@@ -205,7 +181,7 @@ def test_head_comes_from_the_weights_of_a_tf_checkpoint(vocab, tmp_path):
 # ------------------------------------------------------------------------------------------------- NER
 @pytest.fixture(scope="module")
 def tagger_dir(vocab, tmp_path_factory):
-    model = BertForTokenClassification(tiny_config(vocab), num_labels=3)
+    model = BertForTokenClassification(vocab_config(vocab), num_labels=3)
     labels = ["O", "B-PER", "I-PER"]
     return model, labels, tmp_path_factory.mktemp("ner"), vocab
 
@@ -216,7 +192,7 @@ def rigged_tagger(tagger_dir, favourite: str) -> Predictor:
     with torch.no_grad():
         model.classifier.weight.zero_()
         model.classifier.bias.copy_(torch.tensor([10.0 if x == favourite else 0.0 for x in labels]))
-    save(model, directory / favourite, vocab, id2label={str(i): x for i, x in enumerate(labels)})
+    save_model_dir(model, directory / favourite, vocab, id2label={str(i): x for i, x in enumerate(labels)})
     return Predictor.from_pretrained(directory / favourite, "cpu")
 
 
@@ -271,8 +247,9 @@ def test_ner_long_text_is_tagged_in_windows(tagger_dir):
 # ------------------------------------------------------------------------------------- question answering
 def test_answer_is_located_in_the_context(vocab, tmp_path):
     torch.manual_seed(4)
-    model = BertForQuestionAnswering(tiny_config(vocab, max_position_embeddings=48))
-    p = Predictor.from_pretrained(save(model, tmp_path / "qa", vocab, doc_stride=8, max_query_length=8), "cpu")
+    model = BertForQuestionAnswering(vocab_config(vocab, max_position_embeddings=48))
+    directory = save_model_dir(model, tmp_path / "qa", vocab, doc_stride=8, max_query_length=8)
+    p = Predictor.from_pretrained(directory, "cpu")
     assert p.max_seq_length == 48 and p.doc_stride == 8
     context = "  The  Normans (Norman: Nourmands; French: Normands)\n were the people who, in the 10th and 11th " * 4
     questions = ["Who were the Normans?", "When?", "What is French for them?"]
@@ -284,11 +261,12 @@ def test_answer_is_located_in_the_context(vocab, tmp_path):
 
 
 def test_squad_v2_no_answer(vocab, tmp_path):
-    model = BertForQuestionAnswering(tiny_config(vocab))
+    model = BertForQuestionAnswering(vocab_config(vocab))
     with torch.no_grad():  # [CLS] wins: every position but 0 scores the same, the null score is higher
         model.qa_outputs.weight.zero_()
         model.qa_outputs.bias.zero_()
-    directory = save(model, tmp_path / "v2", vocab, version_2_with_negative=True, null_score_diff_threshold=-1.0)
+    settings = {"version_2_with_negative": True, "null_score_diff_threshold": -1.0}
+    directory = save_model_dir(model, tmp_path / "v2", vocab, **settings)
     p = Predictor.from_pretrained(directory, "cpu")
     [r] = p.answer(["Who?"], ["Nobody was there."])
     assert r["answer"] is None and r["start"] is None and 0 < r["score"] < 1
@@ -297,8 +275,8 @@ def test_squad_v2_no_answer(vocab, tmp_path):
 # ---------------------------------------------------------------------------------------- multiple choice
 def test_choose_equals_padded_swag_batches(vocab, tmp_path):
     torch.manual_seed(5)
-    model = BertForMultipleChoice(tiny_config(vocab))
-    p = Predictor.from_pretrained(save(model, tmp_path / "mc", vocab, max_seq_length=20), "cpu")
+    model = BertForMultipleChoice(vocab_config(vocab))
+    p = Predictor.from_pretrained(save_model_dir(model, tmp_path / "mc", vocab, max_seq_length=20), "cpu")
     contexts = ["A man sits at a piano.", "She opens the door"]
     endings = [["He plays a song.", "He eats the piano whole, slowly.", "It rains."], ["and walks in.", "x"]]
     results = p.choose(contexts, endings)
@@ -317,7 +295,7 @@ def test_choose_equals_padded_swag_batches(vocab, tmp_path):
 def test_embeddings_equal_transformers_bert_model(vocab, tmp_path):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(6)
-    directory = save(BertModel(tiny_config(vocab)), tmp_path / "enc", vocab)
+    directory = save_model_dir(BertModel(vocab_config(vocab)), tmp_path / "enc", vocab)
     p = Predictor.from_pretrained(directory, "cpu", batch_size=2)
     hf = transformers.BertModel.from_pretrained(str(directory)).eval()
     batch = [encode(p, s)[0] for s in SENTENCES]
@@ -342,7 +320,7 @@ def test_embeddings_equal_transformers_bert_model(vocab, tmp_path):
 
 
 def test_embeddings_are_cut_to_max_seq_length_and_not_normalized_by_default(vocab, tmp_path):
-    directory = save(BertModel(tiny_config(vocab)), tmp_path / "enc", vocab)
+    directory = save_model_dir(BertModel(vocab_config(vocab)), tmp_path / "enc", vocab)
     p = Predictor.from_pretrained(directory, "cpu", max_seq_length=8)
     long_text = SENTENCES[2]
     [v] = p.embed([long_text], pooling="cls")
@@ -355,7 +333,7 @@ def test_embeddings_are_cut_to_max_seq_length_and_not_normalized_by_default(voca
 
 
 def test_sentence_transformers_settings(vocab, tmp_path):
-    directory = save(BertModel(tiny_config(vocab)), tmp_path / "st", vocab)
+    directory = save_model_dir(BertModel(vocab_config(vocab)), tmp_path / "st", vocab)
     (directory / "1_Pooling").mkdir()
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
@@ -382,8 +360,8 @@ def test_sentence_transformers_settings(vocab, tmp_path):
 # -------------------------------------------------------------------------------------------- fill-mask
 def test_fill_mask_matches_a_direct_forward_pass(vocab, tmp_path):
     torch.manual_seed(7)
-    model = BertForPreTraining(tiny_config(vocab)).eval()
-    p = Predictor.from_pretrained(save(model, tmp_path / "mlm", vocab), "cpu", batch_size=2)
+    model = BertForPreTraining(vocab_config(vocab)).eval()
+    p = Predictor.from_pretrained(save_model_dir(model, tmp_path / "mlm", vocab), "cpu", batch_size=2)
     texts = ["The capital of France is [MASK].", "[MASK] [MASK] went home", "play[MASK] now", "A [MASK]."]
     results = p.fill_mask(texts, top_k=4)
     tok = p.tokenizer
@@ -410,8 +388,8 @@ def test_fill_mask_matches_a_direct_forward_pass(vocab, tmp_path):
 
 
 def test_fill_mask_whole_words(vocab, tmp_path):
-    model = BertForPreTraining(tiny_config(vocab))
-    p = Predictor.from_pretrained(save(model, tmp_path / "mlm", vocab), "cpu")
+    model = BertForPreTraining(vocab_config(vocab))
+    p = Predictor.from_pretrained(save_model_dir(model, tmp_path / "mlm", vocab), "cpu")
     ing = p.tokenizer.vocab["##ing"]
     with torch.no_grad():  # rig the head: "##ing" everywhere
         p.model.cls.predictions.bias.zero_()
@@ -424,7 +402,7 @@ def test_fill_mask_whole_words(vocab, tmp_path):
 
 # ------------------------------------------------------------------------------------------- bad input
 def test_bad_input(vocab, tmp_path, classifier_dir):
-    pretrained = save(BertForPreTraining(tiny_config(vocab)), tmp_path / "pt", vocab)
+    pretrained = save_model_dir(BertForPreTraining(vocab_config(vocab)), tmp_path / "pt", vocab)
     p = Predictor.from_pretrained(pretrained, "cpu")
     with pytest.raises(InputError, match="without a classification head; fine-tune it with `bert classify`"):
         p.classify(["x"])
@@ -433,7 +411,7 @@ def test_bad_input(vocab, tmp_path, classifier_dir):
     assert e.value.index == 1
     with pytest.raises(InputItemError, match="more than max_seq_length=64"):
         p.fill_mask(["word " * 70 + "[MASK]"])
-    encoder = Predictor.from_pretrained(save(BertModel(tiny_config(vocab)), tmp_path / "enc", vocab), "cpu")
+    encoder = Predictor.from_pretrained(save_model_dir(BertModel(vocab_config(vocab)), tmp_path / "enc", vocab), "cpu")
     with pytest.raises(InputError, match="without a fill-mask head"):
         encoder.fill_mask(["a [MASK]"])
     c = Predictor.from_pretrained(classifier_dir, "cpu")

@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 from bert.errors import InputError
 from bert.flags import InferenceArgs, same_as
 from bert.inference import CLASSIFICATION, FILL_MASK, NER, QUESTION_ANSWERING, Predictor
+from bert.utils import LOG_FORMAT
 
 try:  # the `serve` extra; without it `bert --help` still lists the command and `bert serve` says what to install
     import uvicorn
@@ -125,15 +127,24 @@ def build_app(args: ServeArgs) -> Starlette:
     return create_app(predictor, settings)
 
 
-def log_requests() -> None:
-    """The one line per request (`bert.serving`, INFO) goes to stderr whatever the terminal's log level."""
+def log_requests() -> Callable[[], None]:
+    """Send the one line per request (`bert.serving`, INFO) to the current stderr whatever the terminal's log
+    level; returns the function that undoes it (a command run in-process must not leave its handler behind,
+    bound to a stream that may be closed by then)."""
     request_log = logging.getLogger("bert.serving")
-    if not request_log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        request_log.addHandler(handler)
-        request_log.setLevel(logging.INFO)
-        request_log.propagate = False
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    level, propagate = request_log.level, request_log.propagate
+    request_log.addHandler(handler)
+    request_log.setLevel(logging.INFO)
+    request_log.propagate = False
+
+    def undo() -> None:
+        request_log.removeHandler(handler)
+        request_log.setLevel(level)
+        request_log.propagate = propagate
+
+    return undo
 
 
 def app_from_environment() -> Starlette:
@@ -198,9 +209,16 @@ def run_serve(args: ServeArgs) -> dict[str, Any]:
     if uvicorn is None:
         raise InputError(f"bert serve needs {_MISSING}, which is not installed; pip install 'bert[serve]'")
     _check(args)
-    log_requests()
-    if args.check:
-        return {"check": check_routes(build_app(args))}
+    undo_logging = log_requests()
+    try:
+        if args.check:
+            return {"check": check_routes(build_app(args))}
+        return _serve(args)
+    finally:
+        undo_logging()
+
+
+def _serve(args: ServeArgs) -> dict[str, Any]:
     # uvicorn re-raises the signal that stopped it once it has shut down; a handler of our own turns SIGTERM
     # into a normal return (exit code 0) after the graceful shutdown.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: logger.info("stopped by SIGTERM"))
