@@ -42,7 +42,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -392,7 +392,7 @@ class Batcher:
             else:
                 groups.setdefault((job.kind, job.options), []).append(job)
         ready = [job for jobs in groups.values() for job in jobs]
-        self.metrics.batch(sum(len(j.inputs) for j in ready), sum(j.tokens for j in ready))
+        self.metrics.batch(sum(len(j.inputs) for j in ready), sum(j.tokens or 0 for j in ready))
         for (kind, options), jobs in groups.items():
             self._run_group(kind, dict(options), jobs)
 
@@ -1051,7 +1051,7 @@ def _kind_name(value: Any) -> str:
     )
 
 
-def _check_fields(body: dict, fields: dict[str, Field] | dict[str, Any], where: str) -> None:
+def _check_fields(body: dict, fields: Collection[str], where: str) -> None:
     """Refuse a field the route does not implement, naming it, rather than drop it."""
     for name in body:
         if name not in fields:
@@ -1258,7 +1258,7 @@ class _Api:
             )
         options = dict(raw_scores=raw_scores, truncate=self._truncate(body), truncation_direction=_direction(body))
         results, _ = await self._run(CLASSIFY, pairs, **options)
-        labels = self.predictor.labels
+        labels = self.predictor.labels or []
         out = [r["scores"] if "scores" in r else [{"label": labels[0], "score": r["score"]}] for r in results]
         out = [scores[:top_k] for scores in out]
         return JSONResponse(out[0] if single else out)
@@ -1399,7 +1399,7 @@ class _Api:
 
     async def info(self, request: Request, body: None) -> Response:
         p, s = self.predictor, self.settings
-        if p.task == CLASSIFICATION:
+        if p.task == CLASSIFICATION and p.labels is not None:
             labels = {
                 "id2label": {str(i): x for i, x in enumerate(p.labels)},
                 "label2id": {x: i for i, x in enumerate(p.labels)},
@@ -1466,7 +1466,7 @@ class _Api:
                 if not e.public:
                     self._authorize(request)
                 body = await _read_json(request, self.settings.max_request_bytes) if post else None
-                if post and e.handler != "dispatch":
+                if body is not None and e.handler != "dispatch":
                     _check_fields(body, e.fields, f"{e.method} {e.path}")
                 response = await handler(request, body)
             except ApiError as error:
@@ -1502,7 +1502,9 @@ class _Api:
         request.state.inputs = 0
         what = "no such route" if exc.status_code == 404 else f"{request.method} is not allowed here"
         response = ApiError(
-            exc.status_code, f"{request.url.path}: {what}; see GET /docs", headers=exc.headers
+            exc.status_code,
+            f"{request.url.path}: {what}; see GET /docs",
+            headers=dict(exc.headers) if exc.headers else None,
         ).response()
         self._record(request, "other", exc.status_code, time.perf_counter(), VALIDATION)
         return response
