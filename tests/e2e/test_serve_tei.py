@@ -23,8 +23,10 @@ requests = pytest.importorskip("requests", reason="the clients' tests need reque
 
 from bert.commands.embed import EmbedArgs, run_embed  # noqa: E402
 from bert.commands.predict import PredictArgs, run_predict  # noqa: E402
+from bert.commands.serve import ServeArgs, build_app  # noqa: E402
+from bert.errors import InputError  # noqa: E402
 from bert.inference import Predictor  # noqa: E402
-from bert.modeling import BertForSequenceClassification  # noqa: E402
+from bert.modeling import BertForSequenceClassification, BertModel  # noqa: E402
 from bert.serving import ENDPOINTS, ServeSettings, create_app  # noqa: E402
 from conftest import save_model_dir, uncased_vocab, vocab_config  # noqa: E402
 
@@ -35,9 +37,9 @@ EXAMPLES_PER_ROUTE = 12  # property-based requests per route and document: about
 
 
 @contextmanager
-def serving(predictor: Predictor, **settings):
-    """The app on uvicorn in a thread, on a free 127.0.0.1 port; yields the base URL."""
-    app = create_app(predictor, ServeSettings(model_id="test-model", **settings))
+def serving(predictor: Predictor | None = None, app=None, **settings):
+    """The app (by default `predictor`'s) on uvicorn in a thread, on a free 127.0.0.1 port; yields the base URL."""
+    app = app or create_app(predictor, ServeSettings(model_id="test-model", **settings))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -248,3 +250,63 @@ def test_embed_fields_equal_the_predictor(minilm):
     rows = requests.post(f"{url}/embed_all", json={"inputs": SENTENCES[3]}).json()
     np.testing.assert_allclose(rows, predictor.token_embeddings(SENTENCES[3:]), atol=1e-5, rtol=0)
     assert requests.get(f"{url}/embed").headers["allow"] == "POST"
+
+
+def test_unimplemented_fields_are_refused_by_name(reranker_url):
+    for e in ENDPOINTS:
+        if e.method == "POST":
+            answer = requests.post(f"{reranker_url}{e.path}", json={"nope": 1}, timeout=30)
+            assert answer.status_code == 422, e.path
+            error = answer.json().get("message") or answer.json()["error"]  # OpenAI's shape on /v1/embeddings
+            assert 'has no field "nope"' in error and ", ".join(e.fields) in error, e.path
+    answer = requests.post(reranker_url, json={"query": "q", "texts": ["t"], "normalize": True}, timeout=30)
+    assert answer.status_code == 422 and "(as /rerank) has no field" in answer.json()["error"]
+    answer = requests.post(f"{reranker_url}/predict", json={"inputs": "q", "parameters": {"k": 1}}, timeout=30)
+    assert answer.status_code == 422 and '"parameters" has no field "k"' in answer.json()["error"]
+
+
+def test_serve_flags(vocab, tmp_path):
+    torch.manual_seed(5)
+    directory = save_model_dir(BertModel(vocab_config(vocab)), tmp_path / "enc", vocab, max_seq_length=16)
+    prompts = {"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": None}
+    (directory / "config_sentence_transformers.json").write_text(json.dumps(prompts))
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    (directory / "modules.json").write_text(json.dumps(modules))
+    (directory / "1_Pooling").mkdir()
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    with pytest.raises(InputError, match="prompt_name 'nope' is not one of the model's prompts"):
+        build_app(ServeArgs(model=str(directory), default_prompt_name="nope", threads=1))
+    args = ServeArgs(
+        model=str(directory),
+        default_prompt_name="query",
+        pooling="cls",
+        auto_truncate=True,
+        served_model_name="tiny",
+        api_key="k",
+        threads=1,
+    )
+    predictor = Predictor.from_pretrained(directory, "cpu")
+    long_text = " ".join(SENTENCES * 5)
+    expected = predictor.embed([SENTENCES[0], long_text], pooling="cls", normalize=True, prompt_name="query")
+    with serving(app=build_app(args)) as url:
+        key = {"Authorization": "Bearer k"}
+        info = requests.get(f"{url}/info", headers=key, timeout=30).json()
+        assert (info["served_model_name"], info["auto_truncate"], info["default_prompt_name"]) == (
+            "tiny",
+            True,
+            "query",
+        )
+        assert info["model_type"] == {"embedding": {"pooling": "cls"}}
+        got = requests.post(f"{url}/embed", json={"inputs": [SENTENCES[0], long_text]}, headers=key, timeout=30)
+        np.testing.assert_allclose(got.json(), expected, atol=1e-5, rtol=0)  # the default prompt, cls, cut
+        refused = requests.post(f"{url}/embed", json={"inputs": long_text, "truncate": False}, headers=key, timeout=30)
+        assert refused.status_code == 422
+        wrong = requests.post(f"{url}/embed", json={"inputs": "x"}, headers={"Authorization": "Bearer no"}, timeout=30)
+        assert wrong.status_code == 401 and wrong.json()["error_type"] == "Validation"
+        assert wrong.headers["www-authenticate"] == "Bearer"
+        assert requests.get(f"{url}/health", timeout=30).status_code == 200
+        openai = requests.post(f"{url}/v1/embeddings", json={"input": "x"}, headers=key, timeout=30).json()
+        assert openai["model"] == "tiny"
