@@ -1039,10 +1039,13 @@ class Predictor:
         truncate: bool = True,
         truncation_direction: str = "right",
         prompt_name: str | None = None,
+        pooling: str | None = None,
     ) -> list[float]:
-        """The cosine similarity of `source`'s embedding with each sentence's (TEI's /similarity)."""
+        """The cosine similarity of `source`'s embedding with each sentence's (TEI's /similarity); the
+        embeddings as `embed` makes them."""
         vectors = self.embed(
             [source, *sentences],
+            pooling=pooling,
             normalize=True,
             truncate=truncate,
             truncation_direction=truncation_direction,
@@ -1098,6 +1101,7 @@ class Predictor:
         truncate: bool = True,
         truncation_direction: str = "right",
         batch_size: int | None = None,
+        pooling: str | None = None,
     ) -> list[dict[str, Any]]:
         """The documents by relevance to `query`: [{"index", "score"}, ...], best first, `top_k` of them
         (None: all).
@@ -1105,8 +1109,8 @@ class Predictor:
         A cross-encoder (`is_cross_encoder`) reads each `[CLS] query [SEP] document [SEP]` (the pair cut to
         `max_seq_length` as `classify` cuts it) and its score is the sigmoid of the logit (the logit
         itself with `raw_scores`), as TEI's /rerank and sentence-transformers' CrossEncoder; any other
-        model except a classifier scores the cosine similarity of the embeddings (`raw_scores` changes
-        nothing then).
+        model except a classifier scores the cosine similarity of the embeddings (`embed`'s, with
+        `pooling`; `raw_scores` changes nothing then).
         """
         if isinstance(documents, str):
             raise TypeError("expected a list of documents, got one string")
@@ -1131,6 +1135,7 @@ class Predictor:
             _require_texts([query], "query")
             embedded = self.embed(
                 [query, *documents],
+                pooling=pooling,
                 normalize=True,
                 truncate=truncate,
                 truncation_direction=truncation_direction,

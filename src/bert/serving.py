@@ -1284,6 +1284,7 @@ class _Api:
         return_text = _flag(body, "return_text", False, bool)
         options = dict(
             query=query,
+            pooling=self.settings.pooling,
             raw_scores=_flag(body, "raw_scores", False, bool),
             truncate=self._truncate(body),
             truncation_direction=_direction(body),
@@ -1313,6 +1314,7 @@ class _Api:
         request.state.inputs = len(sentences) + 1
         options = dict(
             source=source,
+            pooling=self.settings.pooling,
             truncate=self._truncate(parameters),
             truncation_direction=_direction(parameters),
             prompt_name=self._prompt_name(parameters),

@@ -302,6 +302,13 @@ def test_serve_flags(vocab, tmp_path):
         assert info["model_type"] == {"embedding": {"pooling": "cls"}}
         got = requests.post(f"{url}/embed", json={"inputs": [SENTENCES[0], long_text]}, headers=key, timeout=30)
         np.testing.assert_allclose(got.json(), expected, atol=1e-5, rtol=0)  # the default prompt, cls, cut
+        similar = requests.post(
+            f"{url}/similarity",
+            json={"inputs": {"source_sentence": SENTENCES[0], "sentences": SENTENCES[1:]}},
+            headers=key,
+        ).json()
+        expected = predictor.similarity(SENTENCES[0], SENTENCES[1:], pooling="cls", prompt_name="query")
+        np.testing.assert_allclose(similar, expected, atol=1e-5, rtol=0)
         refused = requests.post(f"{url}/embed", json={"inputs": long_text, "truncate": False}, headers=key, timeout=30)
         assert refused.status_code == 422
         wrong = requests.post(f"{url}/embed", json={"inputs": "x"}, headers={"Authorization": "Bearer no"}, timeout=30)
