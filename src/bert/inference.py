@@ -86,7 +86,7 @@ from bert.tasks.squad import (
 )
 from bert.tasks.squad import convert_examples_to_features as squad_features
 from bert.tasks.swag import SwagExample, convert_swag_examples_to_features
-from bert.tokenization import FullTokenizer, load_vocab
+from bert.tokenization import SPECIAL_TOKENS, FullTokenizer, load_vocab
 from bert.training import resolve_device
 from bert.utils import iter_lines, progress
 
@@ -870,7 +870,8 @@ class Predictor:
 
         A text becomes `[CLS] prompt+text [SEP]` (the prompt prepended to the text before tokenization, as
         sentence-transformers does); a list of token ids is the whole sequence as given (TEI's token-id
-        inputs: no [CLS] or [SEP] added), after `[CLS] prompt` when there is a prompt. Longer than
+        inputs: no [CLS] or [SEP] added), or with a prompt `[CLS] prompt ids [SEP]` without the special
+        tokens among the ids. Longer than
         `max_seq_length`: cut, keeping the start ("right") or the end ("left") of the text's tokens, or
         with `truncate=False` an `InputItemError` naming the input. A prompt length counts [CLS] and the
         prompt's tokens (sentence-transformers' `prompt_length`, the positions `include_prompt=False` leaves
@@ -900,7 +901,13 @@ class Predictor:
                 bad = next((t for t in text if not 0 <= t < vocab_size), None)
                 if bad is not None:
                     raise InputItemError(i, f"token id {bad} is outside the vocabulary (0 to {vocab_size - 1})")
-                head, body, tail = ([cls_id, *prompt_ids] if prompt else []), list(text), []
+                if prompt:
+                    # As TEI, which decodes the ids without their special tokens and encodes the prompt and
+                    # that text: [CLS] prompt ids [SEP].
+                    special = {self.tokenizer.vocab.get(t) for t in SPECIAL_TOKENS}
+                    head, body, tail = [cls_id, *prompt_ids], [t for t in text if t not in special], [sep_id]
+                else:
+                    head, body, tail = [], list(text), []
                 prompt_length = len(head)
             else:
                 raise InputItemError(i, f"expected a text or a list of token ids, got {type(text).__name__}")

@@ -67,6 +67,10 @@ def test_token_id_inputs_are_the_whole_sequence(encoder):
     np.testing.assert_allclose(encoder.embed(ids), encoder.embed(SENTENCES[:2]), atol=1e-6, rtol=0)
     expected = last_layer(encoder, ids[1][1:-1]).mean(0).numpy()  # no [CLS]/[SEP] added to token ids
     np.testing.assert_allclose(encoder.embed([ids[1][1:-1]])[0], expected, atol=1e-5, rtol=0)
+    # With a prompt: [CLS] prompt ids [SEP], the ids' own special tokens left out, as TEI re-encodes them.
+    with_prompt = encoder.embed([ids[0]], prompt="query: ")
+    expected = last_layer(encoder, [ids[0][0], *encoder.tokenizer.encode("query: "), *ids[0][1:]]).mean(0).numpy()
+    np.testing.assert_allclose(with_prompt[0], expected, atol=1e-5, rtol=0)
     with pytest.raises(InputItemError, match="input 1: token id 99999 is outside the vocabulary"):
         encoder.embed([ids[0], [5, 99999]])
     with pytest.raises(InputItemError, match="input 0: an empty list of token ids"):
