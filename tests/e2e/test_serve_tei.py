@@ -304,7 +304,7 @@ def test_serve_flags(vocab, tmp_path):
     (directory / "modules.json").write_text(json.dumps(modules))
     (directory / "1_Pooling").mkdir()
     (directory / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
-    with pytest.raises(InputError, match="prompt_name 'nope' is not one of the model's prompts"):
+    with pytest.raises(InputError, match="--default_prompt_name: prompt_name 'nope' is not one of the model's prompts"):
         build_app(ServeArgs(model=str(directory), default_prompt_name="nope", threads=1))
     args = ServeArgs(
         model=str(directory),

@@ -128,6 +128,13 @@ def _check(args: ServeArgs) -> None:
         raise InputError(f"--port={args.port} must be between 0 and 65535")
 
 
+def _check_prompt(predictor: Predictor, name: str | None) -> None:
+    try:
+        predictor.resolve_prompt(name)
+    except InputError as e:
+        raise InputError(f"--default_prompt_name: {e}") from None
+
+
 def build_app(args: ServeArgs) -> Starlette:
     """Load the model of `args` and return the app serving it."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -140,7 +147,7 @@ def build_app(args: ServeArgs) -> Starlette:
         quantize=args.quantize,
     )
     if args.default_prompt_name is not None:
-        predictor.resolve_prompt(args.default_prompt_name)  # an InputError naming the prompts there are
+        _check_prompt(predictor, args.default_prompt_name)
         predictor.default_prompt_name = args.default_prompt_name
     settings = ServeSettings(
         model_id=args.model,
@@ -295,8 +302,9 @@ def _serve(args: ServeArgs) -> dict[str, Any]:
                     f"could not serve on {args.host}:{args.port} (see the log above); choose another --port or --host"
                 )
         else:
-            # Fail here, in one line, rather than in every worker: the model must load.
-            Predictor.from_pretrained(args.model, "cpu", max_seq_length=args.max_seq_length)
+            # Fail here, in one line, rather than in every worker: the model must load, with its prompt.
+            predictor = Predictor.from_pretrained(args.model, "cpu", max_seq_length=args.max_seq_length)
+            _check_prompt(predictor, args.default_prompt_name)
             os.environ[ARGS_ENVIRONMENT] = json.dumps(dataclasses.asdict(args))
             uvicorn.run(f"{__name__}:app_from_environment", factory=True, workers=args.workers, **options)
     finally:
