@@ -11,8 +11,10 @@ native (= transformers) layout, a directory with `config.json`, `model.safetenso
 names; without it (TF checkpoints), the one the weights hold. Inputs are tokenized with the model's
 own settings (`tokenizer_config.json`: `do_lower_case`, `tokenize_chinese_chars`, `strip_accents`).
 
-What each head offers (every model also offers `embed`):
-- BertForSequenceClassification: `classify` (single-label, multi-label or regression);
+What each head offers (every model also offers `embed`, `token_embeddings`, `similarity`, `tokenize` with
+character offsets and `decode`; `rank` scores by a cross-encoder, else by cosine similarity):
+- BertForSequenceClassification: `classify` (single-label, multi-label or regression); with one label, a
+  cross-encoder's `rank`;
 - BertForTokenClassification: `ner` (entity spans) and `tag_words` (a tag per word);
 - BertForQuestionAnswering: `answer`;
 - BertForMultipleChoice: `choose`;
