@@ -1277,9 +1277,9 @@ class _Api:
             raise ApiError(422, f'"query" must be a string, got {_kind_name(query)}')
         if not query.strip():
             raise ApiError(400, '"query" is empty; give some text', EMPTY)
-        texts, _ = _inputs(body.get("texts"), "texts", self.settings.max_client_batch_size, ids=False)
         if not isinstance(body.get("texts"), list):
             raise ApiError(422, f'"texts" must be a list of strings, got {_kind_name(body.get("texts"))}')
+        texts, _ = _inputs(body["texts"], "texts", self.settings.max_client_batch_size, ids=False)
         request.state.inputs = len(texts)
         return_text = _flag(body, "return_text", False, bool)
         options = dict(
