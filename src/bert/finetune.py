@@ -49,7 +49,7 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ from bert import training
 from bert.checkpoint import load_into, read_checkpoint
 from bert.config import BertConfig, resolve_config
 from bert.errors import InputError
-from bert.flags import SHAPE_NAMES, ModelArgs, TrainingArgs, same_as
+from bert.flags import SHAPE_NAMES, FinetuneArgs
 from bert.formats.results import write_results
 from bert.formats.tensorboard import EventWriter
 from bert.modeling import MODEL_CLASSES, num_parameters
@@ -78,69 +78,6 @@ MODEL_DIR = "model"
 FINETUNE_STATE_NAME = "finetune_state.json"  # in model/: the step its weights come from
 # Batches per length-grouped mega-batch (the usual choice of length-grouped samplers).
 GROUP_BATCHES = 50
-
-
-# ------------------------------------------------------------------------------------------------ flags
-@dataclass(kw_only=True)
-class FinetuneArgs(ModelArgs, TrainingArgs):
-    """Flags shared by the fine-tuning commands: run_classifier.py's, plus training options."""
-
-    data_dir: str = field(
-        metadata={
-            "run_defining": "data",
-            "help": "The input data dir. Should contain the data files (train, dev, test) for the task.",
-        }
-    )
-    do_predict: bool = field(
-        default=False, metadata={"help": "Whether to run the model in inference mode on the test set."}
-    )
-    predict_batch_size: int = field(default=8, metadata={"help": "Total batch size for predict."})
-    num_train_epochs: float = field(
-        default=3.0, metadata={"run_defining": "train", "help": "Total number of training epochs to perform."}
-    )
-    warmup_proportion: float = field(
-        default=0.1,
-        metadata={
-            "run_defining": "train",
-            "help": "Proportion of training to perform linear learning rate warmup for. "
-            "E.g., 0.1 = 10 percent of training.",
-        },
-    )
-    eval_every_steps: int = field(
-        default=0,
-        metadata={
-            "help": "Evaluate on the dev set every this many steps and keep the best checkpoint; the final eval and "
-            "predictions then use it. 0: evaluate only at the end."
-        },
-    )
-    early_stopping_patience: int = field(
-        default=0,
-        metadata={
-            "help": "Stop training after this many evaluations (--eval_every_steps) without improvement. 0: off."
-        },
-    )
-    metric_for_best_model: str | None = field(
-        default=None,
-        metadata={
-            "help": "The eval_results key that picks the best checkpoint (e.g. eval_accuracy, eval_f1; a key "
-            "containing 'loss' is minimised). Default: the task's main metric."
-        },
-    )
-    group_by_length: bool = field(
-        default=True,
-        metadata={
-            "run_defining": "train",
-            "help": "Batch sequences of similar length together (within shuffled groups of 50 batches).",
-        },
-    )
-    pad_to_max_seq_length: bool = field(
-        default=False,
-        metadata={"help": "Pad every batch to max_seq_length as the original does (slower, same results)."},
-    )
-    # Fine-tuning checkpoints are only resumption points (the model is exported to model/), and runs are
-    # hundreds of steps long, not hundreds of thousands.
-    keep_checkpoint_max: int = same_as(TrainingArgs, "keep_checkpoint_max", default=1)
-    log_every: int = same_as(TrainingArgs, "log_every", default=50)
 
 
 # ------------------------------------------------------------------------------------------------- tasks

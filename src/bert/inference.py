@@ -65,6 +65,7 @@ from bert.checkpoint import Checkpoint, _fit_prefix, load_into, read_checkpoint
 from bert.checkpoint import architecture as checkpoint_architecture
 from bert.config import BertConfig
 from bert.errors import InputError
+from bert.flags import POOLINGS
 from bert.metrics import iob_chunks
 from bert.modeling import (
     BertForMultipleChoice,
@@ -120,7 +121,6 @@ _HEAD_ADVICE = {
     FILL_MASK: "use a pre-trained BertForPreTraining or BertForMaskedLM model",
 }
 PROBLEM_TYPES = ("single_label_classification", "regression", "multi_label_classification")
-POOLINGS = ("cls", "mean", "max", "pooler")
 LONG_DOCUMENT = ("truncate", "windows")
 MASK_TOKEN = "[MASK]"
 _MLM_KEY = "cls.predictions.transform.dense.weight"

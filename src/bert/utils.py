@@ -313,6 +313,13 @@ def decode_line(raw: bytes, name: str, line: int, errors: str = "strict", hint: 
         ) from None
 
 
+def print_result(command: str, *lines: str) -> None:
+    """The block a command ends with on the terminal: what it computed, what it wrote where and, for a
+    trained model, the command that uses it next. On stderr, as the progress bars: stdout may be the
+    command's data (`bert embed` without --output_file)."""
+    print(f"bert {command}: done", *(f"  {line}" for line in lines if line), sep="\n", file=sys.stderr)
+
+
 def check_finite_flags(args: object) -> None:
     """Every float flag of a dataclass of flags must be a finite number (`--learning_rate=inf` trains to NaN)."""
     if not dataclasses.is_dataclass(args):
