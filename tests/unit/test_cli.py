@@ -239,6 +239,11 @@ def test_env_names_versions_and_extras(capsys):
     assert lines["torch"].split()[0] == torch.__version__
     assert lines["threads"].split()[0] == str(torch.get_num_threads())
     assert {"bert", "python", "cpu", "cuda", "extra [plot]", "extra [corpus]"} <= set(lines)
+    # Every extra of the package's own metadata, each installed or not (serve, onnx and minilm included).
+    declared = importlib.metadata.metadata("bert").get_all("Provides-Extra")
+    assert {"serve", "onnx", "minilm"} <= set(declared)
+    for extra in declared:
+        assert lines[f"extra [{extra}]"].split()[0] in ("installed", "not"), extra
 
 
 def test_pretrain_takes_a_shape_name_or_the_config_and_vocab_beside_the_checkpoint(tmp_path):
