@@ -2,8 +2,10 @@
 spellings, and reports bad command lines in one line with exit code 2."""
 
 import dataclasses
+import importlib.metadata
 import json
 import re
+import resource
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -42,6 +44,49 @@ def test_help_through_the_module_entry_point():
     result = subprocess.run([sys.executable, "-m", "bert", "squad", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.startswith("usage: bert squad ") and not result.stderr
     assert "--version_2_with_negative" in result.stdout
+
+
+# bert serve imports its app (bert.serving, which loads torch) with the module; its --check and routes are
+# being reworked apart from this test.
+SLOW_TO_IMPORT = {"serve"}
+
+
+@pytest.mark.parametrize("command", [c for c in cli.COMMANDS if c not in SLOW_TO_IMPORT])
+def test_a_flag_error_costs_under_a_second_of_cpu(command):
+    """The flags are parsed before torch or any heavy module loads (the command's module imports what it
+    drives inside its run function): CPU time of the child process, so a busy machine does not make it
+    flaky."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = subprocess.run([sys.executable, "-m", "bert", command, "--no_such_flag=1"], capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"bert {command}: error: unknown flag --no_such_flag"), result.stderr
+    assert cpu < 1.0, f"bert {command}: a flag error took {cpu:.2f} s of CPU"
+
+
+def test_importing_a_command_module_loads_no_torch():
+    code = "import importlib, sys; from bert import cli; "
+    code += "[importlib.import_module(m) for m, *_ in cli.COMMANDS.values() if not m.endswith('.serve')]; "
+    code += "print(sorted(m for m in ('torch', 'bert.inference', 'bert.finetune') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.strip() == "[]", result.stderr
+
+
+def test_a_misspelled_flag_is_named_with_the_closest_real_one(capsys):
+    line = cli_error(capsys, "classify", "--task_nme=MRPC", "--data_dir=x", "--output_dir=y")
+    assert "unknown flag --task_nme; did you mean --task_name" in line
+    assert "required" not in line  # not the flag it was meant to be, reported missing
+    line = cli_error(capsys, "embed", "--modle=x")
+    assert "unknown flag --modle; did you mean --model?" in line
+
+
+def test_a_misspelled_command_gets_did_you_mean(capsys):
+    assert cli.main(["clasify", "--task_name=MRPC"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bert: error: unknown command 'clasify'; did you mean classify?") and err.count("\n") == 1
+    assert cli.main(["fill_mask"]) == 2
+    assert "did you mean fill-mask?" in capsys.readouterr().err
 
 
 @dataclass

@@ -25,8 +25,7 @@ from bert.commands.classify import ClassifyArgs, run_classify
 from bert.commands.create_pretraining_data import CreatePretrainingDataArgs, run_create_pretraining_data
 from bert.commands.pretrain import PretrainArgs, run_pretrain
 from bert.errors import InputError
-from bert.finetune import FinetuneArgs
-from bert.flags import TrainingArgs, same_as
+from bert.flags import FinetuneArgs, TrainingArgs, same_as
 from bert.outputs import claim
 from bert.plotting import CURVES_NAME, try_plot
 from bert.utils import atomic_write, log_to_file
