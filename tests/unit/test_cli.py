@@ -73,12 +73,19 @@ def test_importing_a_command_module_loads_no_torch():
     assert result.stdout.strip() == "[]", result.stderr
 
 
+def _flag_error(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as exit_info:  # argparse's exit, as for any bad command line
+        cli.main(list(argv))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    return err
+
+
 def test_a_misspelled_flag_is_named_with_the_closest_real_one(capsys):
-    line = cli_error(capsys, "classify", "--task_nme=MRPC", "--data_dir=x", "--output_dir=y")
-    assert "unknown flag --task_nme; did you mean --task_name" in line
+    line = _flag_error(capsys, "classify", "--task_nme=MRPC", "--data_dir=x", "--output_dir=y")
+    assert line.startswith("bert classify: error: unknown flag --task_nme; did you mean --task_name")
     assert "required" not in line  # not the flag it was meant to be, reported missing
-    line = cli_error(capsys, "embed", "--modle=x")
-    assert "unknown flag --modle; did you mean --model?" in line
+    assert "unknown flag --modle; did you mean --model?" in _flag_error(capsys, "embed", "--modle=x")
 
 
 def test_a_misspelled_command_gets_did_you_mean(capsys):
@@ -244,6 +251,7 @@ def test_every_model_building_command_takes_a_shape_name(tmp_path, capsys):
         files = _resolve_model_files(dataclasses.replace(classify, bert_config_file=shape), None)
         assert (files.config.hidden_size, files.config.vocab_size) == (hidden, 99)
 
+    assert "bert convert: done" in capsys.readouterr().err  # the result blocks of the runs above
     flags = [f"--data_dir={tmp_path}", f"--output_dir={tmp_path / 'out'}", f"--init_checkpoint={weights}"]
     err = cli_error(capsys, "classify", "--task_name=generic", "--do_train", "--bert_config_file=x/config.json", *flags)
     assert err.endswith(
