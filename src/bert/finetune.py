@@ -69,13 +69,15 @@ from bert.plotting import CURVES_NAME, try_plot
 from bert.tasks.common import FinetuneTask, num_train_steps, num_warmup_steps
 from bert.tokenization import FullTokenizer, load_vocab, validate_case_matches_checkpoint
 from bert.training import METRICS_NAME, RecordStream, autocast, list_checkpoints, to_device
-from bert.utils import atomic_write, progress
+from bert.utils import atomic_write, format_scores, print_result, progress
 
 logger = logging.getLogger(__name__)
 
 EVAL_HISTORY_NAME = "eval_history.json"
 MODEL_DIR = "model"
 FINETUNE_STATE_NAME = "finetune_state.json"  # in model/: the step its weights come from
+# What the result block lists of --output_dir, when there.
+RESULT_FILES = (MODEL_DIR, "eval_results.txt", METRICS_NAME, CURVES_NAME, "log.txt")
 # Batches per length-grouped mega-batch (the usual choice of length-grouped samplers).
 GROUP_BATCHES = 50
 
@@ -451,7 +453,28 @@ def run_finetune(args: FinetuneArgs, task: FinetuneTask) -> dict[str, Any]:
         with training.claim_output_dir(args.output_dir, task.command, dist, inputs):
             run = _FinetuneRun(args, task, dist)
             with training.run_directory(args.output_dir, task.command, args, dist):
-                return run.run()
+                result = run.run()
+    if dist.is_main:
+        _print_result(task.command, result, Path(args.output_dir))
+    return result
+
+
+def _print_result(command: str, result: dict[str, Any], output_dir: Path) -> None:
+    """The run's result block: the scores, the files and where they are, and the command that uses the model."""
+    lines = [f"global step {result['global_step']} of {result['num_train_steps']}"]
+    if "eval" in result:
+        lines.append(f"eval: {format_scores(result['eval'])}")
+    predicted = result.get("predict") or {}
+    if isinstance(predicted.get("eval"), dict):
+        lines.append(f"predictions scored: {format_scores(predicted['eval'])}")
+    files = [v for v in predicted.values() if isinstance(v, str)]
+    if files:
+        lines.append(f"predictions: {', '.join(files)}")
+    kept = [f"{n}/" if (output_dir / n).is_dir() else n for n in RESULT_FILES if (output_dir / n).exists()]
+    lines.append(f"written to {output_dir}: {', '.join(kept)}")
+    if (output_dir / MODEL_DIR).is_dir():
+        lines.append(f"next: bert predict --model={output_dir / MODEL_DIR} --input_file=TEXTS.txt")
+    print_result(command, *lines)
 
 
 class _FinetuneRun:

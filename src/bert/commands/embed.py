@@ -123,5 +123,6 @@ def run_embed(args: EmbedArgs) -> dict[str, Any]:
     logger.info("embedded %d lines (%s pooling%s)", total, pooling, ", normalized" if normalize else "")
     what = f"a {total} x {total} cosine similarity matrix" if args.similarity else f"{total} vectors of {dim}"
     norm = ", normalized" if normalize else ""
-    print_result("embed", f"{what} ({pooling} pooling{norm})", f"written to {args.output_file or 'stdout'}")
+    if args.output_file is not None:  # on stdout the lines themselves are the result
+        print_result("embed", f"{what} ({pooling} pooling{norm})", f"written to {args.output_file}")
     return {"lines": total, "dim": dim, "output_file": args.output_file, "pooling": pooling, "normalize": normalize}

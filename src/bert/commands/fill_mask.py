@@ -66,7 +66,6 @@ def run_fill_mask(args: FillMaskArgs) -> dict[str, Any]:
                     masks += len(result["masks"])
                 lines_done += len(results)
     logger.info("filled %d masks in %d lines", masks, lines_done)
-    print_result(
-        "fill-mask", f"{masks} masks filled in {lines_done} lines", f"written to {args.output_file or 'stdout'}"
-    )
+    if args.output_file is not None:  # on stdout the lines themselves are the result
+        print_result("fill-mask", f"{masks} masks filled in {lines_done} lines", f"written to {args.output_file}")
     return {"lines": lines_done, "masks": masks, "output_file": args.output_file}

@@ -131,9 +131,10 @@ def run_predict(args: PredictArgs) -> dict[str, Any]:
                     out.write(json_line(result) + "\n")
                 n += len(results)
     logger.info("predicted %d lines with %s (%s)", n, args.model, predictor.task)
-    print_result(
-        "predict",
-        f"{n} lines, {predictor.task} ({predictor.architecture})",
-        f"written to {args.output_file or 'stdout'}",
-    )
+    if args.output_file is not None:  # on stdout the lines themselves are the result
+        print_result(
+            "predict",
+            f"{n} lines, {predictor.task} ({predictor.architecture})",
+            f"written to {args.output_file}",
+        )
     return {"lines": n, "task": predictor.task, "output_file": args.output_file}

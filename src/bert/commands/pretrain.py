@@ -42,7 +42,7 @@ from bert.formats.results import write_results
 from bert.formats.tensorboard import EventWriter
 from bert.plotting import CURVES_NAME, try_plot
 from bert.tokenization import load_vocab
-from bert.utils import expand_input_files
+from bert.utils import expand_input_files, format_scores, print_result
 
 if TYPE_CHECKING:
     import torch
@@ -200,7 +200,23 @@ def run_pretrain(args: PretrainArgs) -> dict[str, Any]:
             output_dir = Path(args.output_dir)
             if dist.is_main and (output_dir / training.METRICS_NAME).is_file():
                 try_plot([output_dir], output_dir / CURVES_NAME)
+            if dist.is_main:
+                _print_result(args, result)
             return result
+
+
+def _print_result(args: PretrainArgs, result: dict[str, Any]) -> None:
+    model = Path(args.output_dir) / "model"
+    print_result(
+        "pretrain",
+        f"global step {result['global_step']} of {args.num_train_steps}",
+        f"train (last logged): {format_scores(result['train'])}" if "train" in result else "",
+        f"eval: {format_scores(result['eval'])}" if "eval" in result else "",
+        f"written to {args.output_dir}: model/, checkpoints, metrics.jsonl, log.txt",
+        f"next: bert classify --init_checkpoint={model} --vocab_file={model / 'vocab.txt'} ..."
+        if model.is_dir()
+        else "",
+    )
 
 
 def _inputs(args: PretrainArgs) -> dict[str, Any]:
