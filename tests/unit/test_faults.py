@@ -184,10 +184,10 @@ def test_output_of_the_wrong_kind(capsys, monkeypatch, tmp_path, vocab, tiny_mod
     }[command]
     # The expensive work must not start: reading the model or the data, unpacking the data.
     work = {
-        "extract-features": "bert.commands.extract_features.read_checkpoint",
+        "extract-features": "bert.checkpoint.read_checkpoint",  # imported by the command when it runs
         "convert": "bert.checkpoint.read_checkpoint",
         "quickstart": "bert.commands.quickstart._unpack_data",
-        "pretrain": "bert.commands.pretrain.open_pretraining_data",
+        "pretrain": "bert.pretraining.inputs.open_pretraining_data",
         "classify": "bert.finetune.read_checkpoint",
         "tokenize": "bert.commands.tokenize.FullTokenizer",
     }

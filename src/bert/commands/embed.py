@@ -121,8 +121,8 @@ def run_embed(args: EmbedArgs) -> dict[str, Any]:
                     for row in matrix:
                         out.write("\t".join(f"{x:.4f}" for x in row) + "\n")
     logger.info("embedded %d lines (%s pooling%s)", total, pooling, ", normalized" if normalize else "")
-    what = f"a {total} x {total} cosine similarity matrix" if args.similarity else f"{total} vectors of {dim}"
-    norm = ", normalized" if normalize else ""
     if args.output_file is not None:  # on stdout the lines themselves are the result
+        what = f"a {total} x {total} cosine similarity matrix" if args.similarity else f"{total} vectors of {dim}"
+        norm = ", normalized" if normalize else ""
         print_result("embed", f"{what} ({pooling} pooling{norm})", f"written to {args.output_file}")
     return {"lines": total, "dim": dim, "output_file": args.output_file, "pooling": pooling, "normalize": normalize}
