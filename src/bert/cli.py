@@ -380,9 +380,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in COMMANDS and not any(a in ("-h", "--help") for a in argv):
         # Build only the parser of the command being run; its module imports torch only when it runs.
         args_cls, run = _resolve(argv[0])
-        parser = _command_parser(argv[0], args_cls)
-        _check_flag_names(parser, argv[1:])
-        ns = vars(parser.parse_args(argv[1:]))
+        command_parser = _command_parser(argv[0], args_cls)
+        _check_flag_names(command_parser, argv[1:])
+        ns = vars(command_parser.parse_args(argv[1:]))
     else:
         parser = build_parser()
         ns = vars(parser.parse_args(argv))

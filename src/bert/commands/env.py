@@ -60,7 +60,8 @@ def extras() -> dict[str, list[str]]:
 def _extra_status(extra: str, table: dict[str, list[str]]) -> str:
     """ "installed (pkg version, ...)" or "not installed (missing ...); pip install ...", an included extra
     (`bert[minilm]` in `test`) counting as its own packages."""
-    found, missing = [], []
+    found: list[str] = []
+    missing: list[str] = []
     for requirement in table[extra]:
         included = re.fullmatch(rf"{DISTRIBUTION}\[(.+)\]", requirement)
         if included:
