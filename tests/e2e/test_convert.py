@@ -9,9 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from safetensors.torch import load_file
 from test_embed import minilm_dir, stsb_sentences, write_lines
 
+from bert.checkpoint import save_pretrained
 from bert.cli import main
+from bert.config import named_config
+from bert.formats import tf_checkpoint
+from bert.modeling import BertModel
 from conftest import cli_error
 
 
@@ -53,8 +58,6 @@ def test_minilm_round_trip_keeps_the_architecture_and_sentence_transformers_file
 
 
 def _tf_names(directory: Path) -> list[str]:
-    from bert.formats import tf_checkpoint  # the reader under test's own, not an oracle
-
     return list(tf_checkpoint.load_variables(str(directory / "bert_model.ckpt")))
 
 
@@ -80,3 +83,10 @@ def test_result_block_names_what_was_written_and_the_next_command(minilm_formats
     assert "bert convert: done" in err and f"written as native to {out}" in err
     assert "BertModel" in err and f"next: bert embed --model={out}" in err
     assert "sentence-transformers files carried: modules.json" in err
+
+
+def test_a_bert_model_without_pooler_stays_without_one(tmp_path):
+    save_pretrained(BertModel(named_config("tiny", vocab_size=99), add_pooling_layer=False), tmp_path / "src")
+    assert main(["convert", f"--input={tmp_path / 'src'}", f"--output={tmp_path / 'out'}"]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["architectures"] == ["BertModel"]
+    assert not [k for k in load_file(tmp_path / "out" / "model.safetensors") if "pooler" in k]

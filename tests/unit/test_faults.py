@@ -494,9 +494,9 @@ def test_diverging_run_stops_before_nan_weights(capsys, tmp_path):
 
 
 def _nan_at_step(monkeypatch, step: int) -> None:
-    from bert.commands import pretrain
+    from bert.pretraining import inputs  # bert pretrain imports pretraining_loss from it when it runs
 
-    real = pretrain.pretraining_loss
+    real = inputs.pretraining_loss
     calls = {"n": 0}
 
     def loss(model, batch, totals):
@@ -504,7 +504,7 @@ def _nan_at_step(monkeypatch, step: int) -> None:
         value, metrics = real(model, batch, totals)
         return (value * float("nan"), metrics) if calls["n"] == step else (value, metrics)
 
-    monkeypatch.setattr(pretrain, "pretraining_loss", loss)
+    monkeypatch.setattr(inputs, "pretraining_loss", loss)
 
 
 def test_nonfinite_steps_are_skipped_and_counted(capsys, monkeypatch, tmp_path):

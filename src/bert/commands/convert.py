@@ -122,7 +122,12 @@ def _convert(args: ConvertArgs) -> dict:
     out = Path(args.output)
     # The log goes into the staged directory too: nothing appears in --output before the whole of it.
     with staged_directory(out) as tmp, log_to_file(tmp / "log.txt"):
-        model = checkpoint.load_pretrained(MODEL_CLASSES[model_class], args.input, config=config, checkpoint=src)
+        # A BertModel saved without its pooler (transformers' add_pooling_layer=False) stays without one.
+        pooler = any(k.endswith("pooler.dense.weight") for k in src.state_dict)
+        kwargs = {"add_pooling_layer": False} if model_class == "BertModel" and not pooler else {}
+        model = checkpoint.load_pretrained(
+            MODEL_CLASSES[model_class], args.input, config=config, checkpoint=src, **kwargs
+        )
         held = set(checkpoint._fit_prefix(src.state_dict, model))
         random = sorted(k for k in model.state_dict() if k not in held and not k.endswith(checkpoint.TIED_KEY))
         if random and not args.add_heads:

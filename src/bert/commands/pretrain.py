@@ -213,7 +213,7 @@ def _print_result(args: PretrainArgs, result: dict[str, Any]) -> None:
         f"train (last logged): {format_scores(result['train'])}" if "train" in result else "",
         f"eval: {format_scores(result['eval'])}" if "eval" in result else "",
         f"written to {args.output_dir}: model/, checkpoints, metrics.jsonl, log.txt",
-        f"next: bert classify --init_checkpoint={model} --vocab_file={model / 'vocab.txt'} ..."
+        f"next: bert classify --init_checkpoint={model} --task_name=TASK --data_dir=DIR --output_dir=OUT"
         if model.is_dir()
         else "",
     )
