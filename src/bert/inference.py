@@ -76,7 +76,7 @@ from bert.modeling import (
     BertModel,
 )
 from bert.quantization import quantize_model
-from bert.tasks.common import pad_2d
+from bert.tasks.common import CLASSIFICATION, EMBEDDINGS, FILL_MASK, MULTIPLE_CHOICE, NER, QUESTION_ANSWERING, pad_2d
 from bert.tasks.glue import InputExample, convert_examples_to_features
 from bert.tasks.ner import NerExample, convert_ner_examples_to_features, word_predictions
 from bert.tasks.squad import (
@@ -92,14 +92,6 @@ from bert.training import resolve_device
 from bert.utils import iter_lines, progress
 
 logger = logging.getLogger(__name__)
-
-# Tasks, by the head that serves them.
-CLASSIFICATION = "classification"
-NER = "ner"
-QUESTION_ANSWERING = "question-answering"
-MULTIPLE_CHOICE = "multiple-choice"
-FILL_MASK = "fill-mask"
-EMBEDDINGS = "embeddings"
 
 # architectures[0] -> (task, model class). Ours has no BertForMaskedLM: its weights (encoder and
 # cls.predictions) load into BertForPreTraining, whose next-sentence head then stays unused.

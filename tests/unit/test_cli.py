@@ -46,12 +46,7 @@ def test_help_through_the_module_entry_point():
     assert "--version_2_with_negative" in result.stdout
 
 
-# bert serve imports its app (bert.serving, which loads torch) with the module; its --check and routes are
-# being reworked apart from this test.
-SLOW_TO_IMPORT = {"serve"}
-
-
-@pytest.mark.parametrize("command", [c for c in cli.COMMANDS if c not in SLOW_TO_IMPORT])
+@pytest.mark.parametrize("command", list(cli.COMMANDS))
 def test_a_flag_error_costs_under_a_second_of_cpu(command):
     """The flags are parsed before torch or any heavy module loads (the command's module imports what it
     drives inside its run function): CPU time of the child process, so a busy machine does not make it
@@ -67,7 +62,7 @@ def test_a_flag_error_costs_under_a_second_of_cpu(command):
 
 def test_importing_a_command_module_loads_no_torch():
     code = "import importlib, sys; from bert import cli; "
-    code += "[importlib.import_module(m) for m, *_ in cli.COMMANDS.values() if not m.endswith('.serve')]; "
+    code += "[importlib.import_module(m) for m, *_ in cli.COMMANDS.values()]; "
     code += "print(sorted(m for m in ('torch', 'bert.inference', 'bert.finetune') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == "[]", result.stderr

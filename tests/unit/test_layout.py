@@ -121,14 +121,12 @@ TORCH_FREE += ["bert.plotting", "bert.flags"]
 # Every command module: bert.cli imports one to parse its flags, so a flag error costs no torch; a command
 # imports the library it drives inside its run function.
 TORCH_FREE += ["bert.commands"]
-# bert serve still imports its app (bert.serving) with its module; its routes and --check are reworked apart.
-TORCH_AT_IMPORT = {"bert.commands.serve"}
 
 
 @pytest.mark.parametrize("prefix", TORCH_FREE)
 def test_torch_free_layers_never_import_torch(prefix):
     for name in MODULES:
-        if (name == prefix or name.startswith(prefix + ".")) and name not in TORCH_AT_IMPORT:
+        if name == prefix or name.startswith(prefix + "."):
             assert "torch" not in _external(name), name
 
 

@@ -19,18 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from bert.errors import InputError
 from bert.flags import InferenceArgs, same_as
-from bert.inference import CLASSIFICATION, FILL_MASK, NER, QUESTION_ANSWERING, Predictor
+from bert.tasks.common import CLASSIFICATION, FILL_MASK, NER, QUESTION_ANSWERING
 from bert.utils import LOG_FORMAT
 
 try:  # the `serve` extra; without it `bert --help` still lists the command and `bert serve` says what to install
     import uvicorn
     from starlette.applications import Starlette
-
-    from bert.serving import ServeSettings, create_app
 except ImportError as e:
     uvicorn = None
     _MISSING = e.name
@@ -99,6 +95,12 @@ def _check(args: ServeArgs) -> None:
 
 def build_app(args: ServeArgs) -> Starlette:
     """Load the model of `args` and return the app serving it."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    import torch
+
+    from bert.inference import Predictor
+    from bert.serving import ServeSettings, create_app
+
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     torch.set_num_threads(args.threads or max(1, cores // args.workers))
     predictor = Predictor.from_pretrained(
@@ -232,7 +234,10 @@ def _serve(args: ServeArgs) -> dict[str, Any]:
                     f"could not serve on {args.host}:{args.port} (see the log above); choose another --port or --host"
                 )
         else:
-            # Fail here, in one line, rather than in every worker: the model must load.
+            # Fail here, in one line, rather than in every worker: the model must load. (Imported here, not at
+            # the top, so that bert.cli reports a flag error before torch loads.)
+            from bert.inference import Predictor
+
             Predictor.from_pretrained(args.model, "cpu", max_seq_length=args.max_seq_length)
             os.environ[ARGS_ENVIRONMENT] = json.dumps(dataclasses.asdict(args))
             uvicorn.run(f"{__name__}:app_from_environment", factory=True, workers=args.workers, **options)
