@@ -130,6 +130,17 @@ def _read_bin(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def _no_model_message(directory: Path) -> str:
+    """What a model directory may hold, in each layout `read_checkpoint` reads, and what this one holds."""
+    held = sorted(f"{c.name}/" if c.is_dir() else c.name for c in directory.iterdir())
+    shown = ", ".join(held[:12]) + (f", ... ({len(held)} in all)" if len(held) > 12 else "") if held else "nothing"
+    return (
+        f"no model in {directory}: looked for {WEIGHTS_NAME} (this project's native layout, transformers' and "
+        f"sentence-transformers' too) or pytorch_model.bin (transformers), and a TF checkpoint (a `checkpoint` file "
+        f"or *.index); it holds {shown}. Pass the directory that has the weights (e.g. OUTPUT_DIR/model)"
+    )
+
+
 def read_checkpoint(
     path: str | os.PathLike, config_file: str | os.PathLike | None = None, verify: bool = True
 ) -> Checkpoint:
@@ -154,6 +165,8 @@ def read_checkpoint(
     elif weights is not None:
         state, fmt = _read_bin(weights), "bin"
     else:
+        if p.is_dir() and not (p / "checkpoint").is_file() and not any(p.glob("*.index")):
+            raise InputError(_no_model_message(p))
         tf_like = p.is_dir() or p.with_name(p.name + ".index").exists() or p.suffix == ".index" or ".data-" in p.name
         if not tf_like:
             raise InputError(

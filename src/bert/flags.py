@@ -21,6 +21,8 @@ from bert.utils import DECODE_ERRORS, check_finite_flags
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 QUANTIZE_CHOICES = ("none", "int8")
+POOLINGS = ("cls", "mean", "max", "pooler")  # bert embed --pooling, bert.inference
+EXPORT_FORMATS = {"onnx": "model.onnx", "torchscript": "model.pt"}  # format -> file name inside a directory
 SHAPE_NAMES = "tiny, mini, small, medium, base, large, L-4_H-256, ..."
 
 
@@ -190,6 +192,68 @@ class TrainingArgs(TpuCompatArgs, PerformanceArgs, GuardArgs):
         },
     )
     device: str | None = field(default=None, metadata={"help": "torch device; default cuda if available, else cpu."})
+
+
+@dataclass(kw_only=True)
+class FinetuneArgs(ModelArgs, TrainingArgs):
+    """Flags shared by the fine-tuning commands: run_classifier.py's, plus training options."""
+
+    data_dir: str = field(
+        metadata={
+            "run_defining": "data",
+            "help": "The input data dir. Should contain the data files (train, dev, test) for the task.",
+        }
+    )
+    do_predict: bool = field(
+        default=False, metadata={"help": "Whether to run the model in inference mode on the test set."}
+    )
+    predict_batch_size: int = field(default=8, metadata={"help": "Total batch size for predict."})
+    num_train_epochs: float = field(
+        default=3.0, metadata={"run_defining": "train", "help": "Total number of training epochs to perform."}
+    )
+    warmup_proportion: float = field(
+        default=0.1,
+        metadata={
+            "run_defining": "train",
+            "help": "Proportion of training to perform linear learning rate warmup for. "
+            "E.g., 0.1 = 10 percent of training.",
+        },
+    )
+    eval_every_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Evaluate on the dev set every this many steps and keep the best checkpoint; the final eval and "
+            "predictions then use it. 0: evaluate only at the end."
+        },
+    )
+    early_stopping_patience: int = field(
+        default=0,
+        metadata={
+            "help": "Stop training after this many evaluations (--eval_every_steps) without improvement. 0: off."
+        },
+    )
+    metric_for_best_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "The eval_results key that picks the best checkpoint (e.g. eval_accuracy, eval_f1; a key "
+            "containing 'loss' is minimised). Default: the task's main metric."
+        },
+    )
+    group_by_length: bool = field(
+        default=True,
+        metadata={
+            "run_defining": "train",
+            "help": "Batch sequences of similar length together (within shuffled groups of 50 batches).",
+        },
+    )
+    pad_to_max_seq_length: bool = field(
+        default=False,
+        metadata={"help": "Pad every batch to max_seq_length as the original does (slower, same results)."},
+    )
+    # Fine-tuning checkpoints are only resumption points (the model is exported to model/), and runs are
+    # hundreds of steps long, not hundreds of thousands.
+    keep_checkpoint_max: int = same_as(TrainingArgs, "keep_checkpoint_max", default=1)
+    log_every: int = same_as(TrainingArgs, "log_every", default=50)
 
 
 @dataclass(kw_only=True)

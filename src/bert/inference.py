@@ -67,6 +67,7 @@ from bert.checkpoint import Checkpoint, _fit_prefix, load_into, read_checkpoint
 from bert.checkpoint import architecture as checkpoint_architecture
 from bert.config import BertConfig
 from bert.errors import InputError
+from bert.flags import POOLINGS
 from bert.metrics import iob_chunks
 from bert.modeling import (
     BertForMultipleChoice,
@@ -77,7 +78,16 @@ from bert.modeling import (
     BertModel,
 )
 from bert.quantization import quantize_model
-from bert.tasks.common import pad_2d, truncate_seq_pair
+from bert.tasks.common import (
+    CLASSIFICATION,
+    EMBEDDINGS,
+    FILL_MASK,
+    MULTIPLE_CHOICE,
+    NER,
+    QUESTION_ANSWERING,
+    pad_2d,
+    truncate_seq_pair,
+)
 from bert.tasks.glue import InputExample, convert_examples_to_features
 from bert.tasks.ner import NerExample, convert_ner_examples_to_features, word_predictions
 from bert.tasks.squad import (
@@ -93,14 +103,6 @@ from bert.training import resolve_device
 from bert.utils import iter_lines, progress
 
 logger = logging.getLogger(__name__)
-
-# Tasks, by the head that serves them.
-CLASSIFICATION = "classification"
-NER = "ner"
-QUESTION_ANSWERING = "question-answering"
-MULTIPLE_CHOICE = "multiple-choice"
-FILL_MASK = "fill-mask"
-EMBEDDINGS = "embeddings"
 
 # architectures[0] -> (task, model class). Ours has no BertForMaskedLM: its weights (encoder and
 # cls.predictions) load into BertForPreTraining, whose next-sentence head then stays unused.
@@ -122,7 +124,6 @@ _HEAD_ADVICE = {
     FILL_MASK: "use a pre-trained BertForPreTraining or BertForMaskedLM model",
 }
 PROBLEM_TYPES = ("single_label_classification", "regression", "multi_label_classification")
-POOLINGS = ("cls", "mean", "max", "pooler")
 LONG_DOCUMENT = ("truncate", "windows")
 TRUNCATION_DIRECTIONS = ("right", "left")
 MASK_TOKEN = "[MASK]"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import contextvars
 import dataclasses
 import errno
 import glob
@@ -311,6 +312,34 @@ def decode_line(raw: bytes, name: str, line: int, errors: str = "strict", hint: 
             f"{name}:{line}: bytes that are not valid UTF-8 at column {e.start + 1} ({raw[e.start : e.end]!r}); "
             f"fix the file, or pass {hint} to drop them"
         ) from None
+
+
+def format_scores(metrics: dict[str, Any]) -> str:
+    """ "key value, ..." of a result dict's numbers (global_step left out: the block says it), for `print_result`."""
+    shown = sorted((k, v) for k, v in metrics.items() if k != "global_step" and isinstance(v, (int, float)))
+    return ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in shown)
+
+
+# False while a command runs others as its steps (`bert quickstart`): it prints one summary of them all.
+_RESULT_BLOCKS = contextvars.ContextVar("result_blocks", default=True)
+
+
+def print_result(command: str, *lines: str) -> None:
+    """The block a command ends with on the terminal: what it computed, what it wrote where and, for a
+    trained model, the command that uses it next. On stderr, as the progress bars: stdout may be the
+    command's data (`bert embed` without --output_file). Empty lines are left out."""
+    if _RESULT_BLOCKS.get():
+        print(f"bert {command}: done", *(f"  {line}" for line in lines if line), sep="\n", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def steps_without_result_blocks() -> Iterator[None]:
+    """Commands run inside as steps of another print no result block of their own."""
+    token = _RESULT_BLOCKS.set(False)
+    try:
+        yield
+    finally:
+        _RESULT_BLOCKS.reset(token)
 
 
 def check_finite_flags(args: object) -> None:

@@ -10,7 +10,7 @@ from bert import modeling
 from bert.checkpoint import export_tf, read_checkpoint, save_pretrained
 from bert.cli import main
 from bert.errors import InputError
-from conftest import FIXTURES, HEADS
+from conftest import FIXTURES, HEADS, cli_error
 
 
 def _same_params(a, b):
@@ -165,3 +165,16 @@ def test_convert_cli_bad_input_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("bert convert: error:") and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_a_directory_without_a_model_names_every_layout_looked_for_and_what_it_holds(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("not a model")
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(InputError) as e:
+        read_checkpoint(tmp_path)
+    message = str(e.value)
+    for looked_for in ("model.safetensors", "pytorch_model.bin", "transformers", "sentence-transformers", "TF"):
+        assert looked_for in message, looked_for
+    assert "it holds notes.txt, runs/" in message
+    line = cli_error(capsys, "predict", f"--model={tmp_path}", "--input_file=x")
+    assert f"no model in {tmp_path}: looked for" in line

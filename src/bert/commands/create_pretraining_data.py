@@ -21,7 +21,7 @@ from bert.pretraining.create import create_pretraining_data
 from bert.pretraining.instances import SPECIAL_TOKENS
 from bert.pretraining.streaming import GenerationSettings
 from bert.tokenization import FullTokenizer
-from bert.utils import expand_input_files, log_to_file
+from bert.utils import expand_input_files, log_to_file, print_result
 
 
 @dataclass(kw_only=True)
@@ -139,7 +139,15 @@ def run_create_pretraining_data(args: CreatePretrainingDataArgs) -> dict[str, An
     read = {"--input_file": inputs, "--vocab_file": args.vocab_file}
     claimed = claim("create-pretraining-data", **{kind: {"--output_file": outputs}}, inputs=read, derived=derived)
     with claimed, log_to_file(f"{Path(outputs[0])}.log.txt"):
-        return _create(args, inputs, outputs, fmt, tokenizer)
+        stats = _create(args, inputs, outputs, fmt, tokenizer)
+    print_result(
+        "create-pretraining-data",
+        f"{stats['documents']} documents, {stats['text_tokens']} tokens -> {stats['instances']} instances "
+        f"({stats['mean_tokens_per_instance']:.1f} tokens each), {stats['predictions']} masked-LM predictions",
+        f"written as {fmt} to {', '.join(outputs)} (log: {outputs[0]}.log.txt)",
+        f"next: bert pretrain --input_file={args.output_file} --vocab_file={args.vocab_file} ...",
+    )
+    return stats
 
 
 def _create(args: CreatePretrainingDataArgs, inputs: list[str], outputs: list[str], fmt: str, tokenizer: Any) -> dict:

@@ -17,9 +17,8 @@ from typing import Any
 import numpy as np
 
 from bert.errors import InputError
-from bert.flags import InferenceArgs
-from bert.inference import EMBEDDINGS, POOLINGS, Predictor, cosine_similarity, map_input_lines
-from bert.utils import count_lines, json_line, output_file_or_stdout, readable_input
+from bert.flags import POOLINGS, InferenceArgs
+from bert.utils import count_lines, json_line, output_file_or_stdout, print_result, readable_input
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +82,9 @@ def _write_rows(out, vectors: np.ndarray, as_npy: bool) -> None:
 def run_embed(args: EmbedArgs) -> dict[str, Any]:
     """Embed every input line; returns {"lines", "dim", "output_file", "pooling", "normalize"}."""
     settings = args.predictor_settings()
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.inference import EMBEDDINGS, Predictor, cosine_similarity, map_input_lines
+
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
     pooling = args.pooling or predictor.default_pooling
     normalize = predictor.default_normalize if args.normalize is None else args.normalize
@@ -119,4 +121,8 @@ def run_embed(args: EmbedArgs) -> dict[str, Any]:
                     for row in matrix:
                         out.write("\t".join(f"{x:.4f}" for x in row) + "\n")
     logger.info("embedded %d lines (%s pooling%s)", total, pooling, ", normalized" if normalize else "")
+    if args.output_file is not None:  # on stdout the lines themselves are the result
+        what = f"a {total} x {total} cosine similarity matrix" if args.similarity else f"{total} vectors of {dim}"
+        norm = ", normalized" if normalize else ""
+        print_result("embed", f"{what} ({pooling} pooling{norm})", f"written to {args.output_file}")
     return {"lines": total, "dim": dim, "output_file": args.output_file, "pooling": pooling, "normalize": normalize}

@@ -11,20 +11,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bert.errors import InputError
 from bert.flags import InferenceArgs
-from bert.inference import (
-    CLASSIFICATION,
-    MULTIPLE_CHOICE,
-    NER,
-    QUESTION_ANSWERING,
-    InputItemError,
-    Predictor,
-    map_input_lines,
-)
-from bert.utils import count_lines, json_line, output_file_or_stdout, readable_input
+from bert.utils import count_lines, json_line, output_file_or_stdout, print_result, readable_input
+
+if TYPE_CHECKING:
+    from bert.inference import Predictor
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +73,9 @@ class PredictArgs(InferenceArgs):
 
 
 def _predict(predictor: Predictor, records: list, args: PredictArgs) -> list[dict[str, Any]]:
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.inference import CLASSIFICATION, NER, QUESTION_ANSWERING, InputItemError
+
     task = predictor.task
     if task == CLASSIFICATION:
         return predictor.classify(
@@ -103,6 +100,9 @@ def run_predict(args: PredictArgs) -> dict[str, Any]:
     if args.doc_stride is not None and args.doc_stride < 1:
         raise InputError(f"--doc_stride={args.doc_stride} must be at least 1")
     settings = args.predictor_settings()
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.inference import CLASSIFICATION, MULTIPLE_CHOICE, NER, QUESTION_ANSWERING, Predictor, map_input_lines
+
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
     if predictor.task not in (CLASSIFICATION, NER, QUESTION_ANSWERING, MULTIPLE_CHOICE):
         other = "bert fill-mask" if predictor.has_mlm_head else "bert embed"
@@ -131,4 +131,10 @@ def run_predict(args: PredictArgs) -> dict[str, Any]:
                     out.write(json_line(result) + "\n")
                 n += len(results)
     logger.info("predicted %d lines with %s (%s)", n, args.model, predictor.task)
+    if args.output_file is not None:  # on stdout the lines themselves are the result
+        print_result(
+            "predict",
+            f"{n} lines, {predictor.task} ({predictor.architecture})",
+            f"written to {args.output_file}",
+        )
     return {"lines": n, "task": predictor.task, "output_file": args.output_file}

@@ -18,24 +18,23 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from bert.commands.embed import EmbedArgs
 from bert.errors import InputError
 from bert.flags import InferenceArgs, same_as
-from bert.inference import CLASSIFICATION, FILL_MASK, NER, QUESTION_ANSWERING, Predictor
+from bert.tasks.common import CLASSIFICATION, FILL_MASK, NER, QUESTION_ANSWERING
 from bert.utils import LOG_FORMAT
 
 try:  # the `serve` extra; without it `bert --help` still lists the command and `bert serve` says what to install
     import uvicorn
     from starlette.applications import Starlette
-
-    from bert.serving import DISPATCH_PATHS, ENDPOINTS, ServeSettings, create_app, dispatch_targets
 except ImportError as e:
     uvicorn = None
     _MISSING = e.name
+
+if TYPE_CHECKING:
+    from bert.inference import Predictor
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +136,12 @@ def _check_prompt(predictor: Predictor, name: str | None) -> None:
 
 def build_app(args: ServeArgs) -> Starlette:
     """Load the model of `args` and return the app serving it."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    import torch
+
+    from bert.inference import Predictor
+    from bert.serving import ServeSettings, create_app
+
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     torch.set_num_threads(args.threads or max(1, cores // args.workers))
     predictor = Predictor.from_pretrained(
@@ -204,6 +209,9 @@ CHECK_TEXT = "This is a fine test."
 def check_requests(predictor: Predictor) -> list[tuple[str, str, dict | None]]:
     """(method, path, body) of one request to each route of `bert.serving.ENDPOINTS` this model answers (the
     head routes only for their head; /embed_sparse never), then POST / and GET /metrics last."""
+    # Imported here, not at the top: bert.serving loads torch, and a flag error must come before it.
+    from bert.serving import DISPATCH_PATHS, ENDPOINTS, dispatch_targets
+
     context = "John Smith lives in New York."
     bodies: dict[str, dict] = {
         "/embed": {"inputs": CHECK_TEXT, "truncate": True},
@@ -303,6 +311,9 @@ def _serve(args: ServeArgs) -> dict[str, Any]:
                 )
         else:
             # Fail here, in one line, rather than in every worker: the model must load, with its prompt.
+            # (Imported here, not at the top, so that bert.cli reports a flag error before torch loads.)
+            from bert.inference import Predictor
+
             predictor = Predictor.from_pretrained(args.model, "cpu", max_seq_length=args.max_seq_length)
             _check_prompt(predictor, args.default_prompt_name)
             os.environ[ARGS_ENVIRONMENT] = json.dumps(dataclasses.asdict(args))

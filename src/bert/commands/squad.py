@@ -41,8 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert.errors import InputError
-from bert.finetune import FinetuneArgs, run_finetune
-from bert.flags import ModelArgs, same_as
+from bert.flags import FinetuneArgs, ModelArgs, same_as
 from bert.tasks.squad import NO_EVAL, SquadTask
 
 
@@ -163,6 +162,9 @@ def validate_flags_or_throw(args: SquadArgs) -> None:
 def run_squad(args: SquadArgs) -> dict[str, Any]:
     """Train and/or predict (see the module docstring); returns the runner's summary, with the official
     evaluation under "eval" when the predict file has answers."""
+    # Imported here, not at the top, so that a flag error is reported before torch loads (bert.cli parses first).
+    from bert.finetune import run_finetune
+
     validate_flags_or_throw(args)
     task = SquadTask(args)
     result = run_finetune(args, task)
