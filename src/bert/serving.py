@@ -54,16 +54,9 @@ from starlette.routing import Route
 
 import bert
 from bert.errors import InputError
-from bert.inference import (
-    CLASSIFICATION,
-    FILL_MASK,
-    NER,
-    POOLINGS,
-    QUESTION_ANSWERING,
-    TRUNCATION_DIRECTIONS,
-    InputItemError,
-    Predictor,
-)
+from bert.flags import POOLINGS
+from bert.inference import TRUNCATION_DIRECTIONS, InputItemError, Predictor
+from bert.tasks.common import CLASSIFICATION, FILL_MASK, NER, QUESTION_ANSWERING
 
 logger = logging.getLogger(__name__)
 
