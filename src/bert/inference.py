@@ -20,7 +20,8 @@ What each head offers (every model also offers `embed`):
 - BertModel: `embed`.
 
 Features and post-processing are the fine-tuning tasks' own, so answers equal the task commands':
-`bert.tasks.glue.convert_examples_to_features` (classification, truncated as run_classifier.py does),
+`bert.tasks.glue` (classification: truncated as run_classifier.py does, or read in windows whose logits
+are pooled, as the model was fine-tuned),
 `bert.tasks.ner.convert_ner_examples_to_features` and `word_predictions` (a word's tag is its first
 piece's), `bert.tasks.squad` (doc-stride windows, run_squad.py's `write_predictions` n-best rules over
 all windows), `bert.tasks.swag`. Each call sorts its sequences by length, runs them in batches padded
@@ -32,8 +33,10 @@ has them), each with a fallback: `problem_type` ("single_label_classification", 
 "multi_label_classification"; default regression for one output, else single-label), `id2label`
 (default LABEL_0, LABEL_1, ...), `label_thresholds` ({label: threshold} for multi-label, default 0.5),
 `max_seq_length` (the fine-tuning length; default 384 for question answering, 128 for the other heads,
-the position table's size for embeddings and fill-mask; never above `max_position_embeddings`), and for
-question answering `doc_stride` (128), `max_query_length` (64, or half of `max_seq_length` when that is
+the position table's size for embeddings and fill-mask; never above `max_position_embeddings`), for
+classification `long_document` ("truncate"), `doc_stride` (128) and `window_pooling` ("mean") (`bert
+classify --long_document=windows` saves them; `Predictor.set_windows` overrides them), and for question
+answering `doc_stride` (128), `max_query_length` (64, or half of `max_seq_length` when that is
 shorter than 128), `n_best_size` (20), `max_answer_length` (30), `version_2_with_negative` (false) and
 `null_score_diff_threshold` (0.0). A sentence-transformers
 model directory (`modules.json`, `1_Pooling/config.json`, `sentence_bert_config.json`) sets `embed`'s
@@ -75,15 +78,17 @@ from bert.modeling import (
     BertModel,
 )
 from bert.quantization import quantize_model
-from bert.tasks.common import pad_2d
-from bert.tasks.glue import InputExample, convert_examples_to_features
-from bert.tasks.ner import NerExample, convert_ner_examples_to_features, word_predictions
-from bert.tasks.squad import (
-    RawResult,
-    compute_predictions,
-    doc_spans_for,
-    squad_examples_from_json,
+from bert.tasks.common import pad_2d, sigmoid, softmax
+from bert.tasks.glue import (
+    LONG_DOCUMENT,
+    WINDOW_POOLINGS,
+    InputExample,
+    convert_examples_to_features,
+    convert_examples_to_windows,
+    pool_windows,
 )
+from bert.tasks.ner import NerExample, convert_ner_examples_to_features, word_predictions
+from bert.tasks.squad import RawResult, compute_predictions, squad_examples_from_json
 from bert.tasks.squad import convert_examples_to_features as squad_features
 from bert.tasks.swag import SwagExample, convert_swag_examples_to_features
 from bert.tokenization import FullTokenizer, load_vocab
@@ -121,7 +126,6 @@ _HEAD_ADVICE = {
 }
 PROBLEM_TYPES = ("single_label_classification", "regression", "multi_label_classification")
 POOLINGS = ("cls", "mean", "max", "pooler")
-LONG_DOCUMENT = ("truncate", "windows")
 MASK_TOKEN = "[MASK]"
 _MLM_KEY = "cls.predictions.transform.dense.weight"
 # The task modules log their first examples field by field, which would repeat on every call here.
@@ -257,6 +261,22 @@ def _quiet_task_logs() -> Iterator[None]:
             lg.setLevel(level)
 
 
+WINDOW_SETTINGS = ("long_document", "doc_stride", "window_pooling")
+
+
+def _checked_windows(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """The window settings among `values` that are not None, each checked (`InputError` naming `source`)."""
+    out = {name: value for name, value in values.items() if value is not None}
+    for name, value in out.items():
+        if name == "long_document" and value not in LONG_DOCUMENT:
+            raise InputError(f"{source}: long_document={value!r} must be one of {', '.join(LONG_DOCUMENT)}")
+        if name == "window_pooling" and value not in WINDOW_POOLINGS:
+            raise InputError(f"{source}: window_pooling={value!r} must be one of {', '.join(WINDOW_POOLINGS)}")
+        if name == "doc_stride" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise InputError(f"{source}: doc_stride={value!r} must be a whole number of at least 1")
+    return out
+
+
 def _require_texts(texts: Sequence[Any], what: str = "text") -> None:
     if isinstance(texts, str):
         raise TypeError(f"expected a list of {what}s, got one string")
@@ -330,7 +350,13 @@ class Predictor:
                 )
             thresholds = extra.get("label_thresholds") or {}
             self.label_thresholds = {label: float(thresholds.get(label, 0.5)) for label in self.labels}
-        self.doc_stride = int(extra.get("doc_stride", 128))
+        # How the model was fine-tuned to read long inputs (`bert classify`'s defaults where config.json
+        # says nothing, as for models trained elsewhere); `set_windows` overrides them.
+        saved = {name: extra.get(name) for name in WINDOW_SETTINGS}
+        saved = _checked_windows(saved, f"{source} config.json")
+        self.long_document: str = saved.get("long_document", LONG_DOCUMENT[0])
+        self.doc_stride: int = saved.get("doc_stride", 128)
+        self.window_pooling: str = saved.get("window_pooling", WINDOW_POOLINGS[0])
         self.n_best_size = int(extra.get("n_best_size", 20))
         self.max_answer_length = int(extra.get("max_answer_length", 30))
         self.version_2_with_negative = bool(extra.get("version_2_with_negative", False))
@@ -460,120 +486,99 @@ class Predictor:
         return out
 
     # --------------------------------------------------------------------------------- classification
+    def set_windows(
+        self,
+        long_document: str | None = None,
+        doc_stride: int | None = None,
+        window_pooling: str | None = None,
+        source: str = "the caller",
+    ) -> None:
+        """Set how `classify` reads long documents (and `answer` its contexts' stride); None keeps a setting.
+
+        The settings start as the model's `config.json` says (`long_document`, `doc_stride`,
+        `window_pooling`, as `bert classify` saved them); a value that changes one is logged with its
+        `source`. Raises `InputError` naming `source` for a value the task code does not take.
+        """
+        given = {"long_document": long_document, "doc_stride": doc_stride, "window_pooling": window_pooling}
+        for name, value in _checked_windows(given, source).items():
+            if getattr(self, name) != value:
+                logger.warning("%s=%s from %s overrides the model's %s", name, value, source, getattr(self, name))
+            setattr(self, name, value)
+
     def classify(
         self,
         inputs: Sequence[str | tuple[str, str | None]],
         top_k: int | None = 1,
-        long_document: str = "truncate",
-        doc_stride: int | None = None,
         batch_size: int | None = None,
         raw_scores: bool = False,
     ) -> list[dict[str, Any]]:
-        """Classify texts or text pairs; one result per input, in order.
+        """Classify texts or text pairs; one result per input, in order, as `bert classify --do_predict`.
 
         Args:
             inputs: texts, or (text, text_pair) tuples (text_pair may be None).
             top_k: also list the `top_k` best labels with their scores under "scores" (0 or None: all);
                 with 1 (the default) only the best.
-            long_document: "truncate" cuts a pair to `max_seq_length` as `bert classify` does (the longer
-                text loses its last tokens first); "windows" reads the whole first text in windows of
-                `max_seq_length`, `doc_stride` tokens apart (the pair, when there is one, goes whole into
-                every window), and averages the windows' logits.
-            doc_stride: tokens between window starts (default: the config's `doc_stride`, 128).
             raw_scores: "scores" lists the logits instead of the probabilities.
+
+        Long inputs are read as the model was fine-tuned to read them (`long_document`, `doc_stride`,
+        `window_pooling`; see `set_windows`), by classification's own code: "truncate" cuts a pair to
+        `max_seq_length` as run_classifier.py does (`bert.tasks.glue.convert_examples_to_features`);
+        "windows" reads the whole first text in windows, the second cut to what the windows leave it
+        (`bert.tasks.glue.window_spans`), and pools the windows' logits (`bert.tasks.glue.pool_windows`).
 
         Returns dicts, by `problem_type`: single-label {"label", "score"} (softmax probability);
         multi-label {"labels": [{"label", "score"}, ...]} for every label whose sigmoid reaches its
         threshold, best first; regression {"score"} (the model's output). With `top_k` != 1, also
         "scores": [{"label", "score"}, ...], best first.
-
-        Windows' logits are averaged, not max-pooled: the mean keeps logits on the scale the head was
-        fine-tuned at (so softmax scores, multi-label thresholds and regression outputs mean what they
-        mean for one window, and a text that fits one window gets exactly its truncate result), and one
-        odd window cannot decide alone; max pooling would drift regression scores and multi-label scores
-        upward with the number of windows.
         """
         self._require(CLASSIFICATION)
-        if long_document not in LONG_DOCUMENT:
-            raise InputError(f"long_document={long_document!r} must be one of {', '.join(LONG_DOCUMENT)}")
-        pairs = []
+        placeholder = 0.0 if self.problem_type == "regression" else self.labels[0]
+        examples = []
         for i, item in enumerate(inputs):
             a, b = (item, None) if isinstance(item, str) else tuple(item)
             if not isinstance(a, str) or not a.strip():
                 raise InputItemError(i, "the text must be a non-empty string")
             if b is not None and not isinstance(b, str):
                 raise InputItemError(i, f"text_pair must be a string, got {type(b).__name__}")
-            pairs.append((a, b or None))
+            examples.append(InputExample(str(i), a, b or None, placeholder))
+        if not examples:
+            return []
+        label_list = [None] if self.problem_type == "regression" else self.labels
         with self._lock, _quiet_task_logs():
-            if long_document == "truncate":
-                sequences, owners = self._truncated_features(pairs)
+            if self.long_document == "truncate":
+                features = convert_examples_to_features(
+                    examples, label_list, self.max_seq_length, self.tokenizer, pad=False
+                )
+                full = sum(len(f.input_ids) == self.max_seq_length for f in features)
+                if full:
+                    logger.warning(
+                        "%d of %d inputs fill max_seq_length=%d and may have been cut; windows read long texts whole",
+                        full,
+                        len(features),
+                        self.max_seq_length,
+                    )
             else:
-                sequences, owners = self._windowed_features(pairs, doc_stride or self.doc_stride)
+                features = convert_examples_to_windows(
+                    examples, label_list, self.max_seq_length, self.tokenizer, self.doc_stride, pad=False
+                )
 
             def head(ids, mask, types, idx):
                 return list(self.model(ids, mask, types).logits.float().cpu().numpy())
 
-            logits = self._run(sequences, head, batch_size)
-        pooled = np.zeros((len(pairs), len(logits[0]) if logits else 1), dtype=np.float32)
-        counts = np.zeros(len(pairs))
-        for owner, row in zip(owners, logits):
-            pooled[owner] += row
-            counts[owner] += 1
-        pooled /= counts[:, None]
+            logits = self._run([(f.input_ids, f.segment_ids) for f in features], head, batch_size)
+        pooled = pool_windows(logits, features, len(examples), self.window_pooling)  # [N, L]
         return [self._classification_result(row, top_k, raw_scores) for row in pooled]
-
-    def _truncated_features(self, pairs: list[tuple[str, str | None]]) -> tuple[list, list[int]]:
-        placeholder = 0.0 if self.problem_type == "regression" else self.labels[0]
-        label_list = [None] if self.problem_type == "regression" else self.labels
-        examples = [InputExample(str(i), a, b, placeholder) for i, (a, b) in enumerate(pairs)]
-        features = convert_examples_to_features(examples, label_list, self.max_seq_length, self.tokenizer, pad=False)
-        full = sum(len(f.input_ids) == self.max_seq_length for f in features)
-        if full:
-            logger.warning(
-                "%d of %d inputs fill max_seq_length=%d and may have been cut; windows read long texts whole",
-                full,
-                len(features),
-                self.max_seq_length,
-            )
-        return [(f.input_ids, f.segment_ids) for f in features], list(range(len(pairs)))
-
-    def _windowed_features(self, pairs: list[tuple[str, str | None]], doc_stride: int) -> tuple[list, list[int]]:
-        if doc_stride < 1:
-            raise InputError(f"doc_stride={doc_stride} must be at least 1")
-        tok = self.tokenizer
-        cls_id, sep_id = self._special["[CLS]"], self._special["[SEP]"]
-        sequences, owners = [], []
-        for i, (a, b) in enumerate(pairs):
-            ids_a = tok.encode(a)
-            ids_b = tok.encode(b) if b else []
-            room = self.max_seq_length - (3 if ids_b else 2) - len(ids_b)
-            if room < 1:
-                raise InputItemError(
-                    i,
-                    f"text_pair has {len(ids_b)} tokens, which leaves no room for text in windows of "
-                    f"max_seq_length={self.max_seq_length}; shorten text_pair or use long_document=truncate",
-                )
-            spans = doc_spans_for(len(ids_a), room, doc_stride) or [(0, 0)]
-            for start, length in spans:
-                ids = [cls_id, *ids_a[start : start + length], sep_id]
-                types = [0] * len(ids)
-                if ids_b:
-                    ids += [*ids_b, sep_id]
-                    types += [1] * (len(ids_b) + 1)
-                sequences.append((ids, types))
-                owners.append(i)
-        return sequences, owners
 
     def _classification_result(self, logits: np.ndarray, top_k: int | None, raw_scores: bool) -> dict[str, Any]:
         if self.problem_type == "regression":
             return {"score": float(logits[0])}
-        t = torch.from_numpy(logits)
+        # The task's own probabilities, so that scores are test_results.tsv's float32 values.
         if self.problem_type == "multi_label_classification":
-            scores = torch.sigmoid(t).numpy()
+            scores = sigmoid(logits)
             ranked = _top(scores, self.labels, None)
             result: dict[str, Any] = {"labels": [r for r in ranked if r["score"] >= self.label_thresholds[r["label"]]]}
         else:
-            scores = torch.softmax(t, dim=-1).numpy()
+            scores = softmax(logits)
             result = _top(scores, self.labels, 1)[0]
         if top_k != 1:
             result["scores"] = _top(logits if raw_scores else scores, self.labels, top_k)

@@ -23,7 +23,9 @@ The routes follow text-embeddings-inference (TEI), so its clients work unchanged
 
 Errors are TEI's shape, {"error": message, "error_type": kind}: 413 more inputs than
 `max_client_batch_size` or a body over `max_request_bytes`; 422 malformed JSON, a wrong type, an empty
-input, or (with "truncate": false, TEI's default) an input longer than the model's `max_seq_length`;
+input, or (with "truncate": false, TEI's default) an input longer than the model's `max_seq_length`
+(except for a classifier that reads long inputs in windows, as `bert classify --long_document=windows`
+saved it);
 424 a route the model's head cannot answer; 503 with `Retry-After: 1` when the queue is full.
 
 Batching: a handler checks its request, then hands it to the `Batcher` and awaits a future; the
@@ -337,8 +339,9 @@ class Batcher:
             ]
         else:
             lengths = [len(ids) + 2 for ids in encode(job.inputs)]
-        if job.kind in (EMBED, CLASSIFY):
-            # Longer inputs are cut to max_seq_length; NER and question answering read them in windows.
+        if job.kind == EMBED or (job.kind == CLASSIFY and self.predictor.long_document == "truncate"):
+            # Longer inputs are cut to max_seq_length; NER, question answering and a classifier fine-tuned
+            # on windows (config.json `long_document`) read them in windows.
             if not job.truncate:
                 for i, n in enumerate(lengths):
                     if n > limit:
