@@ -56,7 +56,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +78,7 @@ from bert.modeling import (
     BertModel,
 )
 from bert.quantization import quantize_model
-from bert.tasks.common import pad_2d, sigmoid, softmax
+from bert.tasks.common import pad_2d, sigmoid, softmax, truncate_seq_pair
 from bert.tasks.glue import (
     LONG_DOCUMENT,
     WINDOW_POOLINGS,
@@ -126,6 +126,7 @@ _HEAD_ADVICE = {
 }
 PROBLEM_TYPES = ("single_label_classification", "regression", "multi_label_classification")
 POOLINGS = ("cls", "mean", "max", "pooler")
+TRUNCATION_DIRECTIONS = ("right", "left")
 MASK_TOKEN = "[MASK]"
 _MLM_KEY = "cls.predictions.transform.dense.weight"
 # The task modules log their first examples field by field, which would repeat on every call here.
@@ -149,6 +150,10 @@ class SentenceTransformersConfig:
     normalize: bool
     max_seq_length: int | None
     unsupported: str | None = None  # why `pooling` is None
+    # `config_sentence_transformers.json`: prompt texts by name, and the one used when a call names none.
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    include_prompt: bool = True  # the Pooling module's: whether the prompt's tokens are pooled
 
 
 def read_sentence_transformers_config(model_dir: str | os.PathLike) -> SentenceTransformersConfig | None:
@@ -160,7 +165,7 @@ def read_sentence_transformers_config(model_dir: str | os.PathLike) -> SentenceT
     modules = _read_json(modules_file)
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise InputError(f"{modules_file}: expected a list of modules; fix or delete it")
-    pooling, normalize, unsupported = None, False, None
+    pooling, normalize, unsupported, include_prompt = None, False, None, True
     for m in modules:
         kind = str(m.get("type", "")).rsplit(".", 1)[-1]
         if kind == "Transformer":
@@ -173,13 +178,27 @@ def read_sentence_transformers_config(model_dir: str | os.PathLike) -> SentenceT
             pooling = {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max"}.get(modes[0]) if modes else None
             if len(modes) != 1 or pooling is None:
                 unsupported = f"pooling modes {modes}"
+            include_prompt = config.get("include_prompt", True) is not False
         else:
             unsupported = f"a {kind} module"
     if unsupported:
         pooling = None
     settings = base / "sentence_bert_config.json"
     max_seq_length = _read_json(settings).get("max_seq_length") if settings.is_file() else None
-    return SentenceTransformersConfig(pooling, normalize, max_seq_length, unsupported)
+    prompts_file = base / "config_sentence_transformers.json"
+    described = _read_json(prompts_file) if prompts_file.is_file() else {}
+    prompts = described.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise InputError(f'{prompts_file}: "prompts" must map prompt names to texts; fix or delete it')
+    default_prompt_name = described.get("default_prompt_name")
+    if default_prompt_name is not None and default_prompt_name not in prompts:
+        raise InputError(
+            f'{prompts_file}: "default_prompt_name" {default_prompt_name!r} is not one of the prompts '
+            f"({', '.join(prompts) or 'none'}); fix or delete it"
+        )
+    return SentenceTransformersConfig(
+        pooling, normalize, max_seq_length, unsupported, prompts, default_prompt_name, include_prompt
+    )
 
 
 def _read_json(path: Path) -> Any:
@@ -385,6 +404,8 @@ class Predictor:
         for token in ("[CLS]", "[SEP]"):
             if self._special[token] is None:
                 raise InputError(f"{source}: the vocabulary has no {token} token; use the model's own vocab.txt")
+        # The prompt of calls that name none (`resolve_prompt`); `bert serve --default_prompt_name` sets it.
+        self.default_prompt_name = sentence_transformers.default_prompt_name if sentence_transformers else None
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------------------------------ loading
@@ -511,6 +532,9 @@ class Predictor:
         top_k: int | None = 1,
         batch_size: int | None = None,
         raw_scores: bool = False,
+        *,
+        truncate: bool = True,
+        truncation_direction: str = "right",
     ) -> list[dict[str, Any]]:
         """Classify texts or text pairs; one result per input, in order, as `bert classify --do_predict`.
 
@@ -519,6 +543,8 @@ class Predictor:
             top_k: also list the `top_k` best labels with their scores under "scores" (0 or None: all);
                 with 1 (the default) only the best.
             raw_scores: "scores" lists the logits instead of the probabilities.
+            truncate, truncation_direction: with `long_document` "truncate", see `_pair_sequences` ("left"
+                cuts a text's start).
 
         Long inputs are read as the model was fine-tuned to read them (`long_document`, `doc_stride`,
         `window_pooling`; see `set_windows`), by classification's own code: "truncate" cuts a pair to
@@ -532,42 +558,98 @@ class Predictor:
         "scores": [{"label", "score"}, ...], best first.
         """
         self._require(CLASSIFICATION)
-        placeholder = 0.0 if self.problem_type == "regression" else self.labels[0]
-        examples = []
+        pairs = self._checked_pairs(inputs)
+        if not pairs:
+            return []
+        with self._lock, _quiet_task_logs():
+            if self.long_document == "truncate":
+                sequences = self._pair_sequences(pairs, truncate, truncation_direction)
+            else:
+                features = convert_examples_to_windows(
+                    self._examples(pairs), self._label_list, self.max_seq_length, self.tokenizer, self.doc_stride, False
+                )
+                sequences = [(f.input_ids, f.segment_ids) for f in features]
+
+            def head(ids, mask, types, idx):
+                return list(self.model(ids, mask, types).logits.float().cpu().numpy())
+
+            logits = self._run(sequences, head, batch_size)
+        if self.long_document == "truncate":
+            pooled = np.stack(logits).astype(np.float32)  # [N, L]
+        else:
+            pooled = pool_windows(logits, features, len(pairs), self.window_pooling)  # [N, L]
+        return [self._classification_result(row, top_k, raw_scores) for row in pooled]
+
+    @staticmethod
+    def _checked_pairs(inputs: Sequence[str | tuple[str, str | None]]) -> list[tuple[str, str | None]]:
+        pairs = []
         for i, item in enumerate(inputs):
             a, b = (item, None) if isinstance(item, str) else tuple(item)
             if not isinstance(a, str) or not a.strip():
                 raise InputItemError(i, "the text must be a non-empty string")
             if b is not None and not isinstance(b, str):
                 raise InputItemError(i, f"text_pair must be a string, got {type(b).__name__}")
-            examples.append(InputExample(str(i), a, b or None, placeholder))
-        if not examples:
-            return []
-        label_list = [None] if self.problem_type == "regression" else self.labels
-        with self._lock, _quiet_task_logs():
-            if self.long_document == "truncate":
-                features = convert_examples_to_features(
-                    examples, label_list, self.max_seq_length, self.tokenizer, pad=False
-                )
-                full = sum(len(f.input_ids) == self.max_seq_length for f in features)
-                if full:
-                    logger.warning(
-                        "%d of %d inputs fill max_seq_length=%d and may have been cut; windows read long texts whole",
-                        full,
-                        len(features),
-                        self.max_seq_length,
+            pairs.append((a, b or None))
+        return pairs
+
+    def _pair_sequences(
+        self, pairs: list[tuple[str, str | None]], truncate: bool, truncation_direction: str
+    ) -> list[tuple[list[int], list[int]]]:
+        """`[CLS] a [SEP] (b [SEP])` per pair with segment ids. Too long for `max_seq_length`: with `truncate`,
+        cut as `bert classify` cuts (run_classifier.py `_truncate_seq_pair`: a token at a time from the
+        longer text, at its end for "right", at its start for "left"); else an `InputItemError`."""
+        if truncation_direction not in TRUNCATION_DIRECTIONS:
+            raise InputError(
+                f"truncation_direction={truncation_direction!r} must be one of {', '.join(TRUNCATION_DIRECTIONS)}"
+            )
+        if truncate and truncation_direction == "right":
+            return self._truncated_features(pairs)
+        cls_id, sep_id = self._special["[CLS]"], self._special["[SEP]"]
+        sequences = []
+        for i, (a, b) in enumerate(pairs):
+            ids_a, ids_b = self.tokenizer.encode(a), self.tokenizer.encode(b) if b else []
+            room = self.max_seq_length - (3 if b else 2)
+            if len(ids_a) + len(ids_b) > room:
+                if not truncate:
+                    raise InputItemError(
+                        i,
+                        f"{len(ids_a) + len(ids_b) + self.max_seq_length - room} tokens with [CLS] and [SEP], more "
+                        f"than max_seq_length={self.max_seq_length}; shorten it or let it be truncated",
                     )
-            else:
-                features = convert_examples_to_windows(
-                    examples, label_list, self.max_seq_length, self.tokenizer, self.doc_stride, pad=False
-                )
+                # The end-popping rule on reversed pieces pops from the start.
+                ids_a, ids_b = ids_a[::-1], ids_b[::-1]
+                truncate_seq_pair(ids_a, ids_b, room)
+                ids_a, ids_b = ids_a[::-1], ids_b[::-1]
+            ids = [cls_id, *ids_a, sep_id]
+            types = [0] * len(ids)
+            if b:
+                ids += [*ids_b, sep_id]
+                types += [1] * (len(ids_b) + 1)
+            sequences.append((ids, types))
+        return sequences
 
-            def head(ids, mask, types, idx):
-                return list(self.model(ids, mask, types).logits.float().cpu().numpy())
+    def _examples(self, pairs: list[tuple[str, str | None]]) -> list[InputExample]:
+        """The pairs as classification examples, each with the placeholder label of a test example."""
+        placeholder = 0.0 if self.problem_type == "regression" else self.labels[0]
+        return [InputExample(str(i), a, b, placeholder) for i, (a, b) in enumerate(pairs)]
 
-            logits = self._run([(f.input_ids, f.segment_ids) for f in features], head, batch_size)
-        pooled = pool_windows(logits, features, len(examples), self.window_pooling)  # [N, L]
-        return [self._classification_result(row, top_k, raw_scores) for row in pooled]
+    @property
+    def _label_list(self) -> list[Any]:
+        return [None] if self.problem_type == "regression" else list(self.labels or ())
+
+    def _truncated_features(self, pairs: list[tuple[str, str | None]]) -> list[tuple[list[int], list[int]]]:
+        features = convert_examples_to_features(
+            self._examples(pairs), self._label_list, self.max_seq_length, self.tokenizer, pad=False
+        )
+        full = sum(len(f.input_ids) == self.max_seq_length for f in features)
+        if full:
+            logger.warning(
+                "%d of %d inputs fill max_seq_length=%d and may have been cut; windows read long texts whole",
+                full,
+                len(features),
+                self.max_seq_length,
+            )
+        return [(f.input_ids, f.segment_ids) for f in features]
 
     def _classification_result(self, logits: np.ndarray, top_k: int | None, raw_scores: bool) -> dict[str, Any]:
         if self.problem_type == "regression":
@@ -777,18 +859,136 @@ class Predictor:
     def default_normalize(self) -> bool:
         return self.sentence_transformers.normalize if self.sentence_transformers is not None else False
 
+    def resolve_prompt(self, prompt_name: str | None = None, prompt: str | None = None) -> str | None:
+        """The prompt text a call prepends, as sentence-transformers' `encode` picks it: `prompt` itself,
+        else the named one of `config_sentence_transformers.json`'s `prompts`, else the default prompt
+        (`default_prompt_name`), else none."""
+        if prompt is not None:
+            if prompt_name is not None:
+                raise InputError("give a prompt or a prompt_name, not both")
+            return prompt
+        prompts = self.sentence_transformers.prompts if self.sentence_transformers is not None else {}
+        name = prompt_name if prompt_name is not None else self.default_prompt_name
+        if name is None:
+            return None
+        if name not in prompts:
+            raise InputError(
+                f"prompt_name {name!r} is not one of the model's prompts ({', '.join(prompts) or 'none'}; "
+                "config_sentence_transformers.json)"
+            )
+        return prompts[name]
+
+    def embedding_sequences(
+        self,
+        texts: Sequence[str | Sequence[int]],
+        *,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        prompt: str | None = None,
+    ) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
+        """The model inputs `embed` runs: ([(token ids, segment ids), ...], prompt lengths).
+
+        A text becomes `[CLS] prompt+text [SEP]` (the prompt prepended to the text before tokenization, as
+        sentence-transformers does); a list of token ids is the whole sequence as given (TEI's token-id
+        inputs: no [CLS] or [SEP] added), after `[CLS] prompt` when there is a prompt. Longer than
+        `max_seq_length`: cut, keeping the start ("right") or the end ("left") of the text's tokens, or
+        with `truncate=False` an `InputItemError` naming the input. A prompt length counts [CLS] and the
+        prompt's tokens (sentence-transformers' `prompt_length`, the positions `include_prompt=False` leaves
+        out of the pooling).
+        """
+        if truncation_direction not in TRUNCATION_DIRECTIONS:
+            raise InputError(
+                f"truncation_direction={truncation_direction!r} must be one of {', '.join(TRUNCATION_DIRECTIONS)}"
+            )
+        if isinstance(texts, str):
+            raise TypeError("expected a list of texts, got one string")
+        cls_id, sep_id = self._special["[CLS]"], self._special["[SEP]"]
+        vocab_size = self.config.vocab_size
+        prompt_ids = self.tokenizer.encode(prompt) if prompt else []
+        strings = {i: (prompt or "") + t for i, t in enumerate(texts) if isinstance(t, str)}
+        encoded = dict(zip(strings, self.tokenizer.encode_batch(list(strings.values()))))
+        sequences, prompt_lengths = [], []
+        for i, text in enumerate(texts):
+            if isinstance(text, str):
+                if not text.strip():
+                    raise InputItemError(i, "empty text; give some text or leave the item out")
+                head, body, tail = [cls_id], encoded[i], [sep_id]
+                prompt_length = 1 + len(prompt_ids) if prompt else 0
+            elif isinstance(text, Sequence) and all(type(t) is int for t in text):
+                if not text:
+                    raise InputItemError(i, "an empty list of token ids; give at least one")
+                bad = next((t for t in text if not 0 <= t < vocab_size), None)
+                if bad is not None:
+                    raise InputItemError(i, f"token id {bad} is outside the vocabulary (0 to {vocab_size - 1})")
+                head, body, tail = ([cls_id, *prompt_ids] if prompt else []), list(text), []
+                prompt_length = len(head)
+            else:
+                raise InputItemError(i, f"expected a text or a list of token ids, got {type(text).__name__}")
+            room = self.max_seq_length - len(head) - len(tail)
+            if len(body) > room:
+                if not truncate:
+                    raise InputItemError(
+                        i,
+                        f"{len(head) + len(body) + len(tail)} tokens, more than max_seq_length="
+                        f"{self.max_seq_length}; shorten it or let it be truncated",
+                    )
+                body = body[:room] if truncation_direction == "right" else body[len(body) - max(room, 0) :]
+            ids = [*head, *body, *tail]
+            sequences.append((ids, [0] * len(ids)))
+            prompt_lengths.append(min(prompt_length, len(ids) - 1))
+        return sequences, prompt_lengths
+
+    def _encode(
+        self,
+        texts: Sequence[str | Sequence[int]],
+        fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any], list[Any]],
+        batch_size: int | None,
+        truncate: bool,
+        truncation_direction: str,
+        prompt_name: str | None,
+        prompt: str | None,
+    ) -> list[Any]:
+        """`fn(last layer [B, T, H], pooling mask [B, T], attention mask [B, T], encoder output)` over the
+        embedding sequences of `texts`; the pooling mask is the attention mask without the prompt when the
+        model's Pooling says `include_prompt: false`."""
+        prompt = self.resolve_prompt(prompt_name, prompt)
+        st = self.sentence_transformers
+        exclude_prompt = st is not None and not st.include_prompt
+        with self._lock:
+            sequences, prompt_lengths = self.embedding_sequences(
+                texts, truncate=truncate, truncation_direction=truncation_direction, prompt=prompt
+            )
+            skip = torch.tensor(prompt_lengths if exclude_prompt else [0] * len(sequences))
+
+            def run(ids, mask, types, idx):
+                out = self.encoder(ids, mask, types)
+                hidden = out.sequence_output.float()  # [B, T, H]
+                positions = torch.arange(ids.shape[1], device=ids.device)[None, :]  # [1, T]
+                pool_mask = mask * (positions >= skip[idx].to(ids.device)[:, None])  # [B, T]
+                return fn(hidden, pool_mask, mask, out)
+
+            return self._run(sequences, run, batch_size)
+
     def embed(
         self,
-        texts: Sequence[str],
+        texts: Sequence[str | Sequence[int]],
         pooling: str | None = None,
         normalize: bool | None = None,
         batch_size: int | None = None,
+        *,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        dimensions: int | None = None,
     ) -> np.ndarray:
-        """One float32 vector per text, [len(texts), hidden_size].
+        """One float32 vector per text, [len(texts), dimensions or hidden_size].
 
-        Each text is `[CLS] text [SEP]`, cut to `max_seq_length` tokens (as sentence-transformers does).
+        Each text is `[CLS] text [SEP]`, cut to `max_seq_length` tokens (as sentence-transformers does);
+        see `embedding_sequences` for token-id inputs, prompts and truncation.
 
         Args:
+            texts: texts, or lists of token ids (TEI's and OpenAI's token-id inputs).
             pooling: "cls" (the last layer at [CLS]), "mean" (the mean of the last layer over the real
                 tokens, [CLS] and [SEP] included, as sentence-transformers), "max" (their element-wise
                 maximum) or "pooler" (the pre-training pooler: tanh(dense([CLS]))). Default: the
@@ -796,6 +996,12 @@ class Predictor:
                 similarity without fine-tuning, Reimers & Gurevych 2019).
             normalize: scale each vector to unit length (default: as the sentence-transformers
                 configuration says, else False).
+            truncate: False raises `InputItemError` for an input longer than `max_seq_length`.
+            truncation_direction: "right" keeps the start of a long input, "left" its end.
+            prompt_name, prompt: the prompt to prepend (`resolve_prompt`); its tokens are pooled unless the
+                model's Pooling configuration says `include_prompt: false`, as in sentence-transformers.
+            dimensions: keep the first `dimensions` components (Matryoshka truncation), then normalize
+                (when normalizing), as sentence-transformers' `truncate_dim` and TEI's `dimensions`.
         """
         pooling = pooling or self.default_pooling
         normalize = self.default_normalize if normalize is None else normalize
@@ -803,15 +1009,13 @@ class Predictor:
             raise InputError(f"pooling={pooling!r} must be one of {', '.join(POOLINGS)}")
         if pooling == "pooler" and not self.has_pooler:
             raise InputError(f"{self.source} has no pooler weights; use pooling cls, mean or max")
-        _require_texts(texts)
-        cls_id, sep_id = self._special["[CLS]"], self._special["[SEP]"]
-        keep = self.max_seq_length - 2
+        hidden_size = self.config.hidden_size
+        if dimensions is not None and not 1 <= dimensions <= hidden_size:
+            raise InputError(f"dimensions={dimensions} must be between 1 and the model's {hidden_size}")
 
-        def pool(ids, mask, types, idx):
-            out = self.encoder(ids, mask, types)
-            hidden = out.sequence_output.float()  # [B, T, H]
+        def pool(hidden, mask, attention_mask, out):
             if pooling == "cls":
-                vectors = hidden[:, 0]
+                vectors = hidden[torch.arange(len(hidden)), mask.argmax(1)]  # the first pooled position
             elif pooling == "pooler":
                 vectors = out.pooled_output.float()
             elif pooling == "mean":
@@ -819,19 +1023,142 @@ class Predictor:
                 vectors = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
             else:
                 vectors = hidden.masked_fill(mask[:, :, None] == 0, -1e9).max(1).values
+            vectors = vectors[:, :dimensions]
             if normalize:
                 vectors = F.normalize(vectors, p=2, dim=1)
             return list(vectors.cpu().numpy())
 
-        with self._lock:
-            sequences = [
-                ([cls_id, *ids[:keep], sep_id], [0] * (len(ids[:keep]) + 2))
-                for ids in self.tokenizer.encode_batch(texts)
-            ]
-            vectors = self._run(sequences, pool, batch_size)
+        vectors = self._encode(texts, pool, batch_size, truncate, truncation_direction, prompt_name, prompt)
         if not vectors:
-            return np.zeros((0, self.config.hidden_size), dtype=np.float32)
+            return np.zeros((0, dimensions or hidden_size), dtype=np.float32)
         return np.stack(vectors).astype(np.float32, copy=False)
+
+    def token_embeddings(
+        self,
+        texts: Sequence[str | Sequence[int]],
+        batch_size: int | None = None,
+        *,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+    ) -> list[np.ndarray]:
+        """The last layer at every token of each text, [CLS] and [SEP] included: float32 [tokens, hidden_size]
+        per text (TEI's /embed_all); inputs as `embed` takes them."""
+
+        def rows(hidden, pool_mask, attention_mask, out):
+            return [h[: int(n)].cpu().numpy() for h, n in zip(hidden, attention_mask.sum(1))]
+
+        return self._encode(texts, rows, batch_size, truncate, truncation_direction, prompt_name, prompt)
+
+    def similarity(
+        self,
+        source: str,
+        sentences: Sequence[str],
+        *,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        prompt_name: str | None = None,
+    ) -> list[float]:
+        """The cosine similarity of `source`'s embedding with each sentence's (TEI's /similarity)."""
+        vectors = self.embed(
+            [source, *sentences],
+            normalize=True,
+            truncate=truncate,
+            truncation_direction=truncation_direction,
+            prompt_name=prompt_name,
+        )
+        return [float(s) for s in vectors[1:] @ vectors[0]]
+
+    def tokenize(
+        self, texts: Sequence[str], *, add_special_tokens: bool = True, prompt_name: str | None = None
+    ) -> list[list[dict[str, Any]]]:
+        """The tokens of each text as the model reads them (TEI's /tokenize): [{"id", "text", "special",
+        "start", "stop"}, ...], where `start`/`stop` are character offsets into the text (with the prompt,
+        when one applies, prepended: into prompt+text) and "text" is that span; with `add_special_tokens`,
+        [CLS] first and [SEP] last (special, without offsets). Not truncated."""
+        _require_texts(texts)
+        prompt = self.resolve_prompt(prompt_name) or ""
+
+        def special(token: str) -> dict[str, Any]:
+            return {"id": self._special[token], "text": token, "special": True, "start": None, "stop": None}
+
+        out = []
+        for text in texts:
+            full = prompt + text
+            tokens = [
+                {"id": token_id, "text": full[start:end], "special": False, "start": start, "stop": end}
+                for _, token_id, start, end in self.tokenizer.tokenize_with_offsets(full)
+            ]
+            out.append([special("[CLS]"), *tokens, special("[SEP]")] if add_special_tokens else tokens)
+        return out
+
+    def decode(self, ids: Sequence[Sequence[int]], *, skip_special_tokens: bool = True) -> list[str]:
+        """The text of each list of token ids (`FullTokenizer.decode`; TEI's /decode)."""
+        out = []
+        for i, row in enumerate(ids):
+            try:
+                out.append(self.tokenizer.decode(row, skip_special_tokens=skip_special_tokens))
+            except KeyError as e:
+                raise InputItemError(i, f"token id {e.args[0]} is not in the vocabulary") from None
+        return out
+
+    @property
+    def is_cross_encoder(self) -> bool:
+        """A sequence-classification model with one output, which scores a (query, document) pair."""
+        return self.task == CLASSIFICATION and len(self.labels or ()) == 1
+
+    def rank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_k: int | None = None,
+        *,
+        raw_scores: bool = False,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        batch_size: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """The documents by relevance to `query`: [{"index", "score"}, ...], best first, `top_k` of them
+        (None: all).
+
+        A cross-encoder (`is_cross_encoder`) reads each `[CLS] query [SEP] document [SEP]` (the pair cut to
+        `max_seq_length` as `classify` cuts it) and its score is the sigmoid of the logit (the logit
+        itself with `raw_scores`), as TEI's /rerank and sentence-transformers' CrossEncoder; any other
+        model except a classifier scores the cosine similarity of the embeddings (`raw_scores` changes
+        nothing then).
+        """
+        if isinstance(documents, str):
+            raise TypeError("expected a list of documents, got one string")
+        if top_k is not None and top_k < 1:
+            raise InputError(f"top_k={top_k} must be at least 1")
+        if self.is_cross_encoder:
+            pairs = self._checked_pairs([(query, d) for d in documents])
+            with self._lock, _quiet_task_logs():
+                sequences = self._pair_sequences(pairs, truncate, truncation_direction)
+
+                def head(ids, mask, types, idx):
+                    return self.model(ids, mask, types).logits[:, 0].float().cpu().tolist()
+
+                logits = torch.tensor(self._run(sequences, head, batch_size), dtype=torch.float32)
+            scores = (logits if raw_scores else torch.sigmoid(logits)).tolist()
+        elif self.task == CLASSIFICATION:
+            raise InputError(
+                f"{self.source} is a classifier with {len(self.labels or ())} labels, not a cross-encoder (one "
+                "output); rank with a cross-encoder or an embedding model"
+            )
+        else:
+            _require_texts([query], "query")
+            embedded = self.embed(
+                [query, *documents],
+                normalize=True,
+                truncate=truncate,
+                truncation_direction=truncation_direction,
+                batch_size=batch_size,
+            )
+            scores = [float(s) for s in embedded[1:] @ embedded[0]]
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])[:top_k]
+        return [{"index": i, "score": scores[i]} for i in order]
 
     # ------------------------------------------------------------------------------------- fill-mask
     def fill_mask(self, texts: Sequence[str], top_k: int = 5, batch_size: int | None = None) -> list[dict[str, Any]]:
@@ -1070,6 +1397,7 @@ __all__ = [
     "ARCHITECTURES",
     "InputItemError",
     "POOLINGS",
+    "TRUNCATION_DIRECTIONS",
     "Predictor",
     "cosine_similarity",
     "map_input_lines",
