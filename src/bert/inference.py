@@ -83,6 +83,7 @@ from bert.tasks.glue import (
     LONG_DOCUMENT,
     WINDOW_POOLINGS,
     InputExample,
+    InputFeatures,
     convert_examples_to_features,
     convert_examples_to_windows,
     pool_windows,
@@ -947,17 +948,33 @@ class Predictor:
         truncation_direction: str,
         prompt_name: str | None,
         prompt: str | None,
-    ) -> list[Any]:
+        doc_stride: int | None = None,
+    ) -> tuple[list[Any], list[InputFeatures] | None]:
         """`fn(last layer [B, T, H], pooling mask [B, T], attention mask [B, T], encoder output)` over the
         embedding sequences of `texts`; the pooling mask is the attention mask without the prompt when the
-        model's Pooling says `include_prompt: false`."""
+        model's Pooling says `include_prompt: false`. With `doc_stride`, the sequences are the windows of
+        each text as classification cuts them (`bert.tasks.glue.convert_examples_to_windows`), returned
+        with the rows as their features (else None), which say the text each window is of."""
         prompt = self.resolve_prompt(prompt_name, prompt)
         st = self.sentence_transformers
         exclude_prompt = st is not None and not st.include_prompt
+        windows = None
         with self._lock:
-            sequences, prompt_lengths = self.embedding_sequences(
-                texts, truncate=truncate, truncation_direction=truncation_direction, prompt=prompt
-            )
+            if doc_stride is None:
+                sequences, prompt_lengths = self.embedding_sequences(
+                    texts, truncate=truncate, truncation_direction=truncation_direction, prompt=prompt
+                )
+            else:
+                if prompt:
+                    raise InputError("a prompt and windows do not go together: the prompt would be in one window only")
+                _require_texts(texts)
+                examples = [InputExample(str(i), text, None, 0.0) for i, text in enumerate(texts)]
+                with _quiet_task_logs():
+                    windows = convert_examples_to_windows(
+                        examples, [None], self.max_seq_length, self.tokenizer, doc_stride, pad=False
+                    )
+                sequences = [(f.input_ids, f.segment_ids) for f in windows]
+                prompt_lengths = [0] * len(sequences)
             skip = torch.tensor(prompt_lengths if exclude_prompt else [0] * len(sequences))
 
             def run(ids, mask, types, idx):
@@ -967,7 +984,7 @@ class Predictor:
                 pool_mask = mask * (positions >= skip[idx].to(ids.device)[:, None])  # [B, T]
                 return fn(hidden, pool_mask, mask, out)
 
-            return self._run(sequences, run, batch_size)
+            return self._run(sequences, run, batch_size), windows
 
     def embed(
         self,
@@ -981,6 +998,8 @@ class Predictor:
         prompt_name: str | None = None,
         prompt: str | None = None,
         dimensions: int | None = None,
+        long_document: str = "truncate",
+        doc_stride: int | None = None,
     ) -> np.ndarray:
         """One float32 vector per text, [len(texts), dimensions or hidden_size].
 
@@ -1002,7 +1021,19 @@ class Predictor:
                 model's Pooling configuration says `include_prompt: false`, as in sentence-transformers.
             dimensions: keep the first `dimensions` components (Matryoshka truncation), then normalize
                 (when normalizing), as sentence-transformers' `truncate_dim` and TEI's `dimensions`.
+            long_document: "truncate" (above), or "windows": a text longer than `max_seq_length` is read
+                whole in windows `doc_stride` pieces apart, cut as classification cuts them
+                (`bert.tasks.glue.window_spans`); each window's vector is what `embed` gives for it alone,
+                the text's vector their mean (`bert.tasks.glue.pool_windows`), normalized again when
+                normalizing. A text that fits one window gets its "truncate" vector.
+            doc_stride: pieces between window starts (default: the config's `doc_stride`, else 128).
         """
+        if long_document not in LONG_DOCUMENT:
+            raise InputError(f"long_document={long_document!r} must be one of {', '.join(LONG_DOCUMENT)}")
+        if long_document == "windows":
+            doc_stride = _checked_windows({"doc_stride": doc_stride}, "embed").get("doc_stride", self.doc_stride)
+        else:
+            doc_stride = None
         pooling = pooling or self.default_pooling
         normalize = self.default_normalize if normalize is None else normalize
         if pooling not in POOLINGS:
@@ -1028,10 +1059,17 @@ class Predictor:
                 vectors = F.normalize(vectors, p=2, dim=1)
             return list(vectors.cpu().numpy())
 
-        vectors = self._encode(texts, pool, batch_size, truncate, truncation_direction, prompt_name, prompt)
+        vectors, windows = self._encode(
+            texts, pool, batch_size, truncate, truncation_direction, prompt_name, prompt, doc_stride
+        )
         if not vectors:
             return np.zeros((0, dimensions or hidden_size), dtype=np.float32)
-        return np.stack(vectors).astype(np.float32, copy=False)
+        out = np.stack(vectors).astype(np.float32, copy=False)  # [N or windows, D]
+        if windows is not None:
+            out = pool_windows(list(out), windows, len(texts), "mean")  # [N, D]
+            if normalize:
+                out = F.normalize(torch.from_numpy(out), p=2, dim=1).numpy()
+        return out
 
     def token_embeddings(
         self,
@@ -1049,7 +1087,7 @@ class Predictor:
         def rows(hidden, pool_mask, attention_mask, out):
             return [h[: int(n)].cpu().numpy() for h, n in zip(hidden, attention_mask.sum(1))]
 
-        return self._encode(texts, rows, batch_size, truncate, truncation_direction, prompt_name, prompt)
+        return self._encode(texts, rows, batch_size, truncate, truncation_direction, prompt_name, prompt)[0]
 
     def similarity(
         self,
@@ -1298,7 +1336,8 @@ def read_input_record(line: str, task: str) -> Any:
     """What `task` takes from one input line, as the commands (and any caller with JSON lines) give it.
 
     A line is plain text, or a JSON object: {"text"} or {"text", "text_pair"} for classification (a tuple
-    (text, text_pair) is returned), {"text"} for NER, embeddings and fill-mask (the text is returned),
+    (text, text_pair) is returned), {"text"} for NER, embeddings and fill-mask (the text is returned;
+    for embeddings a "title", as in a BEIR corpus, goes before it),
     {"question", "context"} for question answering (a tuple), {"context", "endings": [...]} for multiple
     choice (a tuple). Raises `InputError` saying what is wrong, without the line's location.
     """
@@ -1340,6 +1379,10 @@ def read_input_record(line: str, task: str) -> Any:
         return field("context"), endings
     if task == CLASSIFICATION:
         return field("text"), field("text_pair", required=False)
+    title = obj.get("title") if task == EMBEDDINGS else None
+    if isinstance(title, str) and title.strip():
+        # A BEIR corpus record: the title goes before the text, as BEIR's evaluation reads it.
+        return f"{title} {field('text')}"
     return field("text")
 
 
