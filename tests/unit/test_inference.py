@@ -372,6 +372,35 @@ def test_embeddings_are_cut_to_max_seq_length_and_not_normalized_by_default(voca
     assert abs(float(np.linalg.norm(p.embed(["x"])[0])) - 1) > 1e-3
 
 
+def test_embedding_windows_are_classification_windows_mean_pooled(vocab, tmp_path):
+    directory = save_model_dir(BertModel(vocab_config(vocab)), tmp_path / "enc", vocab)
+    p = Predictor.from_pretrained(directory, "cpu", max_seq_length=12)
+    long_text, short = " ".join(SENTENCES), SENTENCES[1]
+    ids = p.tokenizer.encode(long_text)
+    cls, sep = p.tokenizer.vocab["[CLS]"], p.tokenizer.vocab["[SEP]"]
+    windows, start = [], 0
+    while True:  # 10 pieces per window (12 minus [CLS] and [SEP]), 4 apart
+        windows.append([cls, *ids[start : start + 10], sep])
+        if start + 10 >= len(ids):
+            break
+        start += 4
+    assert len(windows) > 5
+    for normalize in (False, True):
+        each = p.embed(windows, normalize=normalize)  # token-id inputs: each window as given
+        expected = each.mean(0)
+        if normalize:
+            expected /= np.linalg.norm(expected)
+        got = p.embed([long_text, short], normalize=normalize, long_document="windows", doc_stride=4)
+        np.testing.assert_allclose(got[0], expected, atol=1e-6)
+        # A text that fits one window gets its truncate vector.
+        np.testing.assert_allclose(got[1], p.embed([short], normalize=normalize)[0], atol=1e-6)
+    assert not np.allclose(got[0], p.embed([long_text], normalize=True)[0], atol=1e-3)
+    with pytest.raises(InputError, match="a prompt and windows do not go together"):
+        p.embed([long_text], prompt="query: ", long_document="windows")
+    with pytest.raises(InputError, match="long_document='pages' must be one of truncate, windows"):
+        p.embed([long_text], long_document="pages")
+
+
 def test_sentence_transformers_settings(vocab, tmp_path):
     directory = save_model_dir(BertModel(vocab_config(vocab)), tmp_path / "st", vocab)
     (directory / "1_Pooling").mkdir()
@@ -471,6 +500,8 @@ def test_read_input_record():
     assert read_input_record("plain text", "classification") == ("plain text", None)
     assert read_input_record('{"text": "a", "text_pair": "b"}', "classification") == ("a", "b")
     assert read_input_record('{"text": "a"}', "embeddings") == "a"
+    assert read_input_record('{"_id": "d", "title": "T", "text": "a"}', "embeddings") == "T a"  # BEIR corpus
+    assert read_input_record('{"title": "T", "text": "a"}', "ner") == "a"
     assert read_input_record("{not json", "fill-mask") == "{not json"
     assert read_input_record('{"question": "q", "context": "c"}', "question-answering") == ("q", "c")
     assert read_input_record('{"context": "c", "endings": ["x", "y"]}', "multiple-choice") == ("c", ["x", "y"])
