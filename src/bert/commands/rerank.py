@@ -18,7 +18,7 @@ from typing import Any
 
 from bert.errors import InputError
 from bert.flags import InferenceArgs
-from bert.inference import InputItemError, Predictor
+from bert.inference import Predictor
 from bert.utils import count_lines, iter_lines, json_line, output_file_or_stdout, progress, readable_input
 
 logger = logging.getLogger(__name__)
@@ -60,6 +60,9 @@ def _read_record(line: str, name: str, number: int) -> tuple[str, list[str]]:
         raise InputError(f'{name} line {number}: field "query" must be a non-empty string')
     if not isinstance(documents, list) or not documents or not all(isinstance(d, str) for d in documents):
         raise InputError(f'{name} line {number}: field "documents" must be a non-empty list of strings')
+    empty = next((i for i, d in enumerate(documents) if not d.strip()), None)
+    if empty is not None:
+        raise InputError(f"{name} line {number}: document {empty} is empty; give it some text or leave it out")
     return query, documents
 
 
@@ -83,10 +86,7 @@ def run_rerank(args: RerankArgs) -> dict[str, Any]:
             for number, line in enumerate(iter_lines(path, "utf-8-sig", "strict", hint=None), start=1):
                 bar.update(1)
                 query, docs = _read_record(line, name, number)
-                try:
-                    ranked = predictor.rank(query, docs, args.top_k, raw_scores=args.raw_scores)
-                except InputItemError as e:
-                    raise InputError(f"{name} line {number}: {e}") from None
+                ranked = predictor.rank(query, docs, args.top_k, raw_scores=args.raw_scores)
                 out.write(json_line([{**r, "text": docs[r["index"]]} for r in ranked]) + "\n")
                 lines += 1
                 documents += len(docs)
