@@ -143,6 +143,7 @@ def run_search(args: SearchArgs) -> dict[str, Any]:
             texts = {row: text for row, (_, text) in enumerate(read_texts(path, args.corpus)) if row in wanted}
     with output_file_or_stdout(args.output_file) as out:
         for (query_id, query), hits in zip(queries, found):
+            record: dict[str, Any]
             if args.output_format == "rerank":
                 ids, docs = [corpus_ids[row] for row, _ in hits], [texts[row] for row, _ in hits]
                 record = {"query_id": query_id, "query": query, "corpus_ids": ids, "documents": docs}
