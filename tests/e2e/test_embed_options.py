@@ -120,7 +120,6 @@ def test_bad_flags_exit_2_before_loading(setup, tmp_path, capsys):
         (["--dimensions=0"], "--dimensions=0 must be at least 1"),
         (["--dimensions=1000"], "--dimensions=1000 is more than the model's 384"),
         (["--prompt=a", "--prompt_name=query"], "keep one"),
-        (["--doc_stride=3"], "--doc_stride applies to --long_document=windows"),
         (["--precision=int8", "--similarity"], "--similarity compares float32 vectors"),
         (["--prompt_name=doc"], "prompt_name 'doc' is not one of the model's prompts (query, passage"),
     ]:

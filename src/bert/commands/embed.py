@@ -129,7 +129,7 @@ def _check_flags(args: EmbedArgs) -> None:
     if args.prompt is not None and args.prompt_name is not None:
         raise InputError("--prompt and --prompt_name both give a prompt; keep one")
     if args.doc_stride is not None and args.long_document != "windows":
-        raise InputError("--doc_stride applies to --long_document=windows; drop it or add --long_document=windows")
+        logger.warning("--doc_stride=%d has no effect without --long_document=windows", args.doc_stride)
     if args.similarity and args.precision != "float32":
         raise InputError("--similarity compares float32 vectors; drop --precision or --similarity")
 
