@@ -135,7 +135,7 @@ def _check_flags(args: EmbedArgs) -> None:
 
 
 def run_embed(args: EmbedArgs) -> dict[str, Any]:
-    """Embed every input line; returns {"lines", "dim", "output_file", "pooling", "normalize", "precision"}.
+    """Embed every input line; returns {"lines", "dim", "output_file", "pooling", "normalize"}.
 
     int8 and uint8 take each dimension's range over all the inputs (sentence-transformers' calibration on
     the embeddings themselves), so their float32 vectors wait in a temporary file until the last line is
@@ -206,11 +206,4 @@ def run_embed(args: EmbedArgs) -> dict[str, Any]:
     logger.info(
         "embedded %d lines (%s pooling%s, %s)", total, pooling, ", normalized" if normalize else "", args.precision
     )
-    return {
-        "lines": total,
-        "dim": dim,
-        "output_file": args.output_file,
-        "pooling": pooling,
-        "normalize": normalize,
-        "precision": args.precision,
-    }
+    return {"lines": total, "dim": dim, "output_file": args.output_file, "pooling": pooling, "normalize": normalize}
