@@ -58,7 +58,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -967,8 +967,8 @@ class Predictor:
             else:
                 if prompt:
                     raise InputError("a prompt and windows do not go together: the prompt would be in one window only")
-                _require_texts(texts)
-                examples = [InputExample(str(i), text, None, 0.0) for i, text in enumerate(texts)]
+                _require_texts(texts)  # strings only: token-id inputs have no text to cut into windows
+                examples = [InputExample(str(i), text, None, 0.0) for i, text in enumerate(cast(list[str], texts))]
                 with _quiet_task_logs():
                     windows = convert_examples_to_windows(
                         examples, [None], self.max_seq_length, self.tokenizer, doc_stride, pad=False
