@@ -11,8 +11,10 @@ native (= transformers) layout, a directory with `config.json`, `model.safetenso
 names; without it (TF checkpoints), the one the weights hold. Inputs are tokenized with the model's
 own settings (`tokenizer_config.json`: `do_lower_case`, `tokenize_chinese_chars`, `strip_accents`).
 
-What each head offers (every model also offers `embed`):
-- BertForSequenceClassification: `classify` (single-label, multi-label or regression);
+What each head offers (every model also offers `embed`, `token_embeddings`, `similarity`, `tokenize` with
+character offsets and `decode`; `rank` scores by a cross-encoder, else by cosine similarity):
+- BertForSequenceClassification: `classify` (single-label, multi-label or regression); with one label, a
+  cross-encoder's `rank`;
 - BertForTokenClassification: `ner` (entity spans) and `tag_words` (a tag per word);
 - BertForQuestionAnswering: `answer`;
 - BertForMultipleChoice: `choose`;
@@ -92,7 +94,7 @@ from bert.tasks.ner import NerExample, convert_ner_examples_to_features, word_pr
 from bert.tasks.squad import RawResult, compute_predictions, squad_examples_from_json
 from bert.tasks.squad import convert_examples_to_features as squad_features
 from bert.tasks.swag import SwagExample, convert_swag_examples_to_features
-from bert.tokenization import FullTokenizer, load_vocab
+from bert.tokenization import SPECIAL_TOKENS, FullTokenizer, load_vocab
 from bert.training import resolve_device
 from bert.utils import iter_lines, progress
 
@@ -891,7 +893,8 @@ class Predictor:
 
         A text becomes `[CLS] prompt+text [SEP]` (the prompt prepended to the text before tokenization, as
         sentence-transformers does); a list of token ids is the whole sequence as given (TEI's token-id
-        inputs: no [CLS] or [SEP] added), after `[CLS] prompt` when there is a prompt. Longer than
+        inputs: no [CLS] or [SEP] added), or with a prompt `[CLS] prompt ids [SEP]` without the special
+        tokens among the ids. Longer than
         `max_seq_length`: cut, keeping the start ("right") or the end ("left") of the text's tokens, or
         with `truncate=False` an `InputItemError` naming the input. A prompt length counts [CLS] and the
         prompt's tokens (sentence-transformers' `prompt_length`, the positions `include_prompt=False` leaves
@@ -921,7 +924,13 @@ class Predictor:
                 bad = next((t for t in text if not 0 <= t < vocab_size), None)
                 if bad is not None:
                     raise InputItemError(i, f"token id {bad} is outside the vocabulary (0 to {vocab_size - 1})")
-                head, body, tail = ([cls_id, *prompt_ids] if prompt else []), list(text), []
+                if prompt:
+                    # As TEI, which decodes the ids without their special tokens and encodes the prompt and
+                    # that text: [CLS] prompt ids [SEP].
+                    special = {self.tokenizer.vocab.get(t) for t in SPECIAL_TOKENS}
+                    head, body, tail = [cls_id, *prompt_ids], [t for t in text if t not in special], [sep_id]
+                else:
+                    head, body, tail = [], list(text), []
                 prompt_length = len(head)
             else:
                 raise InputItemError(i, f"expected a text or a list of token ids, got {type(text).__name__}")
@@ -1097,10 +1106,13 @@ class Predictor:
         truncate: bool = True,
         truncation_direction: str = "right",
         prompt_name: str | None = None,
+        pooling: str | None = None,
     ) -> list[float]:
-        """The cosine similarity of `source`'s embedding with each sentence's (TEI's /similarity)."""
+        """The cosine similarity of `source`'s embedding with each sentence's (TEI's /similarity); the
+        embeddings as `embed` makes them."""
         vectors = self.embed(
             [source, *sentences],
+            pooling=pooling,
             normalize=True,
             truncate=truncate,
             truncation_direction=truncation_direction,
@@ -1156,6 +1168,7 @@ class Predictor:
         truncate: bool = True,
         truncation_direction: str = "right",
         batch_size: int | None = None,
+        pooling: str | None = None,
     ) -> list[dict[str, Any]]:
         """The documents by relevance to `query`: [{"index", "score"}, ...], best first, `top_k` of them
         (None: all).
@@ -1163,8 +1176,8 @@ class Predictor:
         A cross-encoder (`is_cross_encoder`) reads each `[CLS] query [SEP] document [SEP]` (the pair cut to
         `max_seq_length` as `classify` cuts it) and its score is the sigmoid of the logit (the logit
         itself with `raw_scores`), as TEI's /rerank and sentence-transformers' CrossEncoder; any other
-        model except a classifier scores the cosine similarity of the embeddings (`raw_scores` changes
-        nothing then).
+        model except a classifier scores the cosine similarity of the embeddings (`embed`'s, with
+        `pooling`; `raw_scores` changes nothing then).
         """
         if isinstance(documents, str):
             raise TypeError("expected a list of documents, got one string")
@@ -1189,6 +1202,7 @@ class Predictor:
             _require_texts([query], "query")
             embedded = self.embed(
                 [query, *documents],
+                pooling=pooling,
                 normalize=True,
                 truncate=truncate,
                 truncation_direction=truncation_direction,

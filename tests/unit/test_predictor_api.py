@@ -67,6 +67,10 @@ def test_token_id_inputs_are_the_whole_sequence(encoder):
     np.testing.assert_allclose(encoder.embed(ids), encoder.embed(SENTENCES[:2]), atol=1e-6, rtol=0)
     expected = last_layer(encoder, ids[1][1:-1]).mean(0).numpy()  # no [CLS]/[SEP] added to token ids
     np.testing.assert_allclose(encoder.embed([ids[1][1:-1]])[0], expected, atol=1e-5, rtol=0)
+    # With a prompt: [CLS] prompt ids [SEP], the ids' own special tokens left out, as TEI re-encodes them.
+    with_prompt = encoder.embed([ids[0]], prompt="query: ")
+    expected = last_layer(encoder, [ids[0][0], *encoder.tokenizer.encode("query: "), *ids[0][1:]]).mean(0).numpy()
+    np.testing.assert_allclose(with_prompt[0], expected, atol=1e-5, rtol=0)
     with pytest.raises(InputItemError, match="input 1: token id 99999 is outside the vocabulary"):
         encoder.embed([ids[0], [5, 99999]])
     with pytest.raises(InputItemError, match="input 0: an empty list of token ids"):
@@ -207,3 +211,18 @@ def test_minilm_equals_sentence_transformers_with_dimensions_and_prompts():
     for ids, offsets, tokens in zip(encoded["input_ids"], encoded["offset_mapping"], ours.tokenize(SENTENCES)):
         assert [t["id"] for t in tokens] == ids
         assert [(t["start"], t["stop"]) for t in tokens[1:-1]] == [tuple(o) for o in offsets[1:-1]]
+
+
+def test_cross_encoder_rank_equals_sentence_transformers_cross_encoder(vocab, tmp_path):
+    st = pytest.importorskip("sentence_transformers", reason="sentence-transformers is not installed (test extra)")
+    torch.manual_seed(4)
+    model = BertForSequenceClassification(vocab_config(vocab), num_labels=1)
+    with torch.no_grad():
+        model.classifier.weight.mul_(30)  # scores apart by more than the tolerance
+    directory = save_model_dir(model, tmp_path / "ce", vocab, id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
+    query, documents = "quick fox", SENTENCES
+    expected = st.CrossEncoder(str(directory), device="cpu").predict([(query, d) for d in documents])
+    assert np.ptp(expected) > 1e-4  # 10x the tolerance below: the order and the scores are tested
+    ranked = Predictor.from_pretrained(directory, "cpu").rank(query, documents)
+    assert [r["index"] for r in ranked] == list(np.argsort(-expected, kind="stable"))
+    np.testing.assert_allclose([r["score"] for r in ranked], np.sort(expected)[::-1], atol=1e-5, rtol=0)
