@@ -17,6 +17,7 @@ from bert.cli import main
 from bert.commands.embed import EmbedArgs, run_embed
 from bert.commands.rerank import RerankArgs, run_rerank
 from bert.commands.search import SearchArgs, run_search
+from bert.errors import InputError
 from bert.modeling import BertForSequenceClassification, BertModel
 from conftest import cli_error, save_model_dir, shared_path, uncased_vocab, vocab_config
 
@@ -131,6 +132,16 @@ def test_search_in_chunks_equals_semantic_search(models, retrieval, tmp_path):
             assert [r["index"] for r in hit["results"]] == [e["corpus_id"] for e in reference]
             assert [r["corpus_id"] for r in hit["results"]] == [corpus_ids[e["corpus_id"]] for e in reference]
             np.testing.assert_allclose([r["score"] for r in hit["results"]], [e["score"] for e in reference], atol=1e-5)
+
+    # Matryoshka: a corpus embedded with --dimensions, searched with the same, equals embedding on the fly.
+    small = tmp_path / "small.npy"
+    run_embed(EmbedArgs(model=str(encoder), input_file=str(corpus), output_file=str(small), dimensions=16))
+    run_search(SearchArgs(**common, corpus_embeddings=str(small), dimensions=16, output_file=str(tmp_path / "a")))
+    run_search(SearchArgs(**common, dimensions=16, chunk_size=9, output_file=str(tmp_path / "b")))
+    a, b = read_jsonl(tmp_path / "a"), read_jsonl(tmp_path / "b")
+    assert [[r["index"] for r in h["results"]] for h in a] == [[r["index"] for r in h["results"]] for h in b]
+    with pytest.raises(InputError, match="do not match the queries' 16 dimensions"):
+        run_search(SearchArgs(**common, corpus_embeddings=str(vectors), dimensions=16))
 
     # The rerank output: each query with its documents' texts (title first), best first, for bert rerank.
     candidates = tmp_path / "candidates.jsonl"

@@ -67,15 +67,24 @@ class SearchArgs(InferenceArgs):
     corpus_prompt_name: str | None = field(
         default=None, metadata={"help": "The model's prompt for documents (config_sentence_transformers.json)."}
     )
+    dimensions: int | None = field(
+        default=None,
+        metadata={
+            "help": "Embed with the first N components (Matryoshka), as bert embed --dimensions; the corpus "
+            "vectors of --corpus_embeddings must have been written with the same N."
+        },
+    )
     max_seq_length: int | None = field(
         default=None,
         metadata={"help": "Longer texts are cut to this many tokens; default: the model's."},
     )
 
 
-def _embed(predictor: Predictor, texts: list[str], prompt_name: str | None, name: str, first: int) -> np.ndarray:
+def _embed(
+    predictor: Predictor, texts: list[str], prompt_name: str | None, dimensions: int | None, name: str, first: int
+) -> np.ndarray:
     try:
-        return predictor.embed(texts, prompt_name=prompt_name)
+        return predictor.embed(texts, prompt_name=prompt_name, dimensions=dimensions)
     except InputItemError as e:
         raise InputError(f"{name} record {first + e.index + 1}: {e.reason}") from None
 
@@ -103,7 +112,7 @@ def run_search(args: SearchArgs) -> dict[str, Any]:
         raise InputError(f"--queries={args.queries} holds no queries; give one per line")
     vectors = np.concatenate(
         [
-            _embed(predictor, [t for _, t in block], args.query_prompt_name, args.queries, start)
+            _embed(predictor, [t for _, t in block], args.query_prompt_name, args.dimensions, args.queries, start)
             for start, block in _chunks(queries, args.chunk_size)
         ]
     )
@@ -123,7 +132,8 @@ def run_search(args: SearchArgs) -> dict[str, Any]:
             start = len(corpus_ids)
             corpus_ids += [i for i, _ in chunk]
             if stored is None:
-                top.add(_embed(predictor, [t for _, t in chunk], args.corpus_prompt_name, args.corpus, start))
+                chunk_texts = [t for _, t in chunk]
+                top.add(_embed(predictor, chunk_texts, args.corpus_prompt_name, args.dimensions, args.corpus, start))
             elif len(corpus_ids) <= len(stored):
                 top.add(stored[start : len(corpus_ids)])
             bar.update(len(chunk))
