@@ -1433,9 +1433,10 @@ def _read_input_chunks(path: str, task: str, name: str) -> Iterator[tuple[list[i
 
 
 def map_input_lines(
-    path: str, name: str, task: str, run: Callable[[list[Any]], list[Any]], total: int, desc: str | None
-) -> Iterator[list[Any]]:
-    """`run(records)` over an input file, chunk by chunk, in order: the results of each chunk.
+    path: str, name: str, task: str, run: Callable[[list[Any]], Any], total: int, desc: str | None
+) -> Iterator[Any]:
+    """`run(records)` over an input file, chunk by chunk, in order: the results of each chunk (a list, or
+    an array of rows such as `Predictor.embed`'s).
 
     The file `path` (`name` in errors) holds one record per line for `task` (`read_input_record`); a bad
     line, or an `InputItemError` that `run` raises for one record, is an `InputError` naming its line.
