@@ -115,6 +115,18 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "run_embed",
         "one vector per line (cls/mean/max/pooler pooling; sentence-transformers models), .npy or JSON lines",
     ),
+    "rerank": (
+        "bert.commands.rerank",
+        "RerankArgs",
+        "run_rerank",
+        "documents sorted by relevance to a query (a cross-encoder, or an embedding model's cosine)",
+    ),
+    "search": (
+        "bert.commands.search",
+        "SearchArgs",
+        "run_search",
+        "the top-k documents of a corpus for each query, by embedding similarity (exact, in chunks)",
+    ),
     "fill-mask": (
         "bert.commands.fill_mask",
         "FillMaskArgs",

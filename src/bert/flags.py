@@ -22,6 +22,8 @@ from bert.utils import DECODE_ERRORS, check_finite_flags
 PRECISIONS = ("fp32", "bf16", "fp16")
 QUANTIZE_CHOICES = ("none", "int8")
 POOLINGS = ("cls", "mean", "max", "pooler")  # bert embed --pooling, bert.inference
+# bert embed --precision, bert.retrieval.quantize_embeddings: sentence-transformers' number formats.
+EMBEDDING_PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
 EXPORT_FORMATS = {"onnx": "model.onnx", "torchscript": "model.pt"}  # format -> file name inside a directory
 SHAPE_NAMES = "tiny, mini, small, medium, base, large, L-4_H-256, ..."
 

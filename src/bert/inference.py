@@ -22,7 +22,8 @@ character offsets and `decode`; `rank` scores by a cross-encoder, else by cosine
 - BertModel: `embed`.
 
 Features and post-processing are the fine-tuning tasks' own, so answers equal the task commands':
-`bert.tasks.glue.convert_examples_to_features` (classification, truncated as run_classifier.py does),
+`bert.tasks.glue` (classification: truncated as run_classifier.py does, or read in windows whose logits
+are pooled, as the model was fine-tuned),
 `bert.tasks.ner.convert_ner_examples_to_features` and `word_predictions` (a word's tag is its first
 piece's), `bert.tasks.squad` (doc-stride windows, run_squad.py's `write_predictions` n-best rules over
 all windows), `bert.tasks.swag`. Each call sorts its sequences by length, runs them in batches padded
@@ -34,8 +35,10 @@ has them), each with a fallback: `problem_type` ("single_label_classification", 
 "multi_label_classification"; default regression for one output, else single-label), `id2label`
 (default LABEL_0, LABEL_1, ...), `label_thresholds` ({label: threshold} for multi-label, default 0.5),
 `max_seq_length` (the fine-tuning length; default 384 for question answering, 128 for the other heads,
-the position table's size for embeddings and fill-mask; never above `max_position_embeddings`), and for
-question answering `doc_stride` (128), `max_query_length` (64, or half of `max_seq_length` when that is
+the position table's size for embeddings and fill-mask; never above `max_position_embeddings`), for
+classification `long_document` ("truncate"), `doc_stride` (128) and `window_pooling` ("mean") (`bert
+classify --long_document=windows` saves them; `Predictor.set_windows` overrides them), and for question
+answering `doc_stride` (128), `max_query_length` (64, or half of `max_seq_length` when that is
 shorter than 128), `n_best_size` (20), `max_answer_length` (30), `version_2_with_negative` (false) and
 `null_score_diff_threshold` (0.0). A sentence-transformers
 model directory (`modules.json`, `1_Pooling/config.json`, `sentence_bert_config.json`) sets `embed`'s
@@ -57,7 +60,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -86,16 +89,21 @@ from bert.tasks.common import (
     NER,
     QUESTION_ANSWERING,
     pad_2d,
+    sigmoid,
+    softmax,
     truncate_seq_pair,
 )
-from bert.tasks.glue import InputExample, convert_examples_to_features
-from bert.tasks.ner import NerExample, convert_ner_examples_to_features, word_predictions
-from bert.tasks.squad import (
-    RawResult,
-    compute_predictions,
-    doc_spans_for,
-    squad_examples_from_json,
+from bert.tasks.glue import (
+    LONG_DOCUMENT,
+    WINDOW_POOLINGS,
+    InputExample,
+    InputFeatures,
+    convert_examples_to_features,
+    convert_examples_to_windows,
+    pool_windows,
 )
+from bert.tasks.ner import NerExample, convert_ner_examples_to_features, word_predictions
+from bert.tasks.squad import RawResult, compute_predictions, squad_examples_from_json
 from bert.tasks.squad import convert_examples_to_features as squad_features
 from bert.tasks.swag import SwagExample, convert_swag_examples_to_features
 from bert.tokenization import SPECIAL_TOKENS, FullTokenizer, load_vocab
@@ -124,7 +132,6 @@ _HEAD_ADVICE = {
     FILL_MASK: "use a pre-trained BertForPreTraining or BertForMaskedLM model",
 }
 PROBLEM_TYPES = ("single_label_classification", "regression", "multi_label_classification")
-LONG_DOCUMENT = ("truncate", "windows")
 TRUNCATION_DIRECTIONS = ("right", "left")
 MASK_TOKEN = "[MASK]"
 _MLM_KEY = "cls.predictions.transform.dense.weight"
@@ -279,6 +286,22 @@ def _quiet_task_logs() -> Iterator[None]:
             lg.setLevel(level)
 
 
+WINDOW_SETTINGS = ("long_document", "doc_stride", "window_pooling")
+
+
+def _checked_windows(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """The window settings among `values` that are not None, each checked (`InputError` naming `source`)."""
+    out = {name: value for name, value in values.items() if value is not None}
+    for name, value in out.items():
+        if name == "long_document" and value not in LONG_DOCUMENT:
+            raise InputError(f"{source}: long_document={value!r} must be one of {', '.join(LONG_DOCUMENT)}")
+        if name == "window_pooling" and value not in WINDOW_POOLINGS:
+            raise InputError(f"{source}: window_pooling={value!r} must be one of {', '.join(WINDOW_POOLINGS)}")
+        if name == "doc_stride" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise InputError(f"{source}: doc_stride={value!r} must be a whole number of at least 1")
+    return out
+
+
 def _require_texts(texts: Sequence[Any], what: str = "text") -> None:
     if isinstance(texts, str):
         raise TypeError(f"expected a list of {what}s, got one string")
@@ -352,7 +375,13 @@ class Predictor:
                 )
             thresholds = extra.get("label_thresholds") or {}
             self.label_thresholds = {label: float(thresholds.get(label, 0.5)) for label in self.labels}
-        self.doc_stride = int(extra.get("doc_stride", 128))
+        # How the model was fine-tuned to read long inputs (`bert classify`'s defaults where config.json
+        # says nothing, as for models trained elsewhere); `set_windows` overrides them.
+        saved = {name: extra.get(name) for name in WINDOW_SETTINGS}
+        saved = _checked_windows(saved, f"{source} config.json")
+        self.long_document: str = saved.get("long_document", LONG_DOCUMENT[0])
+        self.doc_stride: int = saved.get("doc_stride", 128)
+        self.window_pooling: str = saved.get("window_pooling", WINDOW_POOLINGS[0])
         self.n_best_size = int(extra.get("n_best_size", 20))
         self.max_answer_length = int(extra.get("max_answer_length", 30))
         self.version_2_with_negative = bool(extra.get("version_2_with_negative", False))
@@ -484,64 +513,77 @@ class Predictor:
         return out
 
     # --------------------------------------------------------------------------------- classification
+    def set_windows(
+        self,
+        long_document: str | None = None,
+        doc_stride: int | None = None,
+        window_pooling: str | None = None,
+        source: str = "the caller",
+    ) -> None:
+        """Set how `classify` reads long documents (and `answer` its contexts' stride); None keeps a setting.
+
+        The settings start as the model's `config.json` says (`long_document`, `doc_stride`,
+        `window_pooling`, as `bert classify` saved them); a value that changes one is logged with its
+        `source`. Raises `InputError` naming `source` for a value the task code does not take.
+        """
+        given = {"long_document": long_document, "doc_stride": doc_stride, "window_pooling": window_pooling}
+        for name, value in _checked_windows(given, source).items():
+            if getattr(self, name) != value:
+                logger.warning("%s=%s from %s overrides the model's %s", name, value, source, getattr(self, name))
+            setattr(self, name, value)
+
     def classify(
         self,
         inputs: Sequence[str | tuple[str, str | None]],
         top_k: int | None = 1,
-        long_document: str = "truncate",
-        doc_stride: int | None = None,
         batch_size: int | None = None,
         raw_scores: bool = False,
         *,
         truncate: bool = True,
         truncation_direction: str = "right",
     ) -> list[dict[str, Any]]:
-        """Classify texts or text pairs; one result per input, in order.
+        """Classify texts or text pairs; one result per input, in order, as `bert classify --do_predict`.
 
         Args:
             inputs: texts, or (text, text_pair) tuples (text_pair may be None).
             top_k: also list the `top_k` best labels with their scores under "scores" (0 or None: all);
                 with 1 (the default) only the best.
-            long_document: "truncate" cuts a pair to `max_seq_length` as `bert classify` does (the longer
-                text loses its last tokens first); "windows" reads the whole first text in windows of
-                `max_seq_length`, `doc_stride` tokens apart (the pair, when there is one, goes whole into
-                every window), and averages the windows' logits.
-            doc_stride: tokens between window starts (default: the config's `doc_stride`, 128).
             raw_scores: "scores" lists the logits instead of the probabilities.
-            truncate, truncation_direction: for "truncate", see `_pair_sequences` ("left" cuts a text's start).
+            truncate, truncation_direction: with `long_document` "truncate", see `_pair_sequences` ("left"
+                cuts a text's start).
+
+        Long inputs are read as the model was fine-tuned to read them (`long_document`, `doc_stride`,
+        `window_pooling`; see `set_windows`), by classification's own code: "truncate" cuts a pair to
+        `max_seq_length` as run_classifier.py does (`bert.tasks.glue.convert_examples_to_features`);
+        "windows" reads the whole first text in windows, the second cut to what the windows leave it
+        (`bert.tasks.glue.window_spans`), and pools the windows' logits (`bert.tasks.glue.pool_windows`).
 
         Returns dicts, by `problem_type`: single-label {"label", "score"} (softmax probability);
         multi-label {"labels": [{"label", "score"}, ...]} for every label whose sigmoid reaches its
         threshold, best first; regression {"score"} (the model's output). With `top_k` != 1, also
         "scores": [{"label", "score"}, ...], best first.
-
-        Windows' logits are averaged, not max-pooled: the mean keeps logits on the scale the head was
-        fine-tuned at (so softmax scores, multi-label thresholds and regression outputs mean what they
-        mean for one window, and a text that fits one window gets exactly its truncate result), and one
-        odd window cannot decide alone; max pooling would drift regression scores and multi-label scores
-        upward with the number of windows.
         """
         self._require(CLASSIFICATION)
-        if long_document not in LONG_DOCUMENT:
-            raise InputError(f"long_document={long_document!r} must be one of {', '.join(LONG_DOCUMENT)}")
         pairs = self._checked_pairs(inputs)
+        if not pairs:
+            return []
         with self._lock, _quiet_task_logs():
-            if long_document == "truncate":
+            if self.long_document == "truncate":
                 sequences = self._pair_sequences(pairs, truncate, truncation_direction)
-                owners = list(range(len(pairs)))
             else:
-                sequences, owners = self._windowed_features(pairs, doc_stride or self.doc_stride)
+                features = convert_examples_to_windows(
+                    self._examples(pairs), self._label_list, self.max_seq_length, self.tokenizer, self.doc_stride, False
+                )
+                sequences = [(f.input_ids, f.segment_ids) for f in features]
 
             def head(ids, mask, types, idx):
                 return list(self.model(ids, mask, types).logits.float().cpu().numpy())
 
             logits = self._run(sequences, head, batch_size)
-        pooled = np.zeros((len(pairs), len(logits[0]) if logits else 1), dtype=np.float32)
-        counts = np.zeros(len(pairs))
-        for owner, row in zip(owners, logits):
-            pooled[owner] += row
-            counts[owner] += 1
-        pooled /= counts[:, None]
+        if self.long_document == "truncate":
+            pooled = np.stack(logits).astype(np.float32)  # [N, L]
+        else:
+            pooled = pool_windows(logits, features, len(pairs), self.window_pooling)  # [N, L]
         return [self._classification_result(row, top_k, raw_scores) for row in pooled]
 
     @staticmethod
@@ -567,7 +609,7 @@ class Predictor:
                 f"truncation_direction={truncation_direction!r} must be one of {', '.join(TRUNCATION_DIRECTIONS)}"
             )
         if truncate and truncation_direction == "right":
-            return self._truncated_features(pairs)[0]
+            return self._truncated_features(pairs)
         cls_id, sep_id = self._special["[CLS]"], self._special["[SEP]"]
         sequences = []
         for i, (a, b) in enumerate(pairs):
@@ -592,11 +634,19 @@ class Predictor:
             sequences.append((ids, types))
         return sequences
 
-    def _truncated_features(self, pairs: list[tuple[str, str | None]]) -> tuple[list, list[int]]:
+    def _examples(self, pairs: list[tuple[str, str | None]]) -> list[InputExample]:
+        """The pairs as classification examples, each with the placeholder label of a test example."""
         placeholder = 0.0 if self.problem_type == "regression" else self.labels[0]
-        label_list = [None] if self.problem_type == "regression" else self.labels
-        examples = [InputExample(str(i), a, b, placeholder) for i, (a, b) in enumerate(pairs)]
-        features = convert_examples_to_features(examples, label_list, self.max_seq_length, self.tokenizer, pad=False)
+        return [InputExample(str(i), a, b, placeholder) for i, (a, b) in enumerate(pairs)]
+
+    @property
+    def _label_list(self) -> list[Any]:
+        return [None] if self.problem_type == "regression" else list(self.labels or ())
+
+    def _truncated_features(self, pairs: list[tuple[str, str | None]]) -> list[tuple[list[int], list[int]]]:
+        features = convert_examples_to_features(
+            self._examples(pairs), self._label_list, self.max_seq_length, self.tokenizer, pad=False
+        )
         full = sum(len(f.input_ids) == self.max_seq_length for f in features)
         if full:
             logger.warning(
@@ -605,45 +655,18 @@ class Predictor:
                 len(features),
                 self.max_seq_length,
             )
-        return [(f.input_ids, f.segment_ids) for f in features], list(range(len(pairs)))
-
-    def _windowed_features(self, pairs: list[tuple[str, str | None]], doc_stride: int) -> tuple[list, list[int]]:
-        if doc_stride < 1:
-            raise InputError(f"doc_stride={doc_stride} must be at least 1")
-        tok = self.tokenizer
-        cls_id, sep_id = self._special["[CLS]"], self._special["[SEP]"]
-        sequences, owners = [], []
-        for i, (a, b) in enumerate(pairs):
-            ids_a = tok.encode(a)
-            ids_b = tok.encode(b) if b else []
-            room = self.max_seq_length - (3 if ids_b else 2) - len(ids_b)
-            if room < 1:
-                raise InputItemError(
-                    i,
-                    f"text_pair has {len(ids_b)} tokens, which leaves no room for text in windows of "
-                    f"max_seq_length={self.max_seq_length}; shorten text_pair or use long_document=truncate",
-                )
-            spans = doc_spans_for(len(ids_a), room, doc_stride) or [(0, 0)]
-            for start, length in spans:
-                ids = [cls_id, *ids_a[start : start + length], sep_id]
-                types = [0] * len(ids)
-                if ids_b:
-                    ids += [*ids_b, sep_id]
-                    types += [1] * (len(ids_b) + 1)
-                sequences.append((ids, types))
-                owners.append(i)
-        return sequences, owners
+        return [(f.input_ids, f.segment_ids) for f in features]
 
     def _classification_result(self, logits: np.ndarray, top_k: int | None, raw_scores: bool) -> dict[str, Any]:
         if self.problem_type == "regression":
             return {"score": float(logits[0])}
-        t = torch.from_numpy(logits)
+        # The task's own probabilities, so that scores are test_results.tsv's float32 values.
         if self.problem_type == "multi_label_classification":
-            scores = torch.sigmoid(t).numpy()
+            scores = sigmoid(logits)
             ranked = _top(scores, self.labels, None)
             result: dict[str, Any] = {"labels": [r for r in ranked if r["score"] >= self.label_thresholds[r["label"]]]}
         else:
-            scores = torch.softmax(t, dim=-1).numpy()
+            scores = softmax(logits)
             result = _top(scores, self.labels, 1)[0]
         if top_k != 1:
             result["scores"] = _top(logits if raw_scores else scores, self.labels, top_k)
@@ -937,17 +960,33 @@ class Predictor:
         truncation_direction: str,
         prompt_name: str | None,
         prompt: str | None,
-    ) -> list[Any]:
+        doc_stride: int | None = None,
+    ) -> tuple[list[Any], list[InputFeatures] | None]:
         """`fn(last layer [B, T, H], pooling mask [B, T], attention mask [B, T], encoder output)` over the
         embedding sequences of `texts`; the pooling mask is the attention mask without the prompt when the
-        model's Pooling says `include_prompt: false`."""
+        model's Pooling says `include_prompt: false`. With `doc_stride`, the sequences are the windows of
+        each text as classification cuts them (`bert.tasks.glue.convert_examples_to_windows`), returned
+        with the rows as their features (else None), which say the text each window is of."""
         prompt = self.resolve_prompt(prompt_name, prompt)
         st = self.sentence_transformers
         exclude_prompt = st is not None and not st.include_prompt
+        windows = None
         with self._lock:
-            sequences, prompt_lengths = self.embedding_sequences(
-                texts, truncate=truncate, truncation_direction=truncation_direction, prompt=prompt
-            )
+            if doc_stride is None:
+                sequences, prompt_lengths = self.embedding_sequences(
+                    texts, truncate=truncate, truncation_direction=truncation_direction, prompt=prompt
+                )
+            else:
+                if prompt:
+                    raise InputError("a prompt and windows do not go together: the prompt would be in one window only")
+                _require_texts(texts)  # strings only: token-id inputs have no text to cut into windows
+                examples = [InputExample(str(i), text, None, 0.0) for i, text in enumerate(cast(list[str], texts))]
+                with _quiet_task_logs():
+                    windows = convert_examples_to_windows(
+                        examples, [None], self.max_seq_length, self.tokenizer, doc_stride, pad=False
+                    )
+                sequences = [(f.input_ids, f.segment_ids) for f in windows]
+                prompt_lengths = [0] * len(sequences)
             skip = torch.tensor(prompt_lengths if exclude_prompt else [0] * len(sequences))
 
             def run(ids, mask, types, idx):
@@ -957,7 +996,7 @@ class Predictor:
                 pool_mask = mask * (positions >= skip[idx].to(ids.device)[:, None])  # [B, T]
                 return fn(hidden, pool_mask, mask, out)
 
-            return self._run(sequences, run, batch_size)
+            return self._run(sequences, run, batch_size), windows
 
     def embed(
         self,
@@ -971,6 +1010,8 @@ class Predictor:
         prompt_name: str | None = None,
         prompt: str | None = None,
         dimensions: int | None = None,
+        long_document: str = "truncate",
+        doc_stride: int | None = None,
     ) -> np.ndarray:
         """One float32 vector per text, [len(texts), dimensions or hidden_size].
 
@@ -992,7 +1033,19 @@ class Predictor:
                 model's Pooling configuration says `include_prompt: false`, as in sentence-transformers.
             dimensions: keep the first `dimensions` components (Matryoshka truncation), then normalize
                 (when normalizing), as sentence-transformers' `truncate_dim` and TEI's `dimensions`.
+            long_document: "truncate" (above), or "windows": a text longer than `max_seq_length` is read
+                whole in windows `doc_stride` pieces apart, cut as classification cuts them
+                (`bert.tasks.glue.window_spans`); each window's vector is what `embed` gives for it alone,
+                the text's vector their mean (`bert.tasks.glue.pool_windows`), normalized again when
+                normalizing. A text that fits one window gets its "truncate" vector.
+            doc_stride: pieces between window starts (default: the config's `doc_stride`, else 128).
         """
+        if long_document not in LONG_DOCUMENT:
+            raise InputError(f"long_document={long_document!r} must be one of {', '.join(LONG_DOCUMENT)}")
+        if long_document == "windows":
+            doc_stride = _checked_windows({"doc_stride": doc_stride}, "embed").get("doc_stride", self.doc_stride)
+        else:
+            doc_stride = None
         pooling = pooling or self.default_pooling
         normalize = self.default_normalize if normalize is None else normalize
         if pooling not in POOLINGS:
@@ -1018,10 +1071,17 @@ class Predictor:
                 vectors = F.normalize(vectors, p=2, dim=1)
             return list(vectors.cpu().numpy())
 
-        vectors = self._encode(texts, pool, batch_size, truncate, truncation_direction, prompt_name, prompt)
+        vectors, windows = self._encode(
+            texts, pool, batch_size, truncate, truncation_direction, prompt_name, prompt, doc_stride
+        )
         if not vectors:
             return np.zeros((0, dimensions or hidden_size), dtype=np.float32)
-        return np.stack(vectors).astype(np.float32, copy=False)
+        out = np.stack(vectors).astype(np.float32, copy=False)  # [N or windows, D]
+        if windows is not None:
+            out = pool_windows(list(out), windows, len(texts), "mean")  # [N, D]
+            if normalize:
+                out = F.normalize(torch.from_numpy(out), p=2, dim=1).numpy()
+        return out
 
     def token_embeddings(
         self,
@@ -1039,7 +1099,7 @@ class Predictor:
         def rows(hidden, pool_mask, attention_mask, out):
             return [h[: int(n)].cpu().numpy() for h, n in zip(hidden, attention_mask.sum(1))]
 
-        return self._encode(texts, rows, batch_size, truncate, truncation_direction, prompt_name, prompt)
+        return self._encode(texts, rows, batch_size, truncate, truncation_direction, prompt_name, prompt)[0]
 
     def similarity(
         self,
@@ -1293,7 +1353,8 @@ def read_input_record(line: str, task: str) -> Any:
     """What `task` takes from one input line, as the commands (and any caller with JSON lines) give it.
 
     A line is plain text, or a JSON object: {"text"} or {"text", "text_pair"} for classification (a tuple
-    (text, text_pair) is returned), {"text"} for NER, embeddings and fill-mask (the text is returned),
+    (text, text_pair) is returned), {"text"} for NER, embeddings and fill-mask (the text is returned;
+    for embeddings a "title", as in a BEIR corpus, goes before it),
     {"question", "context"} for question answering (a tuple), {"context", "endings": [...]} for multiple
     choice (a tuple). Raises `InputError` saying what is wrong, without the line's location.
     """
@@ -1335,6 +1396,10 @@ def read_input_record(line: str, task: str) -> Any:
         return field("context"), endings
     if task == CLASSIFICATION:
         return field("text"), field("text_pair", required=False)
+    title = obj.get("title") if task == EMBEDDINGS else None
+    if isinstance(title, str) and title.strip():
+        # A BEIR corpus record: the title goes before the text, as BEIR's evaluation reads it.
+        return f"{title} {field('text')}"
     return field("text")
 
 
@@ -1371,9 +1436,10 @@ def _read_input_chunks(path: str, task: str, name: str) -> Iterator[tuple[list[i
 
 
 def map_input_lines(
-    path: str, name: str, task: str, run: Callable[[list[Any]], list[Any]], total: int, desc: str | None
-) -> Iterator[list[Any]]:
-    """`run(records)` over an input file, chunk by chunk, in order: the results of each chunk.
+    path: str, name: str, task: str, run: Callable[[list[Any]], Any], total: int, desc: str | None
+) -> Iterator[Any]:
+    """`run(records)` over an input file, chunk by chunk, in order: the results of each chunk (a list, or
+    an array of rows such as `Predictor.embed`'s).
 
     The file `path` (`name` in errors) holds one record per line for `task` (`read_input_record`); a bad
     line, or an `InputItemError` that `run` raises for one record, is an `InputError` naming its line.

@@ -18,7 +18,8 @@ Errors are TEI's shape, {"error": message, "error_type": kind} (on the OpenAI ro
 input; 401 a missing or wrong API key (`--api_key`); 404/405 (with `Allow`) an unknown route or method;
 413 more inputs than `max_client_batch_size` or a body over `max_request_bytes`; 422 malformed JSON, a
 wrong type or value, a field the server does not implement, or (with "truncate": false, TEI's default
-unless `--auto_truncate`) an input longer than the model's `max_seq_length`; 424 a route the model's head
+unless `--auto_truncate`) an input longer than the model's `max_seq_length` (except for a classifier
+that reads long inputs in windows, as `bert classify --long_document=windows` saved it); 424 a route the model's head
 cannot answer; 429 with `Retry-After: 1` when the queue is full; 503 while the model worker is down.
 
 Batching: a handler checks its request, then hands it to the `Batcher` and awaits a future; the
@@ -354,14 +355,16 @@ class Batcher:
                 firsts = encode([a for a, _ in pairs])
                 seconds = encode([b or "" for _, b in pairs])
                 lengths = [len(a) + 2 + (len(b) + 1 if b else 0) for a, b in zip(firsts, seconds)]
-                if not truncate:
-                    for i, n in enumerate(lengths):
-                        if n > limit:
-                            raise InputItemError(
-                                i, f"{n} tokens with [CLS] and [SEP], more than max_seq_length={limit}"
-                            )
-                # Longer pairs are cut to max_seq_length.
-                lengths = [min(n, limit) for n in lengths]
+                # A classifier fine-tuned on windows (config.json `long_document`) reads long inputs whole.
+                if job.kind == RANK or p.long_document == "truncate":
+                    if not truncate:
+                        for i, n in enumerate(lengths):
+                            if n > limit:
+                                raise InputItemError(
+                                    i, f"{n} tokens with [CLS] and [SEP], more than max_seq_length={limit}"
+                                )
+                    # Longer pairs are cut to max_seq_length.
+                    lengths = [min(n, limit) for n in lengths]
             elif job.kind == ANSWER:
                 questions, contexts = encode([q for q, _ in job.inputs]), encode([c for _, c in job.inputs])
                 lengths = [len(q) + len(c) + 3 for q, c in zip(questions, contexts)]

@@ -9,8 +9,8 @@ README's, on small substitutes:
 - `$BERT_BASE_DIR` (`uncased_L-12_H-768_A-12/`) and `$BERT_CASED_DIR` are the tiny checkpoint the
   original TensorFlow code wrote (`bert/data/demo`: 2 layers, hidden 32, 64 positions, 99 tokens);
 - `$GLUE_DIR/MRPC`, `$SQUAD_DIR` (train and dev files, cut from SQuAD 2.0 dev), `conll2003/`,
-  `swagaf/data/`, `corpus/`, `sample_text.txt`, `input.txt`: a few rows of the real data (SWAG: the
-  hand-written fixtures).
+  `swagaf/data/`, `corpus/`, `retrieval/squad-dev/`, `sample_text.txt`, `input.txt`: a few rows of the
+  real data (SWAG: the hand-written fixtures).
 
 Work is cut by appending flags (the last value of a flag wins): `CUTS`, to every command that has the
 flag, and `COMMAND_CUTS`. So the recipe of a new command runs here with no change to this file, and a
@@ -166,6 +166,10 @@ def workdir(tmp_path_factory) -> Path:
         with gzip.open(work / "corpus" / collection / book.name, "wt", encoding="utf-8") as dst:
             dst.writelines(lines)
     _classification_data(work)
+    squad_dev = work / "retrieval" / "squad-dev"
+    squad_dev.mkdir(parents=True)
+    for name, rows in (("corpus.jsonl", 20), ("queries.jsonl", 5)):
+        (squad_dev / name).write_text(_lines_of(shared_path("data", "retrieval", "squad-dev", name), rows))
     (work / "sentences.txt").write_text("A man is playing a guitar.\nSomeone plays an instrument.\n")
     with (work / "questions.jsonl").open("w", encoding="utf-8") as f:
         for p in _squad_slice(dev, 100, 2)["data"][0]["paragraphs"]:

@@ -163,7 +163,16 @@ DIFFERENT_ON_PURPOSE = {
         {"help", "default"},
         "run_squad.py's default is 384; predict/embed/fill-mask default to the model's",
     ),
-    "long_document": ({"help", "choices"}, "predict windows question-answering contexts too"),
+    "long_document": ({"help", "default", "choices"}, "predict follows the model's config.json unless given"),
+    "window_pooling": ({"help", "default", "choices"}, "predict follows the model's config.json unless given"),
+    "output_format": (
+        {"help", "default", "choices"},
+        "pre-training data is written as TFRecords or native shards, search results as hits or rerank input",
+    ),
+    "precision": (
+        {"help", "default", "choices"},
+        "training's is the arithmetic (fp32, bf16, ...), embed's the number format of the vectors written",
+    ),
     "doc_stride": ({"help", "default"}, "predict takes the stride the model was fine-tuned with"),
     "batch_size": ({"help"}, "extract-features keeps extract_features.py's help text"),
     "model": ({"help"}, "each command needs another head: fine-tuned, any, masked-LM, exportable"),
