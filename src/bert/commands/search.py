@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bert.commands.embed import EmbedArgs
 from bert.errors import InputError
-from bert.flags import InferenceArgs
+from bert.flags import InferenceArgs, same_as
 from bert.utils import json_line, output_file_or_stdout, print_result, progress, readable_input
 
 if TYPE_CHECKING:
@@ -68,13 +69,8 @@ class SearchArgs(InferenceArgs):
     corpus_prompt_name: str | None = field(
         default=None, metadata={"help": "The model's prompt for documents (config_sentence_transformers.json)."}
     )
-    dimensions: int | None = field(
-        default=None,
-        metadata={
-            "help": "Embed with the first N components (Matryoshka), as bert embed --dimensions; the corpus "
-            "vectors of --corpus_embeddings must have been written with the same N."
-        },
-    )
+    # The corpus vectors of --corpus_embeddings must have been written with the same N (checked below).
+    dimensions: int | None = same_as(EmbedArgs, "dimensions")
     max_seq_length: int | None = field(
         default=None,
         metadata={"help": "Longer texts are cut to this many tokens; default: the model's."},
