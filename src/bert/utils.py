@@ -13,7 +13,6 @@ import glob
 import gzip
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -311,16 +310,6 @@ def decode_line(raw: bytes, name: str, line: int, errors: str = "strict", hint: 
             f"{name}:{line}: bytes that are not valid UTF-8 at column {e.start + 1} ({raw[e.start : e.end]!r}); "
             f"fix the file, or pass {hint} to drop them"
         ) from None
-
-
-def check_finite_flags(args: object) -> None:
-    """Every float flag of a dataclass of flags must be a finite number (`--learning_rate=inf` trains to NaN)."""
-    if not dataclasses.is_dataclass(args):
-        return
-    for f in dataclasses.fields(args):
-        value = getattr(args, f.name, None)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise InputError(f"--{f.name}={value} must be a finite number")
 
 
 def exit_with_parent(parent_pid: int, interval: float = 0.5) -> None:

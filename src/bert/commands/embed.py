@@ -62,13 +62,8 @@ class EmbedArgs(InferenceArgs):
         default=False,
         metadata={"help": f"Output the cosine similarity matrix of the inputs (at most {MAX_SIMILARITY_LINES} lines)."},
     )
-    max_seq_length: int | None = field(
-        default=None,
-        metadata={
-            "help": "Longer inputs are cut to this many tokens; default: the model's (sentence_bert_config.json "
-            "or config.json), else max_position_embeddings."
-        },
-    )
+    # InferenceArgs' window stride: embed cuts long inputs, so the flag is not offered.
+    doc_stride: int | None = field(default=None, kw_only=True, metadata={"help": "Unused by bert embed.", "cli": False})
 
 
 def _write_rows(out, vectors: np.ndarray, as_npy: bool) -> None:

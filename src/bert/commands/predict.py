@@ -62,20 +62,6 @@ class PredictArgs(InferenceArgs):
             "choices": ["truncate", "windows"],
         },
     )
-    doc_stride: int | None = field(
-        default=None,
-        metadata={
-            "help": "Tokens between window starts (question answering, --long_document=windows); default: "
-            "the model's config, else 128."
-        },
-    )
-    max_seq_length: int | None = field(
-        default=None,
-        metadata={
-            "help": "Longest sequence in tokens; default: the model's fine-tuning length (config.json), "
-            "else 128 (384 for question answering)."
-        },
-    )
 
 
 def _predict(predictor: Predictor, records: list, args: PredictArgs) -> list[dict[str, Any]]:
@@ -100,8 +86,6 @@ def run_predict(args: PredictArgs) -> dict[str, Any]:
     """Predict every input line; returns {"lines", "task", "output_file"}."""
     if args.top_k < 0:
         raise InputError(f"--top_k={args.top_k} must be 0 (all labels) or more")
-    if args.doc_stride is not None and args.doc_stride < 1:
-        raise InputError(f"--doc_stride={args.doc_stride} must be at least 1")
     settings = args.predictor_settings()
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
     if predictor.task not in (CLASSIFICATION, NER, QUESTION_ANSWERING, MULTIPLE_CHOICE):
