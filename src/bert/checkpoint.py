@@ -36,7 +36,8 @@ from bert.config import BertConfig
 from bert.errors import InputError
 from bert.formats import tf_checkpoint
 from bert.formats.keymaps import state_dict_to_tf_variables, tf_variables_to_state_dict
-from bert.utils import atomic_write
+from bert.tokenization import FullTokenizer
+from bert.utils import atomic_write, load_json_file
 
 logger = logging.getLogger(__name__)
 
@@ -169,13 +170,8 @@ def read_checkpoint(
     if config_path is not None:
         config = BertConfig.from_json_file(config_path)
     vocab = _find_beside(base, (VOCAB_NAME,))
-    settings = {}
     tok = _find_beside(base, (TOKENIZER_CONFIG_NAME,))
-    if tok is not None:
-        try:
-            settings = json.loads(tok.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise InputError(f"{tok} is not valid JSON; fix or delete it") from None
+    settings = load_json_file(tok, "tokenizer settings") if tok is not None else {}
     return Checkpoint(state, str(path), fmt, config, str(vocab) if vocab else None, settings)
 
 
@@ -266,17 +262,16 @@ def load_pretrained(cls, path, config: BertConfig | None = None, checkpoint: Che
     return model
 
 
-def _tokenizer_settings(do_lower_case: bool | None, max_len: int) -> dict:
-    # Read by this project and, as transformers' BertTokenizer settings, by transformers.
-    settings = {
-        "tokenizer_class": "BertTokenizer",
-        "model_max_length": max_len,
-        "tokenize_chinese_chars": True,
-        "strip_accents": None,
-    }
+def _write_tokenizer_config(out: Path, do_lower_case: bool | None, max_len: int) -> None:
+    """`tokenizer_config.json`: the settings of the tokenizer the model was trained with, as the tokenizer itself
+    states them (`FullTokenizer.tokenizer_config`, read back by `bert.inference`), plus the class and length
+    transformers' AutoTokenizer needs. Without a casing there is no tokenizer to describe: only those two."""
+    settings: dict = {"tokenizer_class": "BertTokenizer", "model_max_length": max_len}
     if do_lower_case is not None:
-        settings["do_lower_case"] = bool(do_lower_case)
-    return settings
+        # The settings do not depend on the vocabulary: an empty one spares reading it.
+        settings.update(FullTokenizer({}, do_lower_case=bool(do_lower_case)).tokenizer_config())
+    with atomic_write(out / TOKENIZER_CONFIG_NAME) as f:
+        f.write(json.dumps(settings, indent=2) + "\n")
 
 
 def _copy_vocab(vocab_file: str | os.PathLike | None, out: Path) -> None:
@@ -316,8 +311,7 @@ def save_pretrained(
     with atomic_write(out / CONFIG_NAME) as f:
         f.write(json.dumps(d, indent=2, sort_keys=True) + "\n")
     _copy_vocab(vocab_file, out)
-    with atomic_write(out / TOKENIZER_CONFIG_NAME) as f:
-        f.write(json.dumps(_tokenizer_settings(do_lower_case, config.max_position_embeddings), indent=2) + "\n")
+    _write_tokenizer_config(out, do_lower_case, config.max_position_embeddings)
 
 
 def export_tf(
@@ -339,6 +333,5 @@ def export_tf(
         f.write(model.config.to_original_json_string())
     _copy_vocab(vocab_file, out)
     if do_lower_case is not None:
-        with atomic_write(out / TOKENIZER_CONFIG_NAME) as f:
-            f.write(json.dumps(_tokenizer_settings(do_lower_case, model.config.max_position_embeddings), indent=2))
+        _write_tokenizer_config(out, do_lower_case, model.config.max_position_embeddings)
     return prefix

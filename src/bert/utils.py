@@ -164,10 +164,16 @@ def json_line(obj: object) -> str:
     return json.dumps(obj) if _LONE_SURROGATE.search(line) is not None else line
 
 
-def load_json_file(path: str | os.PathLike, what: str):
-    """Parse a JSON (or gzipped JSON) file; `what` names it in errors, e.g. "--predict_file" or "dataset"."""
+def load_json_file(path: str | os.PathLike, what: str, missing_ok: bool = False) -> Any:
+    """Parse a JSON (or gzipped JSON) file; `what` names it in errors, e.g. "--predict_file" or "dataset".
+
+    The one JSON reader of the package: a file that is there but unreadable is always an error naming it;
+    a missing one is too, unless `missing_ok` (None is returned).
+    """
     p = Path(path)
     if not p.is_file():
+        if missing_ok:
+            return None
         raise InputError(f"{what} {path}: no such file; check the path")
     try:
         with _open_binary(str(p)) as f:
