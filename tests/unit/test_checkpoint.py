@@ -10,6 +10,7 @@ from bert import modeling
 from bert.checkpoint import export_tf, read_checkpoint, save_pretrained
 from bert.cli import main
 from bert.errors import InputError
+from bert.formats import tf_checkpoint
 from bert.tokenization import FullTokenizer
 from conftest import FIXTURES, HEADS
 
@@ -112,7 +113,6 @@ def test_bin_with_pickled_code_is_refused(tmp_path, tiny_config):
 
 
 def test_tf_export_round_trip_lossless_native_hf_tf_native(tmp_path, tiny_config):
-    pytest.importorskip("bert.formats.tf_checkpoint")
     tiny_config.hidden_act = "gelu"  # the erf form must survive the original's spelling
     model = modeling.BertForPreTraining(tiny_config)
     model.save_pretrained(tmp_path / "native")
@@ -128,7 +128,6 @@ def test_tf_export_round_trip_lossless_native_hf_tf_native(tmp_path, tiny_config
 
 
 def test_tf_export_of_fixture_reads_back_the_same_variables(tmp_path):
-    tf_checkpoint = pytest.importorskip("bert.formats.tf_checkpoint")
     src = FIXTURES / "tf_checkpoint" / "tiny_weights_only"
     model = modeling.BertForPreTraining.from_pretrained(src)
     export_tf(model, tmp_path)
