@@ -25,6 +25,7 @@ import shutil
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -97,7 +98,7 @@ def tensors_digest(state: Mapping[str, torch.Tensor]) -> str:
     for name in sorted(state):
         t = state[name].detach().cpu().contiguous()
         h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().data)
     return h.hexdigest()
 
 
@@ -298,7 +299,7 @@ def save_pretrained(
     """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    config: BertConfig = model.config
+    config = cast(BertConfig, model.config)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if not k.endswith(TIED_KEY)}
     with atomic_write(out / WEIGHTS_NAME, "wb") as f:
         f.write(save(state, metadata={"format": "pt", DIGEST_KEY: tensors_digest(state)}))
@@ -323,6 +324,7 @@ def export_tf(
     """Write `bert_model.ckpt.*` with the original variable names, and an original `bert_config.json`."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    config = cast(BertConfig, model.config)
     state = {k: v.detach().cpu().float().numpy() for k, v in model.state_dict().items() if not k.endswith(TIED_KEY)}
     if not hasattr(model, "bert"):
         state = {f"bert.{k}": v for k, v in state.items()}
@@ -330,8 +332,8 @@ def export_tf(
     prefix = out / "bert_model.ckpt"
     tf_checkpoint.write_checkpoint(str(prefix), variables)
     with atomic_write(out / "bert_config.json") as f:
-        f.write(model.config.to_original_json_string())
+        f.write(config.to_original_json_string())
     _copy_vocab(vocab_file, out)
     if do_lower_case is not None:
-        _write_tokenizer_config(out, do_lower_case, model.config.max_position_embeddings)
+        _write_tokenizer_config(out, do_lower_case, config.max_position_embeddings)
     return prefix

@@ -63,10 +63,10 @@ def read_examples(input_file: str | Path, errors: str = "strict") -> list[InputE
     try:
         text = raw.decode("utf-8", errors)
     except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
+        line_no = raw.count(b"\n", 0, e.start) + 1
         col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
         raise InputError(
-            f"{input_file}:{line}: bytes that are not valid UTF-8 at column {col} ({raw[e.start : e.end]!r}); "
+            f"{input_file}:{line_no}: bytes that are not valid UTF-8 at column {col} ({raw[e.start : e.end]!r}); "
             "fix the file, or pass --decode_errors=ignore to drop them"
         ) from None
     lines = text.splitlines()

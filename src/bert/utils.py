@@ -140,7 +140,9 @@ def write_run_info(output_dir: str | os.PathLike, command: str, args: object) ->
     """Record what a command did in `output_dir/args.json`: its resolved arguments and command line."""
     info = {
         "command": command,
-        "args": dataclasses.asdict(args) if dataclasses.is_dataclass(args) else dict(vars(args)),
+        "args": dataclasses.asdict(args)
+        if dataclasses.is_dataclass(args) and not isinstance(args, type)
+        else dict(vars(args)),
         "argv": sys.argv,
         "cwd": os.getcwd(),
         "bert_version": __version__,

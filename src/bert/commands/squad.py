@@ -55,7 +55,9 @@ class SquadArgs(FinetuneArgs):
     """
 
     # run_squad.py has no --data_dir: the files are --train_file and --predict_file.
-    data_dir: str | None = field(default=None, metadata={"help": "Unused by bert squad.", "cli": False})
+    data_dir: str | None = field(  # type: ignore[assignment]  # None: the base class requires what squad lacks
+        default=None, metadata={"help": "Unused by bert squad.", "cli": False}
+    )
     train_file: str | None = field(
         default=None,
         metadata={
