@@ -111,7 +111,7 @@ class AdamWeightDecay(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     @torch.no_grad()
-    # torch.optim.Optimizer.step is overloaded on the closure (None -> None); one signature says the same here.
+    # Optimizer.step is two overloads (no closure -> None, a closure -> its loss); this one signature is both.
     def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:  # type: ignore[override]
         loss = None
         if closure is not None:
@@ -215,7 +215,7 @@ class Lamb(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps, adapt=None))
 
     @torch.no_grad()
-    # torch.optim.Optimizer.step is overloaded on the closure (None -> None); one signature says the same here.
+    # Optimizer.step is two overloads (no closure -> None, a closure -> its loss); this one signature is both.
     def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:  # type: ignore[override]
         loss = None
         if closure is not None:
