@@ -289,14 +289,7 @@ def iter_lines(
             try:
                 text = data.decode(encoding, errors)
             except UnicodeDecodeError as e:
-                bad_line = line_no + data.count(b"\n", 0, e.start) + 1
-                col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-                name = "UTF-8" if codecs.lookup(encoding).name in ("utf-8", "utf-8-sig") else encoding
-                fix = f"fix the file, or pass {hint} to drop them" if hint else f"save the file as {name}"
-                raise InputError(
-                    f"{path}:{bad_line}: bytes that are not valid {name} at column {col} "
-                    f"({data[e.start : e.end]!r}); {fix}"
-                ) from e
+                raise undecodable(path, data, e, line_no, encoding, hint) from e
             except LookupError as e:
                 raise InputError(f"unknown text encoding {encoding!r}; use e.g. utf-8 or latin-1") from e
             lines = text.split("\n")
@@ -314,10 +307,29 @@ def decode_line(raw: bytes, name: str, line: int, errors: str = "strict", hint: 
     try:
         return raw.decode("utf-8", errors)
     except UnicodeDecodeError as e:
-        raise InputError(
-            f"{name}:{line}: bytes that are not valid UTF-8 at column {e.start + 1} ({raw[e.start : e.end]!r}); "
-            f"fix the file, or pass {hint} to drop them"
-        ) from None
+        raise undecodable(name, raw, e, line - 1, hint=hint) from None
+
+
+def undecodable(
+    name: str | os.PathLike,
+    data: bytes,
+    e: UnicodeDecodeError,
+    lines_before: int = 0,
+    encoding: str = "utf-8",
+    hint: str | None = "--decode_errors=ignore",
+) -> InputError:
+    """The one message for bytes of a text input that `encoding` cannot decode: `name`:line, the column and the
+    bytes, and the fix (`hint`: the flag that would drop them; None: save the file in the encoding).
+
+    `data` holds whole lines; `lines_before` counts the lines of the input before it.
+    """
+    line = lines_before + data.count(b"\n", 0, e.start) + 1
+    col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+    enc = "UTF-8" if codecs.lookup(encoding).name in ("utf-8", "utf-8-sig") else encoding
+    fix = f"fix the file, or pass {hint} to drop them" if hint else f"save the file as {enc}"
+    return InputError(
+        f"{name}:{line}: bytes that are not valid {enc} at column {col} ({data[e.start : e.end]!r}); {fix}"
+    )
 
 
 def exit_with_parent(parent_pid: int, interval: float = 0.5) -> None:
