@@ -25,6 +25,7 @@ import shutil
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -36,7 +37,8 @@ from bert.config import BertConfig
 from bert.errors import InputError
 from bert.formats import tf_checkpoint
 from bert.formats.keymaps import state_dict_to_tf_variables, tf_variables_to_state_dict
-from bert.utils import atomic_write
+from bert.tokenization import FullTokenizer
+from bert.utils import atomic_write, load_json_file
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +98,7 @@ def tensors_digest(state: Mapping[str, torch.Tensor]) -> str:
     for name in sorted(state):
         t = state[name].detach().cpu().contiguous()
         h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().data)
     return h.hexdigest()
 
 
@@ -182,13 +184,8 @@ def read_checkpoint(
     if config_path is not None:
         config = BertConfig.from_json_file(config_path)
     vocab = _find_beside(base, (VOCAB_NAME,))
-    settings = {}
     tok = _find_beside(base, (TOKENIZER_CONFIG_NAME,))
-    if tok is not None:
-        try:
-            settings = json.loads(tok.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise InputError(f"{tok} is not valid JSON; fix or delete it") from None
+    settings = load_json_file(tok, "tokenizer settings") if tok is not None else {}
     return Checkpoint(state, str(path), fmt, config, str(vocab) if vocab else None, settings)
 
 
@@ -279,17 +276,16 @@ def load_pretrained(cls, path, config: BertConfig | None = None, checkpoint: Che
     return model
 
 
-def _tokenizer_settings(do_lower_case: bool | None, max_len: int) -> dict:
-    # Read by this project and, as transformers' BertTokenizer settings, by transformers.
-    settings = {
-        "tokenizer_class": "BertTokenizer",
-        "model_max_length": max_len,
-        "tokenize_chinese_chars": True,
-        "strip_accents": None,
-    }
+def _write_tokenizer_config(out: Path, do_lower_case: bool | None, max_len: int) -> None:
+    """`tokenizer_config.json`: the settings of the tokenizer the model was trained with, as the tokenizer itself
+    states them (`FullTokenizer.tokenizer_config`, read back by `bert.inference`), plus the class and length
+    transformers' AutoTokenizer needs. Without a casing there is no tokenizer to describe: only those two."""
+    settings: dict = {"tokenizer_class": "BertTokenizer", "model_max_length": max_len}
     if do_lower_case is not None:
-        settings["do_lower_case"] = bool(do_lower_case)
-    return settings
+        # The settings do not depend on the vocabulary: an empty one spares reading it.
+        settings.update(FullTokenizer({}, do_lower_case=bool(do_lower_case)).tokenizer_config())
+    with atomic_write(out / TOKENIZER_CONFIG_NAME) as f:
+        f.write(json.dumps(settings, indent=2) + "\n")
 
 
 def _copy_vocab(vocab_file: str | os.PathLike | None, out: Path) -> None:
@@ -316,7 +312,7 @@ def save_pretrained(
     """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    config: BertConfig = model.config
+    config = cast(BertConfig, model.config)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if not k.endswith(TIED_KEY)}
     with atomic_write(out / WEIGHTS_NAME, "wb") as f:
         f.write(save(state, metadata={"format": "pt", DIGEST_KEY: tensors_digest(state)}))
@@ -329,8 +325,7 @@ def save_pretrained(
     with atomic_write(out / CONFIG_NAME) as f:
         f.write(json.dumps(d, indent=2, sort_keys=True) + "\n")
     _copy_vocab(vocab_file, out)
-    with atomic_write(out / TOKENIZER_CONFIG_NAME) as f:
-        f.write(json.dumps(_tokenizer_settings(do_lower_case, config.max_position_embeddings), indent=2) + "\n")
+    _write_tokenizer_config(out, do_lower_case, config.max_position_embeddings)
 
 
 def export_tf(
@@ -342,6 +337,7 @@ def export_tf(
     """Write `bert_model.ckpt.*` with the original variable names, and an original `bert_config.json`."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    config = cast(BertConfig, model.config)
     state = {k: v.detach().cpu().float().numpy() for k, v in model.state_dict().items() if not k.endswith(TIED_KEY)}
     if not hasattr(model, "bert"):
         state = {f"bert.{k}": v for k, v in state.items()}
@@ -349,9 +345,8 @@ def export_tf(
     prefix = out / "bert_model.ckpt"
     tf_checkpoint.write_checkpoint(str(prefix), variables)
     with atomic_write(out / "bert_config.json") as f:
-        f.write(model.config.to_original_json_string())
+        f.write(config.to_original_json_string())
     _copy_vocab(vocab_file, out)
     if do_lower_case is not None:
-        with atomic_write(out / TOKENIZER_CONFIG_NAME) as f:
-            f.write(json.dumps(_tokenizer_settings(do_lower_case, model.config.max_position_embeddings), indent=2))
+        _write_tokenizer_config(out, do_lower_case, config.max_position_embeddings)
     return prefix

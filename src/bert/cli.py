@@ -31,8 +31,9 @@ from tqdm import tqdm
 
 from bert import __version__
 from bert.errors import InputError
+from bert.flags import check_flag_values
 from bert.outputs import os_error_message
-from bert.utils import LOG_FORMAT, check_finite_flags
+from bert.utils import LOG_FORMAT
 
 # name -> (module, args class, run function, one-line description). Modules are imported lazily so that
 # `bert tokenize` never pays for importing torch.
@@ -406,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = args_cls(**ns)
     with terminal_logging(verbose):
         try:
-            check_finite_flags(args)
+            check_flag_values(args)
             run(args)
         except InputError as e:
             print(f"bert {argv[0]}: error: {e}", file=sys.stderr)

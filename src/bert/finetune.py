@@ -60,7 +60,12 @@ from bert import training
 from bert.checkpoint import load_into, read_checkpoint
 from bert.config import BertConfig, resolve_config
 from bert.errors import InputError
-from bert.flags import SHAPE_NAMES, FinetuneArgs
+from bert.flags import (
+    SHAPE_NAMES,
+    FinetuneArgs,
+    check_batch_division,
+    check_flag_values,
+)
 from bert.formats.results import write_results
 from bert.formats.tensorboard import EventWriter
 from bert.modeling import MODEL_CLASSES, num_parameters
@@ -255,31 +260,9 @@ def _check_flags(args: FinetuneArgs, task: FinetuneTask, world_size: int) -> Non
             "--do_eval=true and/or --do_predict=true"
         )
     args.check_no_tpu()
-    args.check_guard_flags()
-    positive = ["max_seq_length", "save_checkpoints_steps", "log_every", "gradient_accumulation_steps"]
-    positive += ["train_batch_size"] * args.do_train + ["eval_batch_size"] * args.do_eval
-    positive += ["predict_batch_size"] * args.do_predict
-    for name in positive:
-        if getattr(args, name) < 1:
-            raise InputError(f"--{name}={getattr(args, name)} must be at least 1")
-    for name in ("eval_every_steps", "early_stopping_patience", "keep_checkpoint_max"):
-        if getattr(args, name) < 0:
-            raise InputError(f"--{name}={getattr(args, name)} must not be negative")
+    check_flag_values(args)
     if args.do_train:
-        if not args.learning_rate > 0:
-            raise InputError(f"--learning_rate={args.learning_rate} must be positive")
-        if not args.num_train_epochs > 0:
-            raise InputError(f"--num_train_epochs={args.num_train_epochs} must be positive")
-        if not 0 <= args.warmup_proportion <= 1:
-            raise InputError(f"--warmup_proportion={args.warmup_proportion} must be between 0 and 1")
-        parts = world_size * args.gradient_accumulation_steps
-        if args.train_batch_size % parts:
-            raise InputError(
-                f"--train_batch_size={args.train_batch_size} must be divisible by processes x "
-                f"--gradient_accumulation_steps = {world_size} x {args.gradient_accumulation_steps} = {parts}"
-            )
-    if args.precision not in ("fp32", "bf16", "fp16"):
-        raise InputError(f"--precision={args.precision} must be fp32, bf16 or fp16")
+        check_batch_division(args.train_batch_size, world_size, args.gradient_accumulation_steps)
     if args.early_stopping_patience and not args.eval_every_steps:
         raise InputError("--early_stopping_patience needs evaluations during training: set --eval_every_steps=N")
     names = [*task.metric_names(), "eval_loss", "loss"]

@@ -108,7 +108,7 @@ from bert.tasks.squad import convert_examples_to_features as squad_features
 from bert.tasks.swag import SwagExample, convert_swag_examples_to_features
 from bert.tokenization import SPECIAL_TOKENS, FullTokenizer, load_vocab
 from bert.training import resolve_device
-from bert.utils import iter_lines, progress
+from bert.utils import iter_lines, load_json_file, progress
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +168,7 @@ def read_sentence_transformers_config(model_dir: str | os.PathLike) -> SentenceT
     modules_file = base / "modules.json"
     if not modules_file.is_file():
         return None
-    modules = _read_json(modules_file)
+    modules = load_json_file(modules_file, "sentence-transformers file")
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise InputError(f"{modules_file}: expected a list of modules; fix or delete it")
     pooling, normalize, unsupported, include_prompt = None, False, None, True
@@ -179,7 +179,7 @@ def read_sentence_transformers_config(model_dir: str | os.PathLike) -> SentenceT
         if kind == "Normalize":
             normalize = True
         elif kind == "Pooling":
-            config = _read_json(base / str(m.get("path", "")) / "config.json")
+            config = load_json_file(base / str(m.get("path", "")) / "config.json", "Pooling module file")
             modes = sorted(k[len("pooling_mode_") :] for k, v in config.items() if k.startswith("pooling_mode_") and v)
             pooling = {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max"}.get(modes[0]) if modes else None
             if len(modes) != 1 or pooling is None:
@@ -190,9 +190,11 @@ def read_sentence_transformers_config(model_dir: str | os.PathLike) -> SentenceT
     if unsupported:
         pooling = None
     settings = base / "sentence_bert_config.json"
-    max_seq_length = _read_json(settings).get("max_seq_length") if settings.is_file() else None
+    max_seq_length = (load_json_file(settings, "sentence-transformers file", missing_ok=True) or {}).get(
+        "max_seq_length"
+    )
     prompts_file = base / "config_sentence_transformers.json"
-    described = _read_json(prompts_file) if prompts_file.is_file() else {}
+    described = load_json_file(prompts_file, "sentence-transformers file", missing_ok=True) or {}
     prompts = described.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
         raise InputError(f'{prompts_file}: "prompts" must map prompt names to texts; fix or delete it')
@@ -205,15 +207,6 @@ def read_sentence_transformers_config(model_dir: str | os.PathLike) -> SentenceT
     return SentenceTransformersConfig(
         pooling, normalize, max_seq_length, unsupported, prompts, default_prompt_name, include_prompt
     )
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path} is missing; the model directory is incomplete") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{path} is not valid JSON ({e}); fix or replace it") from None
 
 
 def _load_model(architecture: str, ckpt: Checkpoint, has_pooler: bool) -> torch.nn.Module:

@@ -226,8 +226,8 @@ def load_vocab(vocab_file: str | os.PathLike) -> collections.OrderedDict[str, in
     if lines[-1] == "":
         lines.pop()  # the text after the final newline is not a line
     vocab: collections.OrderedDict[str, int] = collections.OrderedDict()
-    for index, line in enumerate(lines):
-        vocab[line.strip()] = index
+    for index, token in enumerate(lines):
+        vocab[token.strip()] = index
     return vocab
 
 
@@ -572,7 +572,7 @@ class BasicTokenizer:
 
     def _tokenize_chinese_chars(self, text: str) -> str:
         """Put a space before and after every CJK ideograph."""
-        out = []
+        out: list[str] = []
         for char in text:
             if self._is_chinese_char(ord(char)):
                 out.extend((" ", char, " "))
@@ -635,6 +635,7 @@ class BasicTokenizer:
             text = text.lower()
         if self.strip_accents and not is_ascii:  # ASCII has no decompositions and no marks
             text = unicodedata.normalize("NFD", text)
+            assert mark is not None  # set whenever strip_accents is
             if mark.search(text) is not None:
                 text = mark.sub("", text)
         return split.findall(text)

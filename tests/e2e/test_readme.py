@@ -201,7 +201,7 @@ def in_workdir(workdir, monkeypatch):
 
 def _cuts(command: str) -> list[str]:
     args_cls, _ = cli._resolve(command)
-    flags = {f.name for f in dataclasses.fields(args_cls)}
+    flags = {f.name for f in dataclasses.fields(args_cls) if f.metadata.get("cli") is not False}  # offered flags
     cuts = {k: v for k, v in CUTS.items() if k in flags} | COMMAND_CUTS.get(command, {})
     return [f"--{k}={v}" for k, v in cuts.items()]
 

@@ -129,7 +129,10 @@ class ClassifyArgs(FinetuneArgs):
     )
     doc_stride: int = field(
         default=128,
-        metadata={"help": "windows: tokens of text_a between the starts of consecutive windows (run_squad's default)."},
+        metadata={
+            "min": 1,
+            "help": "windows: tokens of text_a between the starts of consecutive windows (run_squad's default).",
+        },
     )
     window_pooling: str = field(
         default="mean",

@@ -63,13 +63,6 @@ class EmbedArgs(InferenceArgs):
         default=False,
         metadata={"help": f"Output the cosine similarity matrix of the inputs (at most {MAX_SIMILARITY_LINES} lines)."},
     )
-    max_seq_length: int | None = field(
-        default=None,
-        metadata={
-            "help": "Longer inputs are cut to this many tokens; default: the model's (sentence_bert_config.json "
-            "or config.json), else max_position_embeddings."
-        },
-    )
     dimensions: int | None = field(
         default=None,
         metadata={
@@ -104,10 +97,6 @@ class EmbedArgs(InferenceArgs):
             "the vector is the mean of the windows' vectors).",
             "choices": list(LONG_DOCUMENT),
         },
-    )
-    doc_stride: int | None = field(
-        default=None,
-        metadata={"help": "--long_document=windows: tokens between window starts; default: the model's, else 128."},
     )
 
 

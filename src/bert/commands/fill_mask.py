@@ -33,9 +33,9 @@ class FillMaskArgs(InferenceArgs):
     )
     output_file: str | None = field(default=None, metadata={"help": "Output JSON-lines file; stdout if unset."})
     top_k: int = field(default=5, metadata={"help": "Predictions per mask."})
-    max_seq_length: int | None = field(
-        default=None,
-        metadata={"help": "Longest input in tokens, with [CLS] and [SEP]; default: max_position_embeddings."},
+    # InferenceArgs' window stride: fill-mask cuts long inputs, so the flag is not offered.
+    doc_stride: int | None = field(
+        default=None, kw_only=True, metadata={"help": "Unused by bert fill-mask.", "cli": False}
     )
 
 

@@ -59,26 +59,12 @@ class PredictArgs(InferenceArgs):
             "choices": list(LONG_DOCUMENT),
         },
     )
-    doc_stride: int | None = field(
-        default=None,
-        metadata={
-            "help": "Tokens between window starts (question answering, --long_document=windows); default: "
-            "the model's config, else 128."
-        },
-    )
     window_pooling: str | None = field(
         default=None,
         metadata={
             "help": "Classification with --long_document=windows: how the windows' logits become one "
             "prediction, mean or max. Default: as the model was fine-tuned (config.json), else mean.",
             "choices": list(WINDOW_POOLINGS),
-        },
-    )
-    max_seq_length: int | None = field(
-        default=None,
-        metadata={
-            "help": "Longest sequence in tokens; default: the model's fine-tuning length (config.json), "
-            "else 128 (384 for question answering)."
         },
     )
 
@@ -106,8 +92,6 @@ def run_predict(args: PredictArgs) -> dict[str, Any]:
     """Predict every input line; returns {"lines", "task", "output_file"}."""
     if args.top_k < 0:
         raise InputError(f"--top_k={args.top_k} must be 0 (all labels) or more")
-    if args.doc_stride is not None and args.doc_stride < 1:
-        raise InputError(f"--doc_stride={args.doc_stride} must be at least 1")
     settings = args.predictor_settings()
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
     from bert.inference import Predictor, map_input_lines

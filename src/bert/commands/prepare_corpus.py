@@ -10,8 +10,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from bert.errors import InputError
-from bert.flags import CorpusArgs
+from bert.flags import CorpusArgs, check_flag_values
 from bert.outputs import claim
 from bert.pretraining.corpus import PARAGRAPH_MODES, SENTENCE_SPLITTERS, make_sentence_splitter, prepare_corpus
 from bert.utils import expand_input_files, log_to_file, print_result, progress
@@ -57,8 +56,7 @@ class PrepareCorpusArgs(CorpusArgs):
 
 def run_prepare_corpus(args: PrepareCorpusArgs) -> dict:
     """Write `args.output_file` from `args.input_file`; returns counts of files, documents, sentences."""
-    if args.num_workers < 1:
-        raise InputError(f"--num_workers={args.num_workers} must be at least 1")
+    check_flag_values(args)
     files = expand_input_files(args.input_file)
     with claim("prepare-corpus", files={"--output_file": args.output_file}, inputs={"--input_file": files}):
         result = _prepare_corpus(args, files)

@@ -37,7 +37,15 @@ from typing import TYPE_CHECKING, Any
 
 from bert.config import BertConfig, resolve_config
 from bert.errors import InputError
-from bert.flags import SHAPE_NAMES, MaskingArgs, ModelArgs, TrainingArgs, same_as
+from bert.flags import (
+    SHAPE_NAMES,
+    MaskingArgs,
+    ModelArgs,
+    TrainingArgs,
+    check_batch_division,
+    check_flag_values,
+    same_as,
+)
 from bert.formats.results import write_results
 from bert.formats.tensorboard import EventWriter
 from bert.plotting import CURVES_NAME, try_plot
@@ -74,10 +82,12 @@ class PretrainArgs(MaskingArgs, TrainingArgs):
     vocab_file: str | None = same_as(ModelArgs, "vocab_file")
     max_seq_length: int = same_as(ModelArgs, "max_seq_length")
     num_train_steps: int = field(
-        default=100000, metadata={"run_defining": "train", "help": "Number of training steps."}
+        default=100000, metadata={"run_defining": "train", "min": 1, "help": "Number of training steps."}
     )
-    num_warmup_steps: int = field(default=10000, metadata={"run_defining": "train", "help": "Number of warmup steps."})
-    max_eval_steps: int = field(default=100, metadata={"help": "Maximum number of eval steps."})
+    num_warmup_steps: int = field(
+        default=10000, metadata={"run_defining": "train", "min": 0, "help": "Number of warmup steps."}
+    )
+    max_eval_steps: int = field(default=100, metadata={"min": 1, "help": "Maximum number of eval steps."})
     optimizer: str = field(
         default="adamw_bert",
         metadata={
@@ -103,29 +113,9 @@ def _check_flags(args: PretrainArgs, world_size: int) -> None:
     if not args.do_train and not args.do_eval:
         raise InputError("At least one of `do_train` or `do_eval` must be True: pass --do_train and/or --do_eval")
     args.check_no_tpu()
-    args.check_guard_flags()
-    positive = ["train_batch_size", "eval_batch_size", "save_checkpoints_steps", "max_eval_steps", "log_every"]
-    positive += ["gradient_accumulation_steps", "max_seq_length", "max_predictions_per_seq"]
+    check_flag_values(args)
     if args.do_train:
-        positive.append("num_train_steps")
-    for name in positive:
-        if getattr(args, name) < 1:
-            raise InputError(f"--{name}={getattr(args, name)} must be at least 1")
-    for name in ("num_warmup_steps", "keep_checkpoint_max"):
-        if getattr(args, name) < 0:
-            raise InputError(f"--{name}={getattr(args, name)} must not be negative")
-    if args.do_train and not args.learning_rate > 0:
-        raise InputError(f"--learning_rate={args.learning_rate} must be positive")
-    if args.precision not in ("fp32", "bf16", "fp16"):
-        raise InputError(f"--precision={args.precision} must be fp32, bf16 or fp16")
-    if args.optimizer not in ("adamw_bert", "lamb"):
-        raise InputError(f"--optimizer={args.optimizer} must be adamw_bert or lamb")
-    parts = world_size * args.gradient_accumulation_steps
-    if args.do_train and args.train_batch_size % parts:
-        raise InputError(
-            f"--train_batch_size={args.train_batch_size} must be divisible by processes x "
-            f"--gradient_accumulation_steps = {world_size} x {args.gradient_accumulation_steps} = {parts}"
-        )
+        check_batch_division(args.train_batch_size, world_size, args.gradient_accumulation_steps)
     if args.do_eval and args.eval_batch_size % world_size:
         raise InputError(f"--eval_batch_size={args.eval_batch_size} must be divisible by the {world_size} processes")
     if args.do_whole_word_mask and not args.dynamic_masking:

@@ -99,9 +99,7 @@ class ServeArgs:
     )
     max_request_bytes: int = field(default=2_000_000, metadata={"help": "Request body size at most (413 beyond)."})
     quantize: str = same_as(InferenceArgs, "quantize")
-    max_seq_length: int | None = field(
-        default=None, metadata={"help": "Longest input in tokens; default: the model's (see bert predict/embed)."}
-    )
+    max_seq_length: int | None = same_as(InferenceArgs, "max_seq_length")
     do_lower_case: bool | None = same_as(InferenceArgs, "do_lower_case")
     device: str | None = same_as(InferenceArgs, "device")
     check: bool = field(

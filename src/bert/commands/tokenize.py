@@ -100,6 +100,6 @@ def _tokenize(args: TokenizeArgs) -> dict[str, Any]:
                 convert(sys.stdout, stream, in_name)
                 sys.stdout.flush()
         else:
-            with atomic_write(args.output_file) as out:
-                convert(out, stream, in_name)
+            with atomic_write(args.output_file) as f:
+                convert(f, stream, in_name)
     return {"lines": n_lines, "tokens": n_tokens, "output_file": args.output_file}
