@@ -71,9 +71,10 @@ def test_inference_window_flags_are_defined_once():
     for args_cls in (PredictArgs, EmbedArgs, FillMaskArgs, ServeArgs):
         fields = {f.name: f for f in dataclasses.fields(args_cls)}
         assert fields["max_seq_length"].metadata["help"] == base["max_seq_length"].metadata["help"], args_cls
-    assert {f.name: f for f in dataclasses.fields(PredictArgs)}["doc_stride"].metadata is base["doc_stride"].metadata
-    for name in ("embed", "fill-mask"):  # they cut long inputs: no stride flag offered
-        assert "--doc_stride" not in cli._command_parser(name, cli._resolve(name)[0])._option_string_actions
+    for args_cls in (PredictArgs, EmbedArgs):  # both read long inputs in windows (--long_document=windows)
+        assert {f.name: f for f in dataclasses.fields(args_cls)}["doc_stride"].metadata is base["doc_stride"].metadata
+    # fill-mask cuts long inputs: no stride flag offered
+    assert "--doc_stride" not in cli._command_parser("fill-mask", cli._resolve("fill-mask")[0])._option_string_actions
 
 
 def test_cli_refuses_a_bad_value_before_loading_the_model(tmp_path, capsys):

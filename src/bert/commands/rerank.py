@@ -39,13 +39,6 @@ class RerankArgs(InferenceArgs):
     raw_scores: bool = field(
         default=False, metadata={"help": "A cross-encoder's logits instead of their sigmoid (0 to 1)."}
     )
-    max_seq_length: int | None = field(
-        default=None,
-        metadata={
-            "help": "Longest (query, document) pair or text in tokens, longer ones cut; default: the model's "
-            "(config.json or sentence_bert_config.json)."
-        },
-    )
 
 
 def _read_record(line: str, name: str, number: int) -> tuple[str, list[str]]:

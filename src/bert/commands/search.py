@@ -71,10 +71,6 @@ class SearchArgs(InferenceArgs):
     )
     # The corpus vectors of --corpus_embeddings must have been written with the same N (checked below).
     dimensions: int | None = same_as(EmbedArgs, "dimensions")
-    max_seq_length: int | None = field(
-        default=None,
-        metadata={"help": "Longer texts are cut to this many tokens; default: the model's."},
-    )
 
 
 def _embed(
