@@ -1,7 +1,8 @@
 """`bert create-pretraining-data`: text documents -> masked-LM and next-sentence instances (create_pretraining_data.py).
 
-With one worker, the original's algorithm record for record; with `--streaming` or `--num_workers=N`, the
-bounded-memory generator. Output: the original's TFRecord files, or a native dataset directory. The
+With one worker, the original's algorithm record for record; with `--streaming`, `--num_workers=N` or
+`--num_shards=N`, the bounded-memory generator (`--num_shards/--shard_index` split it over
+machines). Output: the original's TFRecord files, or a native dataset directory. The
 library is `bert.pretraining` (`instances`, `streaming`, `create`); this module holds the flags and
 checks them before any work.
 """
@@ -65,6 +66,15 @@ class CreatePretrainingDataArgs(MaskingArgs, CorpusArgs):
             "original's random order). Off with one worker: the original algorithm, record for record."
         },
     )
+    num_shards: int = field(
+        default=1,
+        metadata={
+            "help": "Split the work over this many runs (machines, array tasks), each with its own --shard_index "
+            "and --output_file; together they hold exactly the instances of one run. More than 1 implies "
+            "--streaming; `bert pretrain` takes the native shard directories as one dataset."
+        },
+    )
+    shard_index: int = field(default=0, metadata={"help": "Which of the --num_shards this run writes (0-based)."})
     streaming_buffer_mb: float = field(
         default=4.0,
         metadata={"help": "Streaming: MB of text per buffer; random-next segments are drawn within a buffer."},
@@ -97,6 +107,12 @@ def _validate(args: CreatePretrainingDataArgs) -> tuple[list[str], list[str], st
         raise InputError(f"--dupe_factor={args.dupe_factor} must be at least 1")
     if args.num_workers < 1:
         raise InputError(f"--num_workers={args.num_workers} must be at least 1")
+    if args.num_shards < 1:
+        raise InputError(f"--num_shards={args.num_shards} must be at least 1")
+    if not 0 <= args.shard_index < args.num_shards:
+        raise InputError(
+            f"--shard_index={args.shard_index} must be between 0 and --num_shards-1 = {args.num_shards - 1}"
+        )
     if args.streaming_buffer_mb <= 0:
         raise InputError(f"--streaming_buffer_mb={args.streaming_buffer_mb} must be positive")
     outputs = [o.strip() for o in args.output_file.split(",") if o.strip()]
@@ -114,7 +130,7 @@ def _validate(args: CreatePretrainingDataArgs) -> tuple[list[str], list[str], st
         for o in outputs:
             if os.path.isdir(o):
                 raise InputError(f"--output_file={o} is a directory; a TFRecord output is a file")
-    streaming = args.streaming or args.num_workers > 1
+    streaming = args.streaming or args.num_workers > 1 or args.num_shards > 1
     # Streaming bounds the tokenizer's memo too (compat holds the whole corpus anyway).
     tokenizer = FullTokenizer(args.vocab_file, args.do_lower_case, **({"cache_size": 1 << 16} if streaming else {}))
     missing = [t for t in SPECIAL_TOKENS if t not in tokenizer.vocab]
@@ -165,4 +181,5 @@ def _create(args: CreatePretrainingDataArgs, inputs: list[str], outputs: list[st
         buffer_mb=args.streaming_buffer_mb,
         decode_errors=args.decode_errors,
         run_args=args,
+        shard=(args.shard_index, args.num_shards),
     )
