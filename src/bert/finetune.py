@@ -323,7 +323,7 @@ def _check_flags(args: FinetuneArgs, task: FinetuneTask, world_size: int) -> Non
     for name in positive:
         if getattr(args, name) < 1:
             raise InputError(f"--{name}={getattr(args, name)} must be at least 1")
-    for name in ("eval_every_steps", "early_stopping_patience", "keep_checkpoint_max"):
+    for name in ("eval_every_steps", "early_stopping_patience", "keep_checkpoint_max", "save_checkpoints_minutes"):
         if getattr(args, name) < 0:
             raise InputError(f"--{name}={getattr(args, name)} must not be negative")
     if args.do_train:
@@ -661,6 +661,7 @@ class _FinetuneRun:
         settings = training.TrainerSettings(
             precision=args.precision,
             save_checkpoints_steps=args.save_checkpoints_steps,
+            save_checkpoints_minutes=args.save_checkpoints_minutes,
             keep_checkpoint_max=0 if self.evaluate_during_training else args.keep_checkpoint_max,
             log_every=args.log_every,
             examples_per_step=args.train_batch_size,

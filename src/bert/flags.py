@@ -174,6 +174,13 @@ class TrainingArgs(TpuCompatArgs, PerformanceArgs, GuardArgs):
         default=5e-5, metadata={"run_defining": "train", "help": "The initial learning rate for Adam."}
     )
     save_checkpoints_steps: int = field(default=1000, metadata={"help": "How often to save the model checkpoint."})
+    save_checkpoints_minutes: float = field(
+        default=0.0,
+        metadata={
+            "help": "Also save a checkpoint once this many minutes have passed since the last one (0: off), so "
+            "that a lost worker costs little; under torchrun the ranks save together."
+        },
+    )
     keep_checkpoint_max: int = field(
         default=5,
         metadata={

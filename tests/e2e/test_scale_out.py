@@ -4,18 +4,33 @@ embedding. Every subprocess has a timeout; models are tiny and runs a few steps 
 from __future__ import annotations
 
 import collections
+import os
 import random
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from bert.commands.create_pretraining_data import CreatePretrainingDataArgs, run_create_pretraining_data
 from bert.commands.pretrain import PretrainArgs, run_pretrain
 from bert.errors import InputError
 from bert.formats.native import open_native_dataset
 from bert.pretraining.inputs import open_pretraining_data
-from conftest import assert_same_weights, read_metrics, read_weights, write_tiny_config
+from bert.training import TRAINING_STATE_NAME, list_checkpoints
+from conftest import (
+    assert_same_weights,
+    read_metrics,
+    read_results,
+    read_weights,
+    synthetic_data,
+    write_tiny_config,
+)
 
 NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
@@ -111,3 +126,158 @@ def test_bad_shard_flags(tmp_path, flags, message):
     vocab.write_text("\n".join(PIECES_VOCAB) + "\n")
     with pytest.raises(InputError, match=message):
         _create(_corpus(tmp_path / "c.txt", 2), tmp_path / "out", str(vocab), **flags)
+
+
+# ------------------------------------------------------------------------------ torchrun: nodes, restarts
+TIMEOUT = 120  # seconds, for any one torchrun; each run is a few seconds on 2 cores
+DROPOUT = dict(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+
+
+def _env() -> dict[str, str]:
+    # One thread per process: runs compared bit for bit do the same float reductions.
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pretrain_flags(config: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "-m", "bert", "pretrain", f"--bert_config_file={config}", f"--input_file={data}", f"--output_dir={out}",
+        "--do_train", "--train_batch_size=8", "--max_seq_length=32", "--max_predictions_per_seq=5",
+        "--num_warmup_steps=3", "--learning_rate=1e-3", "--log_every=1", *extra,
+    ]  # fmt: skip
+
+
+def _torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *args]
+
+
+def _elastic(port: int, nnodes: str, nproc: int, *extra: str) -> list[str]:
+    """torchrun with the c10d rendezvous on 127.0.0.1 (what a multi-node job runs on each node)."""
+    return _torchrun(
+        f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+        "--rdzv_id=scale-out-test", "--local_addr=127.0.0.1", *extra,
+    )  # fmt: skip
+
+
+def _check(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# The flags of the runs compared with one node's uninterrupted run (dropout on: the RNG state resumes too).
+ELASTIC_STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def one_node(tmp_path_factory):
+    """Data, config, flags, and the output of `torchrun --standalone --nproc_per_node=2`: the reference."""
+    tmp = tmp_path_factory.mktemp("elastic")
+    data, vocab = synthetic_data(tmp, n=24, seq=32)
+    config = write_tiny_config(tmp / "bert_config.json", 99, max_position_embeddings=32, **DROPOUT)
+    flags = [f"--num_train_steps={ELASTIC_STEPS}", "--save_checkpoints_steps=3", "--dynamic_masking"]
+    flags.append(f"--vocab_file={vocab}")
+    out = tmp / "one-node"
+    cmd = _torchrun("--standalone", "--nproc_per_node=2", *_pretrain_flags(config, data, out, *flags))
+    _check(subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT))
+    return tmp, config, data, flags, out
+
+
+def test_two_torchrun_agents_meet_and_train_as_one_node(one_node, tmp_path):
+    _, config, data, flags, reference = one_node
+    out, port = tmp_path / "two-nodes", _free_port()
+    agents = [
+        subprocess.Popen(_elastic(port, "2", 1, *_pretrain_flags(config, data, out, *flags)), env=_env(),
+                         stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]  # fmt: skip
+    for proc in agents:
+        _, err = proc.communicate(timeout=TIMEOUT)
+        assert proc.returncode == 0, err[-3000:]
+    state = torch.load(out / f"checkpoint-{ELASTIC_STEPS}" / TRAINING_STATE_NAME, weights_only=True)
+    assert state["world_size"] == 2
+    assert_same_weights(read_weights(reference / "model"), read_weights(out / "model"))
+
+
+def _worker_pids(agent_pid: int) -> dict[int, int]:
+    """The agent's worker processes, by RANK (read from their environment)."""
+    out = {}
+    for task in Path(f"/proc/{agent_pid}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            ranks = [int(e.split(b"=", 1)[1]) for e in env if e.startswith(b"RANK=")]
+            if ranks:
+                out[ranks[0]] = int(pid)
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the worker to kill through /proc (Linux)")
+def test_a_rank_killed_mid_run_is_restarted_and_ends_with_the_uninterrupted_weights(one_node, tmp_path):
+    _, config, data, flags, reference = one_node
+    out = tmp_path / "killed"
+    agent = subprocess.Popen(
+        # An elastic node range (1:2); the rendezvous waits 1 s, not 30, for a second node that never comes.
+        _elastic(_free_port(), "1:2", 2, "--max_restarts=1", "--rdzv_conf=last_call_timeout=1",
+                 *_pretrain_flags(config, data, out, *flags)),
+        env=_env(), stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.time() + TIMEOUT
+    while not (out / "checkpoint-3").is_dir() and agent.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    workers = _worker_pids(agent.pid)
+    assert 1 in workers and not (out / "model").exists(), "the run ended before it could be interrupted"
+    os.kill(workers[1], signal.SIGKILL)
+    _, err = agent.communicate(timeout=TIMEOUT)
+    assert agent.returncode == 0, err[-3000:]
+    assert "exitcode: -9" in err  # torchrun saw the rank die, and restarted the group
+    log = (out / "log.txt").read_text()
+    assert "resuming from" in log and f"checkpoint-{ELASTIC_STEPS}" not in log.split("resuming from")[1][:200]
+    assert_same_weights(read_weights(reference / "model"), read_weights(out / "model"))
+    assert [m["loss"] for m in read_metrics(out)] == [m["loss"] for m in read_metrics(reference)]
+
+
+def test_fsdp_two_processes_equal_one(tmp_path):
+    # FSDP on CPU (gloo): the same losses and weights as one process, and a rerun resumes the sharded
+    # optimizer state from the full checkpoint.
+    data, _ = synthetic_data(tmp_path, n=24, seq=32)
+    config = write_tiny_config(tmp_path / "bert_config.json", 99, max_position_embeddings=32, **NO_DROPOUT)
+    common = ["--num_train_steps=6", "--save_checkpoints_steps=3"]
+    one = tmp_path / "one"
+    run_one = subprocess.Popen([sys.executable, *_pretrain_flags(config, data, one, *common)], env=_env(),
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    two = tmp_path / "fsdp"
+    cmd = _torchrun("--standalone", "--nproc_per_node=2", *_pretrain_flags(config, data, two, *common, "--fsdp"))
+    _check(subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT))
+    _, err = run_one.communicate(timeout=TIMEOUT)
+    assert run_one.returncode == 0, err[-3000:]
+    np.testing.assert_allclose(
+        [m["loss"] for m in read_metrics(two)], [m["loss"] for m in read_metrics(one)], atol=1e-5
+    )
+    wa, wb = read_weights(one / "checkpoint-3"), read_weights(two / "checkpoint-3")
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-5
+    state = torch.load(two / "checkpoint-6" / TRAINING_STATE_NAME, weights_only=True)
+    assert state["world_size"] == 2 and len(state["rng"]) == 2
+    again = subprocess.run([*cmd, "--do_eval", "--max_eval_steps=2"], env=_env(), capture_output=True, text=True,
+                           timeout=TIMEOUT)  # fmt: skip
+    _check(again)
+    assert "resuming from" in (two / "log.txt").read_text()
+    assert read_results(two / "eval_results.txt")["global_step"] == "6"
+
+
+def test_checkpoints_every_few_minutes(tmp_path):
+    data, _ = synthetic_data(tmp_path, n=24, seq=32)
+    config = write_tiny_config(tmp_path / "bert_config.json", 99, max_position_embeddings=32, **NO_DROPOUT)
+    out = tmp_path / "run"
+    run_pretrain(PretrainArgs(
+        bert_config_file=str(config), input_file=str(data), output_dir=str(out), do_train=True, train_batch_size=8,
+        max_seq_length=32, max_predictions_per_seq=5, num_train_steps=4, num_warmup_steps=1, log_every=1,
+        save_checkpoints_steps=1000, save_checkpoints_minutes=1e-9, keep_checkpoint_max=0,
+    ))  # fmt: skip
+    # Each step took longer than the interval: a checkpoint after every step, though the step cadence is 1000.
+    assert [s for s, _ in list_checkpoints(out)] == [1, 2, 3, 4]

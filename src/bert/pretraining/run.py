@@ -73,7 +73,7 @@ def _check_flags(args: Any, world_size: int) -> None:
     for name in positive:
         if getattr(args, name) < 1:
             raise InputError(f"--{name}={getattr(args, name)} must be at least 1")
-    for name in ("num_warmup_steps", "keep_checkpoint_max"):
+    for name in ("num_warmup_steps", "keep_checkpoint_max", "save_checkpoints_minutes"):
         if getattr(args, name) < 0:
             raise InputError(f"--{name}={getattr(args, name)} must not be negative")
     if args.do_train and not args.learning_rate > 0:
@@ -223,6 +223,7 @@ def _make_trainer(
     settings = training.TrainerSettings(
         precision=args.precision,
         save_checkpoints_steps=args.save_checkpoints_steps,
+        save_checkpoints_minutes=args.save_checkpoints_minutes,
         keep_checkpoint_max=args.keep_checkpoint_max,
         log_every=args.log_every,
         examples_per_step=args.train_batch_size,
