@@ -248,6 +248,30 @@ class MaskingArgs:
 
 
 @dataclass(kw_only=True)
+class ShardArgs:
+    """One share of a job split over many machines or array tasks (create-pretraining-data, embed): each run
+    takes --shard_index of --num_shards, writes its own output, and the outputs together are those of one
+    unsharded run."""
+
+    num_shards: int = field(
+        default=1,
+        metadata={
+            "help": "Split the work over this many runs (machines, array tasks), each with its own --shard_index; "
+            "their outputs together are those of one run."
+        },
+    )
+    shard_index: int = field(default=0, metadata={"help": "Which of the --num_shards this run does (0-based)."})
+
+    def check_shard_flags(self) -> None:
+        if self.num_shards < 1:
+            raise InputError(f"--num_shards={self.num_shards} must be at least 1")
+        if not 0 <= self.shard_index < self.num_shards:
+            raise InputError(
+                f"--shard_index={self.shard_index} must be between 0 and --num_shards-1 = {self.num_shards - 1}"
+            )
+
+
+@dataclass(kw_only=True)
 class CorpusArgs:
     """Reading many text files: prepare-corpus and create-pretraining-data."""
 

@@ -28,6 +28,8 @@ from conftest import (
     read_metrics,
     read_results,
     read_weights,
+    save_tiny_model,
+    shared_path,
     synthetic_data,
     write_tiny_config,
 )
@@ -281,3 +283,33 @@ def test_checkpoints_every_few_minutes(tmp_path):
     ))  # fmt: skip
     # Each step took longer than the interval: a checkpoint after every step, though the step cadence is 1000.
     assert [s for s, _ in list_checkpoints(out)] == [1, 2, 3, 4]
+
+
+# ---------------------------------------------------------------------------------------- sharded embedding
+def test_sharded_embedding_equals_unsharded(tmp_path, monkeypatch):
+    import bert.inference
+    from bert.commands.embed import EmbedArgs, run_embed
+    from bert.utils import shard_file
+
+    _, _, model = save_tiny_model(tmp_path, shared_path("data", "vocab", "uncased.txt"), True)
+    texts = [f"sentence number {i} about {'cats' if i % 2 else 'dogs'} and more" for i in range(11)]
+    inputs = tmp_path / "in.txt"
+    inputs.write_text("".join(t + "\n" for t in texts))
+    monkeypatch.setattr(bert.inference, "CHUNK_LINES", 2)  # shards that start and end inside chunks
+    whole = tmp_path / "whole.npy"
+    run_embed(EmbedArgs(model=str(model), input_file=str(inputs), output_file=str(whole)))
+    out = tmp_path / "emb.npy"
+    counts = [
+        run_embed(EmbedArgs(model=str(model), input_file=str(inputs), output_file=str(out), num_shards=3,
+                            shard_index=i))["lines"]
+        for i in range(3)
+    ]  # fmt: skip
+    assert counts == [3, 4, 4]
+    names = sorted(p.name for p in tmp_path.glob("emb-*.npy"))
+    assert (
+        names == [Path(shard_file(out, i, 3)).name for i in range(3)] == [f"emb-0000{i}-of-00003.npy" for i in range(3)]
+    )
+    joined = np.concatenate([np.load(tmp_path / n, mmap_mode="r") for n in names])  # in name order
+    np.testing.assert_array_equal(joined, np.load(whole))
+    with pytest.raises(InputError, match="--num_shards needs --output_file"):
+        run_embed(EmbedArgs(model=str(model), input_file=str(inputs), num_shards=2, shard_index=1))

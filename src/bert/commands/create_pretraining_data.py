@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bert.errors import InputError
-from bert.flags import CorpusArgs, MaskingArgs, ModelArgs, same_as
+from bert.flags import CorpusArgs, MaskingArgs, ModelArgs, ShardArgs, same_as
 from bert.formats.native import check_output_dir
 from bert.outputs import claim
 from bert.pretraining.create import create_pretraining_data
@@ -26,9 +26,13 @@ from bert.utils import expand_input_files, log_to_file
 
 
 @dataclass(kw_only=True)
-class CreatePretrainingDataArgs(MaskingArgs, CorpusArgs):
+class CreatePretrainingDataArgs(MaskingArgs, CorpusArgs, ShardArgs):
     """Create masked LM / next sentence masked_lm examples for BERT (create_pretraining_data.py): TFRecord
-    files as the original writes, or a native dataset of memory-mappable shards."""
+    files as the original writes, or a native dataset of memory-mappable shards.
+
+    --num_shards=N implies --streaming: every shard reads the whole corpus and generates its share of the
+    buffers, so the N outputs hold exactly the instances of one run; `bert pretrain` takes the N native
+    directories (a list or a glob) as one dataset, in one run's order."""
 
     input_file: str = field(
         metadata={"help": "Input raw text file (or comma-separated list of files); glob patterns are expanded."}
@@ -66,15 +70,6 @@ class CreatePretrainingDataArgs(MaskingArgs, CorpusArgs):
             "original's random order). Off with one worker: the original algorithm, record for record."
         },
     )
-    num_shards: int = field(
-        default=1,
-        metadata={
-            "help": "Split the work over this many runs (machines, array tasks), each with its own --shard_index "
-            "and --output_file; together they hold exactly the instances of one run. More than 1 implies "
-            "--streaming; `bert pretrain` takes the native shard directories as one dataset."
-        },
-    )
-    shard_index: int = field(default=0, metadata={"help": "Which of the --num_shards this run writes (0-based)."})
     streaming_buffer_mb: float = field(
         default=4.0,
         metadata={"help": "Streaming: MB of text per buffer; random-next segments are drawn within a buffer."},
@@ -107,12 +102,7 @@ def _validate(args: CreatePretrainingDataArgs) -> tuple[list[str], list[str], st
         raise InputError(f"--dupe_factor={args.dupe_factor} must be at least 1")
     if args.num_workers < 1:
         raise InputError(f"--num_workers={args.num_workers} must be at least 1")
-    if args.num_shards < 1:
-        raise InputError(f"--num_shards={args.num_shards} must be at least 1")
-    if not 0 <= args.shard_index < args.num_shards:
-        raise InputError(
-            f"--shard_index={args.shard_index} must be between 0 and --num_shards-1 = {args.num_shards - 1}"
-        )
+    args.check_shard_flags()
     if args.streaming_buffer_mb <= 0:
         raise InputError(f"--streaming_buffer_mb={args.streaming_buffer_mb} must be positive")
     outputs = [o.strip() for o in args.output_file.split(",") if o.strip()]

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from bert.errors import InputError
-from bert.flags import InferenceArgs
+from bert.flags import InferenceArgs, ShardArgs
 from bert.inference import EMBEDDINGS, POOLINGS, Predictor, cosine_similarity, map_input_lines
-from bert.utils import count_lines, json_line, output_file_or_stdout, readable_input
+from bert.utils import count_lines, json_line, output_file_or_stdout, readable_input, shard_file, shard_range
 
 logger = logging.getLogger(__name__)
 
@@ -28,12 +28,15 @@ MAX_SIMILARITY_LINES = 1000
 
 
 @dataclass
-class EmbedArgs(InferenceArgs):
+class EmbedArgs(InferenceArgs, ShardArgs):
     """Embed text: one vector per input line (plain text, or JSON lines with a "text" field).
 
     Output: --output_file=x.npy writes a float32 matrix, row i for line i; any other name (or stdout)
     gets JSON lines {"embedding": [...]}. --similarity outputs the cosine similarity matrix of the
     inputs instead.
+
+    --num_shards=N --shard_index=i embeds the i-th of N consecutive blocks of the lines into
+    OUTPUT-0000i-of-0000N.npy (or .jsonl): the N files, read in name order, are the unsharded output.
     """
 
     model: str = field(metadata={"help": "The model directory (any BERT model; sentence-transformers dirs too)."})
@@ -82,6 +85,9 @@ def _write_rows(out, vectors: np.ndarray, as_npy: bool) -> None:
 
 def run_embed(args: EmbedArgs) -> dict[str, Any]:
     """Embed every input line; returns {"lines", "dim", "output_file", "pooling", "normalize"}."""
+    args.check_shard_flags()
+    if args.num_shards > 1 and (args.output_file is None or args.similarity):
+        raise InputError("--num_shards needs --output_file (each shard writes its own file) and no --similarity")
     settings = args.predictor_settings()
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
     pooling = args.pooling or predictor.default_pooling
@@ -89,8 +95,12 @@ def run_embed(args: EmbedArgs) -> dict[str, Any]:
     as_npy = args.output_file is not None and args.output_file.endswith(".npy")
     dim = predictor.config.hidden_size
     name = args.input_file or "<stdin>"
+    output_file = args.output_file
+    if args.num_shards > 1:
+        output_file = shard_file(args.output_file, args.shard_index, args.num_shards)
     with readable_input(args.input_file) as path:
-        total = count_lines(path)
+        lines = shard_range(count_lines(path), args.shard_index, args.num_shards)
+        total = len(lines)
         if args.similarity and total > MAX_SIMILARITY_LINES:
             raise InputError(
                 f"--similarity outputs a {total} x {total} matrix; give at most {MAX_SIMILARITY_LINES} lines, or "
@@ -98,7 +108,7 @@ def run_embed(args: EmbedArgs) -> dict[str, Any]:
             )
         kept = []
         desc = "embed" if args.input_file is not None else None
-        with output_file_or_stdout(args.output_file, "wb" if as_npy else "w") as out:
+        with output_file_or_stdout(output_file, "wb" if as_npy else "w") as out:
             if as_npy:
                 rows = total
                 cols = total if args.similarity else dim
@@ -106,7 +116,8 @@ def run_embed(args: EmbedArgs) -> dict[str, Any]:
                     out, {"descr": "<f4", "fortran_order": False, "shape": (rows, cols)}
                 )
             embed = lambda texts: predictor.embed(texts, pooling=pooling, normalize=normalize)  # noqa: E731
-            for vectors in map_input_lines(path, name, EMBEDDINGS, embed, total, desc):
+            only = lines if args.num_shards > 1 else None
+            for vectors in map_input_lines(path, name, EMBEDDINGS, embed, total, desc, only):
                 if args.similarity:
                     kept.append(vectors)
                 else:
@@ -119,4 +130,4 @@ def run_embed(args: EmbedArgs) -> dict[str, Any]:
                     for row in matrix:
                         out.write("\t".join(f"{x:.4f}" for x in row) + "\n")
     logger.info("embedded %d lines (%s pooling%s)", total, pooling, ", normalized" if normalize else "")
-    return {"lines": total, "dim": dim, "output_file": args.output_file, "pooling": pooling, "normalize": normalize}
+    return {"lines": total, "dim": dim, "output_file": output_file, "pooling": pooling, "normalize": normalize}
