@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert.flags import MaskingArgs, ModelArgs, TrainingArgs, same_as
+from bert.plan import format_plan, make_plan
 from bert.pretraining.run import run_pretraining
+from bert.starting_model import resolve_starting_model
 
 
 @dataclass(kw_only=True)
@@ -53,7 +55,38 @@ class PretrainArgs(MaskingArgs, TrainingArgs):
     fsdp: bool = field(
         default=False, metadata={"help": "Under torchrun, shard the model with FSDP instead of replicating it (DDP)."}
     )
+    plan: bool = field(
+        default=False,
+        metadata={
+            "help": "Print the plan of this run and stop: memory per device (parameters, gradients, optimizer "
+            "state, activations; with and without --gradient_checkpointing), FLOPs per step, and the time per "
+            "step and for the run at --plan_mfu on --plan_devices. Reads no data."
+        },
+    )
+    plan_devices: str = field(
+        default="cpu",
+        metadata={"help": "The devices the plan is for: N x a device (8xH100, 1xA100), or cpu (this machine)."},
+    )
+    plan_mfu: float = field(
+        default=0.4, metadata={"help": "The model FLOPs utilisation the plan's times assume (0.4: 40%)."}
+    )
 
 
 def run_pretrain(args: PretrainArgs) -> dict[str, Any]:
+    if args.plan:
+        plan = make_plan(
+            resolve_starting_model(args, need_vocab=False).config,
+            train_batch_size=args.train_batch_size,
+            max_seq_length=args.max_seq_length,
+            max_predictions_per_seq=args.max_predictions_per_seq,
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            num_train_steps=args.num_train_steps,
+            devices=args.plan_devices,
+            precision=args.precision,
+            optimizer=args.optimizer,
+            fsdp=args.fsdp,
+            mfu=args.plan_mfu,
+        )
+        print(format_plan(plan))
+        return plan
     return run_pretraining(args)
