@@ -13,8 +13,10 @@ Memory per device, in bytes:
   keep 3 [b, s, h] and the heads 4 h + V values per masked position (the log-softmax over the vocabulary).
   With `--gradient_checkpointing` each layer keeps its input only, and one layer's activations exist again
   while it is recomputed.
-- the peak: weights, gradients and optimizer state, plus the activations at the end of the forward pass,
-  plus the largest transient (the gradient of the masked-LM logits and of the embedding matrix).
+- the peak: weights, optimizer state and the activations at the end of the forward pass, plus the larger
+  of what joins them in the backward pass: at its start the masked-LM head's gradients (log-probabilities,
+  logits, the decoder's part of the word embeddings), later the weights' gradients, as the activations
+  are freed. Checked on the CPU against the measured peak (`measure_cpu_peak`, bench/bench_plan.py).
 
 FLOPs per step: matrix products only (2 multiply-adds per weight per token, attention's two products of
 s x s x h per sequence), forward x 3 for forward and backward (x 4 for the encoder with gradient
@@ -36,6 +38,7 @@ import torch
 from bert.config import BertConfig
 from bert.errors import InputError
 from bert.modeling import BertForPreTraining
+from bert.optimization import create_optimizer
 
 # Dense peak FLOP/s by precision, and memory in bytes. H100 SXM5 and A100 SXM4: NVIDIA's data sheets
 # (bf16/fp16 tensor cores without sparsity; fp32 is TF32 on tensor cores, which fp32 matmuls use with
@@ -106,6 +109,13 @@ def parse_devices(spec: str) -> tuple[int, str]:
     return int(m.group(1) or 1), ("cpu" if name.lower() == "cpu" else name)
 
 
+def check_plan_flags(devices: str, mfu: float) -> tuple[int, str]:
+    """--plan_devices and --plan_mfu, checked before a model is read; returns the parsed devices."""
+    if not 0 < mfu <= 1:
+        raise InputError(f"--plan_mfu={mfu} must be in (0, 1]")
+    return parse_devices(devices)
+
+
 def measured_cpu_flops(seconds: float = 0.5) -> float:
     """This machine's fp32 matmul FLOP/s with the threads torch uses (a short measurement)."""
     n = 512
@@ -133,25 +143,23 @@ def make_plan(
     mfu: float = 0.4,
 ) -> dict[str, Any]:
     """The plan of a pre-training run (see the module docstring); JSON-able."""
-    count, kind = parse_devices(devices)
+    count, kind = check_plan_flags(devices, mfu)
     parts = count * gradient_accumulation_steps
     if train_batch_size % parts:
         raise InputError(
             f"--train_batch_size={train_batch_size} must be divisible by devices x --gradient_accumulation_steps "
             f"= {count} x {gradient_accumulation_steps} = {parts}"
         )
-    if not 0 < mfu <= 1:
-        raise InputError(f"--plan_mfu={mfu} must be in (0, 1]")
     micro = Shape(train_batch_size // parts, max_seq_length, max_predictions_per_seq)
     cuda, half = kind != "cpu", precision in ("bf16", "fp16")
     n = num_parameters(config)
     shard = count if fsdp else 1
     weights = n * FP32 // shard
     states = OPTIMIZER_STATES[optimizer] * n * FP32 // shard
-    # The largest transient: the masked-LM logits' gradient, or a full embedding matrix's (FSDP gathers it).
-    transient = max(
-        FP32 * micro.batch * micro.predictions * config.vocab_size, FP32 * config.vocab_size * config.hidden_size
-    )
+    # At the start of the backward pass the masked-LM head's gradients (log-probabilities, logits, the word
+    # embeddings' decoder part) join the activations; later the weights' gradients do, as activations go.
+    v, h = config.vocab_size, config.hidden_size
+    head_grads = FP32 * (2 * micro.batch * micro.predictions * v + v * h)
     memory = {}
     for name, ckpt in (("no_checkpointing", False), ("gradient_checkpointing", True)):
         act = activation_bytes(config, micro, cuda, half, ckpt)
@@ -160,7 +168,7 @@ def make_plan(
             "gradients": weights,
             "optimizer_state": states,
             "activations": act,
-            "peak": 2 * weights + states + act + transient,
+            "peak": weights + states + act + max(weights, head_grads),
         }
     flops = {
         name: step_flops(config, Shape(train_batch_size, max_seq_length, max_predictions_per_seq), ckpt)
@@ -191,6 +199,55 @@ def make_plan(
         "hours_for_run": {k: t * num_train_steps / 3600 for k, t in step_seconds.items()},
         "num_train_steps": num_train_steps,
     }
+
+
+def _rss(field: str) -> int:
+    """A memory figure of this process from /proc/self/status (Linux), in bytes."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"/proc/self/status has no {field}")
+
+
+def measure_cpu_peak(config: BertConfig, shape: Shape, optimizer: str = "adamw_bert", steps: int = 2) -> int:
+    """The growth of this process's peak resident memory over `steps` fp32 training steps of a fresh model
+    on random data of `shape`, on the CPU (Linux: the peak is reset through /proc/self/clear_refs). Run it
+    in a fresh process with MALLOC_MMAP_THRESHOLD_=131072: memory freed earlier and kept by the allocator
+    would hide allocations, and with glibc's adaptive threshold freed blocks stay resident, so the peak
+    would be the allocator's, not the live tensors'."""
+    b, s, m = shape.batch, shape.seq, shape.predictions
+    gen = torch.Generator().manual_seed(0)
+
+    def random_batch(config: BertConfig, b: int, s: int, m: int) -> dict[str, torch.Tensor]:
+        return {
+            "input_ids": torch.randint(5, config.vocab_size, (b, s), generator=gen),
+            "attention_mask": torch.ones(b, s, dtype=torch.long),
+            "token_type_ids": torch.zeros(b, s, dtype=torch.long),
+            "masked_lm_positions": torch.randint(1, s, (b, m), generator=gen).sort(1).values,
+            "masked_lm_ids": torch.randint(5, config.vocab_size, (b, m), generator=gen),
+            "masked_lm_weights": torch.ones(b, m),
+            "next_sentence_labels": torch.zeros(b, 1, dtype=torch.long),
+        }
+
+    def train(config: BertConfig, batch: dict[str, torch.Tensor]) -> None:
+        model = BertForPreTraining(config)
+        model.train()
+        opt, _ = create_optimizer(model, 1e-4, 10, 1, optimizer)
+        for _ in range(steps):
+            model(**batch).total_loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    # A tiny model first: the runtime's own first-use allocations (kernels, thread pools) are not the plan's.
+    tiny = BertConfig(vocab_size=99, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16)
+    train(tiny, random_batch(tiny, 2, 8, 2))
+    batch = random_batch(config, b, s, m)
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+        f.write("5")  # the peak (VmHWM) starts again from the current resident size
+    before = _rss("VmRSS")
+    train(config, batch)
+    return _rss("VmHWM") - before
 
 
 def _gib(x: float) -> str:

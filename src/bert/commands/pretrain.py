@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert.flags import MaskingArgs, ModelArgs, TrainingArgs, same_as
-from bert.plan import format_plan, make_plan
+from bert.plan import check_plan_flags, format_plan, make_plan
 from bert.pretraining.run import run_pretraining
 from bert.starting_model import resolve_starting_model
 
@@ -74,6 +74,7 @@ class PretrainArgs(MaskingArgs, TrainingArgs):
 
 def run_pretrain(args: PretrainArgs) -> dict[str, Any]:
     if args.plan:
+        check_plan_flags(args.plan_devices, args.plan_mfu)
         plan = make_plan(
             resolve_starting_model(args, need_vocab=False).config,
             train_batch_size=args.train_batch_size,
