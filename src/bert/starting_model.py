@@ -84,7 +84,7 @@ def resolve_starting_model(
             f"no model config: pass --bert_config_file=PATH or a shape ({SHAPE_NAMES}), or an --init_checkpoint "
             "with a config beside it"
         )
-    if vocab_entries is not None:
+    if vocab_entries is not None and vocab_file:
         config.validate_vocab(vocab_entries, vocab_file)
     if args.max_seq_length > config.max_position_embeddings:
         raise InputError(
