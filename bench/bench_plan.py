@@ -82,7 +82,8 @@ def predictions(mfu: float) -> None:
                 f"{mem['no_checkpointing']['peak'] / 2**30:.2f} / {mem['gradient_checkpointing']['peak'] / 2**30:.2f}"
             )
             shown = "" if published is None else f"{published:,.0f}"
-            print(f"| BERT-{model.capitalize()} | {devices} | {batch} | {peaks} | {flops / 1e12:.2f} | {predicted:,.0f} | "
+            cells = f"{peaks} | {flops / 1e12:.2f} | {predicted:,.0f}"
+            print(f"| BERT-{model.capitalize()} | {devices} | {batch} | {cells} | "
                   f"{shown} | {implied} |")  # fmt: skip
 
 
