@@ -68,7 +68,7 @@ class PretrainArgs(MaskingArgs, TrainingArgs):
         metadata={"help": "The devices the plan is for: N x a device (8xH100, 1xA100), or cpu (this machine)."},
     )
     plan_mfu: float = field(
-        default=0.4, metadata={"help": "The model FLOPs utilisation the plan's times assume (0.4: 40%)."}
+        default=0.4, metadata={"help": "The model FLOPs utilisation the plan's times assume (0.4: 40 percent)."}
     )
 
 
