@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -24,6 +25,7 @@ from bert.formats.native import open_native_dataset
 from bert.pretraining.inputs import open_pretraining_data
 from bert.training import TRAINING_STATE_NAME, list_checkpoints
 from conftest import (
+    REPO,
     assert_same_weights,
     read_metrics,
     read_results,
@@ -313,3 +315,61 @@ def test_sharded_embedding_equals_unsharded(tmp_path, monkeypatch):
     np.testing.assert_array_equal(joined, np.load(whole))
     with pytest.raises(InputError, match="--num_shards needs --output_file"):
         run_embed(EmbedArgs(model=str(model), input_file=str(inputs), num_shards=2, shard_index=1))
+
+
+# ------------------------------------------------------------------------------------ the README's recipes
+def _readme_blocks(language: str) -> list[str]:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.M | re.S)
+
+
+def test_readme_slurm_scripts_parse_and_run_bert_through_the_schedulers_variables():
+    scripts = _readme_blocks("sh")
+    commands = ("create-pretraining-data", "pretrain", "embed")
+    data, train, embed = (next(s for s in scripts if f"bert {c}" in s) for c in commands)
+    for script in (data, train, embed):
+        done = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        assert script.startswith("#!/bin/bash\n#SBATCH ")
+    for array in (data, embed):  # one task per shard
+        assert "#SBATCH --array=" in array
+        assert '--num_shards="$SLURM_ARRAY_TASK_COUNT" --shard_index="$SLURM_ARRAY_TASK_ID"' in array
+    # srun starts one torchrun per node; they meet through c10d on the first node, elastic with restarts.
+    assert "srun torchrun" in train and "--rdzv_backend=c10d" in train and "--max_restarts=" in train
+    assert '--rdzv_endpoint="$head_node:29500"' in train and "--nnodes=" in train
+    for script in (data, train, embed):  # every flag given to bert is one of its command's flags
+        _check_bert_flags(" ".join(script.replace("\\\n", " ").split("\n")))
+
+
+def _check_bert_flags(line: str) -> None:
+    """Every --flag=value after `bert COMMAND` in `line` is a flag of that command (`bert.cli.COMMANDS`)."""
+    import dataclasses
+    import importlib
+
+    from bert.cli import COMMANDS
+
+    command = re.search(r"bert ([a-z-]+)", line).group(1)
+    module, args_name, _, _ = COMMANDS[command]
+    known = {f.name for f in dataclasses.fields(getattr(importlib.import_module(module), args_name))}
+    flags = set(re.findall(r"(?<![\w-])--([a-z_]+)=", line.split(f"bert {command}", 1)[1]))
+    assert flags and flags <= known, (command, flags - known)
+
+
+def test_readme_pytorchjob_manifest_is_an_elastic_torchrun_of_bert_pretrain():
+    yaml = pytest.importorskip("yaml")
+    (manifest,) = [yaml.safe_load(block) for block in _readme_blocks("yaml") if "PyTorchJob" in block]
+    assert (manifest["apiVersion"], manifest["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
+    policy = manifest["spec"]["elasticPolicy"]
+    assert policy["rdzvBackend"] == "c10d" and 1 <= policy["minReplicas"] <= policy["maxReplicas"]
+    assert policy["maxRestarts"] >= 1
+    worker = manifest["spec"]["pytorchReplicaSpecs"]["Worker"]
+    assert policy["minReplicas"] <= worker["replicas"] <= policy["maxReplicas"]
+    (container,) = worker["template"]["spec"]["containers"]
+    command = container["command"]
+    assert command[:1] == ["torchrun"] and command[command.index("-m") + 1 : command.index("-m") + 3] == [
+        "bert",
+        "pretrain",
+    ]
+    _check_bert_flags(" ".join(command))
+    mounts = {m["name"] for m in container["volumeMounts"]}
+    assert mounts == {v["name"] for v in worker["template"]["spec"]["volumes"]}
