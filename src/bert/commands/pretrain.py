@@ -25,7 +25,8 @@ class PretrainArgs(MaskingArgs, TrainingArgs):
     input_file: str = field(
         metadata={
             "run_defining": "data",
-            "help": "Input TF example files (can be a glob or comma separated), or native dataset directories.",
+            "help": "Input TF example files (can be a glob or comma separated), or native dataset directories (the "
+            "shards of one create-pretraining-data --num_shards run are read as one dataset).",
         }
     )
     bert_config_file: str | None = same_as(ModelArgs, "bert_config_file")
