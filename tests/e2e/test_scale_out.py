@@ -373,3 +373,25 @@ def test_readme_pytorchjob_manifest_is_an_elastic_torchrun_of_bert_pretrain():
     _check_bert_flags(" ".join(command))
     mounts = {m["name"] for m in container["volumeMounts"]}
     assert mounts == {v["name"] for v in worker["template"]["spec"]["volumes"]}
+
+
+def test_sharded_prepare_corpus_concatenates_to_the_unsharded_output(tmp_path):
+    from bert.commands.prepare_corpus import PrepareCorpusArgs, run_prepare_corpus
+    from bert.utils import shard_file
+
+    for i in range(5):
+        text = "\n\n".join(f"Book {i} paragraph {p}. It has two sentences here." for p in range(3))
+        (tmp_path / f"book{i}.txt").write_text(text + "\n")
+    common = dict(input_file=str(tmp_path / "book*.txt"), sentence_splitter="blingfire", paragraph_mode="blank_line")
+    pytest.importorskip("blingfire")
+    run_prepare_corpus(PrepareCorpusArgs(output_file=str(tmp_path / "whole.txt"), **common))
+    out = tmp_path / "sentences.txt"
+    counts = [
+        run_prepare_corpus(PrepareCorpusArgs(output_file=str(out), num_shards=3, shard_index=i, **common))["files"]
+        for i in range(3)
+    ]
+    assert counts == [1, 2, 2]
+    joined = "".join(Path(shard_file(out, i, 3)).read_text() for i in range(3))
+    assert joined == (tmp_path / "whole.txt").read_text() and joined.count("Book 4 paragraph 2.") == 1
+    with pytest.raises(InputError, match="--num_shards=6 exceeds the 5 input files"):
+        run_prepare_corpus(PrepareCorpusArgs(output_file=str(out), num_shards=6, shard_index=0, **common))
