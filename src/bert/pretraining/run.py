@@ -118,10 +118,10 @@ def run_pretraining(args: Any) -> dict[str, Any]:
 
         start = resolve_starting_model(args, need_vocab=False, open_data=open_data)
         args = dataclasses.replace(args, vocab_file=start.vocab_file)
-        if args.dynamic_masking and not args.vocab_file:
-            raise InputError("--dynamic_masking needs --vocab_file (for the [MASK], [CLS] and [SEP] ids)")
         masking = None
         if args.dynamic_masking:
+            if start.vocab is None:
+                raise InputError("--dynamic_masking needs --vocab_file (for the [MASK], [CLS] and [SEP] ids)")
             masking = (args.seed, masking_vocab(start.vocab, args.vocab_file, args.do_whole_word_mask))
         train_source = eval_source = sources["train"]
         if args.do_eval and args.eval_files:
