@@ -155,7 +155,12 @@ def init_distributed(device_spec: str | None = None) -> DistContext:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
-        torch.distributed.init_process_group(backend=backend)
+        # Under an elastic torchrun the workers may share the agent's store across restarts, where a dead
+        # worker's address from the failed attempt can outlive it: each attempt gets its own key space.
+        store, _, _ = next(torch.distributed.rendezvous("env://", rank=rank, world_size=world_size))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = torch.distributed.PrefixStore(f"bert/attempt-{attempt}", store)
+        torch.distributed.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size)
         logger.info("rank %d of %d joined the %s process group on %s", rank, world_size, backend, device)
     return DistContext(device=device, rank=rank, world_size=world_size, local_rank=local_rank)
 
