@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -58,10 +57,9 @@ import torch
 
 from bert import training
 from bert.checkpoint import load_into, read_checkpoint
-from bert.config import BertConfig, resolve_config
+from bert.config import BertConfig
 from bert.errors import InputError
 from bert.flags import (
-    SHAPE_NAMES,
     FinetuneArgs,
     check_batch_division,
     check_flag_values,
@@ -71,8 +69,9 @@ from bert.formats.tensorboard import EventWriter
 from bert.modeling import MODEL_CLASSES, num_parameters
 from bert.optimization import create_optimizer
 from bert.plotting import CURVES_NAME, try_plot
+from bert.starting_model import StartingModel, resolve_starting_model
 from bert.tasks.common import FinetuneTask, num_train_steps, num_warmup_steps
-from bert.tokenization import FullTokenizer, load_vocab, validate_case_matches_checkpoint
+from bert.tokenization import FullTokenizer
 from bert.training import METRICS_NAME, RecordStream, autocast, list_checkpoints, to_device
 from bert.utils import atomic_write, format_scores, print_result, progress
 
@@ -276,58 +275,22 @@ def _check_flags(args: FinetuneArgs, task: FinetuneTask, world_size: int) -> Non
 
 @dataclass
 class ModelFiles:
-    config: Any  # BertConfig
-    vocab_file: str
-    checkpoint: Any  # bert.checkpoint.Checkpoint | None: --init_checkpoint
+    start: StartingModel
     saved_labels: list[str] | None
     saved_config: dict[str, Any]  # the extra config.json keys of the model saved_labels come from
 
 
-def _resolve_model_files(args: FinetuneArgs, resume_dir: Path | None) -> ModelFiles:
-
-    validate_case_matches_checkpoint(args.do_lower_case, args.init_checkpoint)
-    ckpt = (
-        read_checkpoint(args.init_checkpoint, verify=not args.ignore_checkpoint_digest)
-        if args.init_checkpoint
-        else None
-    )
-    vocab_file = args.vocab_file or (ckpt.vocab_file if ckpt is not None else None)
-    if not vocab_file:
-        raise InputError("no vocabulary: pass --vocab_file=PATH (or an --init_checkpoint with a vocab.txt beside it)")
-    if not os.path.isfile(vocab_file):
-        raise InputError(f"--vocab_file={vocab_file}: no such file")
-    vocab = load_vocab(vocab_file)
-    if args.bert_config_file:
-        config = resolve_config(args.bert_config_file, vocab_size=max(vocab.values()) + 1)
-    elif ckpt is not None and ckpt.config is not None:
-        config = ckpt.config
-    else:
-        raise InputError(
-            f"no model config: pass --bert_config_file=PATH or a shape ({SHAPE_NAMES}), or an --init_checkpoint "
-            "with a config beside it"
-        )
-    config.validate_vocab(max(vocab.values()) + 1, vocab_file)
-    if args.max_seq_length > config.max_position_embeddings:
-        raise InputError(
-            f"Cannot use sequence length {args.max_seq_length} because the BERT model was only trained up to "
-            f"sequence length {config.max_position_embeddings}: lower --max_seq_length"
-        )
-    if ckpt is not None:
-        saved = ckpt.tokenizer_settings.get("do_lower_case")
-        if saved is not None and bool(saved) != args.do_lower_case:
-            raise InputError(
-                f"--do_lower_case={args.do_lower_case} does not match --init_checkpoint={args.init_checkpoint}, "
-                f"whose tokenizer_config.json says do_lower_case={bool(saved)}; pass --do_lower_case={bool(saved)}"
-            )
+def _resolve_model_files(args: FinetuneArgs) -> ModelFiles:
+    start = resolve_starting_model(args, do_lower_case=args.do_lower_case)
     # The labels of the model the run starts from (see `_run`, point 3), else of --init_checkpoint.
     exported = Path(args.output_dir) / MODEL_DIR
-    saved = ckpt.config if ckpt is not None else None
-    for cfg_dir in (resume_dir,) if args.do_train else (exported, resume_dir):
+    saved = start.init.config if start.init is not None else None
+    for cfg_dir in (start.resume_dir,) if args.do_train else (exported, start.resume_dir):
         if cfg_dir is not None and (cfg_dir / "config.json").is_file():
             saved = BertConfig.from_json_file(cfg_dir / "config.json")
             break
     saved_config = dict(saved.extra) if saved is not None else {}
-    return ModelFiles(config, vocab_file, ckpt, saved_label_list(saved), saved_config)
+    return ModelFiles(start, saved_label_list(saved), saved_config)
 
 
 class EvalHistory:
@@ -471,11 +434,9 @@ class _FinetuneRun:
         _check_flags(args, task, dist.world_size)
         self.output_dir = Path(args.output_dir)
         self.exported = self.output_dir / MODEL_DIR
-        self.resume_dir = training.latest_checkpoint(self.output_dir)
-        self.files = _resolve_model_files(args, self.resume_dir)
-        config = self.files.config
-        if self.resume_dir is not None:
-            training.check_checkpoint_config(self.resume_dir, config)
+        self.files = _resolve_model_files(args)
+        self.resume_dir = self.files.start.resume_dir
+        config = self.files.start.config
         if task.classifier_dropout is not None and config.classifier_dropout is None:
             config.classifier_dropout = task.classifier_dropout
         task.setup(self.files.saved_labels, args.do_train)
@@ -513,7 +474,7 @@ class _FinetuneRun:
     def run(self) -> dict[str, Any]:
         args = self.args
         # 2. Tokenizer and features.
-        self.tokenizer = FullTokenizer(self.files.vocab_file, do_lower_case=args.do_lower_case)
+        self.tokenizer = FullTokenizer(self.files.start.vocab_file, do_lower_case=args.do_lower_case)
         self.dev_features = self.features_of(self.dev_examples) if self.dev_examples is not None else None
         # 3. The model, 4. training and 5. the exported model.
         self.model, self.global_step, state = self.load_model()
@@ -560,10 +521,10 @@ class _FinetuneRun:
         Training resumes from the newest checkpoint, else starts from --init_checkpoint; evaluation
         alone uses the model a finished training chose (model/), else the newest checkpoint.
         """
-        args, files = self.args, self.files
+        args, start = self.args, self.files.start
         verify = not args.ignore_checkpoint_digest
         training.set_seed(args.seed)
-        model = MODEL_CLASSES[self.task.head](files.config, **self.task.model_kwargs())
+        model = MODEL_CLASSES[self.task.head](start.config, **self.task.model_kwargs())
         state = None
         global_step = 0
         if not args.do_train and (self.exported / "config.json").is_file():
@@ -571,17 +532,17 @@ class _FinetuneRun:
             load_into(model, read_checkpoint(self.exported, verify=verify))
             global_step = _exported_step(self.exported)
         elif self.resume_dir is not None:
-            ignored = " (--init_checkpoint is ignored)" if files.checkpoint else ""
+            ignored = " (--init_checkpoint is ignored)" if args.init_checkpoint else ""
             logger.info("resuming from %s%s", self.resume_dir, ignored)
             load_into(model, read_checkpoint(self.resume_dir, verify=verify))
             global_step = int(self.resume_dir.name[len(training.CHECKPOINT_PREFIX) :])
             if args.do_train:
                 state = training.load_training_state(self.resume_dir, verify=verify)
-        elif files.checkpoint is not None:
-            load_into(model, files.checkpoint)
+        elif start.init is not None:
+            load_into(model, start.init)
         else:
             logger.warning("no --init_checkpoint: the model starts from random weights")
-        files.checkpoint = None  # the weights are in the model now
+        start.init = None  # the weights are in the model now
         logger.info("%s: %d parameters", type(model).__name__, num_parameters(model))
         self.wrapped = training.prepare_model(model, args, self.dist)
         if self.evaluate_during_training:
@@ -642,10 +603,11 @@ class _FinetuneRun:
         settings = training.TrainerSettings(
             precision=args.precision,
             save_checkpoints_steps=args.save_checkpoints_steps,
+            save_checkpoints_minutes=args.save_checkpoints_minutes,
             keep_checkpoint_max=0 if self.evaluate_during_training else args.keep_checkpoint_max,
             log_every=args.log_every,
             examples_per_step=args.train_batch_size,
-            vocab_file=self.files.vocab_file,
+            vocab_file=self.files.start.vocab_file,
             do_lower_case=args.do_lower_case,
             desc=f"{task.command} train",
             max_nonfinite_steps=args.max_nonfinite_steps,

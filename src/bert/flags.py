@@ -221,6 +221,14 @@ class TrainingArgs(TpuCompatArgs, PerformanceArgs, GuardArgs):
     save_checkpoints_steps: int = field(
         default=1000, metadata={"min": 1, "help": "How often to save the model checkpoint."}
     )
+    save_checkpoints_minutes: float = field(
+        default=0.0,
+        metadata={
+            "min": 0,
+            "help": "Also save a checkpoint once this many minutes have passed since the last one (0: off), so "
+            "that a lost worker costs little; under torchrun the ranks save together.",
+        },
+    )
     keep_checkpoint_max: int = field(
         default=5,
         metadata={
@@ -372,6 +380,32 @@ class MaskingArgs:
             "--dynamic_masking).",
         },
     )
+
+
+@dataclass(kw_only=True)
+class ShardArgs:
+    """One share of a job split over many machines or array tasks (create-pretraining-data, embed): each run
+    takes --shard_index of --num_shards, writes its own output, and the outputs together are those of one
+    unsharded run."""
+
+    num_shards: int = field(
+        default=1,
+        metadata={
+            "min": 1,
+            "help": "Split the work over this many runs (machines, array tasks), each with its own --shard_index; "
+            "their outputs together are those of one run.",
+        },
+    )
+    shard_index: int = field(
+        default=0, metadata={"min": 0, "help": "Which of the --num_shards this run does (0-based)."}
+    )
+
+    def check_shard_flags(self) -> None:
+        """What metadata cannot say: the index is one of the shards."""
+        if self.shard_index >= self.num_shards:
+            raise InputError(
+                f"--shard_index={self.shard_index} must be between 0 and --num_shards-1 = {self.num_shards - 1}"
+            )
 
 
 @dataclass(kw_only=True)

@@ -1407,12 +1407,19 @@ def cosine_similarity(vectors: np.ndarray) -> np.ndarray:
 CHUNK_LINES = 2048
 
 
-def _read_input_chunks(path: str, task: str, name: str) -> Iterator[tuple[list[int], list[Any]]]:
-    """(line numbers, records) of consecutive runs of up to CHUNK_LINES lines of a UTF-8 input file,
-    each line read by `read_input_record`; a bad line raises `InputError` naming `name` and its number."""
+def _read_input_chunks(
+    path: str, task: str, name: str, only: range | None = None
+) -> Iterator[tuple[list[int], list[Any]]]:
+    """(line numbers, records) of consecutive runs of up to CHUNK_LINES lines of a UTF-8 input file (only
+    the 0-based lines `only` when given), each line read by `read_input_record`; a bad line raises
+    `InputError` naming `name` and its number."""
     lines, records = [], []
     hint = "the text through `iconv -c -f utf-8 -t utf-8`"
     for number, line in enumerate(iter_lines(path, "utf-8", "strict", hint=hint), start=1):
+        if only is not None and number - 1 not in only:
+            if number > only.stop:
+                break
+            continue
         if number == 1 and line.startswith("\ufeff"):
             line = line[1:]
         line = line[:-1] if line.endswith("\r") else line
@@ -1429,16 +1436,23 @@ def _read_input_chunks(path: str, task: str, name: str) -> Iterator[tuple[list[i
 
 
 def map_input_lines(
-    path: str, name: str, task: str, run: Callable[[list[Any]], Any], total: int, desc: str | None
+    path: str,
+    name: str,
+    task: str,
+    run: Callable[[list[Any]], Any],
+    total: int,
+    desc: str | None,
+    only: range | None = None,
 ) -> Iterator[Any]:
     """`run(records)` over an input file, chunk by chunk, in order: the results of each chunk (a list, or
     an array of rows such as `Predictor.embed`'s).
 
     The file `path` (`name` in errors) holds one record per line for `task` (`read_input_record`); a bad
     line, or an `InputItemError` that `run` raises for one record, is an `InputError` naming its line.
-    A progress bar `desc` counts the `total` lines (none when `desc` is None)."""
+    `only`: the 0-based lines to run on (a shard's share); all when None. A progress bar `desc` counts
+    the `total` lines (none when `desc` is None)."""
     with progress(total=total, unit="line", desc=desc, disable=desc is None) as bar:
-        for lines, records in _read_input_chunks(path, task, name):
+        for lines, records in _read_input_chunks(path, task, name, only):
             try:
                 results = run(records)
             except InputItemError as e:

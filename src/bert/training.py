@@ -155,7 +155,12 @@ def init_distributed(device_spec: str | None = None) -> DistContext:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
-        torch.distributed.init_process_group(backend=backend)
+        # Under an elastic torchrun the workers may share the agent's store across restarts, where a dead
+        # worker's address from the failed attempt can outlive it: each attempt gets its own key space.
+        store, _, _ = next(torch.distributed.rendezvous("env://", rank=rank, world_size=world_size))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = torch.distributed.PrefixStore(f"bert/attempt-{attempt}", store)
+        torch.distributed.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size)
         logger.info("rank %d of %d joined the %s process group on %s", rank, world_size, backend, device)
     return DistContext(device=device, rank=rank, world_size=world_size, local_rank=local_rank)
 
@@ -753,6 +758,7 @@ class TrainerSettings:
         precision: "fp32", "bf16" (autocast) or "fp16" (autocast and a GradScaler).
         max_grad_norm: global-norm clipping of the reduced gradient (the original: 1.0).
         save_checkpoints_steps: save every this many steps, and after the last step.
+        save_checkpoints_minutes: also save when this many minutes have passed since the last save (0: off).
         keep_checkpoint_max: keep this many newest checkpoints (0 keeps all).
         log_every: write metrics every this many steps, and after the last step.
         examples_per_step: sequences per optimizer step over all ranks (for sequences/s).
@@ -764,6 +770,7 @@ class TrainerSettings:
     precision: str = "fp32"
     max_grad_norm: float = 1.0
     save_checkpoints_steps: int = 1000
+    save_checkpoints_minutes: float = 0.0
     keep_checkpoint_max: int = 5
     log_every: int = 100
     examples_per_step: int = 1
@@ -917,6 +924,15 @@ class Trainer:
         self.nonfinite_steps = int(state.get("nonfinite_steps", 0))
 
     # ---------------------------------------------------------------------------------- loop
+    def _save_due(self, last_save: float) -> bool:
+        """Whether --save_checkpoints_minutes have passed since `last_save` on any rank (every rank saves
+        together, as FSDP's gather of the full weights needs)."""
+        minutes = self.settings.save_checkpoints_minutes
+        if minutes <= 0:
+            return False
+        due = torch.tensor([float(time.perf_counter() - last_save >= 60 * minutes)])
+        return bool(self.dist.all_reduce_sum(due.to(self.dist.device)).item() > 0)
+
     def train(
         self,
         batches: Iterator[list[dict[str, torch.Tensor]]],
@@ -957,7 +973,7 @@ class Trainer:
         window: dict[str, torch.Tensor] = {}
         window_steps = 0
         window_lr = 0.0
-        window_start = time.perf_counter()
+        window_start = last_save = time.perf_counter()
         last: dict[str, float] = {}
         try:
             while self.global_step < num_train_steps:
@@ -997,8 +1013,9 @@ class Trainer:
                     seconds = time.perf_counter() - window_start
                     last = self._log(window, window_steps, window_lr, seconds, metrics_logger, bar)
                     window, window_steps, window_lr, window_start = {}, 0, 0.0, time.perf_counter()
-                if self.global_step % self.settings.save_checkpoints_steps == 0 or final:
+                if self.global_step % self.settings.save_checkpoints_steps == 0 or final or self._save_due(last_save):
                     self.save_checkpoint(self.global_step, data_state(self.global_step), checkpoint_info)
+                    last_save = time.perf_counter()
         finally:
             bar.close()
             if metrics_logger is not None:

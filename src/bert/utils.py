@@ -404,6 +404,21 @@ def readable_input(input_file: str | None, flag: str = "--input_file") -> Iterat
             os.unlink(tmp)
 
 
+def shard_file(path: str | os.PathLike, index: int, count: int) -> str:
+    """The output of shard `index` of `count` of a job writing `path`: `emb.npy` -> `emb-00002-of-00008.npy`,
+    so that the shards sort in order and name their set."""
+    path = Path(path)
+    suffixes = "".join(path.suffixes)
+    stem = path.name[: len(path.name) - len(suffixes)] if suffixes else path.name
+    return str(path.with_name(f"{stem}-{index:05d}-of-{count:05d}{suffixes}"))
+
+
+def shard_range(total: int, index: int, count: int) -> range:
+    """The contiguous share of `total` items (0-based) that shard `index` of `count` takes: consecutive
+    shards take consecutive blocks, whose sizes differ by at most one."""
+    return range(total * index // count, total * (index + 1) // count)
+
+
 def count_lines(path: str) -> int:
     """The number of lines `iter_lines(path)` yields (a last line without a newline counts)."""
     n = 0

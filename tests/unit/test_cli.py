@@ -230,8 +230,8 @@ def test_every_model_building_command_takes_a_shape_name(tmp_path, capsys):
     from bert.commands.extract_features import ExtractFeaturesArgs, run_extract_features
     from bert.config import named_config
     from bert.extract_features import demo_file
-    from bert.finetune import _resolve_model_files
     from bert.modeling import BertForPreTraining
+    from bert.starting_model import resolve_starting_model
 
     vocab = demo_file("vocab.txt")
     torch.manual_seed(0)
@@ -252,8 +252,8 @@ def test_every_model_building_command_takes_a_shape_name(tmp_path, capsys):
         task_name="generic", data_dir=str(tmp_path), output_dir=str(tmp_path / "out"), init_checkpoint=str(weights)
     )
     for shape, hidden in (("tiny", 128), ("L-4_H-256", 256)):
-        files = _resolve_model_files(dataclasses.replace(classify, bert_config_file=shape), None)
-        assert (files.config.hidden_size, files.config.vocab_size) == (hidden, 99)
+        start = resolve_starting_model(dataclasses.replace(classify, bert_config_file=shape))
+        assert (start.config.hidden_size, start.config.vocab_size) == (hidden, 99)
 
     assert "bert convert: done" in capsys.readouterr().err  # the result blocks of the runs above
     flags = [f"--data_dir={tmp_path}", f"--output_dir={tmp_path / 'out'}", f"--init_checkpoint={weights}"]

@@ -187,8 +187,8 @@ def test_output_of_the_wrong_kind(capsys, monkeypatch, tmp_path, vocab, tiny_mod
         "extract-features": "bert.checkpoint.read_checkpoint",  # imported by the command when it runs
         "convert": "bert.checkpoint.read_checkpoint",
         "quickstart": "bert.commands.quickstart._unpack_data",
-        "pretrain": "bert.pretraining.inputs.open_pretraining_data",
-        "classify": "bert.finetune.read_checkpoint",
+        "pretrain": "bert.pretraining.run.open_pretraining_data",
+        "classify": "bert.starting_model.read_checkpoint",
         "tokenize": "bert.commands.tokenize.FullTokenizer",
     }
     monkeypatch.setattr(work[command], _never)
@@ -494,9 +494,9 @@ def test_diverging_run_stops_before_nan_weights(capsys, tmp_path):
 
 
 def _nan_at_step(monkeypatch, step: int) -> None:
-    from bert.pretraining import inputs  # bert pretrain imports pretraining_loss from it when it runs
+    from bert.pretraining import run
 
-    real = inputs.pretraining_loss
+    real = run.pretraining_loss
     calls = {"n": 0}
 
     def loss(model, batch, totals):
@@ -504,7 +504,7 @@ def _nan_at_step(monkeypatch, step: int) -> None:
         value, metrics = real(model, batch, totals)
         return (value * float("nan"), metrics) if calls["n"] == step else (value, metrics)
 
-    monkeypatch.setattr(inputs, "pretraining_loss", loss)
+    monkeypatch.setattr(run, "pretraining_loss", loss)
 
 
 def test_nonfinite_steps_are_skipped_and_counted(capsys, monkeypatch, tmp_path):

@@ -1,7 +1,8 @@
 """`bert create-pretraining-data`: text documents -> masked-LM and next-sentence instances (create_pretraining_data.py).
 
-With one worker, the original's algorithm record for record; with `--streaming` or `--num_workers=N`, the
-bounded-memory generator. Output: the original's TFRecord files, or a native dataset directory. The
+With one worker, the original's algorithm record for record; with `--streaming`, `--num_workers=N` or
+`--num_shards=N`, the bounded-memory generator (`--num_shards/--shard_index` split it over
+machines). Output: the original's TFRecord files, or a native dataset directory. The
 library is `bert.pretraining` (`instances`, `streaming`, `create`); this module holds the flags and
 checks them before any work.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bert.errors import InputError
-from bert.flags import CorpusArgs, MaskingArgs, ModelArgs, check_flag_values, same_as
+from bert.flags import CorpusArgs, MaskingArgs, ModelArgs, ShardArgs, check_flag_values, same_as
 from bert.formats.native import check_output_dir
 from bert.outputs import claim
 from bert.pretraining.create import create_pretraining_data
@@ -25,9 +26,13 @@ from bert.utils import expand_input_files, log_to_file, print_result
 
 
 @dataclass(kw_only=True)
-class CreatePretrainingDataArgs(MaskingArgs, CorpusArgs):
+class CreatePretrainingDataArgs(MaskingArgs, CorpusArgs, ShardArgs):
     """Create masked LM / next sentence masked_lm examples for BERT (create_pretraining_data.py): TFRecord
-    files as the original writes, or a native dataset of memory-mappable shards."""
+    files as the original writes, or a native dataset of memory-mappable shards.
+
+    --num_shards=N implies --streaming: every shard reads the whole corpus and generates its share of the
+    buffers, so the N outputs hold exactly the instances of one run; `bert pretrain` takes the N native
+    directories (a list or a glob) as one dataset, in one run's order."""
 
     input_file: str = field(
         metadata={"help": "Input raw text file (or comma-separated list of files); glob patterns are expanded."}
@@ -92,6 +97,7 @@ def _validate(args: CreatePretrainingDataArgs) -> tuple[list[str], list[str], st
         value = getattr(args, name)
         if not 0.0 <= value <= 1.0:
             raise InputError(f"--{name}={value} is a probability; give a value between 0 and 1")
+    args.check_shard_flags()
     if args.streaming_buffer_mb <= 0:
         raise InputError(f"--streaming_buffer_mb={args.streaming_buffer_mb} must be positive")
     outputs = [o.strip() for o in args.output_file.split(",") if o.strip()]
@@ -109,7 +115,7 @@ def _validate(args: CreatePretrainingDataArgs) -> tuple[list[str], list[str], st
         for o in outputs:
             if os.path.isdir(o):
                 raise InputError(f"--output_file={o} is a directory; a TFRecord output is a file")
-    streaming = args.streaming or args.num_workers > 1
+    streaming = args.streaming or args.num_workers > 1 or args.num_shards > 1
     # Streaming bounds the tokenizer's memo too (compat holds the whole corpus anyway).
     tokenizer = FullTokenizer(args.vocab_file, args.do_lower_case, **({"cache_size": 1 << 16} if streaming else {}))
     missing = [t for t in SPECIAL_TOKENS if t not in tokenizer.vocab]
@@ -168,4 +174,5 @@ def _create(args: CreatePretrainingDataArgs, inputs: list[str], outputs: list[st
         buffer_mb=args.streaming_buffer_mb,
         decode_errors=args.decode_errors,
         run_args=args,
+        shard=(args.shard_index, args.num_shards),
     )

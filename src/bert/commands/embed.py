@@ -18,9 +18,17 @@ from typing import Any
 import numpy as np
 
 from bert.errors import InputError
-from bert.flags import EMBEDDING_PRECISIONS, POOLINGS, InferenceArgs
+from bert.flags import EMBEDDING_PRECISIONS, POOLINGS, InferenceArgs, ShardArgs
 from bert.tasks.glue import LONG_DOCUMENT
-from bert.utils import count_lines, json_line, output_file_or_stdout, print_result, readable_input
+from bert.utils import (
+    count_lines,
+    json_line,
+    output_file_or_stdout,
+    print_result,
+    readable_input,
+    shard_file,
+    shard_range,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -29,12 +37,15 @@ MAX_SIMILARITY_LINES = 1000
 
 
 @dataclass
-class EmbedArgs(InferenceArgs):
+class EmbedArgs(InferenceArgs, ShardArgs):
     """Embed text: one vector per input line (plain text, or JSON lines with a "text" field).
 
     Output: --output_file=x.npy writes a float32 matrix, row i for line i; any other name (or stdout)
     gets JSON lines {"embedding": [...]}. --similarity outputs the cosine similarity matrix of the
     inputs instead.
+
+    --num_shards=N --shard_index=i embeds the i-th of N consecutive blocks of the lines into
+    OUTPUT-0000i-of-0000N.npy (or .jsonl): the N files, read in name order, are the unsharded output.
     """
 
     model: str = field(metadata={"help": "The model directory (any BERT model; sentence-transformers dirs too)."})
@@ -119,6 +130,15 @@ def _check_flags(args: EmbedArgs) -> None:
         logger.warning("--doc_stride=%d has no effect without --long_document=windows", args.doc_stride)
     if args.similarity and args.precision != "float32":
         raise InputError("--similarity compares float32 vectors; drop --precision or --similarity")
+    args.check_shard_flags()
+    if args.num_shards > 1 and (args.output_file is None or args.similarity):
+        raise InputError("--num_shards needs --output_file (each shard writes its own file) and no --similarity")
+    if args.num_shards > 1 and args.precision in ("int8", "uint8"):
+        # Their ranges come from all the inputs; each shard would calibrate on its own share.
+        raise InputError(
+            f"--precision={args.precision} takes its ranges from all the inputs, which one shard does not see; "
+            "embed the shards as float32 and quantize the joined vectors"
+        )
 
 
 def run_embed(args: EmbedArgs) -> dict[str, Any]:
@@ -142,8 +162,12 @@ def run_embed(args: EmbedArgs) -> dict[str, Any]:
         raise InputError(f"--dimensions={dim} is more than the model's {predictor.config.hidden_size}")
     calibrate = args.precision in ("int8", "uint8")
     name = args.input_file or "<stdin>"
+    output_file = args.output_file
+    if args.num_shards > 1:
+        output_file = shard_file(args.output_file, args.shard_index, args.num_shards)
     with readable_input(args.input_file) as path:
-        total = count_lines(path)
+        lines = shard_range(count_lines(path), args.shard_index, args.num_shards)
+        total = len(lines)
         if args.similarity and total > MAX_SIMILARITY_LINES:
             raise InputError(
                 f"--similarity outputs a {total} x {total} matrix; give at most {MAX_SIMILARITY_LINES} lines, or "
@@ -154,7 +178,7 @@ def run_embed(args: EmbedArgs) -> dict[str, Any]:
             cols = total
         kept = []
         desc = "embed" if args.input_file is not None else None
-        with output_file_or_stdout(args.output_file, "wb" if as_npy else "w") as out, tempfile.TemporaryFile() as spill:
+        with output_file_or_stdout(output_file, "wb" if as_npy else "w") as out, tempfile.TemporaryFile() as spill:
             if as_npy:
                 np.lib.format.write_array_header_1_0(
                     out, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (rows, cols)}
@@ -173,7 +197,8 @@ def run_embed(args: EmbedArgs) -> dict[str, Any]:
                 )
 
             calibration = Calibration()
-            for vectors in map_input_lines(path, name, EMBEDDINGS, embed, total, desc):
+            only = lines if args.num_shards > 1 else None
+            for vectors in map_input_lines(path, name, EMBEDDINGS, embed, total, desc, only):
                 if args.similarity:
                     kept.append(vectors)
                 elif calibrate:
@@ -204,5 +229,5 @@ def run_embed(args: EmbedArgs) -> dict[str, Any]:
             else f"{total} {args.precision} vectors of {dim}"
         )
         norm = ", normalized" if normalize else ""
-        print_result("embed", f"{what} ({pooling} pooling{norm})", f"written to {args.output_file}")
-    return {"lines": total, "dim": dim, "output_file": args.output_file, "pooling": pooling, "normalize": normalize}
+        print_result("embed", f"{what} ({pooling} pooling{norm})", f"written to {output_file}")
+    return {"lines": total, "dim": dim, "output_file": output_file, "pooling": pooling, "normalize": normalize}

@@ -5,22 +5,28 @@ The library is `bert.pretraining.corpus`; this module holds the flags and checks
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
 from dataclasses import dataclass, field
 
-from bert.flags import CorpusArgs, check_flag_values
+from bert.errors import InputError
+from bert.flags import CorpusArgs, ShardArgs, check_flag_values
 from bert.outputs import claim
 from bert.pretraining.corpus import PARAGRAPH_MODES, SENTENCE_SPLITTERS, make_sentence_splitter, prepare_corpus
-from bert.utils import expand_input_files, log_to_file, print_result, progress
+from bert.utils import expand_input_files, log_to_file, print_result, progress, shard_file, shard_range
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
-class PrepareCorpusArgs(CorpusArgs):
-    """Raw text (e.g. Project Gutenberg books, plain or .gz) to one sentence per line, blank line between documents."""
+class PrepareCorpusArgs(CorpusArgs, ShardArgs):
+    """Raw text (e.g. Project Gutenberg books, plain or .gz) to one sentence per line, blank line between documents.
+
+    --num_shards=N --shard_index=i prepares the i-th of N consecutive blocks of the input files into
+    OUTPUT-0000i-of-0000N (same suffix): the N outputs, concatenated in name order, are the unsharded output.
+    """
 
     input_file: str = field(
         metadata={"help": "Input raw text file(s): comma-separated glob patterns; .gz files are decompressed."}
@@ -57,7 +63,17 @@ class PrepareCorpusArgs(CorpusArgs):
 def run_prepare_corpus(args: PrepareCorpusArgs) -> dict:
     """Write `args.output_file` from `args.input_file`; returns counts of files, documents, sentences."""
     check_flag_values(args)
+    args.check_shard_flags()
     files = expand_input_files(args.input_file)
+    if args.num_shards > 1:
+        if args.num_shards > len(files):
+            raise InputError(
+                f"--num_shards={args.num_shards} exceeds the {len(files)} input files (a shard takes whole files); "
+                f"use at most {len(files)} shards"
+            )
+        share = shard_range(len(files), args.shard_index, args.num_shards)
+        files = files[share.start : share.stop]
+        args = dataclasses.replace(args, output_file=shard_file(args.output_file, args.shard_index, args.num_shards))
     with claim("prepare-corpus", files={"--output_file": args.output_file}, inputs={"--input_file": files}):
         result = _prepare_corpus(args, files)
     print_result(

@@ -61,6 +61,7 @@ def create_pretraining_data(
     buffer_mb: float = 4.0,
     decode_errors: str = "strict",
     run_args: Any = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> dict[str, Any]:
     """Write the instances of `inputs` to `outputs` and return the corpus statistics.
 
@@ -74,15 +75,20 @@ def create_pretraining_data(
         num_workers, buffer_mb: streaming's worker processes and MB of text per buffer.
         decode_errors: "strict", "ignore" or "replace" for bytes that are not UTF-8.
         run_args: the command's arguments, recorded in a native dataset's args.json.
+        shard: (index, count): write only the buffers whose index is `index` modulo `count` (streaming). Every
+            shard reads the whole corpus and deals the documents into the same buffers, whose instances depend
+            on the seed and the buffer's index only, so the shards of one `count` together hold exactly the
+            instances of one unsharded run, and a native shard's parts keep their global names
+            (`shard_<buffer>.npy`), so that `bert pretrain` puts them back in one run's order.
     """
     start = time.time()
-    mode = "streaming" if streaming or num_workers > 1 else "compat"
+    mode = "streaming" if streaming or num_workers > 1 or shard[1] > 1 else "compat"
     logger.info("*** Reading from input files ***")
     for path in inputs:
         logger.info("  %s", path)
-    with _Sink(settings, inputs, outputs, fmt, mode, tokenizer, num_workers, buffer_mb, run_args) as sink:
+    with _Sink(settings, inputs, outputs, fmt, mode, tokenizer, num_workers, buffer_mb, run_args, shard) as sink:
         if mode == "streaming":
-            _generate_streaming(settings, inputs, tokenizer, sink, num_workers, buffer_mb, decode_errors)
+            _generate_streaming(settings, inputs, tokenizer, sink, num_workers, buffer_mb, decode_errors, shard)
         else:
             _generate_compat(settings, inputs, tokenizer, sink, decode_errors)
         stats = sink.finish(start)
@@ -97,7 +103,13 @@ def create_pretraining_data(
 
 
 def _manifest_fields(
-    settings: GenerationSettings, tokenizer: Any, mode: str, inputs: list[str], num_workers: int, buffer_mb: float
+    settings: GenerationSettings,
+    tokenizer: Any,
+    mode: str,
+    inputs: list[str],
+    num_workers: int,
+    buffer_mb: float,
+    shard: tuple[int, int],
 ) -> dict:
     return {
         "max_seq_length": settings.max_seq_length,
@@ -115,6 +127,8 @@ def _manifest_fields(
         "num_workers": num_workers,
         "streaming_buffer_mb": buffer_mb if mode == "streaming" else None,
         "input_files": inputs,
+        "shard_index": shard[0],
+        "num_shards": shard[1],
         "bert_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -184,9 +198,10 @@ class _Sink:
         num_workers: int,
         buffer_mb: float,
         run_args: Any = None,
+        shard: tuple[int, int] = (0, 1),
     ) -> None:
         self.settings, self.inputs, self.outputs, self.fmt, self.mode = settings, inputs, outputs, fmt, mode
-        self.num_workers, self.buffer_mb, self.run_args = num_workers, buffer_mb, run_args
+        self.num_workers, self.buffer_mb, self.run_args, self.shard = num_workers, buffer_mb, run_args, shard
         self.tokenizer = tokenizer
         self.counts: collections.Counter = collections.Counter()
         self.examples: list[tuple[list[str], dict[str, Any]]] = []
@@ -266,7 +281,8 @@ class _Sink:
 
     def finish(self, start: float) -> dict[str, Any]:
         """Check something was written, then publish the outputs, the statistics and (native) the manifest."""
-        if self.counts["written"] == 0:
+        # A shard may be empty (more shards than buffers); the set as a whole is checked by `bert pretrain`.
+        if self.counts["written"] == 0 and self.shard[1] == 1:
             raise InputError(
                 f"--input_file: no tokens in {len(self.inputs)} file(s) ({self.inputs[0]}, ...); the corpus is "
                 "empty (expected text with one sentence per line, a blank line between documents)"
@@ -274,11 +290,12 @@ class _Sink:
         text_bytes = sum(text_size(p) for p in self.inputs)
         stats = finish_stats(self.counts, time.time() - start, text_bytes)
         stats.update(mode=self.mode, output_format=self.fmt, num_workers=self.num_workers, output_files=self.outputs)
+        stats.update(shard_index=self.shard[0], num_shards=self.shard[1])
         if self.fmt == "native":
             if self.run_args is not None:
                 write_run_info(self.native.tmp_dir, "create-pretraining-data", self.run_args)
             manifest = _manifest_fields(
-                self.settings, self.tokenizer, self.mode, self.inputs, self.num_workers, self.buffer_mb
+                self.settings, self.tokenizer, self.mode, self.inputs, self.num_workers, self.buffer_mb, self.shard
             )
             self.native.close(manifest, stats)
         else:
@@ -346,11 +363,14 @@ def _generate_streaming(
     num_workers: int,
     buffer_mb: float,
     decode_errors: str,
+    shard: tuple[int, int] = (0, 1),
 ) -> None:
-    """Deal documents into buffers, have workers turn each into a part file, hand the parts over in order."""
+    """Deal documents into buffers, have workers turn each into a part file, hand the parts over in order
+    (only this shard's buffers: see `create_pretraining_data`)."""
     settings = dataclasses.replace(settings, output_format=sink.fmt, part_dir=sink.part_dir)
     total_mb = sum(text_size(p) for p in inputs) / 1e6
     buffer_chars = max(1, int(buffer_mb * 1e6))
+    shard_index, num_shards = shard
     buffers = iter_buffers(inputs, buffer_chars, settings.random_seed, decode_errors)
     with progress(total=round(total_mb, 2), unit="MB", desc="create-pretraining-data") as bar:
 
@@ -359,10 +379,17 @@ def _generate_streaming(
             bar.update(round(chars / 1e6, 2))
             bar.set_postfix(instances=sink.counts["written"], refresh=False)
 
+        def ours(index: int, chars: int) -> bool:
+            if index % num_shards == shard_index:
+                return True
+            bar.update(round(chars / 1e6, 2))  # read, but another shard's to process
+            return False
+
         if num_workers == 1:
             worker = BufferProcessor(settings, tokenizer)
             for index, buf in enumerate(buffers):
-                collect(worker.process(index, buf.lines, buf.doc_lines), buf.chars)
+                if ours(index, buf.chars):
+                    collect(worker.process(index, buf.lines, buf.doc_lines), buf.chars)
             return
         # spawn: workers start clean (no copy of the parent's state or threads) on every platform. Unlike
         # multiprocessing.Pool, the executor reports a worker that fails to start instead of respawning it.
@@ -375,6 +402,8 @@ def _generate_streaming(
             pending: collections.deque = collections.deque()
             try:
                 for index, buf in enumerate(buffers):
+                    if not ours(index, buf.chars):
+                        continue
                     pending.append((pool.submit(process_buffer, (index, buf.lines, buf.doc_lines)), buf.chars))
                     del buf
                     # Bounded memory: at most one buffer waits for a free worker.

@@ -13,6 +13,7 @@ would overshoot the record's count, as create_pretraining_data does. The draw de
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from bert.errors import InputError
-from bert.formats.native import MANIFEST_NAME, check_manifest, open_native_dataset
+from bert.formats.native import MANIFEST_NAME, NativeDataset, check_manifest, open_native_dataset
 from bert.formats.tfrecord import read_examples
 from bert.tasks.common import model_inputs
 from bert.training import RecordStream
@@ -37,6 +38,23 @@ FEATURE_LENGTHS = {  # feature -> which flag fixes its length
     "masked_lm_weights": "max_predictions_per_seq",
     "next_sentence_labels": None,
 }
+# The manifest fields that shape the instances of `create-pretraining-data --num_shards=N`: the shards of
+# one set agree on all of them (num_workers, created and the shard's own index may differ).
+SHARD_SET_FIELDS = (
+    "max_seq_length",
+    "max_predictions_per_seq",
+    "masked_lm_prob",
+    "short_seq_prob",
+    "dupe_factor",
+    "do_whole_word_mask",
+    "do_lower_case",
+    "random_seed",
+    "vocab_sha256",
+    "mode",
+    "streaming_buffer_mb",
+    "input_files",
+    "num_shards",
+)
 
 
 class TFRecordSource:
@@ -116,18 +134,23 @@ class TFRecordSource:
 class NativeSource:
     """Records of one native dataset directory (memory-mapped)."""
 
-    def __init__(self, path: str, max_seq_length: int, max_predictions_per_seq: int, vocab_file: str | None):
-        self.path = path
-        self.manifest, self.dataset = open_native_dataset(path)
+    def __init__(self, path: str, manifest: dict, dataset: NativeDataset):
+        self.path, self.manifest, self.dataset = path, manifest, dataset
+
+    @classmethod
+    def open(cls, path: str, max_seq_length: int, max_predictions_per_seq: int, vocab_file: str | None) -> NativeSource:
+        source = cls(path, *open_native_dataset(path))
         check_manifest(
-            self.manifest,
+            source.manifest,
             max_seq_length=max_seq_length,
             max_predictions_per_seq=max_predictions_per_seq,
             vocab_file=vocab_file,
             source=str(Path(path) / MANIFEST_NAME),
         )
-        if len(self.dataset) == 0:
+        # One shard of a set may be empty; the set is checked when the shards are joined.
+        if len(source.dataset) == 0 and int(source.manifest.get("num_shards", 1)) == 1:
             raise InputError(f"--input_file: the native dataset {path} holds no records")
+        return source
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -192,12 +215,55 @@ def open_pretraining_data(
                     f"{flag}: {path} is a directory without {MANIFEST_NAME}; pass TFRecord files or a native "
                     "dataset directory written by `bert create-pretraining-data --output_format=native`"
                 )
-            sources.append(NativeSource(path, max_seq_length, max_predictions_per_seq, vocab_file))
+            sources.append(NativeSource.open(path, max_seq_length, max_predictions_per_seq, vocab_file))
         else:
             tfrecords.append(path)
     if tfrecords:
         sources.insert(0, TFRecordSource(tfrecords, max_seq_length, max_predictions_per_seq))
-    return ConcatSource(sources)
+    return ConcatSource(join_shards(sources, flag))
+
+
+def join_shards(sources: list[TFRecordSource | NativeSource], flag: str) -> list[TFRecordSource | NativeSource]:
+    """The native shards of one `create-pretraining-data --num_shards=N` run become one source (at the place
+    of the first), their part files in the order one unsharded run writes them (by buffer index), so that
+    training on the shards equals training on one run's output. Refuses a missing or repeated shard and
+    shards made with different flags."""
+    shards = [s for s in sources if isinstance(s, NativeSource) and int(s.manifest.get("num_shards", 1)) > 1]
+    if not shards:
+        return sources
+    first = shards[0]
+    first_manifest = first.manifest
+    for s in shards[1:]:
+        for key in SHARD_SET_FIELDS:
+            if s.manifest.get(key) != first_manifest.get(key):
+                raise InputError(
+                    f"{flag}: the shards {first.path} and {s.path} were made with different flags ({key}: "
+                    f"{json.dumps(first_manifest.get(key))} vs {json.dumps(s.manifest.get(key))}); re-create the "
+                    "shards with the same flags"
+                )
+    count = int(first_manifest["num_shards"])
+    seen: dict[int, str] = {}
+    for s in shards:
+        index = int(s.manifest["shard_index"])
+        if index in seen:
+            raise InputError(f"{flag}: {seen[index]} and {s.path} are both shard {index} of {count}; pass each once")
+        seen[index] = s.path
+    missing = sorted(set(range(count)) - set(seen))
+    if missing:
+        raise InputError(
+            f"{flag}: shard(s) {', '.join(map(str, missing))} of {count} are missing ({first.path} is shard "
+            f"{first_manifest['shard_index']}); pass every shard directory of the set (a list or a glob)"
+        )
+    parts = sorted(
+        ({**part, "file": str(Path(s.path) / part["file"])} for s in shards for part in s.manifest["shards"]),
+        key=lambda part: Path(part["file"]).name,
+    )
+    manifest = {**first_manifest, "shards": parts, "total_instances": sum(p["num_instances"] for p in parts)}
+    joined = NativeSource(first.path, manifest, NativeDataset(Path(first.path), manifest))
+    if len(joined) == 0:
+        raise InputError(f"{flag}: the {count} shards of {first.path} hold no records")
+    members = {id(s) for s in shards}
+    return [joined if s is first else s for s in sources if id(s) not in members or s is first]
 
 
 @dataclass

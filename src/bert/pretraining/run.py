@@ -1,0 +1,311 @@
+"""The pre-training runner of `bert pretrain` (the original's run_pretraining.py `main`).
+
+Same flags and defaults as the original, the same losses (the model's, `bert.modeling.pretraining_losses`),
+the same optimizer and schedule (`bert.optimization`), the same evaluation metrics and
+`eval_results.txt`. Added: resumable checkpoints with exact data position, gradient accumulation,
+bf16/fp16, gradient checkpointing, LAMB, dynamic masking, separate evaluation files, and data
+parallelism under `torchrun` (DDP, or FSDP with `--fsdp`).
+
+Data. `--input_file` is a comma-separated list of globs, each matching TFRecord files written by
+`create_pretraining_data` (original or ours; read whole into compact arrays) or native dataset
+directories (`bert create-pretraining-data --output_format=native`; memory-mapped, better for large
+corpora). The records are one stream: every epoch is a permutation of all records drawn from
+`(--seed, epoch)`, and a step takes the next `--train_batch_size` records of the stream, crossing
+epoch boundaries (the original repeats, shuffles and batches with `drop_remainder`). The position in
+the stream (epoch, index) is saved with each checkpoint, so a resumed run sees the same batches as an
+uninterrupted one.
+
+Batch sizes. `--train_batch_size` is the *global* batch of one optimizer step, as in the original: it is
+split over the `torchrun` processes and then into `--gradient_accumulation_steps` micro-batches, so it
+must be divisible by their product. Every micro-batch's loss is normalised by the totals of the global
+batch (the sum of masked-LM weights, the number of sequences), so a step's gradient is the gradient of
+the original loss over the whole global batch, whatever the number of processes and micro-batches: one
+process and N processes give the same loss curve.
+
+Dynamic masking (`--dynamic_masking`): see `bert.pretraining.inputs`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bert import training
+from bert.checkpoint import Checkpoint, load_into, read_checkpoint
+from bert.config import BertConfig
+from bert.errors import InputError
+from bert.flags import check_batch_division, check_flag_values
+from bert.formats.results import write_results
+from bert.formats.tensorboard import EventWriter
+from bert.modeling import BertForPreTraining, num_parameters
+from bert.optimization import create_optimizer, polynomial_warmup_lr
+from bert.plotting import CURVES_NAME, try_plot
+from bert.pretraining.evaluation import evaluate
+from bert.pretraining.inputs import (
+    FEATURE_LENGTHS,
+    ConcatSource,
+    masking_vocab,
+    open_pretraining_data,
+    pretraining_loss,
+    rank_batches,
+)
+from bert.starting_model import resolve_starting_model
+from bert.training import RecordStream
+from bert.utils import expand_input_files, format_scores, print_result
+
+logger = logging.getLogger(__name__)
+
+
+def _check_flags(args: Any, world_size: int) -> None:
+    """Everything that can be checked from the flags alone, before any file is read."""
+    if not args.do_train and not args.do_eval:
+        raise InputError("At least one of `do_train` or `do_eval` must be True: pass --do_train and/or --do_eval")
+    args.check_no_tpu()
+    check_flag_values(args)
+    if args.do_train:
+        check_batch_division(args.train_batch_size, world_size, args.gradient_accumulation_steps)
+    if args.do_eval and args.eval_batch_size % world_size:
+        raise InputError(f"--eval_batch_size={args.eval_batch_size} must be divisible by the {world_size} processes")
+    if args.do_whole_word_mask and not args.dynamic_masking:
+        raise InputError(
+            "--do_whole_word_mask applies to --dynamic_masking only (static records keep the masks "
+            "create-pretraining-data drew): add --dynamic_masking=true"
+        )
+    if args.fsdp and world_size == 1:
+        logger.warning("--fsdp has no effect in a single process; start with torchrun --nproc_per_node=N")
+
+
+def run_pretraining(args: Any) -> dict[str, Any]:
+    """Train and/or evaluate as `args` (the flags of `bert pretrain`) say; returns {"global_step", "train":
+    last logged metrics, "eval": results}."""
+    with (
+        training.distributed(args.device) as dist,
+        training.claim_output_dir(args.output_dir, "pretrain", dist, _inputs(args)),
+    ):
+        # 1. Flags, vocab, data, config, output directory: all checked before any model is built.
+        _check_flags(args, dist.world_size)
+        sources: dict[str, ConcatSource] = {}
+
+        def open_data(vocab_file: str | None) -> list[int]:
+            sources["train"] = open_pretraining_data(
+                args.input_file, args.max_seq_length, args.max_predictions_per_seq, vocab_file
+            )
+            return [int(m["vocab_size"]) for m in sources["train"].manifests if "vocab_size" in m]
+
+        start = resolve_starting_model(args, need_vocab=False, open_data=open_data)
+        args = dataclasses.replace(args, vocab_file=start.vocab_file)
+        masking = None
+        if args.dynamic_masking:
+            if start.vocab is None:
+                raise InputError("--dynamic_masking needs --vocab_file (for the [MASK], [CLS] and [SEP] ids)")
+            masking = (args.seed, masking_vocab(start.vocab, args.vocab_file, args.do_whole_word_mask))
+        train_source = eval_source = sources["train"]
+        if args.do_eval and args.eval_files:
+            eval_source = open_pretraining_data(
+                args.eval_files, args.max_seq_length, args.max_predictions_per_seq, args.vocab_file, "--eval_files"
+            )
+        config = start.config
+        for source in {id(train_source): train_source, id(eval_source): eval_source}.values():
+            source.check_ids(config.vocab_size, config.type_vocab_size)
+        _check_resumed_optimizer(args, start.resume_dir)
+        manifests = train_source.manifests
+        do_lower_case = bool(manifests[0]["do_lower_case"]) if manifests and "do_lower_case" in manifests[0] else None
+
+        with training.run_directory(args.output_dir, "pretrain", args, dist):
+            # 2. The model and the trainer.
+            model, state = _load_model(args, config, start.resume_dir, start.init)
+            wrapped = training.prepare_model(model, args, dist, fsdp=args.fsdp)
+            torch.manual_seed(args.seed + dist.rank)  # dropout differs across ranks, as their examples do
+            trainer = _make_trainer(args, model, wrapped, dist, do_lower_case)
+            stream = RecordStream(len(train_source), args.seed)
+            position = _restore(args, trainer, state, stream) if state is not None else 0
+            # 3. Training, the exported model, evaluation.
+            result: dict[str, Any] = {"output_dir": args.output_dir}
+            if args.do_train:
+                last = _train(args, trainer, dist, train_source, stream, position, masking)
+                if last is not None:
+                    result["train"] = last
+                trainer.export_model(Path(args.output_dir) / "model")
+            result["global_step"] = trainer.global_step
+            if args.do_eval:
+                result["eval"] = _evaluate(args, wrapped, eval_source, dist, trainer.global_step)
+            output_dir = Path(args.output_dir)
+            if dist.is_main and (output_dir / training.METRICS_NAME).is_file():
+                try_plot([output_dir], output_dir / CURVES_NAME)
+            if dist.is_main:
+                _print_result(args, result)
+            return result
+
+
+def _print_result(args: Any, result: dict[str, Any]) -> None:
+    model = Path(args.output_dir) / "model"
+    print_result(
+        "pretrain",
+        f"global step {result['global_step']} of {args.num_train_steps}",
+        f"train (last logged): {format_scores(result['train'])}" if "train" in result else "",
+        f"eval: {format_scores(result['eval'])}" if "eval" in result else "",
+        f"written to {args.output_dir}: model/, checkpoints, metrics.jsonl, log.txt",
+        f"next: bert classify --init_checkpoint={model} --task_name=TASK --data_dir=DIR --output_dir=OUT"
+        if model.is_dir()
+        else "",
+    )
+
+
+def _inputs(args: Any) -> dict[str, Any]:
+    """The paths the run reads, which --output_dir must not be."""
+    inputs: dict[str, Any] = {"--input_file": expand_input_files(args.input_file, directories=True)}
+    inputs.update({"--init_checkpoint": args.init_checkpoint, "--vocab_file": args.vocab_file})
+    if args.eval_files:
+        inputs["--eval_files"] = expand_input_files(args.eval_files, "--eval_files", directories=True)
+    return inputs
+
+
+def _check_resumed_optimizer(args: Any, resume_dir: Path | None) -> None:
+    """The checkpoint to resume was trained with this --optimizer."""
+    if resume_dir is not None:
+        info_path = resume_dir / training.TRAINER_STATE_NAME
+        info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
+        if args.do_train and info.get("optimizer", args.optimizer) != args.optimizer:
+            raise InputError(
+                f"{info_path} was trained with --optimizer={info['optimizer']}; pass --optimizer={info['optimizer']} "
+                "to resume it, or use a new --output_dir"
+            )
+
+
+def _load_model(
+    args: Any, config: BertConfig, resume_dir: Path | None, init: Checkpoint | None
+) -> tuple[BertForPreTraining, dict | None]:
+    """The model (resumed, or from --init_checkpoint, or random) and the training state to resume; logs
+    the features and variables as run_pretraining.py does."""
+    training.set_seed(args.seed)
+    model = BertForPreTraining(config)
+    state = None
+    if resume_dir is not None:
+        if args.init_checkpoint:
+            logger.info("resuming from %s: --init_checkpoint=%s is ignored", resume_dir, args.init_checkpoint)
+        else:
+            logger.info("resuming from %s", resume_dir)
+        init = read_checkpoint(resume_dir, verify=not args.ignore_checkpoint_digest)
+        state = training.load_training_state(resume_dir, verify=not args.ignore_checkpoint_digest)
+    elif init is None and not args.do_train:
+        logger.warning("evaluating a randomly initialised model: no checkpoint in --output_dir, no --init_checkpoint")
+    restored: set[str] = set()
+    if init is not None:
+        load_into(model, init)
+        # Names as in the model: an encoder-only checkpoint's keys lack the "bert." prefix.
+        prefixed = any(k.startswith("bert.") for k in init.state_dict)
+        restored = {k if prefixed or k.startswith("cls.") else f"bert.{k}" for k in init.state_dict}
+    logger.info("*** Features ***")
+    for name, flag in FEATURE_LENGTHS.items():
+        length = getattr(args, flag) if flag else 1
+        logger.info("  name = %s, shape = (%d, %d)", name, args.train_batch_size, length)
+    logger.info("**** Trainable Variables ****")
+    for name, p in model.named_parameters():
+        logger.info("  name = %s, shape = %s%s", name, tuple(p.shape), ", *INIT_FROM_CKPT*" if name in restored else "")
+    logger.info("%d parameters", num_parameters(model))
+    return model, state
+
+
+def _make_trainer(
+    args: Any, model: BertForPreTraining, wrapped: torch.nn.Module, dist, do_lower_case: bool | None
+) -> training.Trainer:
+    optimizer, scheduler = create_optimizer(
+        model, args.learning_rate, max(args.num_train_steps, 1), args.num_warmup_steps, args.optimizer
+    )
+    settings = training.TrainerSettings(
+        precision=args.precision,
+        save_checkpoints_steps=args.save_checkpoints_steps,
+        save_checkpoints_minutes=args.save_checkpoints_minutes,
+        keep_checkpoint_max=args.keep_checkpoint_max,
+        log_every=args.log_every,
+        examples_per_step=args.train_batch_size,
+        vocab_file=args.vocab_file,
+        do_lower_case=do_lower_case,
+        desc="pretrain",
+        max_nonfinite_steps=args.max_nonfinite_steps,
+    )
+    return training.Trainer(model, wrapped, optimizer, scheduler, dist, args.output_dir, settings)
+
+
+def _restore(args: Any, trainer: training.Trainer, state: dict, stream: RecordStream) -> int:
+    """Restore the trainer from `state`; returns the data stream position to continue from."""
+    trainer.restore(state)
+    # The schedule follows this run's flags, as the original rebuilds it from them on every run
+    # (the same arithmetic as the LambdaLR, so an unchanged command resumes bit for bit).
+    optimizer = trainer.optimizer
+    trainer.scheduler.base_lrs = [args.learning_rate] * len(optimizer.param_groups)
+    factor = polynomial_warmup_lr(trainer.global_step, 1.0, max(args.num_train_steps, 1), args.num_warmup_steps)
+    for group in optimizer.param_groups:
+        group["initial_lr"] = args.learning_rate
+        group["lr"] = args.learning_rate * factor
+    data = state.get("data", {})
+    if data.get("num_records") != stream.n or data.get("seed") != args.seed:
+        logger.warning(
+            "the data (%s records, seed %s) differs from the checkpoint's (%s records, seed %s): the data "
+            "order continues but is not the one of an uninterrupted run",
+            stream.n,
+            args.seed,
+            data.get("num_records"),
+            data.get("seed"),
+        )
+    return stream.position(int(data.get("epoch", 0)), int(data.get("index", 0)))
+
+
+def _train(
+    args: Any, trainer: training.Trainer, dist, source, stream: RecordStream, position: int, masking
+) -> dict[str, float] | None:
+    """Steps from the trainer's step to --num_train_steps; returns the last logged metrics (None when no
+    step was left to run)."""
+    start_step, start_position = trainer.global_step, position
+    if start_step >= args.num_train_steps:
+        logger.info("global step %d already reached --num_train_steps=%d", start_step, args.num_train_steps)
+        return None
+    logger.info(
+        "***** Running training ***** batch size %d, steps %d to %d, %d records",
+        args.train_batch_size,
+        start_step,
+        args.num_train_steps,
+        len(source),
+    )
+    batches = rank_batches(
+        source,
+        stream,
+        position,
+        args.train_batch_size,
+        dist.rank,
+        dist.world_size,
+        args.gradient_accumulation_steps,
+        masking,
+    )
+    batches = training.prefetch(batches, pin=dist.device.type == "cuda")
+
+    def data_state(step: int) -> dict[str, int]:
+        return stream.state(start_position + (step - start_step) * args.train_batch_size)
+
+    try:
+        return trainer.train(
+            batches,
+            pretraining_loss,
+            args.num_train_steps,
+            data_state,
+            totals_fn=BertForPreTraining.loss_normalizers,
+            checkpoint_info={"optimizer": args.optimizer, "train_batch_size": args.train_batch_size, "seed": args.seed},
+        )
+    finally:
+        batches.close()
+
+
+def _evaluate(args: Any, wrapped: torch.nn.Module, source, dist, global_step: int) -> dict[str, Any]:
+    logger.info("***** Running evaluation ***** batch size %d, %d steps", args.eval_batch_size, args.max_eval_steps)
+    metrics = evaluate(wrapped, source, args.eval_batch_size, args.max_eval_steps, dist, args.precision)
+    metrics["global_step"] = global_step
+    if dist.is_main:
+        write_results(args.output_dir, metrics)
+        with EventWriter(Path(args.output_dir) / "eval") as w:
+            w.add_scalars(global_step, {k: v for k, v in metrics.items() if k != "global_step"})
+    return metrics

@@ -1,0 +1,104 @@
+"""The model a training run starts from, resolved and checked before anything is written.
+
+Fine-tuning and pre-training start the same way (run_classifier.py and run_pretraining.py `main`): the
+run resumes from the newest checkpoint of `--output_dir` when there is one (`--init_checkpoint` is then
+ignored), else starts from `--init_checkpoint`, else from random weights. `--vocab_file` and
+`--bert_config_file` left out come from beside the checkpoint the run starts from; a shape's name takes
+its `vocab_size` from the vocabulary (or, for pre-training without one, from the data's manifests). The
+config is checked against the vocabulary and `--max_seq_length`, the casing against the checkpoint's
+name and saved tokenizer settings, and a checkpoint to resume against the config.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bert.checkpoint import Checkpoint, read_checkpoint
+from bert.config import BertConfig, resolve_config
+from bert.errors import InputError
+from bert.flags import SHAPE_NAMES
+from bert.tokenization import load_vocab, validate_case_matches_checkpoint
+from bert.training import check_checkpoint_config, latest_checkpoint
+
+
+@dataclass
+class StartingModel:
+    config: BertConfig
+    vocab_file: str | None
+    vocab: dict[str, int] | None
+    resume_dir: Path | None  # the newest checkpoint of --output_dir: the run resumes from it
+    init: Checkpoint | None  # --init_checkpoint, read; None when resuming or when none was given
+
+
+def resolve_starting_model(
+    args: Any,
+    *,
+    need_vocab: bool = True,
+    do_lower_case: bool | None = None,
+    open_data: Callable[[str | None], Iterable[int]] | None = None,
+) -> StartingModel:
+    """Resolve and check the model `args` (ModelArgs' flags, `--output_dir`, `--ignore_checkpoint_digest`)
+    start from.
+
+    need_vocab: a missing vocabulary is an error (pre-training on static records needs none).
+    do_lower_case: the run's casing, checked against the checkpoint; None when the run does not tokenize.
+    open_data: opens the run's data with the resolved vocabulary file (checking them against each other) and
+        returns the `vocab_size`s the data records, for a shape's name when there is no vocabulary.
+    """
+    verify = not args.ignore_checkpoint_digest
+    resume_dir = latest_checkpoint(args.output_dir)
+    if do_lower_case is not None:
+        validate_case_matches_checkpoint(do_lower_case, args.init_checkpoint)
+    init = read_checkpoint(args.init_checkpoint, verify=verify) if args.init_checkpoint and not resume_dir else None
+    source = init
+    if resume_dir is not None and not (args.bert_config_file and args.vocab_file):
+        source = read_checkpoint(resume_dir, verify=verify)
+
+    vocab_file = args.vocab_file or (source.vocab_file if source is not None else None)
+    if need_vocab and not vocab_file:
+        raise InputError("no vocabulary: pass --vocab_file=PATH (or an --init_checkpoint with a vocab.txt beside it)")
+    if vocab_file and not os.path.isfile(vocab_file):
+        raise InputError(f"--vocab_file={vocab_file}: no such file")
+    vocab = load_vocab(vocab_file) if vocab_file else None
+    vocab_entries = max(vocab.values()) + 1 if vocab else None
+    data_vocab_sizes = set(open_data(vocab_file)) if open_data is not None else set()
+
+    if args.bert_config_file:
+        vocab_size = vocab_entries
+        if vocab_size is None and not os.path.exists(args.bert_config_file):
+            if len(data_vocab_sizes) != 1:
+                raise InputError(
+                    f"--bert_config_file={args.bert_config_file} names a shape, so its vocab_size comes from the "
+                    "vocab: pass --vocab_file=PATH"
+                )
+            vocab_size = data_vocab_sizes.pop()
+        config = resolve_config(args.bert_config_file, vocab_size)
+    elif source is not None and source.config is not None:
+        config = source.config
+    else:
+        raise InputError(
+            f"no model config: pass --bert_config_file=PATH or a shape ({SHAPE_NAMES}), or an --init_checkpoint "
+            "with a config beside it"
+        )
+    if vocab_entries is not None and vocab_file:
+        config.validate_vocab(vocab_entries, vocab_file)
+    if args.max_seq_length > config.max_position_embeddings:
+        raise InputError(
+            f"--max_seq_length={args.max_seq_length} exceeds the model's max_position_embeddings="
+            f"{config.max_position_embeddings}; use a shorter --max_seq_length (and, for pre-training, data made "
+            "with it)"
+        )
+    if do_lower_case is not None and init is not None:
+        saved = init.tokenizer_settings.get("do_lower_case")
+        if saved is not None and bool(saved) != do_lower_case:
+            raise InputError(
+                f"--do_lower_case={do_lower_case} does not match --init_checkpoint={args.init_checkpoint}, "
+                f"whose tokenizer_config.json says do_lower_case={bool(saved)}; pass --do_lower_case={bool(saved)}"
+            )
+    if resume_dir is not None:
+        check_checkpoint_config(resume_dir, config)
+    return StartingModel(config, vocab_file, vocab, resume_dir, init)
