@@ -34,12 +34,20 @@ class ExportArgs:
             "choices": list(QUANTIZE_CHOICES),
         },
     )
+    optimize: bool = field(
+        default=False,
+        metadata={
+            "help": "ONNX: rewrite the graph with ONNX Runtime's transformer optimizer (fused LayerNorm + residual, "
+            "bias + GELU; applied before --quantize) and check it against the eager model again. The file then "
+            "needs ONNX Runtime."
+        },
+    )
 
 
 def run_export(args: ExportArgs) -> dict:
     """Export, check and write; returns what `bert.export.export` returns. Records the args and the check's
     result in OUTPUT.args.json."""
-    result = export(args.model, args.format, args.output, quantize=args.quantize)
+    result = export(args.model, args.format, args.output, quantize=args.quantize, optimize=args.optimize)
     with atomic_write(result["output"] + ".args.json") as f:
         json.dump({"command": "export", "args": asdict(args), "result": result}, f, indent=2)
         f.write("\n")
