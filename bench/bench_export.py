@@ -93,14 +93,14 @@ def encode(tokenizer: FullTokenizer, pairs: list[tuple[str, str | None]]) -> lis
     return out
 
 
-def make_batches(encoded, batch_size: int, order: str, pad_to: int | None = None) -> list[dict[str, np.ndarray]]:
-    """Batches in input order or sorted by length, each padded to its longest row (or to `pad_to`)."""
+def make_batches(encoded, batch_size: int, order: str) -> list[dict[str, np.ndarray]]:
+    """Batches in input order or sorted by length, each padded to its longest row."""
     index = sorted(range(len(encoded)), key=lambda i: len(encoded[i][0])) if order == "sorted" else range(len(encoded))
     index = list(index)
     batches = []
     for start in range(0, len(index), batch_size):
         rows = [encoded[i] for i in index[start : start + batch_size]]
-        width = pad_to or max(len(ids) for ids, _ in rows)
+        width = max(len(ids) for ids, _ in rows)
         ids = np.zeros((len(rows), width), np.int64)
         types = np.zeros_like(ids)
         mask = np.zeros_like(ids)
@@ -198,15 +198,15 @@ def bench_model(name: str, args, workdir: Path) -> dict:
     if not args.fp32_only:
         engines["ours int8"] = ours(quantize_int8(copy.deepcopy(model)))
         engines["ort int8"] = ort_engine(onnx_int8, args.threads)
-    rows = [  # (label, engine, batch order, pad to)
-        ("ours, sorted", "ours", "sorted", None),
-        ("ours, input order", "ours", "input", None),
-        ("ONNX Runtime, sorted", "ort", "sorted", None),
-        ("ONNX Runtime optimized, input order", "ort opt", "input", None),
-        ("ONNX Runtime optimized, sorted", "ort opt", "sorted", None),
-        ("transformers, sorted", "transformers", "sorted", None),
-        ("ours int8, sorted", "ours int8", "sorted", None),
-        ("ONNX Runtime optimized int8, sorted", "ort int8", "sorted", None),
+    rows = [  # (label, engine, batch order)
+        ("ours, sorted", "ours", "sorted"),
+        ("ours, input order", "ours", "input"),
+        ("ONNX Runtime, sorted", "ort", "sorted"),
+        ("ONNX Runtime optimized, input order", "ort opt", "input"),
+        ("ONNX Runtime optimized, sorted", "ort opt", "sorted"),
+        ("transformers, sorted", "transformers", "sorted"),
+        ("ours int8, sorted", "ours int8", "sorted"),
+        ("ONNX Runtime optimized int8, sorted", "ort int8", "sorted"),
     ]
     rows = [row for row in rows if row[1] in engines]
     tokenizer = FullTokenizer(vocab, do_lower_case=True)
@@ -214,10 +214,7 @@ def bench_model(name: str, args, workdir: Path) -> dict:
     for task in args.tasks:
         encoded = encode(tokenizer, texts(task, args.examples))
         n_tokens = sum(len(ids) for ids, _ in encoded)
-        batches = {
-            (order, pad): make_batches(encoded, args.batch_size, order, pad)
-            for order, pad in {(o, p) for _, _, o, p in rows}
-        }
+        batches = {order: make_batches(encoded, args.batch_size, order) for order in {o for _, _, o in rows}}
         probe = make_batches(encoded, 8, "input")[0]
         real = probe["attention_mask"].astype(bool)
         reference = engines["ours"](probe)[0]
@@ -231,8 +228,8 @@ def bench_model(name: str, args, workdir: Path) -> dict:
             assert diff < 1e-3, f"{engine} differs from ours by {diff}"
         best = {label: float("inf") for label, *_ in rows}
         for _ in range(args.repeats):
-            for label, engine, order, pad in rows:
-                b = batches[(order, pad)]
+            for label, engine, order in rows:
+                b = batches[order]
                 timed(engines[engine], b[:2])  # warm-up
                 best[label] = min(best[label], timed(engines[engine], b))
         results[task] = {"examples": len(encoded), "tokens": n_tokens, "seconds": best}
