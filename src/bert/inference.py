@@ -122,7 +122,6 @@ _HEAD_ADVICE = {
 }
 PROBLEM_TYPES = ("single_label_classification", "regression", "multi_label_classification")
 POOLINGS = ("cls", "mean", "max", "pooler")
-BACKENDS = ("torch", "onnx")
 LONG_DOCUMENT = ("truncate", "windows")
 MASK_TOKEN = "[MASK]"
 _MLM_KEY = "cls.predictions.transform.dense.weight"
@@ -390,8 +389,8 @@ class Predictor:
             backend: "torch", or "onnx" to run the ONNX file `bert export` wrote (`model_dir` is its
                 directory or the file) with ONNX Runtime on the CPU, `bert.onnx_backend`.
         """
-        if backend not in BACKENDS:
-            raise InputError(f"backend={backend!r} must be one of {', '.join(BACKENDS)}")
+        if backend not in onnx_backend.BACKENDS:
+            raise InputError(f"backend={backend!r} must be one of {', '.join(onnx_backend.BACKENDS)}")
         if backend == "onnx":
             if quantize != "none" or (device is not None and str(device) != "cpu"):
                 raise InputError(

@@ -1,5 +1,5 @@
 """An exported ONNX file (`bert export`) run by ONNX Runtime in place of the torch model, for `Predictor`
-(`Predictor.from_pretrained(path, backend="onnx")`, `bert predict/embed --backend=onnx`).
+(`Predictor.from_pretrained(path, backend="onnx")`).
 
 `path` is the directory `bert export` wrote (`model.onnx` with `config.json`, `vocab.txt` and the
 tokenizer and sentence-transformers files beside it) or the `.onnx` file itself. `OnnxModel` answers
@@ -25,6 +25,9 @@ from bert.config import BertConfig
 from bert.errors import InputError
 from bert.export import FORMATS, INPUT_NAMES, OUTPUT_NAMES, require_onnx
 from bert.modeling import EncoderOutput, TaskOutput
+
+# Predictor's engines: the torch model, or the exported ONNX file run by ONNX Runtime (this module).
+BACKENDS = ("torch", "onnx")
 
 
 def onnx_file(path: str | os.PathLike) -> Path:
