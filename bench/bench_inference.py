@@ -16,7 +16,11 @@ does not depend on the head's values) is saved once in the transformers layout, 
 - predict: SST-2 dev sentences and MRPC dev pairs (max_seq_length 128). Ours: `Predictor.classify`
   and the `bert predict` command in-process; transformers: `AutoModelForSequenceClassification` in the
   same batch loop, softmax.
-Each timing is the best of `--repeats`; ratios are ours / peer in sequences per second. Tokenization
+The ONNX Runtime peer (both jobs): the same model exported by `bert export --optimize` (ONNX Runtime's BERT
+optimizer, checked against eager there), run by `Predictor.from_pretrained(..., backend="onnx")`, so it
+gets the same tokenization and the same length-sorted batches as ours (ORT threads do not spin, as ours).
+The timed functions run in turn (A B A B ...) so that all see the same load on a shared machine, and
+each timing is the best of `--repeats`; ratios are ours / peer in sequences per second. Tokenization
 is timed alone too (ours: `FullTokenizer.encode_batch` on a fresh tokenizer; transformers: the fast
 tokenizer's batch calls), so the rest of each total is the model. Outputs are compared as a check.
 """
@@ -31,6 +35,10 @@ import tempfile
 import time
 from pathlib import Path
 
+# isort: off
+import bert  # noqa: F401  (before torch: the package's OpenMP default must precede libgomp's start)
+
+# isort: on
 import numpy as np
 import torch
 
@@ -38,6 +46,7 @@ from bert.checkpoint import save_pretrained
 from bert.commands.embed import EmbedArgs, run_embed
 from bert.commands.predict import PredictArgs, run_predict
 from bert.config import BertConfig
+from bert.export import export
 from bert.inference import Predictor
 from bert.modeling import BertForSequenceClassification, BertModel
 from bert.tokenization import FullTokenizer
@@ -65,13 +74,15 @@ def predict_inputs(limit: int) -> list[tuple[str, str | None]]:
     return out[:limit]
 
 
-def best_of(repeats: int, fn) -> tuple[float, object]:
-    best, result = float("inf"), None
+def best_interleaved(repeats: int, fns: dict) -> dict[str, tuple[float, object]]:
+    """{name: (best seconds, result)}: the functions run in turn (A B A B ...), so that all see the same load."""
+    out = {name: (float("inf"), None) for name in fns}
     for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, result
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            result = fn()
+            out[name] = (min(out[name][0], time.perf_counter() - start), result)
+    return out
 
 
 def cpu_model() -> str:
@@ -143,18 +154,47 @@ def main() -> None:
             )
         )
 
-    for fn in (lambda: ours.embed(sentences[:64]), lambda: st.encode(sentences[:64], batch_size=bs)):
+    # The ONNX Runtime peer: the same model exported with ONNX Runtime's BERT optimizer (`bert export
+    # --optimize`), run by our ONNX backend, so it gets the same tokenization and the same sorted batches.
+    export(minilm, "onnx", f"{work / 'minilm_onnx'}/", optimize=True)
+    ort = Predictor.from_pretrained(work / "minilm_onnx", backend="onnx", batch_size=bs)
+    for fn in (
+        lambda: ours.embed(sentences[:64]),
+        lambda: st.encode(sentences[:64], batch_size=bs),
+        lambda: ort.embed(sentences[:64]),
+    ):
         fn()  # warm-up
-    t_ours, v_ours = best_of(opts.repeats, lambda: ours.embed(sentences))
-    t_cmd, _ = best_of(opts.repeats, our_command_embed)
-    t_hf, v_hf = best_of(opts.repeats, hf_embed)
-    t_st, v_st = best_of(opts.repeats, lambda: st.encode(sentences, batch_size=bs))
-    t_tok_ours, _ = best_of(opts.repeats, lambda: FullTokenizer(minilm / "vocab.txt", True).encode_batch(sentences))
-    t_tok_hf, _ = best_of(opts.repeats, hf_tokenize_embed)
-    diff = max(float(np.abs(v_ours - v_hf).max()), float(np.abs(v_ours - np.asarray(v_st)).max()))
+    t = best_interleaved(
+        opts.repeats,
+        {
+            "ours": lambda: ours.embed(sentences),
+            "cmd": our_command_embed,
+            "hf": hf_embed,
+            "st": lambda: st.encode(sentences, batch_size=bs),
+            "ort": lambda: ort.embed(sentences),
+            "tok_ours": lambda: FullTokenizer(minilm / "vocab.txt", True).encode_batch(sentences),
+            "tok_hf": hf_tokenize_embed,
+        },
+    )
+    (t_ours, v_ours), (t_cmd, _), (t_hf, v_hf), (t_st, v_st) = t["ours"], t["cmd"], t["hf"], t["st"]
+    t_ort, v_ort = t["ort"]
+    t_tok_ours, t_tok_hf = t["tok_ours"][0], t["tok_hf"][0]
+    diff = max(float(np.abs(v_ours - np.asarray(v)).max()) for v in (v_hf, v_st, v_ort))
     n_tokens = sum(min(len(ids), 254) + 2 for ids in ours.tokenizer.encode_batch(sentences))
     rows_out.append(
-        ("embed, all-MiniLM-L6-v2", len(sentences), n_tokens, t_ours, t_cmd, t_hf, t_st, t_tok_ours, t_tok_hf, diff)
+        (
+            "embed, all-MiniLM-L6-v2",
+            len(sentences),
+            n_tokens,
+            t_ours,
+            t_cmd,
+            t_hf,
+            t_st,
+            t_ort,
+            t_tok_ours,
+            t_tok_hf,
+            diff,
+        )
     )
 
     # ----------------------------------------------------------------------------------------- predict
@@ -212,16 +252,30 @@ def main() -> None:
             )
         )
 
+    export(clf_dir, "onnx", f"{work / 'classifier_onnx'}/", optimize=True)
+    ort_clf = Predictor.from_pretrained(work / "classifier_onnx", backend="onnx", batch_size=bs)
+
+    def ort_predict():
+        return np.array([[r["score"] if r["label"] == "LABEL_1" else 1 - r["score"]] for r in ort_clf.classify(pairs)])
+
     ours_clf.classify(pairs[:64])
-    t_ours, p_ours = best_of(opts.repeats, our_predict)
-    t_cmd, _ = best_of(opts.repeats, our_command_predict)
-    t_hf, p_hf = best_of(opts.repeats, hf_predict)
-    t_tok_ours, _ = best_of(
+    ort_clf.classify(pairs[:64])
+    t = best_interleaved(
         opts.repeats,
-        lambda: [FullTokenizer(minilm / "vocab.txt", True).encode_batch([x for p in pairs for x in p if x])],
+        {
+            "ours": our_predict,
+            "cmd": our_command_predict,
+            "hf": hf_predict,
+            "ort": ort_predict,
+            "tok_ours": lambda: FullTokenizer(minilm / "vocab.txt", True).encode_batch(
+                [x for p in pairs for x in p if x]
+            ),
+            "tok_hf": lambda: list(hf_batches()),
+        },
     )
-    t_tok_hf, _ = best_of(opts.repeats, lambda: list(hf_batches()))
-    diff = float(np.abs(p_ours[:, 0] - p_hf[:, 1]).max())
+    (t_ours, p_ours), (t_cmd, _), (t_hf, p_hf), (t_ort, p_ort) = t["ours"], t["cmd"], t["hf"], t["ort"]
+    t_tok_ours, t_tok_hf = t["tok_ours"][0], t["tok_hf"][0]
+    diff = max(float(np.abs(p_ours[:, 0] - p_hf[:, 1]).max()), float(np.abs(p_ours - p_ort).max()))
     n_tokens = sum(len(ids) for ids in ours_clf.tokenizer.encode_batch([x for p in pairs for x in p if x]))
     n_tokens += 2 * len(pairs) + sum(b is not None for _, b in pairs)
     rows_out.append(
@@ -233,6 +287,7 @@ def main() -> None:
             t_cmd,
             t_hf,
             None,
+            t_ort,
             t_tok_ours,
             t_tok_hf,
             diff,
@@ -242,17 +297,17 @@ def main() -> None:
     print(f"# load average after: {os.getloadavg()[0]:.1f}")
     print(
         "| job | inputs | tokens | ours seq/s | `bert` command seq/s | transformers seq/s | sentence-transformers "
-        "seq/s | ours / transformers | ours / sentence-transformers | tokenize: ours s, transformers s | "
-        "max abs diff |"
+        "seq/s | ONNX Runtime optimized seq/s | ours / transformers | ours / sentence-transformers | ours / ONNX "
+        "Runtime optimized | tokenize: ours s, transformers s | max abs diff |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
-    for name, n, tokens, t_ours, t_cmd, t_hf, t_st, tok_ours, tok_hf, diff in rows_out:
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    for name, n, tokens, t_ours, t_cmd, t_hf, t_st, t_ort, tok_ours, tok_hf, diff in rows_out:
         st_cols = f"{n / t_st:.1f} | " if t_st else "- | "
         st_ratio = f"{t_st / t_ours:.2f}" if t_st else "-"
         print(
             f"| {name} | {n} | {tokens} | {n / t_ours:.1f} | {n / t_cmd:.1f} | {n / t_hf:.1f} | {st_cols}"
-            f"{t_hf / t_ours:.2f} | {st_ratio} | {tok_ours:.2f} of {t_ours:.2f}, {tok_hf:.2f} of {t_hf:.2f} | "
-            f"{diff:.1e} |"
+            f"{n / t_ort:.1f} | {t_hf / t_ours:.2f} | {st_ratio} | {t_ort / t_ours:.2f} | "
+            f"{tok_ours:.2f} of {t_ours:.2f}, {tok_hf:.2f} of {t_hf:.2f} | {diff:.1e} |"
         )
 
 

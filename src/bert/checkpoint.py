@@ -61,7 +61,7 @@ class Checkpoint:
 
     state_dict: dict[str, torch.Tensor]
     source: str
-    format: str  # "safetensors", "bin" or "tf"
+    format: str  # "safetensors", "bin", "tf" or "onnx" (an exported graph: no state_dict)
     config: BertConfig | None = None
     vocab_file: str | None = None
     tokenizer_settings: dict = field(default_factory=dict)
@@ -178,15 +178,20 @@ def read_checkpoint(
         state, base = _read_tf(str(path))
         fmt = "tf"
     state = {_normalise_key(k): v for k, v in state.items() if k not in _IGNORED_KEYS}
+    return read_beside(base, Checkpoint(state, str(path), fmt), config_file)
 
-    config = None
+
+def read_beside(base: Path, ckpt: Checkpoint, config_file: str | os.PathLike | None = None) -> Checkpoint:
+    """`ckpt` with the config, vocab and tokenizer settings found in the directory `base` (weights of any
+    format, or an exported ONNX file, `bert.onnx_backend`)."""
     config_path = Path(config_file) if config_file else _find_beside(base, (CONFIG_NAME, "bert_config.json"))
     if config_path is not None:
-        config = BertConfig.from_json_file(config_path)
+        ckpt.config = BertConfig.from_json_file(config_path)
     vocab = _find_beside(base, (VOCAB_NAME,))
+    ckpt.vocab_file = str(vocab) if vocab else None
     tok = _find_beside(base, (TOKENIZER_CONFIG_NAME,))
-    settings = load_json_file(tok, "tokenizer settings") if tok is not None else {}
-    return Checkpoint(state, str(path), fmt, config, str(vocab) if vocab else None, settings)
+    ckpt.tokenizer_settings = load_json_file(tok, "tokenizer settings") if tok is not None else {}
+    return ckpt
 
 
 def architecture(ckpt: Checkpoint, supported: Collection[str], user: str) -> str:

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from bert.checkpoint import Checkpoint, architecture, load_pretrained, read_checkpoint
+from bert.config import BertConfig
 from bert.errors import InputError
 from bert.extract_features import demo_file
 from bert.flags import EXPORT_FORMATS as FORMATS
@@ -229,6 +230,20 @@ def quantize_onnx(src: Path, dst: Path) -> None:
         quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, reduce_range=True)
 
 
+def optimize_onnx(src: Path, dst: Path, config: BertConfig) -> None:
+    """ONNX Runtime's transformer optimizer for BERT (`onnxruntime.transformers.optimizer`): fuses the
+    LayerNorms with their residual adds (SkipLayerNormalization), bias with GELU, and attention where it
+    recognises the pattern; the graph then needs ONNX Runtime's contrib operators (its CPU provider has them)."""
+    # The onnx extra is optional: imported only when it is used.
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    with _quiet():
+        optimized = optimize_model(
+            str(src), model_type="bert", num_heads=config.num_attention_heads, hidden_size=config.hidden_size
+        )
+        optimized.save_model_to_file(str(dst))
+
+
 def export_torchscript(graph: ExportGraph, path: Path) -> None:
     # torch.jit.trace is deprecated in favour of torch.export, but TorchScript files are what C++
     # (libtorch) and older serving stacks load; the check below proves the trace is right at other shapes.
@@ -306,8 +321,13 @@ def output_path(output: str | os.PathLike, fmt: str) -> Path:
     return out
 
 
-def export(model_dir: str | os.PathLike, fmt: str, output: str | os.PathLike, quantize: str = "none") -> dict:
+def export(
+    model_dir: str | os.PathLike, fmt: str, output: str | os.PathLike, quantize: str = "none", optimize: bool = False
+) -> dict:
     """Export `model_dir` as `fmt` ("onnx" or "torchscript") to `output`, check it, copy the tokenizer files beside.
+
+    `optimize=True` (ONNX only) rewrites the graph with ONNX Runtime's transformer optimizer
+    (`optimize_onnx`) and checks the result against the eager model within `MAX_ABS_DIFF` again.
 
     `quantize="int8"` writes an int8 graph: for TorchScript the model quantized by
     `bert.quantization.quantize_int8` (checked against that eager model within `MAX_ABS_DIFF`), for ONNX
@@ -325,6 +345,8 @@ def export(model_dir: str | os.PathLike, fmt: str, output: str | os.PathLike, qu
         raise InputError(f"--format={fmt} is unknown; use one of {', '.join(FORMATS)}")
     if quantize not in ("none", "int8"):
         raise InputError(f"--quantize={quantize} is unknown; use none or int8")
+    if optimize and fmt != "onnx":
+        raise InputError("--optimize applies ONNX Runtime's optimizer to ONNX graphs; use --format=onnx or drop it")
     if fmt == "onnx":
         require_onnx()
     model, ckpt = load_model(model_dir)
@@ -346,6 +368,16 @@ def export(model_dir: str | os.PathLike, fmt: str, output: str | os.PathLike, qu
             out,
             f"max abs difference {result.max_abs_diff:.3g} > {MAX_ABS_DIFF:g}",
         )
+        if optimize:
+            optimize_onnx(tmp, tmp_dir / "optimized.onnx", model.config)
+            os.replace(tmp_dir / "optimized.onnx", tmp)
+            result = compare(graph, RUNNERS[fmt](tmp), batches)
+            _require(
+                result.max_abs_diff <= MAX_ABS_DIFF,
+                result,
+                out,
+                f"optimized: max abs difference {result.max_abs_diff:.3g} > {MAX_ABS_DIFF:g}",
+            )
         if quantize == "int8" and fmt == "onnx":
             quantize_onnx(tmp, tmp_dir / "int8.onnx")
             os.replace(tmp_dir / "int8.onnx", tmp)
@@ -362,10 +394,11 @@ def export(model_dir: str | os.PathLike, fmt: str, output: str | os.PathLike, qu
     _write_sidecars(model, ckpt, out.parent)
     name = type(model).__name__
     logger.info(
-        "wrote %s (%s %s%s, outputs %s); checked against the eager model on inputs %s: max abs difference %.2e",
+        "wrote %s (%s %s%s%s, outputs %s); checked against the eager model on inputs %s: max abs difference %.2e",
         out,
         name,
         fmt,
+        " optimized" if optimize else "",
         " int8" if quantize == "int8" else "",
         ", ".join(graph.output_names),
         ", ".join("x".join(map(str, s)) for s in result.shapes),
@@ -375,6 +408,7 @@ def export(model_dir: str | os.PathLike, fmt: str, output: str | os.PathLike, qu
         "output": str(out),
         "format": fmt,
         "quantize": quantize,
+        "optimize": optimize,
         "architecture": name,
         "outputs": list(graph.output_names),
         "max_abs_diff": result.max_abs_diff,

@@ -66,6 +66,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from bert import onnx_backend
 from bert.checkpoint import Checkpoint, _fit_prefix, load_into, read_checkpoint
 from bert.checkpoint import architecture as checkpoint_architecture
 from bert.config import BertConfig
@@ -418,6 +419,7 @@ class Predictor:
         batch_size: int = 32,
         do_lower_case: bool | None = None,
         quantize: str = "none",
+        backend: str = "torch",
     ) -> Predictor:
         """Load a model directory (or a checkpoint file or TF prefix) for inference.
 
@@ -430,7 +432,29 @@ class Predictor:
                 cased TF checkpoint; the default then is lower-casing).
             quantize: "none", or "int8" for `bert.quantization.quantize_int8` (CPU only; the default device
                 then is the CPU).
+            backend: "torch", or "onnx" to run the ONNX file `bert export` wrote (`model_dir` is its
+                directory or the file) with ONNX Runtime on the CPU, `bert.onnx_backend`.
         """
+        if backend not in onnx_backend.BACKENDS:
+            raise InputError(f"backend={backend!r} must be one of {', '.join(onnx_backend.BACKENDS)}")
+        if backend == "onnx":
+            if quantize != "none" or (device is not None and str(device) != "cpu"):
+                raise InputError(
+                    "backend=onnx runs the exported file as it is on the CPU: quantize with `bert export "
+                    "--quantize=int8` and leave device and quantize at their defaults"
+                )
+            model, ckpt = onnx_backend.load(model_dir, torch.get_num_threads())
+            return cls._with_tokenizer(
+                model,
+                ckpt,
+                model.architecture,
+                torch.device("cpu"),
+                model.pooler is not None,
+                model_dir,
+                max_seq_length=max_seq_length,
+                batch_size=batch_size,
+                do_lower_case=do_lower_case,
+            )
         ckpt = read_checkpoint(model_dir)
         if ckpt.config is None:
             raise InputError(
@@ -445,6 +469,34 @@ class Predictor:
             device = "cpu"
         device = resolve_device(str(device) if device is not None else None)
         model = quantize_model(model, quantize, device)
+        return cls._with_tokenizer(
+            model,
+            ckpt,
+            architecture,
+            device,
+            has_pooler,
+            model_dir,
+            max_seq_length=max_seq_length,
+            batch_size=batch_size,
+            do_lower_case=do_lower_case,
+        )
+
+    @classmethod
+    def _with_tokenizer(
+        cls,
+        model: torch.nn.Module,
+        ckpt: Checkpoint,
+        architecture: str,
+        device: torch.device,
+        has_pooler: bool,
+        model_dir: str | os.PathLike,
+        *,
+        max_seq_length: int | None,
+        batch_size: int,
+        do_lower_case: bool | None,
+    ) -> Predictor:
+        """The Predictor of a loaded model (either backend) with the tokenizer its directory describes."""
+        assert ckpt.config is not None and ckpt.vocab_file is not None  # both loaders check them
         settings = ckpt.tokenizer_settings
         if do_lower_case is None:
             do_lower_case = settings.get("do_lower_case")

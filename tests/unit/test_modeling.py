@@ -237,3 +237,22 @@ def test_gelu_forms(tiny_config):
     erf = BertModel(tiny_config).encoder.layer[0].intermediate.intermediate_act_fn
     torch.testing.assert_close(erf(x), 0.5 * x * (1 + torch.erf(x / 2**0.5)))
     assert (erf(x) - tanh(x)).abs().max() > 1e-5
+
+
+@pytest.mark.parametrize("hidden_act", ["gelu", "gelu_new", "relu", "tanh"])
+def test_cpu_inference_runs_onednn_linear_and_equals_the_training_path(tiny_config, hidden_act):
+    """Without grad, the encoder's Linear layers (and GELU/ReLU fused into the feed-forward one) run as
+    oneDNN's fused Linear; the result equals the F.linear path the training step takes."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch build has no oneDNN")
+    tiny_config.hidden_act = hidden_act
+    model = BertModel(tiny_config).eval()
+    ids, mask, types = _inputs(tiny_config)
+    mask[1, 3:] = 0  # padding: the unpadded path too
+    expected = model(ids, mask, types).sequence_output.detach()  # grad enabled: F.linear
+    with torch.profiler.profile() as prof, torch.inference_mode():
+        got = model(ids, mask, types).sequence_output
+    calls = sum(e.count for e in prof.key_averages() if e.key == "mkldnn::_linear_pointwise")
+    # q, k, v, attention output, feed-forward in and out per layer, and the pooler
+    assert calls == 6 * tiny_config.num_hidden_layers + 1
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

@@ -33,6 +33,14 @@ class ExportArgs:
             "choices": list(QUANTIZE_CHOICES),
         },
     )
+    optimize: bool = field(
+        default=False,
+        metadata={
+            "help": "ONNX: rewrite the graph with ONNX Runtime's transformer optimizer (fused LayerNorm + residual, "
+            "bias + GELU; applied before --quantize) and check it against the eager model again. The file then "
+            "needs ONNX Runtime."
+        },
+    )
 
 
 def run_export(args: ExportArgs) -> dict:
@@ -41,7 +49,7 @@ def run_export(args: ExportArgs) -> dict:
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
     from bert.export import export
 
-    result = export(args.model, args.format, args.output, quantize=args.quantize)
+    result = export(args.model, args.format, args.output, quantize=args.quantize, optimize=args.optimize)
     with atomic_write(result["output"] + ".args.json") as f:
         json.dump({"command": "export", "args": asdict(args), "result": result}, f, indent=2)
         f.write("\n")
