@@ -19,6 +19,7 @@ import numpy as np
 from bert.errors import InputError
 from bert.flags import InferenceArgs
 from bert.inference import EMBEDDINGS, POOLINGS, Predictor, cosine_similarity, map_input_lines
+from bert.outputs import claim
 from bert.utils import count_lines, json_line, output_file_or_stdout, readable_input
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,12 @@ def _write_rows(out, vectors: np.ndarray, as_npy: bool) -> None:
 
 def run_embed(args: EmbedArgs) -> dict[str, Any]:
     """Embed every input line; returns {"lines", "dim", "output_file", "pooling", "normalize"}."""
+    inputs = {"--input_file": args.input_file, "--model": args.model}
+    with claim("embed", files={"--output_file": args.output_file}, inputs=inputs):
+        return _run(args)
+
+
+def _run(args: EmbedArgs) -> dict[str, Any]:
     settings = args.predictor_settings()
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
     pooling = args.pooling or predictor.default_pooling

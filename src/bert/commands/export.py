@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from bert.export import FORMATS, export
+from bert.export import FORMATS, SIDECAR_FILES, export, output_path
 from bert.flags import QUANTIZE_CHOICES
+from bert.outputs import claim
 from bert.utils import atomic_write
 
 
@@ -39,6 +40,16 @@ class ExportArgs:
 def run_export(args: ExportArgs) -> dict:
     """Export, check and write; returns what `bert.export.export` returns. Records the args and the check's
     result in OUTPUT.args.json."""
+    out = output_path(args.output, args.format)
+    # The files written beside the export are outputs too: exporting into the model's own directory would
+    # replace its config.json and tokenizer files.
+    beside = [out.parent / name for name in ("config.json", *SIDECAR_FILES)]
+    files = {"--output": [out, *beside]}
+    with claim("export", files=files, inputs={"--model": args.model}, derived={"--output": [".args.json"]}):
+        return _export(args)
+
+
+def _export(args: ExportArgs) -> dict:
     result = export(args.model, args.format, args.output, quantize=args.quantize)
     with atomic_write(result["output"] + ".args.json") as f:
         json.dump({"command": "export", "args": asdict(args), "result": result}, f, indent=2)

@@ -24,6 +24,7 @@ from bert.inference import (
     Predictor,
     map_input_lines,
 )
+from bert.outputs import claim
 from bert.utils import count_lines, json_line, output_file_or_stdout, readable_input
 
 logger = logging.getLogger(__name__)
@@ -98,6 +99,12 @@ def _predict(predictor: Predictor, records: list, args: PredictArgs) -> list[dic
 
 def run_predict(args: PredictArgs) -> dict[str, Any]:
     """Predict every input line; returns {"lines", "task", "output_file"}."""
+    inputs = {"--input_file": args.input_file, "--model": args.model}
+    with claim("predict", files={"--output_file": args.output_file}, inputs=inputs):
+        return _run(args)
+
+
+def _run(args: PredictArgs) -> dict[str, Any]:
     if args.top_k < 0:
         raise InputError(f"--top_k={args.top_k} must be 0 (all labels) or more")
     if args.doc_stride is not None and args.doc_stride < 1:
