@@ -63,7 +63,7 @@ import torch.nn.functional as F
 
 from bert.checkpoint import Checkpoint, _fit_prefix, load_into, read_checkpoint
 from bert.checkpoint import architecture as checkpoint_architecture
-from bert.config import BertConfig
+from bert.config import PROBLEM_TYPES, BertConfig, check_setting
 from bert.errors import InputError
 from bert.metrics import iob_chunks
 from bert.modeling import (
@@ -119,7 +119,6 @@ _HEAD_ADVICE = {
     MULTIPLE_CHOICE: "fine-tune it with `bert swag`",
     FILL_MASK: "use a pre-trained BertForPreTraining or BertForMaskedLM model",
 }
-PROBLEM_TYPES = ("single_label_classification", "regression", "multi_label_classification")
 POOLINGS = ("cls", "mean", "max", "pooler")
 LONG_DOCUMENT = ("truncate", "windows")
 MASK_TOKEN = "[MASK]"
@@ -164,7 +163,10 @@ def read_sentence_transformers_config(model_dir: str | os.PathLike) -> SentenceT
         if kind == "Normalize":
             normalize = True
         elif kind == "Pooling":
-            config = _read_json(base / str(m.get("path", "")) / "config.json")
+            path = base / str(m.get("path", "")) / "config.json"
+            config = _read_json(path)
+            if not isinstance(config, dict):
+                raise InputError(f"{path}: expected a JSON object of pooling settings; fix or delete it")
             modes = sorted(k[len("pooling_mode_") :] for k, v in config.items() if k.startswith("pooling_mode_") and v)
             pooling = {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max"}.get(modes[0]) if modes else None
             if len(modes) != 1 or pooling is None:
@@ -174,7 +176,11 @@ def read_sentence_transformers_config(model_dir: str | os.PathLike) -> SentenceT
     if unsupported:
         pooling = None
     settings = base / "sentence_bert_config.json"
-    max_seq_length = _read_json(settings).get("max_seq_length") if settings.is_file() else None
+    st_settings = _read_json(settings) if settings.is_file() else {}
+    if not isinstance(st_settings, dict):
+        raise InputError(f"{settings}: expected a JSON object of settings; fix or delete it")
+    check_setting(st_settings, "max_seq_length", int, settings, null=True)
+    max_seq_length = st_settings.get("max_seq_length")
     return SentenceTransformersConfig(pooling, normalize, max_seq_length, unsupported)
 
 
@@ -185,6 +191,8 @@ def _read_json(path: Path) -> Any:
         raise InputError(f"{path} is missing; the model directory is incomplete") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InputError(f"{path} is not valid JSON ({e}); fix or replace it") from None
+    except RecursionError:
+        raise InputError(f"{path}: JSON nested too deeply to read; fix or replace it") from None
 
 
 def _load_model(architecture: str, ckpt: Checkpoint, has_pooler: bool) -> torch.nn.Module:

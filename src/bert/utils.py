@@ -160,8 +160,19 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 def json_line(obj: object) -> str:
     """`obj` as one line of JSON with non-ASCII characters as they are, or escaped when a lone surrogate
-    would make the line unencodable as UTF-8."""
-    line = json.dumps(obj, ensure_ascii=False)
+    would make the line unencodable as UTF-8.
+
+    Raises:
+        InputError: `obj` holds NaN or infinity, which JSON has no spelling for (Python's bare `NaN` is not
+            JSON); a model that computes them is broken, so the output stops rather than lie.
+    """
+    try:
+        line = json.dumps(obj, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        raise InputError(
+            "a result holds NaN or infinity, which JSON cannot hold: the model's weights or its inputs overflow; "
+            "check the model (its weights must be finite numbers)"
+        ) from None
     return json.dumps(obj) if _LONE_SURROGATE.search(line) is not None else line
 
 
