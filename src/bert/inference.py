@@ -980,8 +980,12 @@ def read_input_record(line: str, task: str) -> Any:
     """
     obj = None
     if line.lstrip().startswith("{"):
-        with contextlib.suppress(ValueError):
+        try:
             obj = json.loads(line)
+        except ValueError:
+            pass  # plain text that starts with "{"
+        except RecursionError:
+            raise InputError("JSON nested too deeply to read; write one flat JSON object per line") from None
     if not isinstance(obj, dict):
         if not line.strip():
             raise InputError("empty line; remove it or give it some text")

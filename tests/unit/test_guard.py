@@ -10,12 +10,17 @@
 - `test_leftovers_of_a_killed_run_are_removed`: the temporary names a killed predict/embed/build-vocab/export
   leaves beside its output are gone after the next run.
 - `test_kill_during_export_is_cleaned_up`: a real SIGKILL inside `bert export`; the rerun removes its
-  `.model.onnx.tmp-*` directory.
+  `.model.pt.tmp-*` directory.
+- `test_gzip_input_cut_short_or_not_gzip`: a truncated .gz, a .gz that is plain text -> one line naming the file.
+- `test_deeply_nested_json_line`: a JSON line nested 100,000 deep -> one line naming the file and line.
+- `test_undecodable_byte_after_a_bom_names_its_line`: a bad byte on line 7 of a BOM-prefixed TSV is line 7.
 """
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
+import gzip
 import importlib
 import json
 import os
@@ -29,6 +34,7 @@ import torch
 
 from bert import cli, outputs
 from bert.cli import main as cli_main
+from bert.errors import InputError
 from bert.modeling import BertForSequenceClassification
 from conftest import REPO, cli_error, save_model_dir, save_tiny_model, uncased_vocab, vocab_config
 
@@ -248,3 +254,37 @@ def test_kill_during_export_is_cleaned_up(tmp_path, models):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "removed what an interrupted run left" in done.stderr
     assert (tmp_path / "model.pt").is_file() and _leftovers(tmp_path) == []
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+def test_gzip_input_cut_short_or_not_gzip(capsys, tmp_path, models):
+    cut = tmp_path / "cut.txt.gz"
+    cut.write_bytes(gzip.compress(b"the cat sat on the mat .\n" * 2000)[:-40])
+    not_gzip = tmp_path / "plain.txt.gz"
+    not_gzip.write_text("the cat sat on the mat .\n")
+    for command in ("embed", "build-vocab"):
+        model = [f"--model={models['pretrained']}"] if command == "embed" else []
+        out = tmp_path / f"{command}.out"
+        line = cli_error(capsys, command, *model, f"--input_file={cut}", f"--output_file={out}")
+        assert f"{cut}: cannot read" in line and "cut short" in line, line
+        line = cli_error(capsys, command, *model, f"--input_file={not_gzip}", f"--output_file={out}")
+        assert f"{not_gzip}: cannot read" in line and "not a gzip file" in line, line
+        assert not out.exists()
+
+
+def test_deeply_nested_json_line(capsys, tmp_path, models):
+    text = tmp_path / "in.jsonl"
+    text.write_text('{"text": "a good day ."}\n' + '{"text": ' + "[" * 100_000 + "\n")
+    line = cli_error(capsys, "predict", f"--model={models['classifier']}", f"--input_file={text}")
+    assert f"{text} line 2: JSON nested too deeply" in line, line
+
+
+def test_undecodable_byte_after_a_bom_names_its_line(tmp_path):
+    from bert.tasks.glue import GenericProcessor
+
+    rows = [f"a good day number {i}\tpos" for i in range(10)]
+    data = codecs.BOM_UTF8 + "".join(row + "\n" for row in rows).encode()
+    cut = data.index(b"number 6")  # line 7
+    (tmp_path / "train.tsv").write_bytes(data[:cut] + b"\xff" + data[cut:])
+    with pytest.raises(InputError, match=r"train.tsv:7: bytes that are not valid UTF-8 at column 12"):
+        GenericProcessor().get_train_examples(tmp_path)
