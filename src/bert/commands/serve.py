@@ -7,11 +7,13 @@ the environment (uvicorn re-imports the app by name in every worker process).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import http.client
 import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -24,7 +26,7 @@ import torch
 from bert.errors import InputError
 from bert.flags import InferenceArgs, same_as
 from bert.inference import CLASSIFICATION, FILL_MASK, NER, QUESTION_ANSWERING, Predictor
-from bert.utils import LOG_FORMAT
+from bert.utils import LOG_FORMAT, exit_with_parent
 
 try:  # the `serve` extra; without it `bert --help` still lists the command and `bert serve` says what to install
     import uvicorn
@@ -39,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 # The flags, as JSON, for the worker processes of --workers > 1.
 ARGS_ENVIRONMENT = "BERT_SERVE_ARGS"
+# The pid of the `bert serve` process, which its --workers processes watch.
+PARENT_ENVIRONMENT = "BERT_SERVE_PARENT"
 
 
 @dataclass
@@ -97,6 +101,33 @@ def _check(args: ServeArgs) -> None:
         raise InputError(f"--port={args.port} must be between 0 and 65535")
 
 
+def _check_address(args: ServeArgs) -> None:
+    """Bind --host:--port once before the model loads, as uvicorn will (SO_REUSEADDR): a port in use is one
+    line naming it, not uvicorn's log and exit code."""
+    if args.check or args.port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise InputError(
+            f"--host={args.host} is not an address ({e.strerror}); use e.g. 127.0.0.1 or 0.0.0.0"
+        ) from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise InputError(
+                    f"--port={args.port}: {args.host}:{args.port} is already in use (another server?); choose "
+                    "another --port, or stop what listens there"
+                ) from None
+            if e.errno == errno.EACCES:
+                raise InputError(f"--port={args.port}: permission denied; ports below 1024 need root") from None
+            raise InputError(f"--host={args.host} --port={args.port}: cannot listen there ({e.strerror})") from None
+
+
 def build_app(args: ServeArgs) -> Starlette:
     """Load the model of `args` and return the app serving it."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -148,7 +179,9 @@ def log_requests() -> Callable[[], None]:
 
 
 def app_from_environment() -> Starlette:
-    """The app of a --workers process: uvicorn calls this factory in each one."""
+    """The app of a --workers process: uvicorn calls this factory in each one. The worker exits when the
+    `bert serve` process that started it is gone (a SIGKILLed parent would leave it holding the port)."""
+    exit_with_parent(int(os.environ[PARENT_ENVIRONMENT]))
     log_requests()
     return build_app(ServeArgs(**json.loads(os.environ[ARGS_ENVIRONMENT])))
 
@@ -209,6 +242,7 @@ def run_serve(args: ServeArgs) -> dict[str, Any]:
     if uvicorn is None:
         raise InputError(f"bert serve needs {_MISSING}, which is not installed; pip install 'bert[serve]'")
     _check(args)
+    _check_address(args)
     undo_logging = log_requests()
     try:
         if args.check:
@@ -235,6 +269,7 @@ def _serve(args: ServeArgs) -> dict[str, Any]:
             # Fail here, in one line, rather than in every worker: the model must load.
             Predictor.from_pretrained(args.model, "cpu", max_seq_length=args.max_seq_length)
             os.environ[ARGS_ENVIRONMENT] = json.dumps(dataclasses.asdict(args))
+            os.environ[PARENT_ENVIRONMENT] = str(os.getpid())
             uvicorn.run(f"{__name__}:app_from_environment", factory=True, workers=args.workers, **options)
     finally:
         signal.signal(signal.SIGTERM, previous)
