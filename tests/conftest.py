@@ -306,6 +306,7 @@ def cli_error(capsys, command: str, *argv: str) -> str:
     """Run `bert COMMAND ARGV...`; assert exit code 2 and that stderr is exactly one error line; return it."""
     from bert.cli import main
 
+    capsys.readouterr()  # what earlier commands printed (their result blocks) is not this command's
     code = main([command, *argv])
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith(f"bert {command}: error:")]

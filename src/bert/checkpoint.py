@@ -26,6 +26,7 @@ import shutil
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -37,7 +38,8 @@ from bert.config import BertConfig
 from bert.errors import InputError
 from bert.formats import tf_checkpoint
 from bert.formats.keymaps import state_dict_to_tf_variables, tf_variables_to_state_dict
-from bert.utils import atomic_write
+from bert.tokenization import FullTokenizer
+from bert.utils import atomic_write, load_json_file
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +99,7 @@ def tensors_digest(state: Mapping[str, torch.Tensor]) -> str:
     for name in sorted(state):
         t = state[name].detach().cpu().contiguous()
         h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().data)
     return h.hexdigest()
 
 
@@ -139,7 +141,7 @@ def _read_bin(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _check_finite(state: Mapping[str, torch.Tensor], path: Path | str) -> None:
+def _check_finite(state: Mapping[str, torch.Tensor], path: str | os.PathLike) -> None:
     """Weights holding NaN or infinity give NaN for every input: refuse them naming the tensor."""
     for key, value in state.items():
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
@@ -220,16 +222,24 @@ _TOKENIZER_TYPES: dict[str, tuple[type, ...]] = {
 
 
 def _read_tokenizer_settings(path: Path) -> dict:
-    try:
-        settings = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-        raise InputError(f"{path} is not valid JSON; fix or delete it") from None
+    settings = load_json_file(path, "tokenizer settings")
     if not isinstance(settings, dict):
         raise InputError(f"{path}: expected a JSON object of tokenizer settings, got a {type(settings).__name__}")
     for key, types in _TOKENIZER_TYPES.items():
         if key in settings and not isinstance(settings[key], types):
             raise InputError(f"{path}: {key} must be true, false or null, got {settings[key]!r}")
     return settings
+
+
+def _no_model_message(directory: Path) -> str:
+    """What a model directory may hold, in each layout `read_checkpoint` reads, and what this one holds."""
+    held = sorted(f"{c.name}/" if c.is_dir() else c.name for c in directory.iterdir())
+    shown = ", ".join(held[:12]) + (f", ... ({len(held)} in all)" if len(held) > 12 else "") if held else "nothing"
+    return (
+        f"no model in {directory}: looked for {WEIGHTS_NAME} (this project's native layout, transformers' and "
+        f"sentence-transformers' too) or pytorch_model.bin (transformers), and a TF checkpoint (a `checkpoint` file "
+        f"or *.index); it holds {shown}. Pass the directory that has the weights (e.g. OUTPUT_DIR/model)"
+    )
 
 
 def read_checkpoint(
@@ -256,6 +266,8 @@ def read_checkpoint(
     elif weights is not None:
         state, fmt = _read_bin(weights), "bin"
     else:
+        if p.is_dir() and not (p / "checkpoint").is_file() and not any(p.glob("*.index")):
+            raise InputError(_no_model_message(p))
         tf_like = p.is_dir() or p.with_name(p.name + ".index").exists() or p.suffix == ".index" or ".data-" in p.name
         if not tf_like:
             raise InputError(
@@ -273,10 +285,8 @@ def read_checkpoint(
         config = BertConfig.from_json_file(config_path)
         check_config_against_weights(config, state, str(config_path), str(weights or path))
     vocab = _find_beside(base, (VOCAB_NAME,))
-    settings = {}
     tok = _find_beside(base, (TOKENIZER_CONFIG_NAME,))
-    if tok is not None:
-        settings = _read_tokenizer_settings(tok)
+    settings = _read_tokenizer_settings(tok) if tok is not None else {}
     return Checkpoint(state, str(path), fmt, config, str(vocab) if vocab else None, settings)
 
 
@@ -368,17 +378,16 @@ def load_pretrained(cls, path, config: BertConfig | None = None, checkpoint: Che
     return model
 
 
-def _tokenizer_settings(do_lower_case: bool | None, max_len: int) -> dict:
-    # Read by this project and, as transformers' BertTokenizer settings, by transformers.
-    settings = {
-        "tokenizer_class": "BertTokenizer",
-        "model_max_length": max_len,
-        "tokenize_chinese_chars": True,
-        "strip_accents": None,
-    }
+def _write_tokenizer_config(out: Path, do_lower_case: bool | None, max_len: int) -> None:
+    """`tokenizer_config.json`: the settings of the tokenizer the model was trained with, as the tokenizer itself
+    states them (`FullTokenizer.tokenizer_config`, read back by `bert.inference`), plus the class and length
+    transformers' AutoTokenizer needs. Without a casing there is no tokenizer to describe: only those two."""
+    settings: dict = {"tokenizer_class": "BertTokenizer", "model_max_length": max_len}
     if do_lower_case is not None:
-        settings["do_lower_case"] = bool(do_lower_case)
-    return settings
+        # The settings do not depend on the vocabulary: an empty one spares reading it.
+        settings.update(FullTokenizer({}, do_lower_case=bool(do_lower_case)).tokenizer_config())
+    with atomic_write(out / TOKENIZER_CONFIG_NAME) as f:
+        f.write(json.dumps(settings, indent=2) + "\n")
 
 
 def _copy_vocab(vocab_file: str | os.PathLike | None, out: Path) -> None:
@@ -405,7 +414,7 @@ def save_pretrained(
     """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    config: BertConfig = model.config
+    config = cast(BertConfig, model.config)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if not k.endswith(TIED_KEY)}
     with atomic_write(out / WEIGHTS_NAME, "wb") as f:
         f.write(save(state, metadata={"format": "pt", DIGEST_KEY: tensors_digest(state)}))
@@ -418,8 +427,7 @@ def save_pretrained(
     with atomic_write(out / CONFIG_NAME) as f:
         f.write(json.dumps(d, indent=2, sort_keys=True) + "\n")
     _copy_vocab(vocab_file, out)
-    with atomic_write(out / TOKENIZER_CONFIG_NAME) as f:
-        f.write(json.dumps(_tokenizer_settings(do_lower_case, config.max_position_embeddings), indent=2) + "\n")
+    _write_tokenizer_config(out, do_lower_case, config.max_position_embeddings)
 
 
 def export_tf(
@@ -431,6 +439,7 @@ def export_tf(
     """Write `bert_model.ckpt.*` with the original variable names, and an original `bert_config.json`."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    config = cast(BertConfig, model.config)
     state = {k: v.detach().cpu().float().numpy() for k, v in model.state_dict().items() if not k.endswith(TIED_KEY)}
     if not hasattr(model, "bert"):
         state = {f"bert.{k}": v for k, v in state.items()}
@@ -438,9 +447,8 @@ def export_tf(
     prefix = out / "bert_model.ckpt"
     tf_checkpoint.write_checkpoint(str(prefix), variables)
     with atomic_write(out / "bert_config.json") as f:
-        f.write(model.config.to_original_json_string())
+        f.write(config.to_original_json_string())
     _copy_vocab(vocab_file, out)
     if do_lower_case is not None:
-        with atomic_write(out / TOKENIZER_CONFIG_NAME) as f:
-            f.write(json.dumps(_tokenizer_settings(do_lower_case, model.config.max_position_embeddings), indent=2))
+        _write_tokenizer_config(out, do_lower_case, config.max_position_embeddings)
     return prefix

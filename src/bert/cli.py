@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import difflib
 import importlib
 import logging
 import re
@@ -30,8 +31,9 @@ from tqdm import tqdm
 
 from bert import __version__
 from bert.errors import InputError
+from bert.flags import check_flag_values
 from bert.outputs import os_error_message
-from bert.utils import LOG_FORMAT, check_finite_flags
+from bert.utils import LOG_FORMAT
 
 # name -> (module, args class, run function, one-line description). Modules are imported lazily so that
 # `bert tokenize` never pays for importing torch.
@@ -113,6 +115,18 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "EmbedArgs",
         "run_embed",
         "one vector per line (cls/mean/max/pooler pooling; sentence-transformers models), .npy or JSON lines",
+    ),
+    "rerank": (
+        "bert.commands.rerank",
+        "RerankArgs",
+        "run_rerank",
+        "documents sorted by relevance to a query (a cross-encoder, or an embedding model's cosine)",
+    ),
+    "search": (
+        "bert.commands.search",
+        "SearchArgs",
+        "run_search",
+        "the top-k documents of a corpus for each query, by embedding similarity (exact, in chunks)",
     ),
     "fill-mask": (
         "bert.commands.fill_mask",
@@ -278,6 +292,27 @@ def _command_parser(name: str, args_cls: type, parser: _OneLineParser | None = N
     return parser
 
 
+def _did_you_mean(name: str, choices: Sequence[str]) -> str:
+    """ "; did you mean X?" (or "X or Y"), for a misspelled command or flag; empty when nothing is close."""
+    close = difflib.get_close_matches(name, choices, n=3, cutoff=0.75)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
+
+
+def _check_flag_names(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """Name an unknown flag, with the closest real ones, before argparse would report something else first
+    (a required flag the typo was meant to be: `--task_nme=MRPC` is "unknown flag --task_nme; did you mean
+    --task_name?", not "the following arguments are required: --task_name")."""
+    known = [o for action in parser._actions for o in action.option_strings]
+    for arg in argv:
+        if arg == "--":
+            break
+        name = arg.split("=", 1)[0]
+        if not name.startswith("--") or any(o.startswith(name) for o in known):
+            continue
+        listed = [o for o in known if not o.startswith("--no") or "--" + o[4:] not in known]
+        parser.error(f"unknown flag {name}{_did_you_mean(name, listed)}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="bert", description="BERT in PyTorch, with the original's commands and flags.")
     parser.add_argument("--version", action="version", version=f"bert {__version__}")
@@ -348,10 +383,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         verbose = True
         argv = argv[1:]
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        # Before any command's module is imported: a typo costs no more than starting Python.
+        print(
+            f"bert: error: unknown command {argv[0]!r}{_did_you_mean(argv[0], list(COMMANDS))} (see 'bert --help')",
+            file=sys.stderr,
+        )
+        return 2
     if argv and argv[0] in COMMANDS and not any(a in ("-h", "--help") for a in argv):
-        # Build only the parser of the command being run: the others' modules may import torch.
+        # Build only the parser of the command being run; its module imports torch only when it runs.
         args_cls, run = _resolve(argv[0])
-        ns = vars(_command_parser(argv[0], args_cls).parse_args(argv[1:]))
+        command_parser = _command_parser(argv[0], args_cls)
+        _check_flag_names(command_parser, argv[1:])
+        ns = vars(command_parser.parse_args(argv[1:]))
     else:
         parser = build_parser()
         ns = vars(parser.parse_args(argv))
@@ -363,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = args_cls(**ns)
     with terminal_logging(verbose):
         try:
-            check_finite_flags(args)
+            check_flag_values(args)
             run(args)
         except InputError as e:
             print(f"bert {argv[0]}: error: {e}", file=sys.stderr)

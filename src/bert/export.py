@@ -42,6 +42,7 @@ from torch import nn
 from bert.checkpoint import Checkpoint, architecture, load_pretrained, read_checkpoint
 from bert.errors import InputError
 from bert.extract_features import demo_file
+from bert.flags import EXPORT_FORMATS as FORMATS
 from bert.modeling import (
     MODEL_CLASSES,
     BertForMultipleChoice,
@@ -55,7 +56,6 @@ from bert.utils import atomic_write
 
 logger = logging.getLogger(__name__)
 
-FORMATS = {"onnx": "model.onnx", "torchscript": "model.pt"}  # format -> file name inside a directory
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 OUTPUT_NAMES = {
     "BertModel": ("last_hidden_state", "pooler_output"),

@@ -20,7 +20,7 @@ import torch
 
 from bert.errors import InputError
 from bert.tasks.common import truncate_seq_pair
-from bert.utils import progress
+from bert.utils import progress, undecodable
 
 logger = logging.getLogger(__name__)
 
@@ -63,12 +63,7 @@ def read_examples(input_file: str | Path, errors: str = "strict") -> list[InputE
     try:
         text = raw.decode("utf-8", errors)
     except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
-        raise InputError(
-            f"{input_file}:{line}: bytes that are not valid UTF-8 at column {col} ({raw[e.start : e.end]!r}); "
-            "fix the file, or pass --decode_errors=ignore to drop them"
-        ) from None
+        raise undecodable(input_file, raw, e) from None
     lines = text.splitlines()
     examples = []
     for i, line in enumerate(lines):

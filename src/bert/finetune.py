@@ -49,7 +49,7 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,12 @@ from bert import training
 from bert.checkpoint import load_into, read_checkpoint
 from bert.config import BertConfig, resolve_config
 from bert.errors import InputError
-from bert.flags import SHAPE_NAMES, ModelArgs, TrainingArgs, same_as
+from bert.flags import (
+    SHAPE_NAMES,
+    FinetuneArgs,
+    check_batch_division,
+    check_flag_values,
+)
 from bert.formats.results import write_results
 from bert.formats.tensorboard import EventWriter
 from bert.modeling import MODEL_CLASSES, num_parameters
@@ -69,78 +74,17 @@ from bert.plotting import CURVES_NAME, try_plot
 from bert.tasks.common import FinetuneTask, num_train_steps, num_warmup_steps
 from bert.tokenization import FullTokenizer, load_vocab, validate_case_matches_checkpoint
 from bert.training import METRICS_NAME, RecordStream, autocast, list_checkpoints, to_device
-from bert.utils import atomic_write, progress
+from bert.utils import atomic_write, format_scores, print_result, progress
 
 logger = logging.getLogger(__name__)
 
 EVAL_HISTORY_NAME = "eval_history.json"
 MODEL_DIR = "model"
 FINETUNE_STATE_NAME = "finetune_state.json"  # in model/: the step its weights come from
+# What the result block lists of --output_dir, when there.
+RESULT_FILES = (MODEL_DIR, "eval_results.txt", METRICS_NAME, CURVES_NAME, "log.txt")
 # Batches per length-grouped mega-batch (the usual choice of length-grouped samplers).
 GROUP_BATCHES = 50
-
-
-# ------------------------------------------------------------------------------------------------ flags
-@dataclass(kw_only=True)
-class FinetuneArgs(ModelArgs, TrainingArgs):
-    """Flags shared by the fine-tuning commands: run_classifier.py's, plus training options."""
-
-    data_dir: str = field(
-        metadata={
-            "run_defining": "data",
-            "help": "The input data dir. Should contain the data files (train, dev, test) for the task.",
-        }
-    )
-    do_predict: bool = field(
-        default=False, metadata={"help": "Whether to run the model in inference mode on the test set."}
-    )
-    predict_batch_size: int = field(default=8, metadata={"help": "Total batch size for predict."})
-    num_train_epochs: float = field(
-        default=3.0, metadata={"run_defining": "train", "help": "Total number of training epochs to perform."}
-    )
-    warmup_proportion: float = field(
-        default=0.1,
-        metadata={
-            "run_defining": "train",
-            "help": "Proportion of training to perform linear learning rate warmup for. "
-            "E.g., 0.1 = 10 percent of training.",
-        },
-    )
-    eval_every_steps: int = field(
-        default=0,
-        metadata={
-            "help": "Evaluate on the dev set every this many steps and keep the best checkpoint; the final eval and "
-            "predictions then use it. 0: evaluate only at the end."
-        },
-    )
-    early_stopping_patience: int = field(
-        default=0,
-        metadata={
-            "help": "Stop training after this many evaluations (--eval_every_steps) without improvement. 0: off."
-        },
-    )
-    metric_for_best_model: str | None = field(
-        default=None,
-        metadata={
-            "help": "The eval_results key that picks the best checkpoint (e.g. eval_accuracy, eval_f1; a key "
-            "containing 'loss' is minimised). Default: the task's main metric."
-        },
-    )
-    group_by_length: bool = field(
-        default=True,
-        metadata={
-            "run_defining": "train",
-            "help": "Batch sequences of similar length together (within shuffled groups of 50 batches).",
-        },
-    )
-    pad_to_max_seq_length: bool = field(
-        default=False,
-        metadata={"help": "Pad every batch to max_seq_length as the original does (slower, same results)."},
-    )
-    # Fine-tuning checkpoints are only resumption points (the model is exported to model/), and runs are
-    # hundreds of steps long, not hundreds of thousands.
-    keep_checkpoint_max: int = same_as(TrainingArgs, "keep_checkpoint_max", default=1)
-    log_every: int = same_as(TrainingArgs, "log_every", default=50)
 
 
 # ------------------------------------------------------------------------------------------------- tasks
@@ -316,31 +260,9 @@ def _check_flags(args: FinetuneArgs, task: FinetuneTask, world_size: int) -> Non
             "--do_eval=true and/or --do_predict=true"
         )
     args.check_no_tpu()
-    args.check_guard_flags()
-    positive = ["max_seq_length", "save_checkpoints_steps", "log_every", "gradient_accumulation_steps"]
-    positive += ["train_batch_size"] * args.do_train + ["eval_batch_size"] * args.do_eval
-    positive += ["predict_batch_size"] * args.do_predict
-    for name in positive:
-        if getattr(args, name) < 1:
-            raise InputError(f"--{name}={getattr(args, name)} must be at least 1")
-    for name in ("eval_every_steps", "early_stopping_patience", "keep_checkpoint_max"):
-        if getattr(args, name) < 0:
-            raise InputError(f"--{name}={getattr(args, name)} must not be negative")
+    check_flag_values(args)
     if args.do_train:
-        if not args.learning_rate > 0:
-            raise InputError(f"--learning_rate={args.learning_rate} must be positive")
-        if not args.num_train_epochs > 0:
-            raise InputError(f"--num_train_epochs={args.num_train_epochs} must be positive")
-        if not 0 <= args.warmup_proportion <= 1:
-            raise InputError(f"--warmup_proportion={args.warmup_proportion} must be between 0 and 1")
-        parts = world_size * args.gradient_accumulation_steps
-        if args.train_batch_size % parts:
-            raise InputError(
-                f"--train_batch_size={args.train_batch_size} must be divisible by processes x "
-                f"--gradient_accumulation_steps = {world_size} x {args.gradient_accumulation_steps} = {parts}"
-            )
-    if args.precision not in ("fp32", "bf16", "fp16"):
-        raise InputError(f"--precision={args.precision} must be fp32, bf16 or fp16")
+        check_batch_division(args.train_batch_size, world_size, args.gradient_accumulation_steps)
     if args.early_stopping_patience and not args.eval_every_steps:
         raise InputError("--early_stopping_patience needs evaluations during training: set --eval_every_steps=N")
     names = [*task.metric_names(), "eval_loss", "loss"]
@@ -514,7 +436,28 @@ def run_finetune(args: FinetuneArgs, task: FinetuneTask) -> dict[str, Any]:
         with training.claim_output_dir(args.output_dir, task.command, dist, inputs):
             run = _FinetuneRun(args, task, dist)
             with training.run_directory(args.output_dir, task.command, args, dist):
-                return run.run()
+                result = run.run()
+    if dist.is_main:
+        _print_result(task.command, result, Path(args.output_dir))
+    return result
+
+
+def _print_result(command: str, result: dict[str, Any], output_dir: Path) -> None:
+    """The run's result block: the scores, the files and where they are, and the command that uses the model."""
+    lines = [f"global step {result['global_step']} of {result['num_train_steps']}"]
+    if "eval" in result:
+        lines.append(f"eval: {format_scores(result['eval'])}")
+    predicted = result.get("predict") or {}
+    if isinstance(predicted.get("eval"), dict):
+        lines.append(f"predictions scored: {format_scores(predicted['eval'])}")
+    files = [v for v in predicted.values() if isinstance(v, str)]
+    if files:
+        lines.append(f"predictions: {', '.join(files)}")
+    kept = [f"{n}/" if (output_dir / n).is_dir() else n for n in RESULT_FILES if (output_dir / n).exists()]
+    lines.append(f"written to {output_dir}: {', '.join(kept)}")
+    if (output_dir / MODEL_DIR).is_dir():
+        lines.append(f"next: bert predict --model={output_dir / MODEL_DIR} --input_file=TEXTS.txt")
+    print_result(command, *lines)
 
 
 class _FinetuneRun:

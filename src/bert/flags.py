@@ -7,21 +7,68 @@ group with `same_as(Group, "name")` (the same field; only a default may be overr
 has a reason). `tests/unit/test_cli.py` walks `bert.cli.COMMANDS` and checks that every flag two
 commands share has one help text and one default, except for the differences it lists with their reasons.
 
+Each flag's constraints are written once, in its field's metadata, and `check_flag_values` enforces them for
+every command (`bert.cli.main` calls it before a command runs; the training runners call it too, for callers
+that build their Args in Python): "choices" (the allowed values; the parser offers them too), "min" and "max"
+(inclusive bounds of a number), "positive" (a number above 0). Every float flag must also be finite.
+
 No torch here: `bert tokenize` and `bert create-pretraining-data` take flags from these groups too.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from bert.errors import InputError
-from bert.utils import DECODE_ERRORS, check_finite_flags
+from bert.utils import DECODE_ERRORS
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 QUANTIZE_CHOICES = ("none", "int8")
+POOLINGS = ("cls", "mean", "max", "pooler")  # bert embed --pooling, bert.inference
+# bert embed --precision, bert.retrieval.quantize_embeddings: sentence-transformers' number formats.
+EMBEDDING_PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
+EXPORT_FORMATS = {"onnx": "model.onnx", "torchscript": "model.pt"}  # format -> file name inside a directory
 SHAPE_NAMES = "tiny, mini, small, medium, base, large, L-4_H-256, ..."
+
+
+def check_flag_values(args: object) -> None:
+    """Every flag of a dataclass of flags within what its field's metadata allows (see the module docstring).
+
+    A flag left at None ("the model's own", "unset") is not checked.
+    """
+    if not dataclasses.is_dataclass(args):
+        return
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name, None)
+        if value is None or isinstance(value, bool):
+            continue
+        flag = f"--{f.name}={value}"
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InputError(f"{flag} must be a finite number")
+        choices = f.metadata.get("choices")
+        if choices is not None and value not in choices:
+            raise InputError(f"{flag} is not one of {', '.join(map(str, choices))}")
+        low, high = f.metadata.get("min"), f.metadata.get("max")
+        if low is not None and high is not None and not low <= value <= high:
+            raise InputError(f"{flag} must be between {low} and {high}")
+        if low is not None and value < low:
+            raise InputError(f"{flag} must not be negative" if low == 0 else f"{flag} must be at least {low}")
+        if f.metadata.get("positive") and not value > 0:
+            raise InputError(f"{flag} must be positive")
+
+
+def check_batch_division(train_batch_size: int, world_size: int, gradient_accumulation_steps: int) -> None:
+    """The global batch of an optimizer step is split over the processes, then into micro-batches
+    (run_pretraining.py and run_classifier.py know one process and no accumulation)."""
+    parts = world_size * gradient_accumulation_steps
+    if train_batch_size % parts:
+        raise InputError(
+            f"--train_batch_size={train_batch_size} must be divisible by processes x "
+            f"--gradient_accumulation_steps = {world_size} x {gradient_accumulation_steps} = {parts}"
+        )
 
 
 def same_as(group: type, name: str, **overrides: Any) -> Any:
@@ -76,6 +123,7 @@ class ModelArgs:
         default=128,
         metadata={
             "run_defining": "train",
+            "min": 1,
             "help": "The maximum total input sequence length after WordPiece tokenization. Sequences longer than "
             "this will be truncated.",
         },
@@ -110,7 +158,7 @@ class PerformanceArgs:
     """How the training commands compute a step: flags shared by pretrain and every fine-tuning command."""
 
     gradient_accumulation_steps: int = field(
-        default=1, metadata={"help": "Micro-batches per optimizer step; train_batch_size is split into them."}
+        default=1, metadata={"min": 1, "help": "Micro-batches per optimizer step; train_batch_size is split into them."}
     )
     precision: str = field(
         default="fp32",
@@ -135,8 +183,9 @@ class GuardArgs:
     max_nonfinite_steps: int = field(
         default=0,
         metadata={
+            "min": 0,
             "help": "Steps whose loss or gradient norm is not finite to skip (their update is not applied; counted "
-            "in the logs) before the run stops. 0: stop at the first, keeping the last good checkpoint."
+            "in the logs) before the run stops. 0: stop at the first, keeping the last good checkpoint.",
         },
     )
     ignore_checkpoint_digest: bool = field(
@@ -151,11 +200,6 @@ class GuardArgs:
         },
     )
 
-    def check_guard_flags(self) -> None:
-        check_finite_flags(self)
-        if self.max_nonfinite_steps < 0:
-            raise InputError(f"--max_nonfinite_steps={self.max_nonfinite_steps} must not be negative")
-
 
 @dataclass(kw_only=True)
 class TrainingArgs(TpuCompatArgs, PerformanceArgs, GuardArgs):
@@ -167,21 +211,25 @@ class TrainingArgs(TpuCompatArgs, PerformanceArgs, GuardArgs):
     do_train: bool = field(default=False, metadata={"help": "Whether to run training."})
     do_eval: bool = field(default=False, metadata={"help": "Whether to run eval on the dev set."})
     train_batch_size: int = field(
-        default=32, metadata={"run_defining": "train", "help": "Total batch size for training."}
+        default=32, metadata={"run_defining": "train", "min": 1, "help": "Total batch size for training."}
     )
-    eval_batch_size: int = field(default=8, metadata={"help": "Total batch size for eval."})
+    eval_batch_size: int = field(default=8, metadata={"min": 1, "help": "Total batch size for eval."})
     learning_rate: float = field(
-        default=5e-5, metadata={"run_defining": "train", "help": "The initial learning rate for Adam."}
+        default=5e-5,
+        metadata={"run_defining": "train", "positive": True, "help": "The initial learning rate for Adam."},
     )
-    save_checkpoints_steps: int = field(default=1000, metadata={"help": "How often to save the model checkpoint."})
+    save_checkpoints_steps: int = field(
+        default=1000, metadata={"min": 1, "help": "How often to save the model checkpoint."}
+    )
     keep_checkpoint_max: int = field(
         default=5,
         metadata={
+            "min": 0,
             "help": "Keep this many newest checkpoints (fine-tuning with --eval_every_steps also keeps the best "
-            "one); 0 keeps all."
+            "one); 0 keeps all.",
         },
     )
-    log_every: int = field(default=100, metadata={"help": "Write training metrics every this many steps."})
+    log_every: int = field(default=100, metadata={"min": 1, "help": "Write training metrics every this many steps."})
     seed: int = field(
         default=12345,
         metadata={
@@ -193,13 +241,80 @@ class TrainingArgs(TpuCompatArgs, PerformanceArgs, GuardArgs):
 
 
 @dataclass(kw_only=True)
+class FinetuneArgs(ModelArgs, TrainingArgs):
+    """Flags shared by the fine-tuning commands: run_classifier.py's, plus training options."""
+
+    data_dir: str = field(
+        metadata={
+            "run_defining": "data",
+            "help": "The input data dir. Should contain the data files (train, dev, test) for the task.",
+        }
+    )
+    do_predict: bool = field(
+        default=False, metadata={"help": "Whether to run the model in inference mode on the test set."}
+    )
+    predict_batch_size: int = field(default=8, metadata={"min": 1, "help": "Total batch size for predict."})
+    num_train_epochs: float = field(
+        default=3.0,
+        metadata={"run_defining": "train", "positive": True, "help": "Total number of training epochs to perform."},
+    )
+    warmup_proportion: float = field(
+        default=0.1,
+        metadata={
+            "run_defining": "train",
+            "min": 0,
+            "max": 1,
+            "help": "Proportion of training to perform linear learning rate warmup for. "
+            "E.g., 0.1 = 10 percent of training.",
+        },
+    )
+    eval_every_steps: int = field(
+        default=0,
+        metadata={
+            "min": 0,
+            "help": "Evaluate on the dev set every this many steps and keep the best checkpoint; the final eval and "
+            "predictions then use it. 0: evaluate only at the end.",
+        },
+    )
+    early_stopping_patience: int = field(
+        default=0,
+        metadata={
+            "min": 0,
+            "help": "Stop training after this many evaluations (--eval_every_steps) without improvement. 0: off.",
+        },
+    )
+    metric_for_best_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "The eval_results key that picks the best checkpoint (e.g. eval_accuracy, eval_f1; a key "
+            "containing 'loss' is minimised). Default: the task's main metric."
+        },
+    )
+    group_by_length: bool = field(
+        default=True,
+        metadata={
+            "run_defining": "train",
+            "help": "Batch sequences of similar length together (within shuffled groups of 50 batches).",
+        },
+    )
+    pad_to_max_seq_length: bool = field(
+        default=False,
+        metadata={"help": "Pad every batch to max_seq_length as the original does (slower, same results)."},
+    )
+    # Fine-tuning checkpoints are only resumption points (the model is exported to model/), and runs are
+    # hundreds of steps long, not hundreds of thousands.
+    keep_checkpoint_max: int = same_as(TrainingArgs, "keep_checkpoint_max", default=1)
+    log_every: int = same_as(TrainingArgs, "log_every", default=50)
+
+
+@dataclass(kw_only=True)
 class InferenceArgs:
     """A model run on raw text: predict, embed and fill-mask (serve takes some of these flags)."""
 
     do_lower_case: bool | None = field(
         default=None, metadata={"help": "Lower-case the input; default: the model's tokenizer_config.json."}
     )
-    batch_size: int = field(default=32, metadata={"help": "Sequences per forward pass."})
+    batch_size: int = field(default=32, metadata={"min": 1, "help": "Sequences per forward pass."})
     device: str | None = same_as(TrainingArgs, "device")
     quantize: str = field(
         default="none",
@@ -210,10 +325,28 @@ class InferenceArgs:
         },
     )
 
+    max_seq_length: int | None = field(
+        default=None,
+        metadata={
+            "min": 1,
+            "help": "Longest input in tokens, with [CLS] and [SEP]; longer inputs are cut (or windowed, see "
+            "--long_document). Default: the model's own (config.json's fine-tuning length, or "
+            "sentence_bert_config.json's), else 128 for classification and NER, 384 for question answering, "
+            "max_position_embeddings for embeddings and fill-mask.",
+        },
+    )
+    doc_stride: int | None = field(
+        default=None,
+        metadata={
+            "min": 1,
+            "help": "Tokens between the starts of consecutive windows over a long text (question answering, "
+            "--long_document=windows); default: the model's config.json, else 128.",
+        },
+    )
+
     def predictor_settings(self) -> dict[str, Any]:
         """The keywords of `bert.inference.Predictor.from_pretrained` these flags set (checked first)."""
-        if self.batch_size < 1:
-            raise InputError(f"--batch_size={self.batch_size} must be at least 1")
+        check_flag_values(self)
         return {
             "device": self.device,
             "batch_size": self.batch_size,
@@ -228,7 +361,8 @@ class MaskingArgs:
     against (and uses itself with --dynamic_masking)."""
 
     max_predictions_per_seq: int = field(
-        default=20, metadata={"run_defining": "train", "help": "Maximum number of masked LM predictions per sequence."}
+        default=20,
+        metadata={"run_defining": "train", "min": 1, "help": "Maximum number of masked LM predictions per sequence."},
     )
     do_whole_word_mask: bool = field(
         default=False,
@@ -254,5 +388,5 @@ class CorpusArgs:
     )
     num_workers: int = field(
         default=1,
-        metadata={"help": "Worker processes (create-pretraining-data: more than 1 implies --streaming)."},
+        metadata={"min": 1, "help": "Worker processes (create-pretraining-data: more than 1 implies --streaming)."},
     )

@@ -11,8 +11,10 @@ native (= transformers) layout, a directory with `config.json`, `model.safetenso
 names; without it (TF checkpoints), the one the weights hold. Inputs are tokenized with the model's
 own settings (`tokenizer_config.json`: `do_lower_case`, `tokenize_chinese_chars`, `strip_accents`).
 
-What each head offers (every model also offers `embed`):
-- BertForSequenceClassification: `classify` (single-label, multi-label or regression);
+What each head offers (every model also offers `embed`, `token_embeddings`, `similarity`, `tokenize` with
+character offsets and `decode`; `rank` scores by a cross-encoder, else by cosine similarity):
+- BertForSequenceClassification: `classify` (single-label, multi-label or regression); with one label, a
+  cross-encoder's `rank`;
 - BertForTokenClassification: `ner` (entity spans) and `tag_words` (a tag per word);
 - BertForQuestionAnswering: `answer`;
 - BertForMultipleChoice: `choose`;
@@ -20,7 +22,8 @@ What each head offers (every model also offers `embed`):
 - BertModel: `embed`.
 
 Features and post-processing are the fine-tuning tasks' own, so answers equal the task commands':
-`bert.tasks.glue.convert_examples_to_features` (classification, truncated as run_classifier.py does),
+`bert.tasks.glue` (classification: truncated as run_classifier.py does, or read in windows whose logits
+are pooled, as the model was fine-tuned),
 `bert.tasks.ner.convert_ner_examples_to_features` and `word_predictions` (a word's tag is its first
 piece's), `bert.tasks.squad` (doc-stride windows, run_squad.py's `write_predictions` n-best rules over
 all windows), `bert.tasks.swag`. Each call sorts its sequences by length, runs them in batches padded
@@ -32,8 +35,10 @@ has them), each with a fallback: `problem_type` ("single_label_classification", 
 "multi_label_classification"; default regression for one output, else single-label), `id2label`
 (default LABEL_0, LABEL_1, ...), `label_thresholds` ({label: threshold} for multi-label, default 0.5),
 `max_seq_length` (the fine-tuning length; default 384 for question answering, 128 for the other heads,
-the position table's size for embeddings and fill-mask; never above `max_position_embeddings`), and for
-question answering `doc_stride` (128), `max_query_length` (64, or half of `max_seq_length` when that is
+the position table's size for embeddings and fill-mask; never above `max_position_embeddings`), for
+classification `long_document` ("truncate"), `doc_stride` (128) and `window_pooling` ("mean") (`bert
+classify --long_document=windows` saves them; `Predictor.set_windows` overrides them), and for question
+answering `doc_stride` (128), `max_query_length` (64, or half of `max_seq_length` when that is
 shorter than 128), `n_best_size` (20), `max_answer_length` (30), `version_2_with_negative` (false) and
 `null_score_diff_threshold` (0.0). A sentence-transformers
 model directory (`modules.json`, `1_Pooling/config.json`, `sentence_bert_config.json`) sets `embed`'s
@@ -53,9 +58,9 @@ import os
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -65,6 +70,7 @@ from bert.checkpoint import Checkpoint, _fit_prefix, load_into, read_checkpoint
 from bert.checkpoint import architecture as checkpoint_architecture
 from bert.config import PROBLEM_TYPES, BertConfig, check_setting
 from bert.errors import InputError
+from bert.flags import POOLINGS
 from bert.metrics import iob_chunks
 from bert.modeling import (
     BertForMultipleChoice,
@@ -75,30 +81,36 @@ from bert.modeling import (
     BertModel,
 )
 from bert.quantization import quantize_model
-from bert.tasks.common import pad_2d
-from bert.tasks.glue import InputExample, convert_examples_to_features
-from bert.tasks.ner import NerExample, convert_ner_examples_to_features, word_predictions
-from bert.tasks.squad import (
-    RawResult,
-    compute_predictions,
-    doc_spans_for,
-    squad_examples_from_json,
+from bert.tasks.common import (
+    CLASSIFICATION,
+    EMBEDDINGS,
+    FILL_MASK,
+    MULTIPLE_CHOICE,
+    NER,
+    QUESTION_ANSWERING,
+    pad_2d,
+    sigmoid,
+    softmax,
+    truncate_seq_pair,
 )
+from bert.tasks.glue import (
+    LONG_DOCUMENT,
+    WINDOW_POOLINGS,
+    InputExample,
+    InputFeatures,
+    convert_examples_to_features,
+    convert_examples_to_windows,
+    pool_windows,
+)
+from bert.tasks.ner import NerExample, convert_ner_examples_to_features, word_predictions
+from bert.tasks.squad import RawResult, compute_predictions, squad_examples_from_json
 from bert.tasks.squad import convert_examples_to_features as squad_features
 from bert.tasks.swag import SwagExample, convert_swag_examples_to_features
-from bert.tokenization import FullTokenizer, load_vocab
+from bert.tokenization import SPECIAL_TOKENS, FullTokenizer, load_vocab
 from bert.training import resolve_device
-from bert.utils import iter_lines, progress
+from bert.utils import iter_lines, load_json_file, progress
 
 logger = logging.getLogger(__name__)
-
-# Tasks, by the head that serves them.
-CLASSIFICATION = "classification"
-NER = "ner"
-QUESTION_ANSWERING = "question-answering"
-MULTIPLE_CHOICE = "multiple-choice"
-FILL_MASK = "fill-mask"
-EMBEDDINGS = "embeddings"
 
 # architectures[0] -> (task, model class). Ours has no BertForMaskedLM: its weights (encoder and
 # cls.predictions) load into BertForPreTraining, whose next-sentence head then stays unused.
@@ -119,8 +131,7 @@ _HEAD_ADVICE = {
     MULTIPLE_CHOICE: "fine-tune it with `bert swag`",
     FILL_MASK: "use a pre-trained BertForPreTraining or BertForMaskedLM model",
 }
-POOLINGS = ("cls", "mean", "max", "pooler")
-LONG_DOCUMENT = ("truncate", "windows")
+TRUNCATION_DIRECTIONS = ("right", "left")
 MASK_TOKEN = "[MASK]"
 _MLM_KEY = "cls.predictions.transform.dense.weight"
 # The task modules log their first examples field by field, which would repeat on every call here.
@@ -144,6 +155,10 @@ class SentenceTransformersConfig:
     normalize: bool
     max_seq_length: int | None
     unsupported: str | None = None  # why `pooling` is None
+    # `config_sentence_transformers.json`: prompt texts by name, and the one used when a call names none.
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    include_prompt: bool = True  # the Pooling module's: whether the prompt's tokens are pooled
 
 
 def read_sentence_transformers_config(model_dir: str | os.PathLike) -> SentenceTransformersConfig | None:
@@ -152,10 +167,10 @@ def read_sentence_transformers_config(model_dir: str | os.PathLike) -> SentenceT
     modules_file = base / "modules.json"
     if not modules_file.is_file():
         return None
-    modules = _read_json(modules_file)
+    modules = load_json_file(modules_file, "sentence-transformers file")
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise InputError(f"{modules_file}: expected a list of modules; fix or delete it")
-    pooling, normalize, unsupported = None, False, None
+    pooling, normalize, unsupported, include_prompt = None, False, None, True
     for m in modules:
         kind = str(m.get("type", "")).rsplit(".", 1)[-1]
         if kind == "Transformer":
@@ -163,36 +178,45 @@ def read_sentence_transformers_config(model_dir: str | os.PathLike) -> SentenceT
         if kind == "Normalize":
             normalize = True
         elif kind == "Pooling":
-            path = base / str(m.get("path", "")) / "config.json"
-            config = _read_json(path)
-            if not isinstance(config, dict):
-                raise InputError(f"{path}: expected a JSON object of pooling settings; fix or delete it")
+            config = _json_object(base / str(m.get("path", "")) / "config.json", "Pooling module file")
             modes = sorted(k[len("pooling_mode_") :] for k, v in config.items() if k.startswith("pooling_mode_") and v)
             pooling = {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max"}.get(modes[0]) if modes else None
             if len(modes) != 1 or pooling is None:
                 unsupported = f"pooling modes {modes}"
+            include_prompt = config.get("include_prompt", True) is not False
         else:
             unsupported = f"a {kind} module"
     if unsupported:
         pooling = None
     settings = base / "sentence_bert_config.json"
-    st_settings = _read_json(settings) if settings.is_file() else {}
-    if not isinstance(st_settings, dict):
-        raise InputError(f"{settings}: expected a JSON object of settings; fix or delete it")
+    st_settings = _json_object(settings, "sentence-transformers file", missing_ok=True)
     check_setting(st_settings, "max_seq_length", int, settings, null=True)
     max_seq_length = st_settings.get("max_seq_length")
-    return SentenceTransformersConfig(pooling, normalize, max_seq_length, unsupported)
+    prompts_file = base / "config_sentence_transformers.json"
+    described = _json_object(prompts_file, "sentence-transformers file", missing_ok=True)
+    prompts = described.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise InputError(f'{prompts_file}: "prompts" must map prompt names to texts; fix or delete it')
+    default_prompt_name = described.get("default_prompt_name")
+    if default_prompt_name is not None and default_prompt_name not in prompts:
+        raise InputError(
+            f'{prompts_file}: "default_prompt_name" {default_prompt_name!r} is not one of the prompts '
+            f"({', '.join(prompts) or 'none'}); fix or delete it"
+        )
+    return SentenceTransformersConfig(
+        pooling, normalize, max_seq_length, unsupported, prompts, default_prompt_name, include_prompt
+    )
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path} is missing; the model directory is incomplete") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"{path} is not valid JSON ({e}); fix or replace it") from None
-    except RecursionError:
-        raise InputError(f"{path}: JSON nested too deeply to read; fix or replace it") from None
+def _json_object(path: Path, what: str, missing_ok: bool = False) -> dict:
+    """A sentence-transformers settings file, which must hold one JSON object ({} when missing and
+    `missing_ok`): a list or a number there would fail later with a bare AttributeError."""
+    settings = load_json_file(path, what, missing_ok=missing_ok)
+    if settings is None:
+        return {}
+    if not isinstance(settings, dict):
+        raise InputError(f"{path}: expected a JSON object of settings; fix or delete it")
+    return settings
 
 
 def _load_model(architecture: str, ckpt: Checkpoint, has_pooler: bool) -> torch.nn.Module:
@@ -263,6 +287,22 @@ def _quiet_task_logs() -> Iterator[None]:
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+
+
+WINDOW_SETTINGS = ("long_document", "doc_stride", "window_pooling")
+
+
+def _checked_windows(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """The window settings among `values` that are not None, each checked (`InputError` naming `source`)."""
+    out = {name: value for name, value in values.items() if value is not None}
+    for name, value in out.items():
+        if name == "long_document" and value not in LONG_DOCUMENT:
+            raise InputError(f"{source}: long_document={value!r} must be one of {', '.join(LONG_DOCUMENT)}")
+        if name == "window_pooling" and value not in WINDOW_POOLINGS:
+            raise InputError(f"{source}: window_pooling={value!r} must be one of {', '.join(WINDOW_POOLINGS)}")
+        if name == "doc_stride" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise InputError(f"{source}: doc_stride={value!r} must be a whole number of at least 1")
+    return out
 
 
 def _require_texts(texts: Sequence[Any], what: str = "text") -> None:
@@ -338,7 +378,13 @@ class Predictor:
                 )
             thresholds = extra.get("label_thresholds") or {}
             self.label_thresholds = {label: float(thresholds.get(label, 0.5)) for label in self.labels}
-        self.doc_stride = int(extra.get("doc_stride", 128))
+        # How the model was fine-tuned to read long inputs (`bert classify`'s defaults where config.json
+        # says nothing, as for models trained elsewhere); `set_windows` overrides them.
+        saved = {name: extra.get(name) for name in WINDOW_SETTINGS}
+        saved = _checked_windows(saved, f"{source} config.json")
+        self.long_document: str = saved.get("long_document", LONG_DOCUMENT[0])
+        self.doc_stride: int = saved.get("doc_stride", 128)
+        self.window_pooling: str = saved.get("window_pooling", WINDOW_POOLINGS[0])
         self.n_best_size = int(extra.get("n_best_size", 20))
         self.max_answer_length = int(extra.get("max_answer_length", 30))
         self.version_2_with_negative = bool(extra.get("version_2_with_negative", False))
@@ -367,6 +413,8 @@ class Predictor:
         for token in ("[CLS]", "[SEP]"):
             if self._special[token] is None:
                 raise InputError(f"{source}: the vocabulary has no {token} token; use the model's own vocab.txt")
+        # The prompt of calls that name none (`resolve_prompt`); `bert serve --default_prompt_name` sets it.
+        self.default_prompt_name = sentence_transformers.default_prompt_name if sentence_transformers else None
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------------------------------ loading
@@ -468,42 +516,81 @@ class Predictor:
         return out
 
     # --------------------------------------------------------------------------------- classification
+    def set_windows(
+        self,
+        long_document: str | None = None,
+        doc_stride: int | None = None,
+        window_pooling: str | None = None,
+        source: str = "the caller",
+    ) -> None:
+        """Set how `classify` reads long documents (and `answer` its contexts' stride); None keeps a setting.
+
+        The settings start as the model's `config.json` says (`long_document`, `doc_stride`,
+        `window_pooling`, as `bert classify` saved them); a value that changes one is logged with its
+        `source`. Raises `InputError` naming `source` for a value the task code does not take.
+        """
+        given = {"long_document": long_document, "doc_stride": doc_stride, "window_pooling": window_pooling}
+        for name, value in _checked_windows(given, source).items():
+            if getattr(self, name) != value:
+                logger.warning("%s=%s from %s overrides the model's %s", name, value, source, getattr(self, name))
+            setattr(self, name, value)
+
     def classify(
         self,
         inputs: Sequence[str | tuple[str, str | None]],
         top_k: int | None = 1,
-        long_document: str = "truncate",
-        doc_stride: int | None = None,
         batch_size: int | None = None,
         raw_scores: bool = False,
+        *,
+        truncate: bool = True,
+        truncation_direction: str = "right",
     ) -> list[dict[str, Any]]:
-        """Classify texts or text pairs; one result per input, in order.
+        """Classify texts or text pairs; one result per input, in order, as `bert classify --do_predict`.
 
         Args:
             inputs: texts, or (text, text_pair) tuples (text_pair may be None).
             top_k: also list the `top_k` best labels with their scores under "scores" (0 or None: all);
                 with 1 (the default) only the best.
-            long_document: "truncate" cuts a pair to `max_seq_length` as `bert classify` does (the longer
-                text loses its last tokens first); "windows" reads the whole first text in windows of
-                `max_seq_length`, `doc_stride` tokens apart (the pair, when there is one, goes whole into
-                every window), and averages the windows' logits.
-            doc_stride: tokens between window starts (default: the config's `doc_stride`, 128).
             raw_scores: "scores" lists the logits instead of the probabilities.
+            truncate, truncation_direction: with `long_document` "truncate", see `_pair_sequences` ("left"
+                cuts a text's start).
+
+        Long inputs are read as the model was fine-tuned to read them (`long_document`, `doc_stride`,
+        `window_pooling`; see `set_windows`), by classification's own code: "truncate" cuts a pair to
+        `max_seq_length` as run_classifier.py does (`bert.tasks.glue.convert_examples_to_features`);
+        "windows" reads the whole first text in windows, the second cut to what the windows leave it
+        (`bert.tasks.glue.window_spans`), and pools the windows' logits (`bert.tasks.glue.pool_windows`).
 
         Returns dicts, by `problem_type`: single-label {"label", "score"} (softmax probability);
         multi-label {"labels": [{"label", "score"}, ...]} for every label whose sigmoid reaches its
         threshold, best first; regression {"score"} (the model's output). With `top_k` != 1, also
         "scores": [{"label", "score"}, ...], best first.
-
-        Windows' logits are averaged, not max-pooled: the mean keeps logits on the scale the head was
-        fine-tuned at (so softmax scores, multi-label thresholds and regression outputs mean what they
-        mean for one window, and a text that fits one window gets exactly its truncate result), and one
-        odd window cannot decide alone; max pooling would drift regression scores and multi-label scores
-        upward with the number of windows.
         """
         self._require(CLASSIFICATION)
-        if long_document not in LONG_DOCUMENT:
-            raise InputError(f"long_document={long_document!r} must be one of {', '.join(LONG_DOCUMENT)}")
+        pairs = self._checked_pairs(inputs)
+        if not pairs:
+            return []
+        with self._lock, _quiet_task_logs():
+            if self.long_document == "truncate":
+                sequences = self._pair_sequences(pairs, truncate, truncation_direction)
+            else:
+                features = convert_examples_to_windows(
+                    self._examples(pairs), self._label_list, self.max_seq_length, self.tokenizer, self.doc_stride, False
+                )
+                sequences = [(f.input_ids, f.segment_ids) for f in features]
+
+            def head(ids, mask, types, idx):
+                return list(self.model(ids, mask, types).logits.float().cpu().numpy())
+
+            logits = self._run(sequences, head, batch_size)
+        if self.long_document == "truncate":
+            pooled = np.stack(logits).astype(np.float32)  # [N, L]
+        else:
+            pooled = pool_windows(logits, features, len(pairs), self.window_pooling)  # [N, L]
+        return [self._classification_result(row, top_k, raw_scores) for row in pooled]
+
+    @staticmethod
+    def _checked_pairs(inputs: Sequence[str | tuple[str, str | None]]) -> list[tuple[str, str | None]]:
         pairs = []
         for i, item in enumerate(inputs):
             a, b = (item, None) if isinstance(item, str) else tuple(item)
@@ -512,29 +599,57 @@ class Predictor:
             if b is not None and not isinstance(b, str):
                 raise InputItemError(i, f"text_pair must be a string, got {type(b).__name__}")
             pairs.append((a, b or None))
-        with self._lock, _quiet_task_logs():
-            if long_document == "truncate":
-                sequences, owners = self._truncated_features(pairs)
-            else:
-                sequences, owners = self._windowed_features(pairs, doc_stride or self.doc_stride)
+        return pairs
 
-            def head(ids, mask, types, idx):
-                return list(self.model(ids, mask, types).logits.float().cpu().numpy())
+    def _pair_sequences(
+        self, pairs: list[tuple[str, str | None]], truncate: bool, truncation_direction: str
+    ) -> list[tuple[list[int], list[int]]]:
+        """`[CLS] a [SEP] (b [SEP])` per pair with segment ids. Too long for `max_seq_length`: with `truncate`,
+        cut as `bert classify` cuts (run_classifier.py `_truncate_seq_pair`: a token at a time from the
+        longer text, at its end for "right", at its start for "left"); else an `InputItemError`."""
+        if truncation_direction not in TRUNCATION_DIRECTIONS:
+            raise InputError(
+                f"truncation_direction={truncation_direction!r} must be one of {', '.join(TRUNCATION_DIRECTIONS)}"
+            )
+        if truncate and truncation_direction == "right":
+            return self._truncated_features(pairs)
+        cls_id, sep_id = self._special["[CLS]"], self._special["[SEP]"]
+        sequences = []
+        for i, (a, b) in enumerate(pairs):
+            ids_a, ids_b = self.tokenizer.encode(a), self.tokenizer.encode(b) if b else []
+            room = self.max_seq_length - (3 if b else 2)
+            if len(ids_a) + len(ids_b) > room:
+                if not truncate:
+                    raise InputItemError(
+                        i,
+                        f"{len(ids_a) + len(ids_b) + self.max_seq_length - room} tokens with [CLS] and [SEP], more "
+                        f"than max_seq_length={self.max_seq_length}; shorten it or let it be truncated",
+                    )
+                # The end-popping rule on reversed pieces pops from the start.
+                ids_a, ids_b = ids_a[::-1], ids_b[::-1]
+                truncate_seq_pair(ids_a, ids_b, room)
+                ids_a, ids_b = ids_a[::-1], ids_b[::-1]
+            ids = [cls_id, *ids_a, sep_id]
+            types = [0] * len(ids)
+            if b:
+                ids += [*ids_b, sep_id]
+                types += [1] * (len(ids_b) + 1)
+            sequences.append((ids, types))
+        return sequences
 
-            logits = self._run(sequences, head, batch_size)
-        pooled = np.zeros((len(pairs), len(logits[0]) if logits else 1), dtype=np.float32)
-        counts = np.zeros(len(pairs))
-        for owner, row in zip(owners, logits):
-            pooled[owner] += row
-            counts[owner] += 1
-        pooled /= counts[:, None]
-        return [self._classification_result(row, top_k, raw_scores) for row in pooled]
-
-    def _truncated_features(self, pairs: list[tuple[str, str | None]]) -> tuple[list, list[int]]:
+    def _examples(self, pairs: list[tuple[str, str | None]]) -> list[InputExample]:
+        """The pairs as classification examples, each with the placeholder label of a test example."""
         placeholder = 0.0 if self.problem_type == "regression" else self.labels[0]
-        label_list = [None] if self.problem_type == "regression" else self.labels
-        examples = [InputExample(str(i), a, b, placeholder) for i, (a, b) in enumerate(pairs)]
-        features = convert_examples_to_features(examples, label_list, self.max_seq_length, self.tokenizer, pad=False)
+        return [InputExample(str(i), a, b, placeholder) for i, (a, b) in enumerate(pairs)]
+
+    @property
+    def _label_list(self) -> list[Any]:
+        return [None] if self.problem_type == "regression" else list(self.labels or ())
+
+    def _truncated_features(self, pairs: list[tuple[str, str | None]]) -> list[tuple[list[int], list[int]]]:
+        features = convert_examples_to_features(
+            self._examples(pairs), self._label_list, self.max_seq_length, self.tokenizer, pad=False
+        )
         full = sum(len(f.input_ids) == self.max_seq_length for f in features)
         if full:
             logger.warning(
@@ -543,45 +658,18 @@ class Predictor:
                 len(features),
                 self.max_seq_length,
             )
-        return [(f.input_ids, f.segment_ids) for f in features], list(range(len(pairs)))
-
-    def _windowed_features(self, pairs: list[tuple[str, str | None]], doc_stride: int) -> tuple[list, list[int]]:
-        if doc_stride < 1:
-            raise InputError(f"doc_stride={doc_stride} must be at least 1")
-        tok = self.tokenizer
-        cls_id, sep_id = self._special["[CLS]"], self._special["[SEP]"]
-        sequences, owners = [], []
-        for i, (a, b) in enumerate(pairs):
-            ids_a = tok.encode(a)
-            ids_b = tok.encode(b) if b else []
-            room = self.max_seq_length - (3 if ids_b else 2) - len(ids_b)
-            if room < 1:
-                raise InputItemError(
-                    i,
-                    f"text_pair has {len(ids_b)} tokens, which leaves no room for text in windows of "
-                    f"max_seq_length={self.max_seq_length}; shorten text_pair or use long_document=truncate",
-                )
-            spans = doc_spans_for(len(ids_a), room, doc_stride) or [(0, 0)]
-            for start, length in spans:
-                ids = [cls_id, *ids_a[start : start + length], sep_id]
-                types = [0] * len(ids)
-                if ids_b:
-                    ids += [*ids_b, sep_id]
-                    types += [1] * (len(ids_b) + 1)
-                sequences.append((ids, types))
-                owners.append(i)
-        return sequences, owners
+        return [(f.input_ids, f.segment_ids) for f in features]
 
     def _classification_result(self, logits: np.ndarray, top_k: int | None, raw_scores: bool) -> dict[str, Any]:
         if self.problem_type == "regression":
             return {"score": float(logits[0])}
-        t = torch.from_numpy(logits)
+        # The task's own probabilities, so that scores are test_results.tsv's float32 values.
         if self.problem_type == "multi_label_classification":
-            scores = torch.sigmoid(t).numpy()
+            scores = sigmoid(logits)
             ranked = _top(scores, self.labels, None)
             result: dict[str, Any] = {"labels": [r for r in ranked if r["score"] >= self.label_thresholds[r["label"]]]}
         else:
-            scores = torch.softmax(t, dim=-1).numpy()
+            scores = softmax(logits)
             result = _top(scores, self.labels, 1)[0]
         if top_k != 1:
             result["scores"] = _top(logits if raw_scores else scores, self.labels, top_k)
@@ -780,18 +868,161 @@ class Predictor:
     def default_normalize(self) -> bool:
         return self.sentence_transformers.normalize if self.sentence_transformers is not None else False
 
+    def resolve_prompt(self, prompt_name: str | None = None, prompt: str | None = None) -> str | None:
+        """The prompt text a call prepends, as sentence-transformers' `encode` picks it: `prompt` itself,
+        else the named one of `config_sentence_transformers.json`'s `prompts`, else the default prompt
+        (`default_prompt_name`), else none."""
+        if prompt is not None:
+            if prompt_name is not None:
+                raise InputError("give a prompt or a prompt_name, not both")
+            return prompt
+        prompts = self.sentence_transformers.prompts if self.sentence_transformers is not None else {}
+        name = prompt_name if prompt_name is not None else self.default_prompt_name
+        if name is None:
+            return None
+        if name not in prompts:
+            raise InputError(
+                f"prompt_name {name!r} is not one of the model's prompts ({', '.join(prompts) or 'none'}; "
+                "config_sentence_transformers.json)"
+            )
+        return prompts[name]
+
+    def embedding_sequences(
+        self,
+        texts: Sequence[str | Sequence[int]],
+        *,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        prompt: str | None = None,
+    ) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
+        """The model inputs `embed` runs: ([(token ids, segment ids), ...], prompt lengths).
+
+        A text becomes `[CLS] prompt+text [SEP]` (the prompt prepended to the text before tokenization, as
+        sentence-transformers does); a list of token ids is the whole sequence as given (TEI's token-id
+        inputs: no [CLS] or [SEP] added), or with a prompt `[CLS] prompt ids [SEP]` without the special
+        tokens among the ids. Longer than
+        `max_seq_length`: cut, keeping the start ("right") or the end ("left") of the text's tokens, or
+        with `truncate=False` an `InputItemError` naming the input. A prompt length counts [CLS] and the
+        prompt's tokens (sentence-transformers' `prompt_length`, the positions `include_prompt=False` leaves
+        out of the pooling).
+        """
+        if truncation_direction not in TRUNCATION_DIRECTIONS:
+            raise InputError(
+                f"truncation_direction={truncation_direction!r} must be one of {', '.join(TRUNCATION_DIRECTIONS)}"
+            )
+        if isinstance(texts, str):
+            raise TypeError("expected a list of texts, got one string")
+        cls_id, sep_id = self._special["[CLS]"], self._special["[SEP]"]
+        vocab_size = self.config.vocab_size
+        prompt_ids = self.tokenizer.encode(prompt) if prompt else []
+        strings = {i: (prompt or "") + t for i, t in enumerate(texts) if isinstance(t, str)}
+        encoded = dict(zip(strings, self.tokenizer.encode_batch(list(strings.values()))))
+        sequences, prompt_lengths = [], []
+        for i, text in enumerate(texts):
+            if isinstance(text, str):
+                if not text.strip():
+                    raise InputItemError(i, "empty text; give some text or leave the item out")
+                head, body, tail = [cls_id], encoded[i], [sep_id]
+                prompt_length = 1 + len(prompt_ids) if prompt else 0
+            elif isinstance(text, Sequence) and all(type(t) is int for t in text):
+                if not text:
+                    raise InputItemError(i, "an empty list of token ids; give at least one")
+                bad = next((t for t in text if not 0 <= t < vocab_size), None)
+                if bad is not None:
+                    raise InputItemError(i, f"token id {bad} is outside the vocabulary (0 to {vocab_size - 1})")
+                if prompt:
+                    # As TEI, which decodes the ids without their special tokens and encodes the prompt and
+                    # that text: [CLS] prompt ids [SEP].
+                    special = {self.tokenizer.vocab.get(t) for t in SPECIAL_TOKENS}
+                    head, body, tail = [cls_id, *prompt_ids], [t for t in text if t not in special], [sep_id]
+                else:
+                    head, body, tail = [], list(text), []
+                prompt_length = len(head)
+            else:
+                raise InputItemError(i, f"expected a text or a list of token ids, got {type(text).__name__}")
+            room = self.max_seq_length - len(head) - len(tail)
+            if len(body) > room:
+                if not truncate:
+                    raise InputItemError(
+                        i,
+                        f"{len(head) + len(body) + len(tail)} tokens, more than max_seq_length="
+                        f"{self.max_seq_length}; shorten it or let it be truncated",
+                    )
+                body = body[:room] if truncation_direction == "right" else body[len(body) - max(room, 0) :]
+            ids = [*head, *body, *tail]
+            sequences.append((ids, [0] * len(ids)))
+            prompt_lengths.append(min(prompt_length, len(ids) - 1))
+        return sequences, prompt_lengths
+
+    def _encode(
+        self,
+        texts: Sequence[str | Sequence[int]],
+        fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any], list[Any]],
+        batch_size: int | None,
+        truncate: bool,
+        truncation_direction: str,
+        prompt_name: str | None,
+        prompt: str | None,
+        doc_stride: int | None = None,
+    ) -> tuple[list[Any], list[InputFeatures] | None]:
+        """`fn(last layer [B, T, H], pooling mask [B, T], attention mask [B, T], encoder output)` over the
+        embedding sequences of `texts`; the pooling mask is the attention mask without the prompt when the
+        model's Pooling says `include_prompt: false`. With `doc_stride`, the sequences are the windows of
+        each text as classification cuts them (`bert.tasks.glue.convert_examples_to_windows`), returned
+        with the rows as their features (else None), which say the text each window is of."""
+        prompt = self.resolve_prompt(prompt_name, prompt)
+        st = self.sentence_transformers
+        exclude_prompt = st is not None and not st.include_prompt
+        windows = None
+        with self._lock:
+            if doc_stride is None:
+                sequences, prompt_lengths = self.embedding_sequences(
+                    texts, truncate=truncate, truncation_direction=truncation_direction, prompt=prompt
+                )
+            else:
+                if prompt:
+                    raise InputError("a prompt and windows do not go together: the prompt would be in one window only")
+                _require_texts(texts)  # strings only: token-id inputs have no text to cut into windows
+                examples = [InputExample(str(i), text, None, 0.0) for i, text in enumerate(cast(list[str], texts))]
+                with _quiet_task_logs():
+                    windows = convert_examples_to_windows(
+                        examples, [None], self.max_seq_length, self.tokenizer, doc_stride, pad=False
+                    )
+                sequences = [(f.input_ids, f.segment_ids) for f in windows]
+                prompt_lengths = [0] * len(sequences)
+            skip = torch.tensor(prompt_lengths if exclude_prompt else [0] * len(sequences))
+
+            def run(ids, mask, types, idx):
+                out = self.encoder(ids, mask, types)
+                hidden = out.sequence_output.float()  # [B, T, H]
+                positions = torch.arange(ids.shape[1], device=ids.device)[None, :]  # [1, T]
+                pool_mask = mask * (positions >= skip[idx].to(ids.device)[:, None])  # [B, T]
+                return fn(hidden, pool_mask, mask, out)
+
+            return self._run(sequences, run, batch_size), windows
+
     def embed(
         self,
-        texts: Sequence[str],
+        texts: Sequence[str | Sequence[int]],
         pooling: str | None = None,
         normalize: bool | None = None,
         batch_size: int | None = None,
+        *,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        dimensions: int | None = None,
+        long_document: str = "truncate",
+        doc_stride: int | None = None,
     ) -> np.ndarray:
-        """One float32 vector per text, [len(texts), hidden_size].
+        """One float32 vector per text, [len(texts), dimensions or hidden_size].
 
-        Each text is `[CLS] text [SEP]`, cut to `max_seq_length` tokens (as sentence-transformers does).
+        Each text is `[CLS] text [SEP]`, cut to `max_seq_length` tokens (as sentence-transformers does);
+        see `embedding_sequences` for token-id inputs, prompts and truncation.
 
         Args:
+            texts: texts, or lists of token ids (TEI's and OpenAI's token-id inputs).
             pooling: "cls" (the last layer at [CLS]), "mean" (the mean of the last layer over the real
                 tokens, [CLS] and [SEP] included, as sentence-transformers), "max" (their element-wise
                 maximum) or "pooler" (the pre-training pooler: tanh(dense([CLS]))). Default: the
@@ -799,22 +1030,38 @@ class Predictor:
                 similarity without fine-tuning, Reimers & Gurevych 2019).
             normalize: scale each vector to unit length (default: as the sentence-transformers
                 configuration says, else False).
+            truncate: False raises `InputItemError` for an input longer than `max_seq_length`.
+            truncation_direction: "right" keeps the start of a long input, "left" its end.
+            prompt_name, prompt: the prompt to prepend (`resolve_prompt`); its tokens are pooled unless the
+                model's Pooling configuration says `include_prompt: false`, as in sentence-transformers.
+            dimensions: keep the first `dimensions` components (Matryoshka truncation), then normalize
+                (when normalizing), as sentence-transformers' `truncate_dim` and TEI's `dimensions`.
+            long_document: "truncate" (above), or "windows": a text longer than `max_seq_length` is read
+                whole in windows `doc_stride` pieces apart, cut as classification cuts them
+                (`bert.tasks.glue.window_spans`); each window's vector is what `embed` gives for it alone,
+                the text's vector their mean (`bert.tasks.glue.pool_windows`), normalized again when
+                normalizing. A text that fits one window gets its "truncate" vector.
+            doc_stride: pieces between window starts (default: the config's `doc_stride`, else 128).
         """
+        if long_document not in LONG_DOCUMENT:
+            raise InputError(f"long_document={long_document!r} must be one of {', '.join(LONG_DOCUMENT)}")
+        if long_document == "windows":
+            doc_stride = _checked_windows({"doc_stride": doc_stride}, "embed").get("doc_stride", self.doc_stride)
+        else:
+            doc_stride = None
         pooling = pooling or self.default_pooling
         normalize = self.default_normalize if normalize is None else normalize
         if pooling not in POOLINGS:
             raise InputError(f"pooling={pooling!r} must be one of {', '.join(POOLINGS)}")
         if pooling == "pooler" and not self.has_pooler:
             raise InputError(f"{self.source} has no pooler weights; use pooling cls, mean or max")
-        _require_texts(texts)
-        cls_id, sep_id = self._special["[CLS]"], self._special["[SEP]"]
-        keep = self.max_seq_length - 2
+        hidden_size = self.config.hidden_size
+        if dimensions is not None and not 1 <= dimensions <= hidden_size:
+            raise InputError(f"dimensions={dimensions} must be between 1 and the model's {hidden_size}")
 
-        def pool(ids, mask, types, idx):
-            out = self.encoder(ids, mask, types)
-            hidden = out.sequence_output.float()  # [B, T, H]
+        def pool(hidden, mask, attention_mask, out):
             if pooling == "cls":
-                vectors = hidden[:, 0]
+                vectors = hidden[torch.arange(len(hidden)), mask.argmax(1)]  # the first pooled position
             elif pooling == "pooler":
                 vectors = out.pooled_output.float()
             elif pooling == "mean":
@@ -822,19 +1069,154 @@ class Predictor:
                 vectors = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
             else:
                 vectors = hidden.masked_fill(mask[:, :, None] == 0, -1e9).max(1).values
+            vectors = vectors[:, :dimensions]
             if normalize:
                 vectors = F.normalize(vectors, p=2, dim=1)
             return list(vectors.cpu().numpy())
 
-        with self._lock:
-            sequences = [
-                ([cls_id, *ids[:keep], sep_id], [0] * (len(ids[:keep]) + 2))
-                for ids in self.tokenizer.encode_batch(texts)
-            ]
-            vectors = self._run(sequences, pool, batch_size)
+        vectors, windows = self._encode(
+            texts, pool, batch_size, truncate, truncation_direction, prompt_name, prompt, doc_stride
+        )
         if not vectors:
-            return np.zeros((0, self.config.hidden_size), dtype=np.float32)
-        return np.stack(vectors).astype(np.float32, copy=False)
+            return np.zeros((0, dimensions or hidden_size), dtype=np.float32)
+        out = np.stack(vectors).astype(np.float32, copy=False)  # [N or windows, D]
+        if windows is not None:
+            out = pool_windows(list(out), windows, len(texts), "mean")  # [N, D]
+            if normalize:
+                out = F.normalize(torch.from_numpy(out), p=2, dim=1).numpy()
+        return out
+
+    def token_embeddings(
+        self,
+        texts: Sequence[str | Sequence[int]],
+        batch_size: int | None = None,
+        *,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+    ) -> list[np.ndarray]:
+        """The last layer at every token of each text, [CLS] and [SEP] included: float32 [tokens, hidden_size]
+        per text (TEI's /embed_all); inputs as `embed` takes them."""
+
+        def rows(hidden, pool_mask, attention_mask, out):
+            return [h[: int(n)].cpu().numpy() for h, n in zip(hidden, attention_mask.sum(1))]
+
+        return self._encode(texts, rows, batch_size, truncate, truncation_direction, prompt_name, prompt)[0]
+
+    def similarity(
+        self,
+        source: str,
+        sentences: Sequence[str],
+        *,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        prompt_name: str | None = None,
+        pooling: str | None = None,
+    ) -> list[float]:
+        """The cosine similarity of `source`'s embedding with each sentence's (TEI's /similarity); the
+        embeddings as `embed` makes them."""
+        vectors = self.embed(
+            [source, *sentences],
+            pooling=pooling,
+            normalize=True,
+            truncate=truncate,
+            truncation_direction=truncation_direction,
+            prompt_name=prompt_name,
+        )
+        return [float(s) for s in vectors[1:] @ vectors[0]]
+
+    def tokenize(
+        self, texts: Sequence[str], *, add_special_tokens: bool = True, prompt_name: str | None = None
+    ) -> list[list[dict[str, Any]]]:
+        """The tokens of each text as the model reads them (TEI's /tokenize): [{"id", "text", "special",
+        "start", "stop"}, ...], where `start`/`stop` are character offsets into the text (with the prompt,
+        when one applies, prepended: into prompt+text) and "text" is that span; with `add_special_tokens`,
+        [CLS] first and [SEP] last (special, without offsets). Not truncated."""
+        _require_texts(texts)
+        prompt = self.resolve_prompt(prompt_name) or ""
+
+        def special(token: str) -> dict[str, Any]:
+            return {"id": self._special[token], "text": token, "special": True, "start": None, "stop": None}
+
+        out = []
+        for text in texts:
+            full = prompt + text
+            tokens = [
+                {"id": token_id, "text": full[start:end], "special": False, "start": start, "stop": end}
+                for _, token_id, start, end in self.tokenizer.tokenize_with_offsets(full)
+            ]
+            out.append([special("[CLS]"), *tokens, special("[SEP]")] if add_special_tokens else tokens)
+        return out
+
+    def decode(self, ids: Sequence[Sequence[int]], *, skip_special_tokens: bool = True) -> list[str]:
+        """The text of each list of token ids (`FullTokenizer.decode`; TEI's /decode)."""
+        out = []
+        for i, row in enumerate(ids):
+            try:
+                out.append(self.tokenizer.decode(row, skip_special_tokens=skip_special_tokens))
+            except KeyError as e:
+                raise InputItemError(i, f"token id {e.args[0]} is not in the vocabulary") from None
+        return out
+
+    @property
+    def is_cross_encoder(self) -> bool:
+        """A sequence-classification model with one output, which scores a (query, document) pair."""
+        return self.task == CLASSIFICATION and len(self.labels or ()) == 1
+
+    def rank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_k: int | None = None,
+        *,
+        raw_scores: bool = False,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        batch_size: int | None = None,
+        pooling: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """The documents by relevance to `query`: [{"index", "score"}, ...], best first, `top_k` of them
+        (None: all).
+
+        A cross-encoder (`is_cross_encoder`) reads each `[CLS] query [SEP] document [SEP]` (the pair cut to
+        `max_seq_length` as `classify` cuts it) and its score is the sigmoid of the logit (the logit
+        itself with `raw_scores`), as TEI's /rerank and sentence-transformers' CrossEncoder; any other
+        model except a classifier scores the cosine similarity of the embeddings (`embed`'s, with
+        `pooling`; `raw_scores` changes nothing then).
+        """
+        if isinstance(documents, str):
+            raise TypeError("expected a list of documents, got one string")
+        if top_k is not None and top_k < 1:
+            raise InputError(f"top_k={top_k} must be at least 1")
+        if self.is_cross_encoder:
+            pairs = self._checked_pairs([(query, d) for d in documents])
+            with self._lock, _quiet_task_logs():
+                sequences = self._pair_sequences(pairs, truncate, truncation_direction)
+
+                def head(ids, mask, types, idx):
+                    return self.model(ids, mask, types).logits[:, 0].float().cpu().tolist()
+
+                logits = torch.tensor(self._run(sequences, head, batch_size), dtype=torch.float32)
+            scores = (logits if raw_scores else torch.sigmoid(logits)).tolist()
+        elif self.task == CLASSIFICATION:
+            raise InputError(
+                f"{self.source} is a classifier with {len(self.labels or ())} labels, not a cross-encoder (one "
+                "output); rank with a cross-encoder or an embedding model"
+            )
+        else:
+            _require_texts([query], "query")
+            embedded = self.embed(
+                [query, *documents],
+                pooling=pooling,
+                normalize=True,
+                truncate=truncate,
+                truncation_direction=truncation_direction,
+                batch_size=batch_size,
+            )
+            scores = [float(s) for s in embedded[1:] @ embedded[0]]
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])[:top_k]
+        return [{"index": i, "score": scores[i]} for i in order]
 
     # ------------------------------------------------------------------------------------- fill-mask
     def fill_mask(self, texts: Sequence[str], top_k: int = 5, batch_size: int | None = None) -> list[dict[str, Any]]:
@@ -974,7 +1356,8 @@ def read_input_record(line: str, task: str) -> Any:
     """What `task` takes from one input line, as the commands (and any caller with JSON lines) give it.
 
     A line is plain text, or a JSON object: {"text"} or {"text", "text_pair"} for classification (a tuple
-    (text, text_pair) is returned), {"text"} for NER, embeddings and fill-mask (the text is returned),
+    (text, text_pair) is returned), {"text"} for NER, embeddings and fill-mask (the text is returned;
+    for embeddings a "title", as in a BEIR corpus, goes before it),
     {"question", "context"} for question answering (a tuple), {"context", "endings": [...]} for multiple
     choice (a tuple). Raises `InputError` saying what is wrong, without the line's location.
     """
@@ -1020,6 +1403,10 @@ def read_input_record(line: str, task: str) -> Any:
         return field("context"), endings
     if task == CLASSIFICATION:
         return field("text"), field("text_pair", required=False)
+    title = obj.get("title") if task == EMBEDDINGS else None
+    if isinstance(title, str) and title.strip():
+        # A BEIR corpus record: the title goes before the text, as BEIR's evaluation reads it.
+        return f"{title} {field('text')}"
     return field("text")
 
 
@@ -1056,9 +1443,10 @@ def _read_input_chunks(path: str, task: str, name: str) -> Iterator[tuple[list[i
 
 
 def map_input_lines(
-    path: str, name: str, task: str, run: Callable[[list[Any]], list[Any]], total: int, desc: str | None
-) -> Iterator[list[Any]]:
-    """`run(records)` over an input file, chunk by chunk, in order: the results of each chunk.
+    path: str, name: str, task: str, run: Callable[[list[Any]], Any], total: int, desc: str | None
+) -> Iterator[Any]:
+    """`run(records)` over an input file, chunk by chunk, in order: the results of each chunk (a list, or
+    an array of rows such as `Predictor.embed`'s).
 
     The file `path` (`name` in errors) holds one record per line for `task` (`read_input_record`); a bad
     line, or an `InputItemError` that `run` raises for one record, is an `InputError` naming its line.
@@ -1077,6 +1465,7 @@ __all__ = [
     "ARCHITECTURES",
     "InputItemError",
     "POOLINGS",
+    "TRUNCATION_DIRECTIONS",
     "Predictor",
     "cosine_similarity",
     "map_input_lines",

@@ -18,6 +18,7 @@ import collections
 import re
 import string
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -293,9 +294,12 @@ def squad_f1_v2(prediction: str, gold: str) -> float | int:
     return _token_f1(pred_tokens, gold_tokens)
 
 
+_Score = TypeVar("_Score", bool, int, float)  # exact match is a bool, F1 a number
+
+
 def metric_max_over_ground_truths(
-    metric_fn: Callable[[str, str], float], prediction: str, ground_truths: Sequence[str]
-) -> float:
+    metric_fn: Callable[[str, str], _Score], prediction: str, ground_truths: Sequence[str]
+) -> _Score:
     """The best score of `prediction` over all gold answers (the official scripts' max)."""
     return max(metric_fn(prediction, gt) for gt in ground_truths)
 
@@ -432,6 +436,7 @@ def ner_metrics(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) ->
             if gold_tag is None:  # sentence break: both sides O, not counted as a token
                 c, ct, g, gt = "O", "", "O", ""
             else:
+                assert pred_tag is not None  # the two lists are None together, at the sentence break only
                 (c, ct), (g, gt) = _split_tag(gold_tag), _split_tag(pred_tag)
             close(c, ct, g, gt)
             start_c = _start_of_chunk(last_c, c, last_ct, ct)

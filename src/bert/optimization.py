@@ -22,6 +22,7 @@ ratio for the excluded parameters (the usual `exclude_from_layer_adaptation` def
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -52,8 +53,8 @@ def param_groups(
         `[{"params", "names", "weight_decay"}, ...]`; parameters with `requires_grad=False` are left out,
         and a group with no parameters is dropped.
     """
-    decay: dict[str, list] = {"params": [], "names": [], "weight_decay": weight_decay}
-    no_decay: dict[str, list] = {"params": [], "names": [], "weight_decay": 0.0}
+    decay: dict[str, Any] = {"params": [], "names": [], "weight_decay": weight_decay}
+    no_decay: dict[str, Any] = {"params": [], "names": [], "weight_decay": 0.0}
     for name, p in named_parameters:
         if not p.requires_grad:
             continue
@@ -110,7 +111,8 @@ class AdamWeightDecay(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+    # Optimizer.step is two overloads (no closure -> None, a closure -> its loss); this one signature is both.
+    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:  # type: ignore[override]
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -213,7 +215,8 @@ class Lamb(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps, adapt=None))
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+    # Optimizer.step is two overloads (no closure -> None, a closure -> its loss); this one signature is both.
+    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:  # type: ignore[override]
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -239,7 +242,6 @@ class Lamb(torch.optim.Optimizer):
                 update = (m / (1 - beta1**t)).div_((v / (1 - beta2**t)).sqrt_().add_(eps))
                 if wd != 0.0:
                     update.add_(p, alpha=wd)
-                ratio = 1.0
                 if adapt:
                     w_norm, u_norm = _norm(p), _norm(update)
                     ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))

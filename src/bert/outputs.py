@@ -39,7 +39,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -349,7 +349,7 @@ def _make_dirs(path: Path, created: list[Path]) -> None:
 @contextlib.contextmanager
 def claim(
     command: str,
-    files: Mapping[str, str | os.PathLike | None] | None = None,
+    files: Mapping[str, str | os.PathLike | Sequence[str | os.PathLike] | None] | None = None,
     dirs: Mapping[str, str | os.PathLike | None] | None = None,
     trees: Mapping[str, str | os.PathLike | None] | None = None,
     inputs: Mapping[str, Any] | None = None,
@@ -377,7 +377,7 @@ def claim(
     outs = []
     for kind, table in (("file", files or {}), ("dir", dirs or {}), ("tree", trees or {})):
         for flag, value in table.items():
-            values = value if isinstance(value, (list, tuple)) else [value]
+            values = [value] if value is None or isinstance(value, (str, os.PathLike)) else value
             for v in values:
                 if v is None or str(v) == "":
                     continue

@@ -122,7 +122,7 @@ def plot_runs(
     names = list(labels) if labels else _labels(dirs)
     if len(names) != len(dirs):
         raise InputError(f"{len(names)} names for {len(dirs)} runs; give one name per run (--names)")
-    runs = [{"label": n, "dir": str(d), **read_curves(d)} for n, d in zip(names, dirs)]
+    runs: list[dict[str, Any]] = [{"label": n, "dir": str(d), **read_curves(d)} for n, d in zip(names, dirs)]
 
     fig = Figure(figsize=(15, 4.5), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)

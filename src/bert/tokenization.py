@@ -52,6 +52,7 @@ __all__ = [
     "BasicTokenizer",
     "CaseMismatchError",
     "FullTokenizer",
+    "SPECIAL_TOKENS",
     "WordpieceTokenizer",
     "convert_by_vocab",
     "convert_ids_to_tokens",
@@ -91,6 +92,9 @@ _CJK_RANGES = (
 
 # Memo size per cache before it is emptied and refilled; bounds memory on endless streams of new words.
 _DEFAULT_CACHE_SIZE = 1 << 19
+# The vocabulary entries every BERT vocab.txt reserves (the original's create_pretraining_data.py and
+# run_classifier.py write them); `FullTokenizer.decode` can leave them out.
+SPECIAL_TOKENS = frozenset({"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"})
 
 
 class CaseMismatchError(InputError, ValueError):
@@ -222,8 +226,8 @@ def load_vocab(vocab_file: str | os.PathLike) -> collections.OrderedDict[str, in
     if lines[-1] == "":
         lines.pop()  # the text after the final newline is not a line
     vocab: collections.OrderedDict[str, int] = collections.OrderedDict()
-    for index, line in enumerate(lines):
-        vocab[line.strip()] = index
+    for index, token in enumerate(lines):
+        vocab[token.strip()] = index
     return vocab
 
 
@@ -568,7 +572,7 @@ class BasicTokenizer:
 
     def _tokenize_chinese_chars(self, text: str) -> str:
         """Put a space before and after every CJK ideograph."""
-        out = []
+        out: list[str] = []
         for char in text:
             if self._is_chinese_char(ord(char)):
                 out.extend((" ", char, " "))
@@ -631,6 +635,7 @@ class BasicTokenizer:
             text = text.lower()
         if self.strip_accents and not is_ascii:  # ASCII has no decompositions and no marks
             text = unicodedata.normalize("NFD", text)
+            assert mark is not None  # set whenever strip_accents is
             if mark.search(text) is not None:
                 text = mark.sub("", text)
         return split.findall(text)
@@ -876,6 +881,45 @@ class FullTokenizer:
             words = self.basic_tokenizer._tokenize_fast(convert_to_unicode(text))
             return list(itertools.chain.from_iterable(map(self._word_ids_memo.__getitem__, words)))
         return self.convert_tokens_to_ids(self.tokenize(text))
+
+    def tokenize_with_offsets(self, text: str) -> list[tuple[str, int, int, int]]:
+        """Word pieces of `text` with their ids and the span of `text` each comes from: (piece, id, start, end).
+
+        The pieces and ids are `tokenize(text)` and `encode(text)`: each basic token of
+        `BasicTokenizer.tokenize_with_offsets` is split by WordPiece as `tokenize` splits it. A piece's
+        span is its share of its word's span when lower-casing and accent stripping kept the word's length
+        (the usual case), else the whole word's span (e.g. "ﬁ", one character that normalizes to two).
+        """
+        out = []
+        for word, start, end in self.basic_tokenizer.tokenize_with_offsets(text):
+            pieces = self.wordpiece_tokenizer.tokenize(word)
+            ids = self.convert_tokens_to_ids(pieces)
+            exact = end - start == len(word) and pieces != [self.wordpiece_tokenizer.unk_token]
+            pos = start
+            for piece, piece_id in zip(pieces, ids):
+                if exact:
+                    length = len(piece) - 2 if piece.startswith("##") else len(piece)
+                    out.append((piece, piece_id, pos, pos + length))
+                    pos += length
+                else:
+                    out.append((piece, piece_id, start, end))
+        return out
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        """Text of word-piece ids: pieces joined by spaces, a `##` piece joined to the one before it.
+
+        Lower-casing, accents and the whitespace between words are not recovered; `skip_special_tokens`
+        leaves out [PAD], [UNK], [CLS], [SEP] and [MASK]. `KeyError` on an id outside the vocabulary.
+        """
+        words: list[str] = []
+        for token in self.convert_ids_to_tokens(ids):
+            if skip_special_tokens and token in SPECIAL_TOKENS:
+                continue
+            if token.startswith("##") and words:
+                words[-1] += token[2:]
+            else:
+                words.append(token)
+        return " ".join(words)
 
     def tokenize_batch(self, texts: Iterable[str | bytes]) -> list[list[str]]:
         """`[tokenize(t) for t in texts]`, with the per-call overhead hoisted out of the loop."""

@@ -63,7 +63,7 @@ from bert.formats.tensorboard import EventWriter
 from bert.optimization import clip_grad_norm
 from bert.outputs import claim, remove_temporaries
 from bert.plotting import METRICS_NAME
-from bert.utils import atomic_write, log_to_file, progress, write_run_info
+from bert.utils import atomic_write, load_json_file, log_to_file, progress, write_run_info
 
 logger = logging.getLogger(__name__)
 
@@ -273,14 +273,6 @@ def _resolved_paths(value: Any, cwd: str) -> Any:
     return ",".join(os.path.normpath(os.path.join(cwd, os.path.expanduser(p.strip()))) for p in value.split(","))
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _effective_args(output_dir: Path, saved: dict) -> dict[str, Any]:
     """The flags the directory's run has now: args.json, with the changes reruns made (args_history.jsonl)."""
     args = dict(saved.get("args", {}))
@@ -337,7 +329,7 @@ def record_run(output_dir: Path, command: str, args: Any) -> None:
     (`args.json` keeps the flags the run started with) and removes the earlier results. Every such rerun
     adds a line to the history.
     """
-    saved = _read_json(output_dir / ARGS_NAME)
+    saved = load_json_file(output_dir / ARGS_NAME, "the run's flags", missing_ok=True)
     training = bool(getattr(args, "do_train", False))
     resumes = latest_checkpoint(output_dir) is not None
     reuses = resumes or (output_dir / MODEL_DIR / CONFIG_NAME).is_file()
@@ -575,7 +567,8 @@ def load_training_state(checkpoint_dir: str | os.PathLike, verify: bool = True) 
     checksum: a flipped bit would be loaded silently).
     """
     path = Path(checkpoint_dir) / TRAINING_STATE_NAME
-    expected = (_read_json(Path(checkpoint_dir) / TRAINER_STATE_NAME) or {}).get("training_state_sha256")
+    state = load_json_file(Path(checkpoint_dir) / TRAINER_STATE_NAME, "checkpoint state", missing_ok=True)
+    expected = (state or {}).get("training_state_sha256")
     if verify and expected is not None and path.is_file() and _file_sha256(path) != expected:
         raise InputError(
             f"{path} is damaged: it does not match the digest saved beside it in {TRAINER_STATE_NAME} (a flipped bit, "

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import contextvars
 import dataclasses
 import errno
 import glob
 import gzip
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -141,7 +141,9 @@ def write_run_info(output_dir: str | os.PathLike, command: str, args: object) ->
     """Record what a command did in `output_dir/args.json`: its resolved arguments and command line."""
     info = {
         "command": command,
-        "args": dataclasses.asdict(args) if dataclasses.is_dataclass(args) else dict(vars(args)),
+        "args": dataclasses.asdict(args)
+        if dataclasses.is_dataclass(args) and not isinstance(args, type)
+        else dict(vars(args)),
         "argv": sys.argv,
         "cwd": os.getcwd(),
         "bert_version": __version__,
@@ -176,10 +178,16 @@ def json_line(obj: object) -> str:
     return json.dumps(obj) if _LONE_SURROGATE.search(line) is not None else line
 
 
-def load_json_file(path: str | os.PathLike, what: str):
-    """Parse a JSON (or gzipped JSON) file; `what` names it in errors, e.g. "--predict_file" or "dataset"."""
+def load_json_file(path: str | os.PathLike, what: str, missing_ok: bool = False) -> Any:
+    """Parse a JSON (or gzipped JSON) file; `what` names it in errors, e.g. "--predict_file" or "dataset".
+
+    The one JSON reader of the package: a file that is there but unreadable is always an error naming it;
+    a missing one is too, unless `missing_ok` (None is returned).
+    """
     p = Path(path)
     if not p.is_file():
+        if missing_ok:
+            return None
         raise InputError(f"{what} {path}: no such file; check the path")
     try:
         with _open_binary(str(p)) as f:
@@ -312,14 +320,7 @@ def iter_lines(
             try:
                 text = data.decode(encoding, errors)
             except UnicodeDecodeError as e:
-                bad_line = line_no + data.count(b"\n", 0, e.start) + 1
-                col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-                name = "UTF-8" if codecs.lookup(encoding).name in ("utf-8", "utf-8-sig") else encoding
-                fix = f"fix the file, or pass {hint} to drop them" if hint else f"save the file as {name}"
-                raise InputError(
-                    f"{path}:{bad_line}: bytes that are not valid {name} at column {col} "
-                    f"({data[e.start : e.end]!r}); {fix}"
-                ) from e
+                raise undecodable(path, data, e, line_no, encoding, hint) from e
             except LookupError as e:
                 raise InputError(f"unknown text encoding {encoding!r}; use e.g. utf-8 or latin-1") from e
             lines = text.split("\n")
@@ -337,20 +338,57 @@ def decode_line(raw: bytes, name: str, line: int, errors: str = "strict", hint: 
     try:
         return raw.decode("utf-8", errors)
     except UnicodeDecodeError as e:
-        raise InputError(
-            f"{name}:{line}: bytes that are not valid UTF-8 at column {e.start + 1} ({raw[e.start : e.end]!r}); "
-            f"fix the file, or pass {hint} to drop them"
-        ) from None
+        raise undecodable(name, raw, e, line - 1, hint=hint) from None
 
 
-def check_finite_flags(args: object) -> None:
-    """Every float flag of a dataclass of flags must be a finite number (`--learning_rate=inf` trains to NaN)."""
-    if not dataclasses.is_dataclass(args):
-        return
-    for f in dataclasses.fields(args):
-        value = getattr(args, f.name, None)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise InputError(f"--{f.name}={value} must be a finite number")
+def format_scores(metrics: dict[str, Any]) -> str:
+    """ "key value, ..." of a result dict's numbers (global_step left out: the block says it), for `print_result`."""
+    shown = sorted((k, v) for k, v in metrics.items() if k != "global_step" and isinstance(v, (int, float)))
+    return ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in shown)
+
+
+# False while a command runs others as its steps (`bert quickstart`): it prints one summary of them all.
+_RESULT_BLOCKS = contextvars.ContextVar("result_blocks", default=True)
+
+
+def print_result(command: str, *lines: str) -> None:
+    """The block a command ends with on the terminal: what it computed, what it wrote where and, for a
+    trained model, the command that uses it next. On stderr, as the progress bars: stdout may be the
+    command's data (`bert embed` without --output_file). Empty lines are left out."""
+    if _RESULT_BLOCKS.get():
+        print(f"bert {command}: done", *(f"  {line}" for line in lines if line), sep="\n", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def steps_without_result_blocks() -> Iterator[None]:
+    """Commands run inside as steps of another print no result block of their own."""
+    token = _RESULT_BLOCKS.set(False)
+    try:
+        yield
+    finally:
+        _RESULT_BLOCKS.reset(token)
+
+
+def undecodable(
+    name: str | os.PathLike,
+    data: bytes,
+    e: UnicodeDecodeError,
+    lines_before: int = 0,
+    encoding: str = "utf-8",
+    hint: str | None = "--decode_errors=ignore",
+) -> InputError:
+    """The one message for bytes of a text input that `encoding` cannot decode: `name`:line, the column and the
+    bytes, and the fix (`hint`: the flag that would drop them; None: save the file in the encoding).
+
+    `data` holds whole lines; `lines_before` counts the lines of the input before it.
+    """
+    line = lines_before + data.count(b"\n", 0, e.start) + 1
+    col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+    enc = "UTF-8" if codecs.lookup(encoding).name in ("utf-8", "utf-8-sig") else encoding
+    fix = f"fix the file, or pass {hint} to drop them" if hint else f"save the file as {enc}"
+    return InputError(
+        f"{name}:{line}: bytes that are not valid {enc} at column {col} ({data[e.start : e.end]!r}); {fix}"
+    )
 
 
 def exit_with_parent(parent_pid: int, interval: float = 0.5) -> None:

@@ -327,7 +327,6 @@ def test_native_dataset_gives_the_same_run(tmp_path):
 
 
 def test_init_from_tf_checkpoint_then_resume_ignores_it(tmp_path, caplog):
-    pytest.importorskip("bert.formats.tf_checkpoint")
     tiny = FIXTURES / "tf_checkpoint" / "tiny"
     data, _ = synthetic_data(tmp_path, n=8, seq=32)  # ids < 99, the tiny checkpoint's vocab
     out = tmp_path / "run"

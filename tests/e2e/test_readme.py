@@ -9,8 +9,8 @@ README's, on small substitutes:
 - `$BERT_BASE_DIR` (`uncased_L-12_H-768_A-12/`) and `$BERT_CASED_DIR` are the tiny checkpoint the
   original TensorFlow code wrote (`bert/data/demo`: 2 layers, hidden 32, 64 positions, 99 tokens);
 - `$GLUE_DIR/MRPC`, `$SQUAD_DIR` (train and dev files, cut from SQuAD 2.0 dev), `conll2003/`,
-  `swagaf/data/`, `corpus/`, `sample_text.txt`, `input.txt`: a few rows of the real data (SWAG: the
-  hand-written fixtures).
+  `swagaf/data/`, `corpus/`, `retrieval/squad-dev/`, `sample_text.txt`, `input.txt`: a few rows of the
+  real data (SWAG: the hand-written fixtures).
 
 Work is cut by appending flags (the last value of a flag wins): `CUTS`, to every command that has the
 flag, and `COMMAND_CUTS`. So the recipe of a new command runs here with no change to this file, and a
@@ -166,6 +166,10 @@ def workdir(tmp_path_factory) -> Path:
         with gzip.open(work / "corpus" / collection / book.name, "wt", encoding="utf-8") as dst:
             dst.writelines(lines)
     _classification_data(work)
+    squad_dev = work / "retrieval" / "squad-dev"
+    squad_dev.mkdir(parents=True)
+    for name, rows in (("corpus.jsonl", 20), ("queries.jsonl", 5)):
+        (squad_dev / name).write_text(_lines_of(shared_path("data", "retrieval", "squad-dev", name), rows))
     (work / "sentences.txt").write_text("A man is playing a guitar.\nSomeone plays an instrument.\n")
     with (work / "questions.jsonl").open("w", encoding="utf-8") as f:
         for p in _squad_slice(dev, 100, 2)["data"][0]["paragraphs"]:
@@ -186,6 +190,7 @@ def in_workdir(workdir, monkeypatch):
     monkeypatch.setenv("BERT_CASED_DIR", str(workdir / "cased_L-12_H-768_A-12"))
     monkeypatch.setenv("GLUE_DIR", str(workdir / "glue"))
     monkeypatch.setenv("SQUAD_DIR", str(workdir / "squad"))
+    monkeypatch.setenv("CORPUS_DIR", str(workdir / "corpus"))
     src = str(Path(bert.__file__).resolve().parents[1])
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p))
     monkeypatch.setenv("PATH", f"{workdir / '.bin'}{os.pathsep}{os.environ['PATH']}")
@@ -196,7 +201,7 @@ def in_workdir(workdir, monkeypatch):
 
 def _cuts(command: str) -> list[str]:
     args_cls, _ = cli._resolve(command)
-    flags = {f.name for f in dataclasses.fields(args_cls)}
+    flags = {f.name for f in dataclasses.fields(args_cls) if f.metadata.get("cli") is not False}  # offered flags
     cuts = {k: v for k, v in CUTS.items() if k in flags} | COMMAND_CUTS.get(command, {})
     return [f"--{k}={v}" for k, v in cuts.items()]
 
@@ -225,6 +230,10 @@ def test_readme_recipe(recipe, in_workdir, capsys):
     assert not [line for line in err.splitlines() if ": error:" in line or line.startswith("ERROR")], err[-3000:]
     terminal = out.count("\n") + err.count("\n")
     assert terminal <= MAX_TERMINAL_LINES, f"{terminal} lines on the terminal:\n{out}{err}"
+    command = _command(recipe)
+    if not out.strip() and command not in ("=", "serve"):
+        # Nothing on stdout (the results went to files): the command still ends with its result block.
+        assert f"bert {command}: done\n" in err, f"no result block on the terminal:\n{err[-3000:]}"
     if _command(recipe) in AFTER:
         AFTER[_command(recipe)](in_workdir, out, err)
 
@@ -255,6 +264,9 @@ def _quickstart(work: Path, printed: str, err: str) -> None:
         assert re.search(rf"^  {re.escape(stage)}.* +\d+ s$", printed, flags=re.M), stage
     for line in ("bert create-pretraining-data --input_file=", "bert pretrain --", "bert classify --"):
         assert line in printed
+    # It says at its start what it will do and how long that takes here, measured.
+    assert err.startswith("bert quickstart: pre-trains a BERT-Tiny for 4 steps"), err[:500]
+    assert re.search(r"^About \d+ (s|min) on this machine now \(\d+\.\d\d s per training step", err, flags=re.M)
     # The terminal: no INFO lines (no "*** Example ***" dumps); the only warning is the random-init twin's.
     assert "INFO" not in err and "*** Example ***" not in err
     assert [line for line in err.splitlines() if line.startswith("WARNING")] == [
@@ -276,4 +288,46 @@ def _quickstart(work: Path, printed: str, err: str) -> None:
     assert json.loads((out / "classify" / "args.json").read_text())["args"]["init_checkpoint"].endswith("model")
 
 
-AFTER = {"quickstart": _quickstart}
+def _section(command: str) -> str:
+    """README.md's section of `bert COMMAND`, up to the next heading."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index(f"### `bert {command}`")
+    return text[start : text.find("\n#", start + 1)]
+
+
+def _tokenize(work: Path, printed: str, err: str) -> None:
+    """The tokens the README promises for BERT-Base's uncased vocabulary are the ones it gives (the recipe
+    ran on the tiny demo vocabulary; here it runs again on the real one)."""
+    assert set(json.loads(printed)) == {"text", "tokens", "ids"}
+    promised = re.search(r"uncased vocabulary the tokens are `(\[.*?\])`", _section("tokenize"), flags=re.S)
+    assert promised, "the tokenize section promises tokens"
+    base = work / "bert_base_uncased_vocab"
+    base.mkdir(exist_ok=True)
+    shutil.copy(shared_path("data", "vocab", "uncased.txt"), base / "vocab.txt")
+    recipe = next(r for r in RECIPES if _command(r) == "tokenize")
+    done = subprocess.run(
+        ["bash", "-c", recipe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "BERT_BASE_DIR": str(base)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["tokens"] == json.loads(promised.group(1))
+
+
+def _shape(line: str) -> str:
+    return re.sub(r"\d+(\.\d+)?", "N", line.rstrip())
+
+
+def _build_vocab(work: Path, printed: str, err: str) -> None:
+    """The result block the README shows (on the whole corpus) is the one printed here, numbers aside."""
+    promised = re.search(r"```text\n(bert build-vocab: done\n.*?)```", _section("build-vocab"), flags=re.S)
+    assert promised, "the build-vocab section shows its result block"
+    lines = promised.group(1).splitlines()
+    start = err.splitlines().index(lines[0])
+    assert [_shape(line) for line in err.splitlines()[start : start + len(lines)]] == [_shape(line) for line in lines]
+    assert (work / "books_vocab" / "vocab.txt").is_file()
+
+
+AFTER = {"quickstart": _quickstart, "tokenize": _tokenize, "build-vocab": _build_vocab}

@@ -1,6 +1,6 @@
 """`bert serve` over real HTTP on 127.0.0.1: every route equals `bert predict` / `bert embed` / the Predictor
 on the same inputs, concurrent clients each get their own answer, bad requests get TEI's status and error
-body (and the server goes on), a full queue answers 503, SIGTERM under load answers every accepted request
+body (and the server goes on), a full queue answers 429, SIGTERM under load answers every accepted request
 and exits 0, /metrics counts what was sent; NER, question answering and fill-mask on in-process servers;
 all-MiniLM-L6-v2 equal to `bert embed`."""
 
@@ -38,7 +38,7 @@ from bert.modeling import (  # noqa: E402
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from bert.serving import ServeSettings, create_app  # noqa: E402
+from bert.serving import ENDPOINTS, ServeSettings, create_app  # noqa: E402
 from conftest import save_model_dir, uncased_vocab, vocab_config  # noqa: E402
 
 SENTENCES = [
@@ -266,15 +266,18 @@ BAD_REQUESTS = [
     ("/predict", {"inputs": ["a", "b", "c"]}, 422, "3 strings"),
     ("/predict", {"inputs": [["a"], "b"]}, 422, '"inputs"[1]'),
     ("/predict", {"inputs": "ok", "raw_scores": "yes"}, 422, '"raw_scores" must be bool'),
-    ("/embed", {"inputs": ""}, 422, "is empty"),
-    ("/embed", {"inputs": []}, 422, "give at least one input"),
-    ("/embed", {"inputs": ["fine", None]}, 422, '"inputs"[1] must be a string'),
+    ("/embed", {"inputs": ""}, 400, "is empty"),
+    ("/embed", {"inputs": []}, 400, "give at least one input"),
+    ("/embed", {"inputs": ["fine", None]}, 422, '"inputs"[1] must be a string or token ids'),
+    ("/embed", {"inputs": "x", "dimensions": 8, "colour": "red"}, 422, 'has no field "colour"'),
+    ("/embed", {"inputs": "x", "truncation_direction": "AAA"}, 422, '"truncation_direction" must be "left" or'),
+    ("/embed", {"inputs": "x", "dimensions": 33}, 422, "between 1 and the model's 32"),
+    ("/embed", {"inputs": "x", "prompt_name": "query"}, 422, "not one of the model's prompts"),
     ("/embed", {}, 422, "got null"),
     ("/embed", {"inputs": ["x"] * 33}, 413, "max_client_batch_size=32"),
     ("/embed", {"inputs": ["x" * 100] * 250}, 413, "max_request_bytes=20000"),
-    ("/embed", {"inputs": LONG}, 422, "42 tokens"),
-    ("/predict", {"inputs": LONG, "truncate": False}, 422, "max_input_length=24"),
-    ("/v1/embeddings", {"input": [1, 2, 3]}, 422, "must be a string"),
+    ("/embed", {"inputs": LONG}, 422, '42 tokens, more than max_seq_length=24; shorten it or send "truncate": true'),
+    ("/predict", {"inputs": LONG, "truncate": False}, 422, "max_seq_length=24"),
     ("/v1/embeddings", {"input": "x", "encoding_format": "hex"}, 422, "encoding_format"),
     ("/qa", {"question": "Who?", "context": "Me."}, 424, "needs a question-answering model"),
     ("/ner", {"inputs": "x"}, 424, "needs a ner model"),
@@ -288,31 +291,43 @@ def test_bad_requests_get_tei_errors_and_the_server_goes_on(server):
     for path, body, status, fragment in BAD_REQUESTS:
         got, _, error = call(server.port, path, body)
         assert got == status, (path, body, error)
+        if path.startswith("/v1/"):  # OpenAI's shape, with TEI's OpenAICompatErrorResponse fields beside it
+            assert error["error"] == {"message": error["message"], "type": error["type"], "code": status}
+            assert fragment in error["message"] and error["error_type"] == error["type"], (path, body, error)
+            continue
         assert set(error) == {"error", "error_type"} and fragment in error["error"], (path, body, error)
-    assert call(server.port, "/embed", method="GET")[0] == 405
+        assert error["error_type"] == {400: "Empty", 424: "Backend"}.get(status, "Validation")
+    status, headers, _ = call(server.port, "/embed", method="GET")
+    assert (status, headers["allow"]) == (405, "POST")
     # Truncation when asked; the server answers as before.
     assert call(server.port, "/embed", {"inputs": LONG, "truncate": True})[0] == 200
     status, _, answer = call(server.port, "/predict", {"inputs": LONG, "truncate": True})
     assert status == 200 and len(answer) == 3
     after = call(server.port, "/metrics")[2]
-    for path, status in [("/predict", 422), ("/embed", 422), ("/embed", 413), ("/qa", 424), ("other", 404)]:
+    for path, status in [("/predict", 422), ("/embed", 400), ("/embed", 413), ("/qa", 424), ("other", 404)]:
         sent = sum(1 for p, _, s, _ in BAD_REQUESTS if (p if p != "/nowhere" else "other") == path and s == status)
         sample = f'bert_requests_total{{route="{path}",status="{status}"}}'
         assert metric(after, sample) - metric(before, sample) == sent, sample
     sample = 'bert_requests_total{route="/predict",status="200"}'
     assert metric(after, sample) - metric(before, sample) == 1
     latency = 'bert_request_duration_seconds_count{route="/embed"}'
-    assert metric(after, latency) - metric(before, latency) == 8  # 7 refused + 1 answered
+    refused = sum(1 for p, *_ in BAD_REQUESTS if p == "/embed")
+    assert metric(after, latency) - metric(before, latency) == refused + 1  # and 1 answered
     assert metric(after, "bert_queue_depth") == 0
 
 
 def test_check_answers_each_route_once_and_exits(classifier, predictor, capsys):
     result = run_serve(ServeArgs(model=str(classifier), check=True, threads=1))
-    assert result == {"check": {"/health": 200, "/info": 200, "/embed": 200, "/predict": 200}}
     printed = capsys.readouterr().out.splitlines()
-    assert [line.split(" -> ")[0] for line in printed] == ["GET /health", "GET /info", "POST /embed", "POST /predict"]
+    routes = [line.split(" -> ")[0] for line in printed]
+    assert routes == list(result["check"]) and len(set(routes)) == len(routes)  # each route once
+    assert set(result["check"].values()) == {200}
+    served = {f"{e.method} {e.path}" for e in ENDPOINTS} | {"POST /", "POST /invocations"}
+    # A 3-label classifier answers every route but the other heads' (and SPLADE's).
+    skipped = {"POST /rerank", "POST /ner", "POST /qa", "POST /fill-mask", "POST /embed_sparse"}
+    assert set(routes) == served - skipped and routes[-1] == "GET /metrics"
     [expected] = predictor.classify(["This is a fine test."], top_k=0)
-    assert_predictions(json.loads(printed[3].split(" 200 ", 1)[1]), expected["scores"])
+    assert_predictions(json.loads(printed[routes.index("POST /predict")].split(" 200 ", 1)[1]), expected["scores"])
 
 
 # ------------------------------------------------------------------------------------ other heads, in-process
@@ -361,7 +376,7 @@ def test_ner_qa_and_fill_mask_routes_equal_the_predictor(vocab, tmp_path):
         assert_close(got, expected)
 
 
-def test_full_queue_gives_503_with_retry_after(predictor):
+def test_full_queue_gives_429_with_retry_after(predictor):
     with inprocess_server(predictor, max_queue_size=1, max_wait_ms=1500) as port:
         first: list = []
         thread = threading.Thread(target=lambda: first.append(call(port, "/predict", {"inputs": "first"})))
@@ -371,7 +386,7 @@ def test_full_queue_gives_503_with_retry_after(predictor):
             assert time.monotonic() < deadline, "the first request never queued"
             time.sleep(0.02)
         status, headers, error = call(port, "/predict", {"inputs": "second"})
-        assert status == 503 and headers["retry-after"] == "1"
+        assert status == 429 and headers["retry-after"] == "1"
         assert error["error_type"] == "Overloaded" and "max_queue_size=1" in error["error"]
         thread.join(30)
         assert first[0][0] == 200
@@ -435,7 +450,7 @@ def test_minilm_embed_equals_bert_embed(tmp_path):
         assert status == 200
         np.testing.assert_allclose(got, offline, atol=1e-5, rtol=0)
         status, _, error = call(server.port, "/embed", {"inputs": texts})
-        assert status == 422 and "input 5 has" in error["error"] and "max_input_length=256" in error["error"]
+        assert status == 422 and "input 5: " in error["error"] and "max_seq_length=256" in error["error"]
         status, _, openai = call(server.port, "/v1/embeddings", {"input": texts[:5], "model": "all-MiniLM-L6-v2"})
         np.testing.assert_allclose([d["embedding"] for d in openai["data"]], offline[:5], atol=1e-5, rtol=0)
         status, _, error = call(server.port, "/predict", {"inputs": "x"})

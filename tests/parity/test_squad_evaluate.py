@@ -23,9 +23,9 @@ from bert.tasks.squad_evaluate import (
     get_raw_scores_v2,
     make_qid_to_has_ans,
 )
+from conftest import shared_path
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "squad_eval"
-SQUAD_DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "squad"
 
 
 def load(name):
@@ -230,9 +230,7 @@ def test_cli_reports_bad_input_on_one_line(tmp_path, capsys):
 
 
 def _dev(name):
-    path = SQUAD_DATA / name
-    if not path.is_file():
-        pytest.skip(f"{path} is absent (shared/data/squad is not beside the repository)")
+    path = shared_path("data", "squad", name)
     with gzip.open(path, "rt", encoding="utf-8") as f:
         return json.load(f)["data"]
 

@@ -10,7 +10,9 @@ from bert import modeling
 from bert.checkpoint import export_tf, read_checkpoint, save_pretrained
 from bert.cli import main
 from bert.errors import InputError
-from conftest import FIXTURES, HEADS
+from bert.formats import tf_checkpoint
+from bert.tokenization import FullTokenizer
+from conftest import FIXTURES, HEADS, cli_error
 
 
 def _same_params(a, b):
@@ -35,6 +37,16 @@ def test_tokenizer_settings_and_vocab_saved_with_the_model(tmp_path, tiny_config
     ckpt = read_checkpoint(tmp_path)
     assert ckpt.tokenizer_settings["do_lower_case"] is False
     assert ckpt.vocab_file and ckpt.vocab_file.endswith("vocab.txt")
+    # The settings are the tokenizer's own statement of them, plus what transformers needs to pick its class.
+    own = FullTokenizer(ckpt.vocab_file, do_lower_case=False).tokenizer_config()
+    assert ckpt.tokenizer_settings == {
+        "tokenizer_class": "BertTokenizer",
+        "model_max_length": tiny_config.max_position_embeddings,
+        **own,
+    }
+    export_tf(model, tmp_path / "tf", do_lower_case=True)
+    uncased = FullTokenizer(ckpt.vocab_file, do_lower_case=True).tokenizer_config()
+    assert read_checkpoint(tmp_path / "tf" / "bert_model.ckpt").tokenizer_settings.items() >= uncased.items()
 
 
 def test_encoder_checkpoint_loads_into_heads_and_back(tmp_path, tiny_config):
@@ -101,7 +113,6 @@ def test_bin_with_pickled_code_is_refused(tmp_path, tiny_config):
 
 
 def test_tf_export_round_trip_lossless_native_hf_tf_native(tmp_path, tiny_config):
-    pytest.importorskip("bert.formats.tf_checkpoint")
     tiny_config.hidden_act = "gelu"  # the erf form must survive the original's spelling
     model = modeling.BertForPreTraining(tiny_config)
     model.save_pretrained(tmp_path / "native")
@@ -117,7 +128,6 @@ def test_tf_export_round_trip_lossless_native_hf_tf_native(tmp_path, tiny_config
 
 
 def test_tf_export_of_fixture_reads_back_the_same_variables(tmp_path):
-    tf_checkpoint = pytest.importorskip("bert.formats.tf_checkpoint")
     src = FIXTURES / "tf_checkpoint" / "tiny_weights_only"
     model = modeling.BertForPreTraining.from_pretrained(src)
     export_tf(model, tmp_path)
@@ -165,3 +175,16 @@ def test_convert_cli_bad_input_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("bert convert: error:") and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_a_directory_without_a_model_names_every_layout_looked_for_and_what_it_holds(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("not a model")
+    (tmp_path / "runs").mkdir()
+    with pytest.raises(InputError) as e:
+        read_checkpoint(tmp_path)
+    message = str(e.value)
+    for looked_for in ("model.safetensors", "pytorch_model.bin", "transformers", "sentence-transformers", "TF"):
+        assert looked_for in message, looked_for
+    assert "it holds notes.txt, runs/" in message
+    line = cli_error(capsys, "predict", f"--model={tmp_path}", "--input_file=x")
+    assert f"no model in {tmp_path}: looked for" in line

@@ -2,8 +2,10 @@
 spellings, and reports bad command lines in one line with exit code 2."""
 
 import dataclasses
+import importlib.metadata
 import json
 import re
+import resource
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -42,6 +44,51 @@ def test_help_through_the_module_entry_point():
     result = subprocess.run([sys.executable, "-m", "bert", "squad", "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.startswith("usage: bert squad ") and not result.stderr
     assert "--version_2_with_negative" in result.stdout
+
+
+@pytest.mark.parametrize("command", list(cli.COMMANDS))
+def test_a_flag_error_costs_under_a_second_of_cpu(command):
+    """The flags are parsed before torch or any heavy module loads (the command's module imports what it
+    drives inside its run function): CPU time of the child process, so a busy machine does not make it
+    flaky."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = subprocess.run([sys.executable, "-m", "bert", command, "--no_such_flag=1"], capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"bert {command}: error: unknown flag --no_such_flag"), result.stderr
+    assert cpu < 1.0, f"bert {command}: a flag error took {cpu:.2f} s of CPU"
+
+
+def test_importing_a_command_module_loads_no_torch():
+    code = "import importlib, sys; from bert import cli; "
+    code += "[importlib.import_module(m) for m, *_ in cli.COMMANDS.values()]; "
+    code += "print(sorted(m for m in ('torch', 'bert.inference', 'bert.finetune') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.strip() == "[]", result.stderr
+
+
+def _flag_error(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as exit_info:  # argparse's exit, as for any bad command line
+        cli.main(list(argv))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    return err
+
+
+def test_a_misspelled_flag_is_named_with_the_closest_real_one(capsys):
+    line = _flag_error(capsys, "classify", "--task_nme=MRPC", "--data_dir=x", "--output_dir=y")
+    assert line.startswith("bert classify: error: unknown flag --task_nme; did you mean --task_name")
+    assert "required" not in line  # not the flag it was meant to be, reported missing
+    assert "unknown flag --modle; did you mean --model?" in _flag_error(capsys, "embed", "--modle=x")
+
+
+def test_a_misspelled_command_gets_did_you_mean(capsys):
+    assert cli.main(["clasify", "--task_name=MRPC"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bert: error: unknown command 'clasify'; did you mean classify?") and err.count("\n") == 1
+    assert cli.main(["fill_mask"]) == 2
+    assert "did you mean fill-mask?" in capsys.readouterr().err
 
 
 @dataclass
@@ -116,7 +163,16 @@ DIFFERENT_ON_PURPOSE = {
         {"help", "default"},
         "run_squad.py's default is 384; predict/embed/fill-mask default to the model's",
     ),
-    "long_document": ({"help", "choices"}, "predict windows question-answering contexts too"),
+    "long_document": ({"help", "default", "choices"}, "predict follows the model's config.json unless given"),
+    "window_pooling": ({"help", "default", "choices"}, "predict follows the model's config.json unless given"),
+    "output_format": (
+        {"help", "default", "choices"},
+        "pre-training data is written as TFRecords or native shards, search results as hits or rerank input",
+    ),
+    "precision": (
+        {"help", "default", "choices"},
+        "training's is the arithmetic (fp32, bf16, ...), embed's the number format of the vectors written",
+    ),
     "doc_stride": ({"help", "default"}, "predict takes the stride the model was fine-tuned with"),
     "batch_size": ({"help"}, "extract-features keeps extract_features.py's help text"),
     "model": ({"help"}, "each command needs another head: fine-tuned, any, masked-LM, exportable"),
@@ -199,6 +255,7 @@ def test_every_model_building_command_takes_a_shape_name(tmp_path, capsys):
         files = _resolve_model_files(dataclasses.replace(classify, bert_config_file=shape), None)
         assert (files.config.hidden_size, files.config.vocab_size) == (hidden, 99)
 
+    assert "bert convert: done" in capsys.readouterr().err  # the result blocks of the runs above
     flags = [f"--data_dir={tmp_path}", f"--output_dir={tmp_path / 'out'}", f"--init_checkpoint={weights}"]
     err = cli_error(capsys, "classify", "--task_name=generic", "--do_train", "--bert_config_file=x/config.json", *flags)
     assert err.endswith(
@@ -239,6 +296,11 @@ def test_env_names_versions_and_extras(capsys):
     assert lines["torch"].split()[0] == torch.__version__
     assert lines["threads"].split()[0] == str(torch.get_num_threads())
     assert {"bert", "python", "cpu", "cuda", "extra [plot]", "extra [corpus]"} <= set(lines)
+    # Every extra of the package's own metadata, each installed or not (serve, onnx and minilm included).
+    declared = importlib.metadata.metadata("bert").get_all("Provides-Extra")
+    assert {"serve", "onnx", "minilm"} <= set(declared)
+    for extra in declared:
+        assert lines[f"extra [{extra}]"].split()[0] in ("installed", "not"), extra
 
 
 def test_pretrain_takes_a_shape_name_or_the_config_and_vocab_beside_the_checkpoint(tmp_path):

@@ -1,5 +1,6 @@
 """`--compile`: the torch.compile'd model equals the eager one (outputs and gradients, fp32), on the padded and
-the unpadded path, and falls back to eager execution when compilation fails."""
+the unpadded path, and falls back to eager execution when compilation fails. The equivalence runs on the
+`aot_eager` backend; the one case on inductor (code generation) is marked slow."""
 
 from __future__ import annotations
 
@@ -29,19 +30,21 @@ def inductor():
 
 
 @pytest.fixture
-def recording_backend(inductor):
-    """Inductor, recording every graph it compiles: proves the compiled model did not silently run eagerly."""
-    from torch._inductor.compile_fx import compile_fx
+def fresh_dynamo():
+    torch._dynamo.reset()  # a fresh code cache: no recompile limit carried over from other tests
+    yield
+    torch._dynamo.reset()
 
+
+def _recording(compiler):
+    """A backend that records every graph it compiles: proves the compiled model did not silently run eagerly."""
     graphs = []
 
     def backend(gm, example_inputs):
         graphs.append(gm)
-        return compile_fx(gm, example_inputs)
+        return compiler(gm, example_inputs)
 
-    torch._dynamo.reset()  # a fresh code cache: no recompile limit carried over from other tests
-    yield backend, graphs
-    torch._dynamo.reset()
+    return backend, graphs
 
 
 def _batch(config, batch: int, seq: int, lengths: list[int], seed: int) -> dict[str, torch.Tensor]:
@@ -86,16 +89,14 @@ def _models(name: str, config):
     return eager.train(), copy.deepcopy(eager).train()
 
 
-@pytest.mark.parametrize("unpad", [False, True], ids=["padded", "unpadded"])
-@pytest.mark.parametrize("name", ["BertForPreTraining", "BertForSequenceClassification"])
-def test_compiled_equals_eager(tiny_config, recording_backend, name, unpad):
-    backend, graphs = recording_backend
-    eager, compiled = _models(name, tiny_config)
+def _check_compiled_equals_eager(name: str, unpad: bool, config, compiler) -> None:
+    backend, graphs = _recording(compiler)
+    eager, compiled = _models(name, config)
     for m in (eager, compiled):
         m.set_unpad(unpad)
     assert compile_model(compiled, backend=backend) is compiled
     # Two batches of other lengths: the unpadded path sees another number of real tokens and recompiles.
-    batches = [_batch(tiny_config, 4, 12, [12, 7, 5, 9], seed=1), _batch(tiny_config, 4, 12, [6, 12, 4, 11], seed=2)]
+    batches = [_batch(config, 4, 12, [12, 7, 5, 9], seed=1), _batch(config, 4, 12, [6, 12, 4, 11], seed=2)]
     for i, batch in enumerate(batches):
         expected, expected_loss, expected_grads = _run(name, eager, batch, seed=10 + i)
         got, loss, grads = _run(name, compiled, batch, seed=10 + i)
@@ -108,6 +109,22 @@ def test_compiled_equals_eager(tiny_config, recording_backend, name, unpad):
     assert graphs, "nothing was compiled: the model ran eagerly"
     assert compiled._compiled_call_impl is not None  # no fallback happened
     assert list(compiled.state_dict()) == list(eager.state_dict())  # the checkpoint keys stay
+
+
+@pytest.mark.parametrize("unpad", [False, True], ids=["padded", "unpadded"])
+@pytest.mark.parametrize("name", ["BertForPreTraining", "BertForSequenceClassification"])
+def test_compiled_equals_eager(tiny_config, fresh_dynamo, name, unpad):
+    """Dynamo's capture and AOTAutograd's forward and backward graphs (the `aot_eager` backend: everything
+    --compile does but inductor's code generation, which costs tens of seconds per graph on a CPU)."""
+    _check_compiled_equals_eager(name, unpad, tiny_config, torch._dynamo.lookup_backend("aot_eager"))
+
+
+@pytest.mark.slow
+def test_inductor_compiled_equals_eager(tiny_config, inductor, fresh_dynamo):
+    """The default backend itself, with its generated kernels, on the path with the most graphs."""
+    from torch._inductor.compile_fx import compile_fx  # inductor's entry point, loaded only by this slow test
+
+    _check_compiled_equals_eager("BertForPreTraining", True, tiny_config, compile_fx)
 
 
 def _failing_backend(gm, example_inputs):

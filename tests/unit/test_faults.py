@@ -184,10 +184,10 @@ def test_output_of_the_wrong_kind(capsys, monkeypatch, tmp_path, vocab, tiny_mod
     }[command]
     # The expensive work must not start: reading the model or the data, unpacking the data.
     work = {
-        "extract-features": "bert.commands.extract_features.read_checkpoint",
+        "extract-features": "bert.checkpoint.read_checkpoint",  # imported by the command when it runs
         "convert": "bert.checkpoint.read_checkpoint",
         "quickstart": "bert.commands.quickstart._unpack_data",
-        "pretrain": "bert.commands.pretrain.open_pretraining_data",
+        "pretrain": "bert.pretraining.inputs.open_pretraining_data",
         "classify": "bert.finetune.read_checkpoint",
         "tokenize": "bert.commands.tokenize.FullTokenizer",
     }
@@ -494,9 +494,9 @@ def test_diverging_run_stops_before_nan_weights(capsys, tmp_path):
 
 
 def _nan_at_step(monkeypatch, step: int) -> None:
-    from bert.commands import pretrain
+    from bert.pretraining import inputs  # bert pretrain imports pretraining_loss from it when it runs
 
-    real = pretrain.pretraining_loss
+    real = inputs.pretraining_loss
     calls = {"n": 0}
 
     def loss(model, batch, totals):
@@ -504,7 +504,7 @@ def _nan_at_step(monkeypatch, step: int) -> None:
         value, metrics = real(model, batch, totals)
         return (value * float("nan"), metrics) if calls["n"] == step else (value, metrics)
 
-    monkeypatch.setattr(pretrain, "pretraining_loss", loss)
+    monkeypatch.setattr(inputs, "pretraining_loss", loss)
 
 
 def test_nonfinite_steps_are_skipped_and_counted(capsys, monkeypatch, tmp_path):

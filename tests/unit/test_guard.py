@@ -122,6 +122,12 @@ def _cases(tmp: Path, m: dict) -> dict[str, tuple[list[str], Path, str]]:
         "predict": ([f"--model={m['classifier']}", f"--input_file={text}", f"--output_file={text}"], text, "is also"),
         "embed": ([f"--model={m['pretrained']}", f"--input_file={text}", f"--output_file={text}"], text, "is also"),
         "fill-mask": ([f"--model={m['pretrained']}", f"--input_file={text}", f"--output_file={text}"], text, "is also"),
+        "rerank": ([f"--model={m['classifier']}", f"--input_file={text}", f"--output_file={text}"], text, "is also"),
+        "search": (
+            [f"--model={m['pretrained']}", f"--corpus={text}", f"--queries={text}", f"--output_file={text}"],
+            text,
+            "is also",
+        ),  # fmt: skip
         "convert": ([f"--input={m['pretrained']}", f"--output={m['pretrained']}"], m["pretrained"], "is also --input"),
         "export": ([f"--model={m['pretrained']}", f"--output={m['pretrained']}/"], m["pretrained"], "is a file of"),
         "evaluate-squad": ([str(squad), str(preds), f"--out-file={preds}"], preds, "is also"),

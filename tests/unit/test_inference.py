@@ -132,12 +132,17 @@ def test_multi_label_thresholds_and_regression(vocab, tmp_path):
     assert result[1]["score"] == pytest.approx(float(direct_logits(p, *encode(p, SENTENCES[1]))[0]), abs=1e-5)
 
 
-def test_long_document_windows(classifier_dir):
+def test_long_document_windows(classifier_dir, caplog):
     p = Predictor.from_pretrained(classifier_dir, "cpu")
+    assert (p.long_document, p.doc_stride, p.window_pooling) == ("truncate", 128, "mean")  # nothing saved
     short = SENTENCES[0]
-    # A text that fits one window gets exactly its truncate result.
-    assert p.classify([short], long_document="windows") == p.classify([short])
+    truncated_short = p.classify([short], top_k=0)
     long_text = " ".join(SENTENCES * 3)
+    truncated = p.classify([long_text], top_k=0)[0]
+    p.set_windows("windows", 10, source="the test")
+    assert "long_document=windows from the test overrides the model's truncate" in caplog.text
+    # A text that fits one window gets exactly its truncate result.
+    assert p.classify([short], top_k=0) == truncated_short
     tokens = p.tokenizer.tokenize(long_text)
     assert len(tokens) > 3 * 22
     ids = p.tokenizer.convert_tokens_to_ids(tokens)
@@ -148,14 +153,49 @@ def test_long_document_windows(classifier_dir):
         if start + 22 >= len(ids):
             break
         start += 10
-    mean = torch.stack([direct_logits(p, w) for w in windows]).mean(0)
-    result = p.classify([long_text, short], long_document="windows", doc_stride=10, top_k=0)
-    probs = torch.softmax(mean, -1).numpy()
+    logits = torch.stack([direct_logits(p, w) for w in windows])
+    result = p.classify([long_text, short], top_k=0)
+    probs = torch.softmax(logits.mean(0), -1).numpy()
     assert {s["label"]: s["score"] for s in result[0]["scores"]} == pytest.approx(dict(zip(p.labels, probs)), abs=1e-5)
-    assert result[1] == p.classify([short], top_k=0)[0]
-    truncated = p.classify([long_text], top_k=0)[0]
+    assert result[1] == truncated_short[0]
     direct = torch.softmax(direct_logits(p, windows[0]), -1).numpy()
     assert {s["label"]: s["score"] for s in truncated["scores"]} == pytest.approx(dict(zip(p.labels, direct)), abs=1e-5)
+    p.set_windows(window_pooling="max")
+    top = torch.softmax(logits.max(0).values, -1).numpy()
+    result = p.classify([long_text], top_k=0)[0]
+    assert {s["label"]: s["score"] for s in result["scores"]} == pytest.approx(dict(zip(p.labels, top)), abs=1e-5)
+
+
+def test_windows_of_pairs_follow_classification(classifier_dir, tmp_path):
+    """A pair whose second text is longer than a window: that text is cut to half the room
+    (`bert.tasks.glue.window_spans`) and goes into every window; the settings come from config.json."""
+    config = json.loads((classifier_dir / "config.json").read_text())
+    model_dir = tmp_path / "windows"
+    model_dir.mkdir()
+    for f in classifier_dir.iterdir():
+        (model_dir / f.name).write_bytes(f.read_bytes())
+    saved = {"long_document": "windows", "doc_stride": 7, "window_pooling": "max"}
+    (model_dir / "config.json").write_text(json.dumps({**config, **saved}))
+    p = Predictor.from_pretrained(model_dir, "cpu")
+    assert (p.long_document, p.doc_stride, p.window_pooling) == ("windows", 7, "max")
+    a, b = " ".join(SENTENCES * 2), " ".join(SENTENCES)
+    ids_a, ids_b = p.tokenizer.encode(a), p.tokenizer.encode(b)
+    assert len(ids_b) > 24
+    cls, sep = p.tokenizer.vocab["[CLS]"], p.tokenizer.vocab["[SEP]"]
+    kept = ids_b[: (24 - 3) // 2]  # 10 pieces of text_b, 11 of text_a per window
+    logits, start = [], 0
+    while True:
+        window = [cls, *ids_a[start : start + 11], sep]
+        logits.append(direct_logits(p, window + kept + [sep], [0] * len(window) + [1] * (len(kept) + 1)))
+        if start + 11 >= len(ids_a):
+            break
+        start += 7
+    [result] = p.classify([(a, b)], top_k=0, raw_scores=True)
+    top = torch.stack(logits).max(0).values.numpy()
+    assert {s["label"]: s["score"] for s in result["scores"]} == pytest.approx(dict(zip(p.labels, top)), abs=1e-5)
+    (model_dir / "config.json").write_text(json.dumps({**config, "window_pooling": "first"}))
+    with pytest.raises(InputError, match=r"config.json: window_pooling='first' must be one of mean, max"):
+        Predictor.from_pretrained(model_dir, "cpu")
 
 
 def test_tokenizer_settings_come_from_the_model(vocab, tmp_path):
@@ -332,6 +372,35 @@ def test_embeddings_are_cut_to_max_seq_length_and_not_normalized_by_default(voca
     assert abs(float(np.linalg.norm(p.embed(["x"])[0])) - 1) > 1e-3
 
 
+def test_embedding_windows_are_classification_windows_mean_pooled(vocab, tmp_path):
+    directory = save_model_dir(BertModel(vocab_config(vocab)), tmp_path / "enc", vocab)
+    p = Predictor.from_pretrained(directory, "cpu", max_seq_length=12)
+    long_text, short = " ".join(SENTENCES), SENTENCES[1]
+    ids = p.tokenizer.encode(long_text)
+    cls, sep = p.tokenizer.vocab["[CLS]"], p.tokenizer.vocab["[SEP]"]
+    windows, start = [], 0
+    while True:  # 10 pieces per window (12 minus [CLS] and [SEP]), 4 apart
+        windows.append([cls, *ids[start : start + 10], sep])
+        if start + 10 >= len(ids):
+            break
+        start += 4
+    assert len(windows) > 5
+    for normalize in (False, True):
+        each = p.embed(windows, normalize=normalize)  # token-id inputs: each window as given
+        expected = each.mean(0)
+        if normalize:
+            expected /= np.linalg.norm(expected)
+        got = p.embed([long_text, short], normalize=normalize, long_document="windows", doc_stride=4)
+        np.testing.assert_allclose(got[0], expected, atol=1e-6)
+        # A text that fits one window gets its truncate vector.
+        np.testing.assert_allclose(got[1], p.embed([short], normalize=normalize)[0], atol=1e-6)
+    assert not np.allclose(got[0], p.embed([long_text], normalize=True)[0], atol=1e-3)
+    with pytest.raises(InputError, match="a prompt and windows do not go together"):
+        p.embed([long_text], prompt="query: ", long_document="windows")
+    with pytest.raises(InputError, match="long_document='pages' must be one of truncate, windows"):
+        p.embed([long_text], long_document="pages")
+
+
 def test_sentence_transformers_settings(vocab, tmp_path):
     directory = save_model_dir(BertModel(vocab_config(vocab)), tmp_path / "st", vocab)
     (directory / "1_Pooling").mkdir()
@@ -417,8 +486,8 @@ def test_bad_input(vocab, tmp_path, classifier_dir):
     c = Predictor.from_pretrained(classifier_dir, "cpu")
     with pytest.raises(InputItemError, match="input 2: the text must be a non-empty string"):
         c.classify(["a", "b", "  "])
-    with pytest.raises(InputItemError, match="text_pair has"):
-        c.classify([("a", "word " * 30)], long_document="windows")
+    with pytest.raises(InputError, match="the test: doc_stride=0 must be a whole number of at least 1"):
+        c.set_windows(doc_stride=0, source="the test")
     with pytest.raises(InputError, match="max_seq_length=100 must be between 3 and max_position_embeddings=64"):
         Predictor.from_pretrained(classifier_dir, "cpu", max_seq_length=100)
     config = json.loads((tmp_path / "enc" / "config.json").read_text())
@@ -431,6 +500,8 @@ def test_read_input_record():
     assert read_input_record("plain text", "classification") == ("plain text", None)
     assert read_input_record('{"text": "a", "text_pair": "b"}', "classification") == ("a", "b")
     assert read_input_record('{"text": "a"}', "embeddings") == "a"
+    assert read_input_record('{"_id": "d", "title": "T", "text": "a"}', "embeddings") == "T a"  # BEIR corpus
+    assert read_input_record('{"title": "T", "text": "a"}', "ner") == "a"
     assert read_input_record("{not json", "fill-mask") == "{not json"
     assert read_input_record('{"question": "q", "context": "c"}', "question-answering") == ("q", "c")
     assert read_input_record('{"context": "c", "endings": ["x", "y"]}', "multiple-choice") == ("c", ["x", "y"])

@@ -517,7 +517,7 @@ def test_window_spans():
     assert spans(12, 4, 12, 4) == (4, [(0, 5), (4, 5), (8, 4)])  # text_b whole: room 12 - 3 - 4
     assert spans(2, 12, 12, 4) == (7, [(0, 2)])  # text_b cut to what text_a leaves, as truncate
     assert spans(12, 12, 12, 4) == (4, [(0, 5), (4, 5), (8, 4)])  # both long: text_b keeps half the room
-    with pytest.raises(InputError, match="--doc_stride=0 must be at least 1"):
+    with pytest.raises(InputError, match="doc_stride=0 must be at least 1"):
         spans(12, 0, 8, 0)
     with pytest.raises(InputError, match="--max_seq_length=2 leaves no room for windows"):
         spans(12, 0, 2, 1)

@@ -326,9 +326,9 @@ def test_query_truncation_padding_and_unpadded_features():
     assert seen == padded
     with pytest.raises(InputError, match="max_query_length"):
         convert_examples_to_features(examples, tok, 5, 4, 2, False)
-    with pytest.raises(InputError, match="doc_stride is 0; use --doc_stride >= 1"):
+    with pytest.raises(InputError, match="doc_stride=0 must be at least 1"):
         convert_examples_to_features(examples, tok, 12, 0, 2, False)
-    with pytest.raises(ValueError, match="doc_stride >= 1"):
+    with pytest.raises(InputError, match="doc_stride=0 must be at least 1"):
         squad.doc_spans_for(10, 4, 0)
 
 

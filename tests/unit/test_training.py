@@ -158,3 +158,52 @@ def test_record_stream_epochs_are_seeded_permutations():
     assert stream.state(23) == {"epoch": 2, "index": 3, "num_records": 10, "seed": 7}
     assert stream.position(2, 3) == 23
     assert list(RecordStream(4, seed=7, shuffle=False).take(2, 4)[0]) == [2, 3, 0, 1]
+
+
+# ---------------------------------------------------------------------- performance flags, seen at work
+def _pretrain_observed(tmp_path, monkeypatch, **flags) -> tuple[int, set[torch.dtype]]:
+    """One `bert pretrain` step on synthetic records; returns (runs of the encoder blocks' forward, dtypes the
+    Linear layers computed in). The block's forward is counted itself: the recomputation in the backward pass
+    does not run module hooks."""
+    from bert.commands.pretrain import PretrainArgs, run_pretrain
+    from bert.modeling import BertLayer
+    from conftest import synthetic_data, write_tiny_config
+
+    tmp_path.mkdir()
+    data, vocab = synthetic_data(tmp_path, n=8, seq=32)
+    config = write_tiny_config(tmp_path / "config.json", vocab_size=99)
+    calls, dtypes = [0], set()
+    forward = BertLayer.forward
+
+    def counted(self, *args, **kwargs):
+        calls[0] += 1
+        return forward(self, *args, **kwargs)
+
+    def record_dtype(module, inputs, output):
+        if isinstance(module, torch.nn.Linear):
+            dtypes.add(output.dtype)
+
+    monkeypatch.setattr(BertLayer, "forward", counted)
+    handle = torch.nn.modules.module.register_module_forward_hook(record_dtype)
+    try:
+        run_pretrain(
+            PretrainArgs(input_file=str(data), output_dir=str(tmp_path / "out"), bert_config_file=str(config),
+                         vocab_file=str(vocab), max_seq_length=32, max_predictions_per_seq=5, do_train=True,
+                         num_train_steps=1, train_batch_size=4, device="cpu", **flags)
+        )  # fmt: skip
+    finally:
+        handle.remove()
+        monkeypatch.undo()
+    return calls[0], dtypes
+
+
+def test_gradient_checkpointing_recomputes_and_bf16_autocast_runs(tmp_path, monkeypatch):
+    """--gradient_checkpointing runs each block's forward again in the backward pass; --precision=bf16 makes
+    the matrix products compute in bfloat16. Both seen inside a real training step, against the defaults."""
+    calls, dtypes = _pretrain_observed(tmp_path / "plain", monkeypatch)
+    assert calls > 0 and dtypes == {torch.float32}
+    recomputed, dtypes = _pretrain_observed(
+        tmp_path / "flags", monkeypatch, gradient_checkpointing=True, precision="bf16"
+    )
+    assert recomputed == 2 * calls  # each block's forward, and its recomputation during backward
+    assert torch.bfloat16 in dtypes

@@ -19,7 +19,7 @@ from bert import __version__
 from bert.errors import InputError
 from bert.flags import CorpusArgs, same_as
 from bert.outputs import claim
-from bert.utils import atomic_write, expand_input_files
+from bert.utils import atomic_write, expand_input_files, print_result
 from bert.vocab import UNUSED_BEFORE_UNK, build_vocab, vocab_layout
 
 logger = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ def _validate(args: BuildVocabArgs) -> tuple[list[str], list[str]]:
 def run_build_vocab(args: BuildVocabArgs) -> dict[str, Any]:
     """Write the vocab to `args.output_file` and its statistics beside it; returns the statistics."""
     inputs, heldout = _validate(args)
-    outputs = [args.output_file, stats_path(args.output_file)]
+    outputs: list[str | Path] = [args.output_file, stats_path(args.output_file)]
     with claim(
         "build-vocab", files={"--output_file": outputs}, inputs={"--input_file": inputs, "--heldout_file": heldout}
     ):
@@ -164,4 +164,16 @@ def _build(args: BuildVocabArgs, inputs: list[str], heldout: list[str]) -> dict[
             100 * stats["heldout"]["unk_rate"],
             stats["heldout"]["pieces_per_word"],
         )
+    heldout_stats = stats["heldout"]
+    print_result(
+        "build-vocab",
+        f"{stats['vocab_size']} entries ({stats['learned_pieces']} learned pieces) from {stats['words']} words",
+        f"training text: {100 * train['unk_rate']:.4f}% [UNK] words, {train['pieces_per_word']:.3f} pieces per word",
+        f"held-out text: {100 * heldout_stats['unk_rate']:.4f}% [UNK] words, "
+        f"{heldout_stats['pieces_per_word']:.3f} pieces per word"
+        if heldout_stats is not None
+        else "",
+        f"written to {args.output_file} (statistics: {stats_path(args.output_file)})",
+        f"next: bert create-pretraining-data --vocab_file={args.output_file} ...",
+    )
     return {"output_file": args.output_file, "stats_file": str(stats_path(args.output_file)), **stats}

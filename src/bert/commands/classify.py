@@ -53,7 +53,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bert.finetune import FinetuneArgs, run_finetune
+from bert.flags import FinetuneArgs
 from bert.tasks.glue import ClassificationTask
 
 
@@ -129,7 +129,10 @@ class ClassifyArgs(FinetuneArgs):
     )
     doc_stride: int = field(
         default=128,
-        metadata={"help": "windows: tokens of text_a between the starts of consecutive windows (run_squad's default)."},
+        metadata={
+            "min": 1,
+            "help": "windows: tokens of text_a between the starts of consecutive windows (run_squad's default).",
+        },
     )
     window_pooling: str = field(
         default="mean",
@@ -175,4 +178,7 @@ class ClassifyArgs(FinetuneArgs):
 
 def run_classify(args: ClassifyArgs) -> dict[str, Any]:
     """Train, evaluate and/or predict (see the module docstring); returns the runner's summary."""
+    # Imported here, not at the top, so that a flag error is reported before torch loads (bert.cli parses first).
+    from bert.finetune import run_finetune
+
     return run_finetune(args, ClassificationTask(args))

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from bert.errors import InputError
-from bert.flags import CorpusArgs, MaskingArgs, ModelArgs, same_as
+from bert.flags import CorpusArgs, MaskingArgs, ModelArgs, check_flag_values, same_as
 from bert.formats.native import check_output_dir
 from bert.outputs import claim
 from bert.pretraining.create import create_pretraining_data
 from bert.pretraining.instances import SPECIAL_TOKENS
 from bert.pretraining.streaming import GenerationSettings
 from bert.tokenization import FullTokenizer
-from bert.utils import expand_input_files, log_to_file
+from bert.utils import expand_input_files, log_to_file, print_result
 
 
 @dataclass(kw_only=True)
@@ -42,7 +42,7 @@ class CreatePretrainingDataArgs(MaskingArgs, CorpusArgs):
     max_seq_length: int = same_as(ModelArgs, "max_seq_length")
     random_seed: int = field(default=12345, metadata={"help": "Random seed for data generation."})
     dupe_factor: int = field(
-        default=10, metadata={"help": "Number of times to duplicate the input data (with different masks)."}
+        default=10, metadata={"min": 1, "help": "Number of times to duplicate the input data (with different masks)."}
     )
     masked_lm_prob: float = field(default=0.15, metadata={"help": "Masked LM probability."})
     short_seq_prob: float = field(
@@ -82,21 +82,16 @@ def resolve_output_format(output_file: str, output_format: str) -> str:
 
 def _validate(args: CreatePretrainingDataArgs) -> tuple[list[str], list[str], str, Any]:
     """Check every flag before any work; returns (input files, output files, format, tokenizer)."""
+    check_flag_values(args)
     if args.max_seq_length < 5:
         raise InputError(
             f"--max_seq_length={args.max_seq_length} is too small: an instance needs [CLS] A [SEP] B [SEP] "
             "with at least 2 text tokens; use 5 or more (the original default is 128)"
         )
-    if args.max_predictions_per_seq < 1:
-        raise InputError(f"--max_predictions_per_seq={args.max_predictions_per_seq} must be at least 1")
     for name in ("masked_lm_prob", "short_seq_prob"):
         value = getattr(args, name)
         if not 0.0 <= value <= 1.0:
             raise InputError(f"--{name}={value} is a probability; give a value between 0 and 1")
-    if args.dupe_factor < 1:
-        raise InputError(f"--dupe_factor={args.dupe_factor} must be at least 1")
-    if args.num_workers < 1:
-        raise InputError(f"--num_workers={args.num_workers} must be at least 1")
     if args.streaming_buffer_mb <= 0:
         raise InputError(f"--streaming_buffer_mb={args.streaming_buffer_mb} must be positive")
     outputs = [o.strip() for o in args.output_file.split(",") if o.strip()]
@@ -139,7 +134,15 @@ def run_create_pretraining_data(args: CreatePretrainingDataArgs) -> dict[str, An
     read = {"--input_file": inputs, "--vocab_file": args.vocab_file}
     claimed = claim("create-pretraining-data", **{kind: {"--output_file": outputs}}, inputs=read, derived=derived)
     with claimed, log_to_file(f"{Path(outputs[0])}.log.txt"):
-        return _create(args, inputs, outputs, fmt, tokenizer)
+        stats = _create(args, inputs, outputs, fmt, tokenizer)
+    print_result(
+        "create-pretraining-data",
+        f"{stats['documents']} documents, {stats['text_tokens']} tokens -> {stats['instances']} instances "
+        f"({stats['mean_tokens_per_instance']:.1f} tokens each), {stats['predictions']} masked-LM predictions",
+        f"written as {fmt} to {', '.join(outputs)} (log: {outputs[0]}.log.txt)",
+        f"next: bert pretrain --input_file={args.output_file} --vocab_file={args.vocab_file} ...",
+    )
+    return stats
 
 
 def _create(args: CreatePretrainingDataArgs, inputs: list[str], outputs: list[str], fmt: str, tokenizer: Any) -> dict:

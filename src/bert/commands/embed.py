@@ -11,16 +11,17 @@ beforehand), then its rows.
 from __future__ import annotations
 
 import logging
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from bert.errors import InputError
-from bert.flags import InferenceArgs
-from bert.inference import EMBEDDINGS, POOLINGS, Predictor, cosine_similarity, map_input_lines
+from bert.flags import EMBEDDING_PRECISIONS, POOLINGS, InferenceArgs
 from bert.outputs import claim
-from bert.utils import count_lines, json_line, output_file_or_stdout, readable_input
+from bert.tasks.glue import LONG_DOCUMENT
+from bert.utils import count_lines, json_line, output_file_or_stdout, print_result, readable_input
 
 logger = logging.getLogger(__name__)
 
@@ -63,38 +64,90 @@ class EmbedArgs(InferenceArgs):
         default=False,
         metadata={"help": f"Output the cosine similarity matrix of the inputs (at most {MAX_SIMILARITY_LINES} lines)."},
     )
-    max_seq_length: int | None = field(
+    dimensions: int | None = field(
         default=None,
         metadata={
-            "help": "Longer inputs are cut to this many tokens; default: the model's (sentence_bert_config.json "
-            "or config.json), else max_position_embeddings."
+            "help": "Keep the first N components of each vector (Matryoshka truncation), then normalize them "
+            "again when normalizing, as sentence-transformers' truncate_dim; default: all."
+        },
+    )
+    prompt_name: str | None = field(
+        default=None,
+        metadata={
+            "help": 'Prepend the model\'s prompt of this name (config_sentence_transformers.json "prompts", e.g. '
+            "query); default: the model's default_prompt_name, if any."
+        },
+    )
+    prompt: str | None = field(
+        default=None, metadata={"help": "Prepend this text to every input (instead of a --prompt_name)."}
+    )
+    precision: str = field(
+        default="float32",
+        metadata={
+            "help": "Number format of the vectors, as sentence-transformers' quantize_embeddings: float32; int8 or "
+            "uint8 (each dimension's range over all the inputs cut into 256 buckets); binary or ubinary (one "
+            "sign bit per component, 8 per byte, as int8 - 128 or uint8).",
+            "choices": list(EMBEDDING_PRECISIONS),
+        },
+    )
+    long_document: str = field(
+        default="truncate",
+        metadata={
+            "help": "Inputs longer than max_seq_length: truncate (cut, as sentence-transformers does) or windows "
+            "(read whole in windows of max_seq_length, --doc_stride apart, cut as bert classify cuts them; "
+            "the vector is the mean of the windows' vectors).",
+            "choices": list(LONG_DOCUMENT),
         },
     )
 
 
 def _write_rows(out, vectors: np.ndarray, as_npy: bool) -> None:
     if as_npy:
-        out.write(np.ascontiguousarray(vectors, dtype="<f4").tobytes())
+        out.write(np.ascontiguousarray(vectors, dtype=vectors.dtype.newbyteorder("<")).tobytes())
         return
     for v in vectors:
         # str() of a float32 is its shortest round-trip form: JSON keeps exactly the float32 values.
-        out.write(json_line({"embedding": [float(str(x)) for x in v]}) + "\n")
+        values = [float(str(x)) for x in v] if v.dtype == np.float32 else v.tolist()
+        out.write(json_line({"embedding": values}) + "\n")
+
+
+def _check_flags(args: EmbedArgs) -> None:
+    if args.dimensions is not None and args.dimensions < 1:
+        raise InputError(f"--dimensions={args.dimensions} must be at least 1")
+    if args.prompt is not None and args.prompt_name is not None:
+        raise InputError("--prompt and --prompt_name both give a prompt; keep one")
+    if args.doc_stride is not None and args.long_document != "windows":
+        logger.warning("--doc_stride=%d has no effect without --long_document=windows", args.doc_stride)
+    if args.similarity and args.precision != "float32":
+        raise InputError("--similarity compares float32 vectors; drop --precision or --similarity")
 
 
 def run_embed(args: EmbedArgs) -> dict[str, Any]:
-    """Embed every input line; returns {"lines", "dim", "output_file", "pooling", "normalize"}."""
+    """Embed every input line; returns {"lines", "dim", "output_file", "pooling", "normalize"}.
+
+    int8 and uint8 take each dimension's range over all the inputs (sentence-transformers' calibration on
+    the embeddings themselves), so their float32 vectors wait in a temporary file until the last line is
+    embedded, then are quantized chunk by chunk."""
     inputs = {"--input_file": args.input_file, "--model": args.model}
     with claim("embed", files={"--output_file": args.output_file}, inputs=inputs):
         return _run(args)
 
 
 def _run(args: EmbedArgs) -> dict[str, Any]:
+    _check_flags(args)
     settings = args.predictor_settings()
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.inference import CHUNK_LINES, EMBEDDINGS, Predictor, cosine_similarity, map_input_lines
+    from bert.retrieval import Calibration, quantize_embeddings, quantized_shape
+
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
     pooling = args.pooling or predictor.default_pooling
     normalize = predictor.default_normalize if args.normalize is None else args.normalize
     as_npy = args.output_file is not None and args.output_file.endswith(".npy")
-    dim = predictor.config.hidden_size
+    dim = args.dimensions or predictor.config.hidden_size
+    if dim > predictor.config.hidden_size:
+        raise InputError(f"--dimensions={dim} is more than the model's {predictor.config.hidden_size}")
+    calibrate = args.precision in ("int8", "uint8")
     name = args.input_file or "<stdin>"
     with readable_input(args.input_file) as path:
         total = count_lines(path)
@@ -103,21 +156,44 @@ def _run(args: EmbedArgs) -> dict[str, Any]:
                 f"--similarity outputs a {total} x {total} matrix; give at most {MAX_SIMILARITY_LINES} lines, or "
                 "write the vectors (--output_file=x.npy) and compare them yourself"
             )
+        (rows, cols), dtype = quantized_shape(total, dim, args.precision)
+        if args.similarity:
+            cols = total
         kept = []
         desc = "embed" if args.input_file is not None else None
-        with output_file_or_stdout(args.output_file, "wb" if as_npy else "w") as out:
+        with output_file_or_stdout(args.output_file, "wb" if as_npy else "w") as out, tempfile.TemporaryFile() as spill:
             if as_npy:
-                rows = total
-                cols = total if args.similarity else dim
                 np.lib.format.write_array_header_1_0(
-                    out, {"descr": "<f4", "fortran_order": False, "shape": (rows, cols)}
+                    out, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (rows, cols)}
                 )
-            embed = lambda texts: predictor.embed(texts, pooling=pooling, normalize=normalize)  # noqa: E731
+
+            def embed(texts: list[str]) -> np.ndarray:
+                return predictor.embed(
+                    texts,
+                    pooling=pooling,
+                    normalize=normalize,
+                    prompt_name=args.prompt_name,
+                    prompt=args.prompt,
+                    dimensions=args.dimensions,
+                    long_document=args.long_document,
+                    doc_stride=args.doc_stride,
+                )
+
+            calibration = Calibration()
             for vectors in map_input_lines(path, name, EMBEDDINGS, embed, total, desc):
                 if args.similarity:
                     kept.append(vectors)
+                elif calibrate:
+                    spill.write(np.ascontiguousarray(vectors, dtype="<f4").tobytes())
+                    calibration.add(vectors)
                 else:
-                    _write_rows(out, vectors, as_npy)
+                    _write_rows(out, quantize_embeddings(vectors, args.precision), as_npy)
+            if calibrate and total:
+                ranges = calibration.ranges()
+                spill.seek(0)
+                for start in range(0, total, CHUNK_LINES):
+                    chunk = np.frombuffer(spill.read(min(CHUNK_LINES, total - start) * dim * 4), dtype="<f4")
+                    _write_rows(out, quantize_embeddings(chunk.reshape(-1, dim), args.precision, ranges), as_npy)
             if args.similarity:
                 matrix = cosine_similarity(np.concatenate(kept)) if kept else np.zeros((0, 0), np.float32)
                 if as_npy:
@@ -125,5 +201,15 @@ def _run(args: EmbedArgs) -> dict[str, Any]:
                 else:
                     for row in matrix:
                         out.write("\t".join(f"{x:.4f}" for x in row) + "\n")
-    logger.info("embedded %d lines (%s pooling%s)", total, pooling, ", normalized" if normalize else "")
+    logger.info(
+        "embedded %d lines (%s pooling%s, %s)", total, pooling, ", normalized" if normalize else "", args.precision
+    )
+    if args.output_file is not None:  # on stdout the lines themselves are the result
+        what = (
+            f"a {total} x {total} cosine similarity matrix"
+            if args.similarity
+            else f"{total} {args.precision} vectors of {dim}"
+        )
+        norm = ", normalized" if normalize else ""
+        print_result("embed", f"{what} ({pooling} pooling{norm})", f"written to {args.output_file}")
     return {"lines": total, "dim": dim, "output_file": args.output_file, "pooling": pooling, "normalize": normalize}

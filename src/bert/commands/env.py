@@ -1,25 +1,26 @@
 """`bert env`: what a bug report needs to know about the machine, one `name: value` line each.
 
 The package and Python versions, torch with its threads and build, the devices (CUDA GPUs and whether
-they run bf16, the CPU's instruction set), and which optional extras are installed.
+they run bf16, the CPU's instruction set), and every optional extra the package's own metadata declares
+(`importlib.metadata`: pyproject.toml's `[project.optional-dependencies]` as installed), each installed or
+not, with what it lacks.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import re
 import sys
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from bert import __version__
 
-# pyproject's optional extras -> the packages each one brings; then optional packages outside extras.
-EXTRAS = {"corpus": ["pysbd"], "plot": ["matplotlib"], "test": ["pytest", "transformers"]}
+DISTRIBUTION = "bert"  # pyproject.toml's [project] name
+# Optional packages outside the extras.
 OPTIONAL = {
     "blingfire": "the faster sentence splitter of prepare-corpus",
     "google-crc32c": "faster TFRecord checksums",
@@ -39,7 +40,45 @@ def _version(package: str) -> str | None:
         return None
 
 
+def extras() -> dict[str, list[str]]:
+    """The package's extras -> the requirements each one lists (`bert[x]` for an extra another includes),
+    from the installed metadata's Provides-Extra and Requires-Dist."""
+    try:
+        meta = metadata.metadata(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return {}
+    out: dict[str, list[str]] = {name: [] for name in meta.get_all("Provides-Extra") or []}
+    for requirement in meta.get_all("Requires-Dist") or []:
+        marker = re.search(r"""extra\s*==\s*["']([^"']+)["']""", requirement)
+        if marker and marker.group(1) in out:
+            name = re.match(r"[A-Za-z0-9_.-]+(\[[^\]]*\])?", requirement.strip())
+            if name:
+                out[marker.group(1)].append(name.group(0))
+    return out
+
+
+def _extra_status(extra: str, table: dict[str, list[str]]) -> str:
+    """ "installed (pkg version, ...)" or "not installed (missing ...); pip install ...", an included extra
+    (`bert[minilm]` in `test`) counting as its own packages."""
+    found: list[str] = []
+    missing: list[str] = []
+    for requirement in table[extra]:
+        included = re.fullmatch(rf"{DISTRIBUTION}\[(.+)\]", requirement)
+        if included:
+            inner = _extra_status(included.group(1), table) if included.group(1) in table else "not installed"
+            (found if inner.startswith("installed") else missing).append(f"[{included.group(1)}]")
+            continue
+        version = _version(requirement)
+        (found if version else missing).append(f"{requirement} {version}" if version else requirement)
+    if not missing:
+        return f"installed ({', '.join(found)})"
+    return f"not installed (missing {', '.join(missing)}); pip install '{DISTRIBUTION}[{extra}]'"
+
+
 def _cpu() -> str:
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    import torch
+
     name = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
     flags: set[str] = set()
@@ -57,6 +96,9 @@ def _cpu() -> str:
 
 def environment() -> dict[str, Any]:
     """The report as an ordered dict of strings."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    import torch
+
     info: dict[str, Any] = {
         "bert": f"{__version__} ({Path(__file__).resolve().parents[1]})",
         "python": f"{platform.python_version()} ({sys.executable})",
@@ -76,13 +118,11 @@ def environment() -> dict[str, Any]:
         info["mps"] = "available (--device=mps)"
     for package in ("numpy", "tokenizers", "safetensors", "tqdm"):
         info[package] = _version(package) or "missing"
-    for extra, packages in EXTRAS.items():
-        found = [f"{p} {_version(p)}" for p in packages if _version(p)]
-        missing = [p for p in packages if not _version(p)]
-        status = ", ".join(found) if found else "not installed"
-        if missing and found:
-            status += f" (missing {', '.join(missing)})"
-        info[f"extra [{extra}]"] = f"{status}; pip install 'bert[{extra}]'" if missing else status
+    table = extras()
+    if not table:
+        info["extras"] = f"unknown: no installed metadata for {DISTRIBUTION} (pip install -e .)"
+    for extra in table:
+        info[f"extra [{extra}]"] = _extra_status(extra, table)
     for package, why in OPTIONAL.items():
         if _version(package):
             info[package] = f"{_version(package)} ({why})"

@@ -56,7 +56,7 @@ def _detect_version(dataset_json: dict, path: str) -> str:
 
 def run_evaluate_squad(args: EvaluateSquadArgs) -> dict:
     """Evaluate, then print the metrics as the official script does (or write them to --out-file)."""
-    inputs = {"DATASET_FILE": args.dataset_file, "PREDICTION_FILE": args.prediction_file}
+    inputs: dict[str, str | None] = {"DATASET_FILE": args.dataset_file, "PREDICTION_FILE": args.prediction_file}
     inputs["--na-prob-file"] = args.na_prob_file
     with claim("evaluate-squad", files={"--out-file": args.out_file}, inputs=inputs):
         return _evaluate_squad(args)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from bert.export import FORMATS, SIDECAR_FILES, export, output_path
-from bert.flags import QUANTIZE_CHOICES
+from bert.flags import EXPORT_FORMATS, QUANTIZE_CHOICES
 from bert.outputs import claim
-from bert.utils import atomic_write
+from bert.utils import atomic_write, print_result
 
 
 @dataclass
@@ -26,7 +25,7 @@ class ExportArgs:
     output: str = field(
         metadata={"help": "File to write; a directory (existing, or ending in /) gets model.onnx or model.pt inside."}
     )
-    format: str = field(default="onnx", metadata={"help": "Exported format.", "choices": list(FORMATS)})
+    format: str = field(default="onnx", metadata={"help": "Exported format.", "choices": list(EXPORT_FORMATS)})
     quantize: str = field(
         default="none",
         metadata={
@@ -40,6 +39,9 @@ class ExportArgs:
 def run_export(args: ExportArgs) -> dict:
     """Export, check and write; returns what `bert.export.export` returns. Records the args and the check's
     result in OUTPUT.args.json."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.export import SIDECAR_FILES, output_path
+
     out = output_path(args.output, args.format)
     # The files written beside the export are outputs too: exporting into the model's own directory would
     # replace its config.json and tokenizer files.
@@ -50,8 +52,17 @@ def run_export(args: ExportArgs) -> dict:
 
 
 def _export(args: ExportArgs) -> dict:
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.export import export
+
     result = export(args.model, args.format, args.output, quantize=args.quantize)
     with atomic_write(result["output"] + ".args.json") as f:
         json.dump({"command": "export", "args": asdict(args), "result": result}, f, indent=2)
         f.write("\n")
+    shapes = len(result["checked_shapes"])
+    print_result(
+        "export",
+        f"{result['architecture']} -> {result['output']} ({args.format}, quantize {args.quantize})",
+        f"checked against the eager model on {shapes} batch shapes: max abs difference {result['max_abs_diff']:.2e}",
+    )
     return result

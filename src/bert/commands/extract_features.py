@@ -12,17 +12,12 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
-from bert.checkpoint import load_pretrained, read_checkpoint
 from bert.config import resolve_config
 from bert.errors import InputError
-from bert.extract_features import convert_examples_to_features, demo_file, extract, parse_layers, read_examples
 from bert.flags import CorpusArgs, ModelArgs, TpuCompatArgs, TrainingArgs, same_as
-from bert.modeling import BertModel
 from bert.outputs import claim
 from bert.tokenization import FullTokenizer, load_vocab
-from bert.utils import atomic_write, log_to_file
+from bert.utils import atomic_write, log_to_file, print_result
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +63,10 @@ def _extract_features(args: ExtractFeaturesArgs) -> dict:
         raise InputError("--use_tpu=true is not supported; drop it (CPU and GPU are chosen with --device)")
     if args.batch_size < 1:
         raise InputError(f"--batch_size={args.batch_size} must be at least 1")
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.checkpoint import read_checkpoint
+    from bert.extract_features import demo_file, parse_layers
+
     input_file = args.input_file or demo_file("input.txt")
     init_checkpoint = args.init_checkpoint or demo_file("bert_model.ckpt")
     if not Path(input_file).is_file():
@@ -101,6 +100,13 @@ def _extract_features(args: ExtractFeaturesArgs) -> dict:
 
 
 def _extract(args: ExtractFeaturesArgs, input_file, init_checkpoint, ckpt, config, vocab_file, layer_indexes) -> dict:
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    import torch
+
+    from bert.checkpoint import load_pretrained
+    from bert.extract_features import convert_examples_to_features, extract, read_examples
+    from bert.modeling import BertModel
+
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = load_pretrained(BertModel, init_checkpoint, config=config, checkpoint=ckpt).to(device).eval()
     tokenizer = FullTokenizer(vocab_file, do_lower_case=args.do_lower_case)
@@ -116,4 +122,9 @@ def _extract(args: ExtractFeaturesArgs, input_file, init_checkpoint, ckpt, confi
     with atomic_write(str(args.output_file) + ".args.json") as f:
         json.dump({"command": "extract-features", "args": vars(args), "examples": n}, f, indent=2)
     logger.info("wrote features of %d examples to %s", n, args.output_file)
+    print_result(
+        "extract-features",
+        f"{n} examples, layers {','.join(map(str, layer_indexes))} of {init_checkpoint}",
+        f"written to {args.output_file} (log: {args.output_file}.log.txt)",
+    )
     return {"examples": n, "output_file": args.output_file}

@@ -9,9 +9,8 @@ from typing import Any
 
 from bert.errors import InputError
 from bert.flags import InferenceArgs
-from bert.inference import FILL_MASK, Predictor, map_input_lines
 from bert.outputs import claim
-from bert.utils import count_lines, json_line, output_file_or_stdout, readable_input
+from bert.utils import count_lines, json_line, output_file_or_stdout, print_result, readable_input
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +34,9 @@ class FillMaskArgs(InferenceArgs):
     )
     output_file: str | None = field(default=None, metadata={"help": "Output JSON-lines file; stdout if unset."})
     top_k: int = field(default=5, metadata={"help": "Predictions per mask."})
-    max_seq_length: int | None = field(
-        default=None,
-        metadata={"help": "Longest input in tokens, with [CLS] and [SEP]; default: max_position_embeddings."},
+    # InferenceArgs' window stride: fill-mask cuts long inputs, so the flag is not offered.
+    doc_stride: int | None = field(
+        default=None, kw_only=True, metadata={"help": "Unused by bert fill-mask.", "cli": False}
     )
 
 
@@ -52,6 +51,9 @@ def _run(args: FillMaskArgs) -> dict[str, Any]:
     if args.top_k < 1:
         raise InputError(f"--top_k={args.top_k} must be at least 1")
     settings = args.predictor_settings()
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.inference import FILL_MASK, Predictor, map_input_lines
+
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
     if predictor.task != FILL_MASK or not predictor.has_mlm_head:
         raise InputError(
@@ -71,4 +73,6 @@ def _run(args: FillMaskArgs) -> dict[str, Any]:
                     masks += len(result["masks"])
                 lines_done += len(results)
     logger.info("filled %d masks in %d lines", masks, lines_done)
+    if args.output_file is not None:  # on stdout the lines themselves are the result
+        print_result("fill-mask", f"{masks} masks filled in {lines_done} lines", f"written to {args.output_file}")
     return {"lines": lines_done, "masks": masks, "output_file": args.output_file}

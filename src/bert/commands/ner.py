@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bert.finetune import FinetuneArgs, run_finetune
+from bert.flags import FinetuneArgs
 from bert.tasks.ner import NerTask
 
 
@@ -51,4 +51,7 @@ class NerArgs(FinetuneArgs):
 
 def run_ner(args: NerArgs) -> dict[str, Any]:
     """Train, evaluate and/or predict (see the module docstring); returns the runner's summary."""
+    # Imported here, not at the top, so that a flag error is reported before torch loads (bert.cli parses first).
+    from bert.finetune import run_finetune
+
     return run_finetune(args, NerTask(args))

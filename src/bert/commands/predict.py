@@ -11,23 +11,22 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bert.errors import InputError
 from bert.flags import InferenceArgs
-from bert.inference import (
-    CLASSIFICATION,
-    MULTIPLE_CHOICE,
-    NER,
-    QUESTION_ANSWERING,
-    InputItemError,
-    Predictor,
-    map_input_lines,
-)
 from bert.outputs import claim
-from bert.utils import count_lines, json_line, output_file_or_stdout, readable_input
+from bert.tasks.common import CLASSIFICATION, MULTIPLE_CHOICE, NER, QUESTION_ANSWERING
+from bert.tasks.glue import LONG_DOCUMENT, WINDOW_POOLINGS
+from bert.utils import count_lines, json_line, output_file_or_stdout, print_result, readable_input
+
+if TYPE_CHECKING:
+    from bert.inference import Predictor
 
 logger = logging.getLogger(__name__)
+
+# Flags only classification reads, with their defaults.
+CLASSIFICATION_FLAGS = (("top_k", 1), ("long_document", None), ("window_pooling", None))
 
 
 @dataclass
@@ -52,39 +51,32 @@ class PredictArgs(InferenceArgs):
     top_k: int = field(
         default=1, metadata={"help": "Classification: also list the k best labels with their scores (0: all)."}
     )
-    long_document: str = field(
-        default="truncate",
+    long_document: str | None = field(
+        default=None,
         metadata={
             "help": "Classification of texts longer than max_seq_length: truncate (as bert classify: the end is "
-            "cut off) or windows (the whole text in windows of max_seq_length, --doc_stride apart; the windows' "
-            "logits are averaged, which keeps them on the scale the model was fine-tuned at, so scores, "
-            "thresholds and regression outputs stay meaningful and a short text gets its truncate result; max "
-            "pooling would inflate them with the number of windows).",
-            "choices": ["truncate", "windows"],
+            "cut off) or windows (the whole text in windows of max_seq_length, --doc_stride apart, pooled by "
+            "--window_pooling). Default: as the model was fine-tuned (config.json), else truncate.",
+            "choices": list(LONG_DOCUMENT),
         },
     )
-    doc_stride: int | None = field(
+    window_pooling: str | None = field(
         default=None,
         metadata={
-            "help": "Tokens between window starts (question answering, --long_document=windows); default: "
-            "the model's config, else 128."
-        },
-    )
-    max_seq_length: int | None = field(
-        default=None,
-        metadata={
-            "help": "Longest sequence in tokens; default: the model's fine-tuning length (config.json), "
-            "else 128 (384 for question answering)."
+            "help": "Classification with --long_document=windows: how the windows' logits become one "
+            "prediction, mean or max. Default: as the model was fine-tuned (config.json), else mean.",
+            "choices": list(WINDOW_POOLINGS),
         },
     )
 
 
 def _predict(predictor: Predictor, records: list, args: PredictArgs) -> list[dict[str, Any]]:
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.inference import InputItemError
+
     task = predictor.task
     if task == CLASSIFICATION:
-        return predictor.classify(
-            records, top_k=args.top_k, long_document=args.long_document, doc_stride=args.doc_stride
-        )
+        return predictor.classify(records, top_k=args.top_k)
     if task == NER:
         texts = []
         for i, (text, pair) in enumerate(records):
@@ -107,9 +99,10 @@ def run_predict(args: PredictArgs) -> dict[str, Any]:
 def _run(args: PredictArgs) -> dict[str, Any]:
     if args.top_k < 0:
         raise InputError(f"--top_k={args.top_k} must be 0 (all labels) or more")
-    if args.doc_stride is not None and args.doc_stride < 1:
-        raise InputError(f"--doc_stride={args.doc_stride} must be at least 1")
     settings = args.predictor_settings()
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.inference import Predictor, map_input_lines
+
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
     if predictor.task not in (CLASSIFICATION, NER, QUESTION_ANSWERING, MULTIPLE_CHOICE):
         other = "bert fill-mask" if predictor.has_mlm_head else "bert embed"
@@ -118,13 +111,12 @@ def _run(args: PredictArgs) -> dict[str, Any]:
             f"fine-tune it first (bert classify, ner, squad or swag), or use {other}"
         )
     if predictor.task != CLASSIFICATION:
-        given = [f for f, default in (("top_k", 1), ("long_document", "truncate")) if getattr(args, f) != default]
+        given = [f for f, default in CLASSIFICATION_FLAGS if getattr(args, f) != default]
         if given:
             raise InputError(
                 f"--{given[0]} applies to classification models; --model={args.model} is a {predictor.architecture}"
             )
-    if predictor.task == QUESTION_ANSWERING and args.doc_stride is not None:
-        predictor.doc_stride = args.doc_stride
+    predictor.set_windows(args.long_document, args.doc_stride, args.window_pooling, "the command line")
     # Records of NER lines are read like classification ones, so that a stray "text_pair" is refused.
     task = CLASSIFICATION if predictor.task == NER else predictor.task
     name = args.input_file or "<stdin>"
@@ -138,4 +130,10 @@ def _run(args: PredictArgs) -> dict[str, Any]:
                     out.write(json_line(result) + "\n")
                 n += len(results)
     logger.info("predicted %d lines with %s (%s)", n, args.model, predictor.task)
+    if args.output_file is not None:  # on stdout the lines themselves are the result
+        print_result(
+            "predict",
+            f"{n} lines, {predictor.task} ({predictor.architecture})",
+            f"written to {args.output_file}",
+        )
     return {"lines": n, "task": predictor.task, "output_file": args.output_file}

@@ -10,11 +10,10 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from bert.errors import InputError
-from bert.flags import CorpusArgs
+from bert.flags import CorpusArgs, check_flag_values
 from bert.outputs import claim
 from bert.pretraining.corpus import PARAGRAPH_MODES, SENTENCE_SPLITTERS, make_sentence_splitter, prepare_corpus
-from bert.utils import expand_input_files, log_to_file, progress
+from bert.utils import expand_input_files, log_to_file, print_result, progress
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +56,17 @@ class PrepareCorpusArgs(CorpusArgs):
 
 def run_prepare_corpus(args: PrepareCorpusArgs) -> dict:
     """Write `args.output_file` from `args.input_file`; returns counts of files, documents, sentences."""
-    if args.num_workers < 1:
-        raise InputError(f"--num_workers={args.num_workers} must be at least 1")
+    check_flag_values(args)
     files = expand_input_files(args.input_file)
     with claim("prepare-corpus", files={"--output_file": args.output_file}, inputs={"--input_file": files}):
-        return _prepare_corpus(args, files)
+        result = _prepare_corpus(args, files)
+    print_result(
+        "prepare-corpus",
+        f"{result['files']} files -> {result['documents']} documents, {result['sentences']} sentences",
+        f"written to {args.output_file} (log: {args.output_file}.log.txt)",
+        f"next: bert create-pretraining-data --input_file={args.output_file} --vocab_file=VOCAB.txt ...",
+    )
+    return result
 
 
 def _prepare_corpus(args: PrepareCorpusArgs, files: list[str]) -> dict:

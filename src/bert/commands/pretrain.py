@@ -33,31 +33,32 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from bert import training
-from bert.checkpoint import Checkpoint, load_into, read_checkpoint
 from bert.config import BertConfig, resolve_config
 from bert.errors import InputError
-from bert.flags import SHAPE_NAMES, MaskingArgs, ModelArgs, TrainingArgs, same_as
+from bert.flags import (
+    SHAPE_NAMES,
+    MaskingArgs,
+    ModelArgs,
+    TrainingArgs,
+    check_batch_division,
+    check_flag_values,
+    same_as,
+)
 from bert.formats.results import write_results
 from bert.formats.tensorboard import EventWriter
-from bert.modeling import BertForPreTraining, num_parameters
-from bert.optimization import create_optimizer, polynomial_warmup_lr
 from bert.plotting import CURVES_NAME, try_plot
-from bert.pretraining.evaluation import evaluate
-from bert.pretraining.inputs import (
-    FEATURE_LENGTHS,
-    masking_vocab,
-    open_pretraining_data,
-    pretraining_loss,
-    rank_batches,
-)
 from bert.tokenization import load_vocab
-from bert.training import RecordStream
-from bert.utils import expand_input_files
+from bert.utils import expand_input_files, format_scores, print_result
+
+if TYPE_CHECKING:
+    import torch
+
+    from bert import training
+    from bert.checkpoint import Checkpoint
+    from bert.modeling import BertForPreTraining
+    from bert.training import RecordStream
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +82,12 @@ class PretrainArgs(MaskingArgs, TrainingArgs):
     vocab_file: str | None = same_as(ModelArgs, "vocab_file")
     max_seq_length: int = same_as(ModelArgs, "max_seq_length")
     num_train_steps: int = field(
-        default=100000, metadata={"run_defining": "train", "help": "Number of training steps."}
+        default=100000, metadata={"run_defining": "train", "min": 1, "help": "Number of training steps."}
     )
-    num_warmup_steps: int = field(default=10000, metadata={"run_defining": "train", "help": "Number of warmup steps."})
-    max_eval_steps: int = field(default=100, metadata={"help": "Maximum number of eval steps."})
+    num_warmup_steps: int = field(
+        default=10000, metadata={"run_defining": "train", "min": 0, "help": "Number of warmup steps."}
+    )
+    max_eval_steps: int = field(default=100, metadata={"min": 1, "help": "Maximum number of eval steps."})
     optimizer: str = field(
         default="adamw_bert",
         metadata={
@@ -110,29 +113,9 @@ def _check_flags(args: PretrainArgs, world_size: int) -> None:
     if not args.do_train and not args.do_eval:
         raise InputError("At least one of `do_train` or `do_eval` must be True: pass --do_train and/or --do_eval")
     args.check_no_tpu()
-    args.check_guard_flags()
-    positive = ["train_batch_size", "eval_batch_size", "save_checkpoints_steps", "max_eval_steps", "log_every"]
-    positive += ["gradient_accumulation_steps", "max_seq_length", "max_predictions_per_seq"]
+    check_flag_values(args)
     if args.do_train:
-        positive.append("num_train_steps")
-    for name in positive:
-        if getattr(args, name) < 1:
-            raise InputError(f"--{name}={getattr(args, name)} must be at least 1")
-    for name in ("num_warmup_steps", "keep_checkpoint_max"):
-        if getattr(args, name) < 0:
-            raise InputError(f"--{name}={getattr(args, name)} must not be negative")
-    if args.do_train and not args.learning_rate > 0:
-        raise InputError(f"--learning_rate={args.learning_rate} must be positive")
-    if args.precision not in ("fp32", "bf16", "fp16"):
-        raise InputError(f"--precision={args.precision} must be fp32, bf16 or fp16")
-    if args.optimizer not in ("adamw_bert", "lamb"):
-        raise InputError(f"--optimizer={args.optimizer} must be adamw_bert or lamb")
-    parts = world_size * args.gradient_accumulation_steps
-    if args.do_train and args.train_batch_size % parts:
-        raise InputError(
-            f"--train_batch_size={args.train_batch_size} must be divisible by processes x "
-            f"--gradient_accumulation_steps = {world_size} x {args.gradient_accumulation_steps} = {parts}"
-        )
+        check_batch_division(args.train_batch_size, world_size, args.gradient_accumulation_steps)
     if args.do_eval and args.eval_batch_size % world_size:
         raise InputError(f"--eval_batch_size={args.eval_batch_size} must be divisible by the {world_size} processes")
     if args.do_whole_word_mask and not args.dynamic_masking:
@@ -146,6 +129,14 @@ def _check_flags(args: PretrainArgs, world_size: int) -> None:
 
 def run_pretrain(args: PretrainArgs) -> dict[str, Any]:
     """Train and/or evaluate; returns {"global_step", "train": last logged metrics, "eval": results}."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    import torch
+
+    from bert import training
+    from bert.checkpoint import read_checkpoint
+    from bert.pretraining.inputs import masking_vocab, open_pretraining_data
+    from bert.training import RecordStream
+
     with (
         training.distributed(args.device) as dist,
         training.claim_output_dir(args.output_dir, "pretrain", dist, _inputs(args)),
@@ -199,7 +190,23 @@ def run_pretrain(args: PretrainArgs) -> dict[str, Any]:
             output_dir = Path(args.output_dir)
             if dist.is_main and (output_dir / training.METRICS_NAME).is_file():
                 try_plot([output_dir], output_dir / CURVES_NAME)
+            if dist.is_main:
+                _print_result(args, result)
             return result
+
+
+def _print_result(args: PretrainArgs, result: dict[str, Any]) -> None:
+    model = Path(args.output_dir) / "model"
+    print_result(
+        "pretrain",
+        f"global step {result['global_step']} of {args.num_train_steps}",
+        f"train (last logged): {format_scores(result['train'])}" if "train" in result else "",
+        f"eval: {format_scores(result['eval'])}" if "eval" in result else "",
+        f"written to {args.output_dir}: model/, checkpoints, metrics.jsonl, log.txt",
+        f"next: bert classify --init_checkpoint={model} --task_name=TASK --data_dir=DIR --output_dir=OUT"
+        if model.is_dir()
+        else "",
+    )
 
 
 def _inputs(args: PretrainArgs) -> dict[str, Any]:
@@ -217,6 +224,10 @@ def _with_checkpoint_defaults(args: PretrainArgs) -> tuple[PretrainArgs, Checkpo
 
     Returns the flags with --vocab_file filled in, the checkpoint read for that (its config is the default
     of --bert_config_file), and --init_checkpoint when it is that checkpoint (None otherwise)."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert import training
+    from bert.checkpoint import read_checkpoint
+
     resume = training.latest_checkpoint(args.output_dir)
     source = resume if resume is not None else args.init_checkpoint
     if not source or (args.bert_config_file and args.vocab_file):
@@ -268,6 +279,9 @@ def _check_length(args: PretrainArgs, config: BertConfig) -> BertConfig:
 
 def _resume_dir(args: PretrainArgs, config: BertConfig) -> Path | None:
     """The newest checkpoint of --output_dir, checked to be of this shape and optimizer."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert import training
+
     resume_dir = training.latest_checkpoint(args.output_dir)
     if resume_dir is not None:
         training.check_checkpoint_config(resume_dir, config)
@@ -286,6 +300,12 @@ def _load_model(
 ) -> tuple[BertForPreTraining, dict | None]:
     """The model (resumed, or from --init_checkpoint, or random) and the training state to resume; logs
     the features and variables as run_pretraining.py does."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert import training
+    from bert.checkpoint import load_into, read_checkpoint
+    from bert.modeling import BertForPreTraining, num_parameters
+    from bert.pretraining.inputs import FEATURE_LENGTHS
+
     training.set_seed(args.seed)
     model = BertForPreTraining(config)
     state = None
@@ -318,6 +338,10 @@ def _load_model(
 def _make_trainer(
     args: PretrainArgs, model: BertForPreTraining, wrapped: torch.nn.Module, dist, do_lower_case: bool | None
 ) -> training.Trainer:
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert import training
+    from bert.optimization import create_optimizer
+
     optimizer, scheduler = create_optimizer(
         model, args.learning_rate, max(args.num_train_steps, 1), args.num_warmup_steps, args.optimizer
     )
@@ -337,6 +361,9 @@ def _make_trainer(
 
 def _restore(args: PretrainArgs, trainer: training.Trainer, state: dict, stream: RecordStream) -> int:
     """Restore the trainer from `state`; returns the data stream position to continue from."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.optimization import polynomial_warmup_lr
+
     trainer.restore(state)
     # The schedule follows this run's flags, as the original rebuilds it from them on every run
     # (the same arithmetic as the LambdaLR, so an unchanged command resumes bit for bit).
@@ -364,6 +391,11 @@ def _train(
 ) -> dict[str, float] | None:
     """Steps from the trainer's step to --num_train_steps; returns the last logged metrics (None when no
     step was left to run)."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert import training
+    from bert.modeling import BertForPreTraining
+    from bert.pretraining.inputs import pretraining_loss, rank_batches
+
     start_step, start_position = trainer.global_step, position
     if start_step >= args.num_train_steps:
         logger.info("global step %d already reached --num_train_steps=%d", start_step, args.num_train_steps)
@@ -404,6 +436,9 @@ def _train(
 
 
 def _evaluate(args: PretrainArgs, wrapped: torch.nn.Module, source, dist, global_step: int) -> dict[str, Any]:
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.pretraining.evaluation import evaluate
+
     logger.info("***** Running evaluation ***** batch size %d, %d steps", args.eval_batch_size, args.max_eval_steps)
     metrics = evaluate(wrapped, source, args.eval_batch_size, args.max_eval_steps, dist, args.precision)
     metrics["global_step"] = global_step

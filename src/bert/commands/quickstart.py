@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from importlib import resources
@@ -25,11 +26,10 @@ from bert.commands.classify import ClassifyArgs, run_classify
 from bert.commands.create_pretraining_data import CreatePretrainingDataArgs, run_create_pretraining_data
 from bert.commands.pretrain import PretrainArgs, run_pretrain
 from bert.errors import InputError
-from bert.finetune import FinetuneArgs
-from bert.flags import TrainingArgs, same_as
+from bert.flags import FinetuneArgs, TrainingArgs, same_as
 from bert.outputs import claim
 from bert.plotting import CURVES_NAME, try_plot
-from bert.utils import atomic_write, log_to_file
+from bert.utils import atomic_write, log_to_file, steps_without_result_blocks
 
 _DATA_FILES = ("corpus.txt", "train.tsv", "dev.tsv", "vocab.txt")
 
@@ -92,16 +92,68 @@ _SHOWN = (
 )
 
 
-def _dev_size(data_dir: Path) -> int:
-    with open(data_dir / "dev.tsv", encoding="utf-8") as f:
+def _examples(tsv: Path) -> int:
+    with open(tsv, encoding="utf-8") as f:
         return sum(1 for line in f if line.strip()) - 1  # the header
+
+
+def _seconds_per_step(vocab_file: Path, seq: int, device: str | None) -> float:
+    """A quick measurement of this machine: the seconds of one training step (forward, backward, update) of
+    the quickstart's model on a batch of 32 x `seq` tokens, the mean of 2 after a warm-up step."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    import torch
+
+    from bert.config import named_config
+    from bert.modeling import BertForPreTraining
+    from bert.training import resolve_device
+
+    vocab_size = sum(1 for _ in open(vocab_file, encoding="utf-8"))
+    dev = resolve_device(device)
+    model = BertForPreTraining(named_config("tiny", vocab_size)).to(dev).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    generator = torch.Generator().manual_seed(0)
+    batch = {
+        "input_ids": torch.randint(0, vocab_size, (32, seq), generator=generator),  # [B, T]
+        "masked_lm_positions": torch.randint(0, seq, (32, 10), generator=generator),  # [B, P]
+        "masked_lm_ids": torch.randint(0, vocab_size, (32, 10), generator=generator),  # [B, P]
+        "next_sentence_labels": torch.randint(0, 2, (32,), generator=generator),  # [B]
+    }
+    batch = {k: v.to(dev) for k, v in batch.items()}
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        model(**batch).total_loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        times.append(time.perf_counter() - start)
+    return sum(times[1:]) / 2
+
+
+def _announce(args: QuickstartArgs, data: dict[str, Path], seq: int) -> None:
+    """What the run will do and about how long it takes on this machine (measured now, not a constant)."""
+    train = _examples(data["train.tsv"])
+    finetune_steps = int(train / 32 * args.num_train_epochs)
+    step = _seconds_per_step(data["vocab.txt"], seq, args.device)
+    # Fine-tuning batches are shorter sentences than pre-training's 64 tokens; evaluation and data creation
+    # add about a fifth (measured on the defaults).
+    seconds = 1.2 * step * (args.pretrain_steps + 2 * finetune_steps)
+    took = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+    print(
+        f"bert quickstart: pre-trains a BERT-Tiny for {args.pretrain_steps} steps on two novels, then fine-tunes it "
+        f"and a randomly initialised twin ({finetune_steps} steps each, {args.num_train_epochs:g} epochs of {train} "
+        f"sentences) to tell Austen from Dickens, and evaluates both.\nAbout {took} on this machine now "
+        f"({step:.2f} s per training step, just measured); --pretrain_steps and --num_train_epochs shorten it.",
+        file=sys.stderr,
+    )
 
 
 def _print_summary(out: Path, data: dict[str, Path], results: dict, stages: list, steps: list) -> None:
     """The result block: dev metrics of both fine-tuned models, the time of each stage, where things are."""
     names = list(results)
     keys = sorted({k for r in results.values() for k in r} - {"global_step", "loss"})
-    print(f"\nAusten or Dickens? ({_dev_size(data['dev.tsv'].parent)} dev sentences)")
+    print(f"\nAusten or Dickens? ({_examples(data['dev.tsv'])} dev sentences)")
     print(f"  {'':<16}" + "".join(f"{n:>14}" for n in names))
     for key in keys:
         print(f"  {key:<16}" + "".join(f"{results[n].get(key, float('nan')):>14.3f}" for n in names))
@@ -132,13 +184,14 @@ def run_quickstart(args: QuickstartArgs) -> dict:
 
 def _quickstart(args: QuickstartArgs) -> dict:
     out = Path(args.output_dir)
-    with log_to_file(out / "log.txt"):
+    with log_to_file(out / "log.txt"), steps_without_result_blocks():
         return _run(args, out)
 
 
 def _run(args: QuickstartArgs, out: Path) -> dict:
     data = _unpack_data(out / "data")
     seq = 64
+    _announce(args, data, seq)
     stages: list[tuple[str, float]] = []  # (title, seconds)
     steps = []
     create = CreatePretrainingDataArgs(

@@ -1,7 +1,8 @@
-"""`bert serve`: a model directory behind HTTP, with text-embeddings-inference's and OpenAI's embedding
-routes (`bert.serving`). One uvicorn process by default; `--workers=N` starts N processes, each loading
-the model and rebuilding the app from this module's `app_from_environment`, which reads the flags from
-the environment (uvicorn re-imports the app by name in every worker process).
+"""`bert serve`: a model directory behind HTTP, with text-embeddings-inference's routes and fields, OpenAI's
+embeddings and the project's own routes (`bert.serving`). One uvicorn process by default; `--workers=N`
+starts N processes, each loading the model and rebuilding the app from this module's
+`app_from_environment`, which reads the flags from the environment (uvicorn re-imports the app by name in
+every worker process).
 """
 
 from __future__ import annotations
@@ -21,23 +22,23 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from bert.commands.embed import EmbedArgs
 from bert.errors import InputError
 from bert.flags import InferenceArgs, same_as
-from bert.inference import CLASSIFICATION, FILL_MASK, NER, QUESTION_ANSWERING, Predictor
+from bert.tasks.common import CLASSIFICATION, FILL_MASK, NER, QUESTION_ANSWERING
 from bert.utils import LOG_FORMAT, exit_with_parent
 
 try:  # the `serve` extra; without it `bert --help` still lists the command and `bert serve` says what to install
     import uvicorn
     from starlette.applications import Starlette
-
-    from bert.serving import ServeSettings, create_app
 except ImportError as e:
     uvicorn = None
     _MISSING = e.name
+
+if TYPE_CHECKING:
+    from bert.inference import Predictor
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +50,10 @@ PARENT_ENVIRONMENT = "BERT_SERVE_PARENT"
 
 @dataclass
 class ServeArgs:
-    """Serve a model over HTTP: POST /embed, /predict, /v1/embeddings (OpenAI), /fill-mask, /ner, /qa;
-    GET /health, /info, /metrics. Requests from all clients are batched together on the model."""
+    """Serve a model over HTTP with text-embeddings-inference's API (POST /, /embed, /embed_all, /predict,
+    /rerank, /similarity, /tokenize, /decode, /v1/embeddings; GET /health, /info, /metrics), and /ner, /qa,
+    /fill-mask; GET /openapi.json and /docs say what it accepts. Requests from all clients are batched
+    together on the model."""
 
     model: str = field(metadata={"help": "The model directory (any bert predict / bert embed model)."})
     host: str = field(default="127.0.0.1", metadata={"help": "Address to listen on (0.0.0.0: every interface)."})
@@ -75,18 +78,41 @@ class ServeArgs:
         default=1024, metadata={"help": "Inputs waiting for the model at most; beyond: 503 with Retry-After."}
     )
     max_client_batch_size: int = field(default=32, metadata={"help": "Inputs per request at most (413 beyond)."})
+    auto_truncate: bool = field(
+        default=False,
+        metadata={
+            "help": 'Cut inputs longer than the model\'s max_seq_length unless a request sends "truncate": false; '
+            'without it such inputs are refused (422) unless a request sends "truncate": true (TEI\'s default).'
+        },
+    )
+    default_prompt_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "The prompt of config_sentence_transformers.json prepended to every text a request sends "
+            "without a prompt_name; default: that file's default_prompt_name, else none."
+        },
+    )
+    pooling: str | None = same_as(EmbedArgs, "pooling")
+    api_key: str | None = field(
+        default=None,
+        metadata={
+            "help": "Require 'Authorization: Bearer KEY' on every route but /health, /, /ping and /metrics (401 "
+            "without it)."
+        },
+    )
+    served_model_name: str | None = field(
+        default=None, metadata={"help": "The model's name in /info and /v1/embeddings answers; default: --model."}
+    )
     max_request_bytes: int = field(default=2_000_000, metadata={"help": "Request body size at most (413 beyond)."})
     quantize: str = same_as(InferenceArgs, "quantize")
-    max_seq_length: int | None = field(
-        default=None, metadata={"help": "Longest input in tokens; default: the model's (see bert predict/embed)."}
-    )
+    max_seq_length: int | None = same_as(InferenceArgs, "max_seq_length")
     do_lower_case: bool | None = same_as(InferenceArgs, "do_lower_case")
     device: str | None = same_as(InferenceArgs, "device")
     check: bool = field(
         default=False,
         metadata={
             "help": "Start on a free 127.0.0.1 port, send one request to each route the model answers, print "
-            "the answers and exit (non-zero if one fails): a check of a model directory before deploying it."
+            "each answer once and exit (non-zero if one fails): a check of a model directory before deploying it."
         },
     )
 
@@ -99,6 +125,8 @@ def _check(args: ServeArgs) -> None:
         raise InputError(f"--threads={args.threads} must be at least 1")
     if args.max_wait_ms < 0:
         raise InputError(f"--max_wait_ms={args.max_wait_ms} must be 0 or more")
+    if args.api_key is not None and not args.api_key.strip():
+        raise InputError("--api_key is empty; give the key clients must send, or leave the flag out")
     if not 0 <= args.port < 65536:
         raise InputError(f"--port={args.port} must be between 0 and 65535")
 
@@ -144,8 +172,21 @@ def _return_freed_tensors() -> None:
         ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 1 << 20)
 
 
+def _check_prompt(predictor: Predictor, name: str | None) -> None:
+    try:
+        predictor.resolve_prompt(name)
+    except InputError as e:
+        raise InputError(f"--default_prompt_name: {e}") from None
+
+
 def build_app(args: ServeArgs) -> Starlette:
     """Load the model of `args` and return the app serving it."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    import torch
+
+    from bert.inference import Predictor
+    from bert.serving import ServeSettings, create_app
+
     _return_freed_tensors()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     torch.set_num_threads(args.threads or max(1, cores // args.workers))
@@ -156,6 +197,9 @@ def build_app(args: ServeArgs) -> Starlette:
         do_lower_case=args.do_lower_case,
         quantize=args.quantize,
     )
+    if args.default_prompt_name is not None:
+        _check_prompt(predictor, args.default_prompt_name)
+        predictor.default_prompt_name = args.default_prompt_name
     settings = ServeSettings(
         model_id=args.model,
         max_batch_tokens=args.max_batch_tokens,
@@ -164,6 +208,10 @@ def build_app(args: ServeArgs) -> Starlette:
         max_client_batch_size=args.max_client_batch_size,
         max_request_bytes=args.max_request_bytes,
         quantize=args.quantize,
+        auto_truncate=args.auto_truncate,
+        pooling=args.pooling,
+        api_key=args.api_key,
+        served_model_name=args.served_model_name,
     )
     logger.info(
         "serving %s (%s, max_seq_length %d, %d torch threads)",
@@ -203,18 +251,49 @@ def app_from_environment() -> Starlette:
     return build_app(ServeArgs(**json.loads(os.environ[ARGS_ENVIRONMENT])))
 
 
-# The request --check sends to each route, by the model's task (every model also embeds).
-CHECK_REQUESTS = {
-    CLASSIFICATION: ("/predict", {"inputs": "This is a fine test.", "truncate": True}),
-    NER: ("/ner", {"inputs": "John Smith lives in New York."}),
-    QUESTION_ANSWERING: ("/qa", {"question": "Where does he live?", "context": "John Smith lives in New York."}),
-    FILL_MASK: ("/fill-mask", {"inputs": "Paris is the [MASK] of France.", "top_k": 3}),
-}
+CHECK_TEXT = "This is a fine test."
 
 
-def check_routes(app: Starlette) -> dict[str, int]:
-    """Serve `app` on a free loopback port in a thread, send GET /health and /info, POST /embed and the
-    head's route, print each answer (cut to one line), stop; returns {route: HTTP status}."""
+def check_requests(predictor: Predictor) -> list[tuple[str, str, dict | None]]:
+    """(method, path, body) of one request to each route of `bert.serving.ENDPOINTS` this model answers (the
+    head routes only for their head; /embed_sparse never), then POST / and GET /metrics last."""
+    # Imported here, not at the top: bert.serving loads torch, and a flag error must come before it.
+    from bert.serving import DISPATCH_PATHS, ENDPOINTS, dispatch_targets
+
+    context = "John Smith lives in New York."
+    bodies: dict[str, dict] = {
+        "/embed": {"inputs": CHECK_TEXT, "truncate": True},
+        "/embed_all": {"inputs": CHECK_TEXT, "truncate": True},
+        "/predict": {"inputs": CHECK_TEXT, "truncate": True},
+        "/rerank": {"query": "What is this?", "texts": [CHECK_TEXT, context], "truncate": True},
+        "/similarity": {"inputs": {"source_sentence": CHECK_TEXT, "sentences": [context]}},
+        "/tokenize": {"inputs": CHECK_TEXT},
+        "/decode": {"ids": predictor.tokenizer.encode(CHECK_TEXT)},
+        "/v1/embeddings": {"input": CHECK_TEXT, "truncate": True},
+        "/embeddings": {"input": CHECK_TEXT, "truncate": True},
+        "/ner": {"inputs": context},
+        "/qa": {"question": "Where does he live?", "context": context},
+        "/fill-mask": {"inputs": "Paris is the [MASK] of France.", "top_k": 3},
+    }
+    answers = {
+        "/predict": predictor.task == CLASSIFICATION,
+        "/rerank": predictor.is_cross_encoder or predictor.task != CLASSIFICATION,
+        "/ner": predictor.task == NER,
+        "/qa": predictor.task == QUESTION_ANSWERING,
+        "/fill-mask": predictor.task == FILL_MASK and predictor.has_mlm_head,
+        "/embed_sparse": False,
+    }
+    requests = [
+        (e.method, e.path, bodies.get(e.path)) for e in ENDPOINTS if answers.get(e.path, True) and e.path != "/metrics"
+    ]
+    dispatched = dispatch_targets(predictor)[0]
+    requests += [("POST", path, bodies[dispatched]) for path in DISPATCH_PATHS]
+    return [*requests, ("GET", "/metrics", None)]
+
+
+def check_routes(app: Starlette, api_key: str | None = None) -> dict[str, int]:
+    """Serve `app` on a free loopback port in a thread, send `check_requests`, print each answer once (cut to
+    one line), stop; returns {"METHOD path": HTTP status}."""
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -224,28 +303,24 @@ def check_routes(app: Starlette) -> dict[str, int]:
             raise InputError("--check: the server did not start on 127.0.0.1 (see the log above)")
         time.sleep(0.05)
     port = server.servers[0].sockets[0].getsockname()[1]
-    api = app.state.api
-    requests = [("/health", None), ("/info", None), ("/embed", {"inputs": "This is a fine test.", "truncate": True})]
-    if api.predictor.task in CHECK_REQUESTS and (api.predictor.task != FILL_MASK or api.predictor.has_mlm_head):
-        requests.append(CHECK_REQUESTS[api.predictor.task])
+    headers = {"Content-Type": "application/json"}
+    if api_key is not None:
+        headers["Authorization"] = f"Bearer {api_key}"
     statuses = {}
     try:
-        for path, body in requests:
+        for method, path, body in check_requests(app.state.api.predictor):
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-            if body is None:
-                conn.request("GET", path)
-            else:
-                conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+            conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
             response = conn.getresponse()
-            text = response.read().decode()
+            text = " ".join(response.read().decode().split())
             conn.close()
-            statuses[path] = response.status
+            statuses[f"{method} {path}"] = response.status
             shown = text if len(text) <= 160 else text[:160] + "..."
-            print(f"{'GET' if body is None else 'POST'} {path} -> {response.status} {shown}")
+            print(f"{method} {path} -> {response.status} {shown}")
     finally:
         server.should_exit = True
         thread.join(60)
-    failed = {path: status for path, status in statuses.items() if status != 200}
+    failed = {route: status for route, status in statuses.items() if status != 200}
     if failed:
         raise InputError(
             f"--check: {', '.join(f'{p} answered {s}' for p, s in failed.items())} (see the answers above)"
@@ -260,10 +335,11 @@ def run_serve(args: ServeArgs) -> dict[str, Any]:
         raise InputError(f"bert serve needs {_MISSING}, which is not installed; pip install 'bert[serve]'")
     _check(args)
     _check_address(args)
+    if args.check:
+        # Each answer once: the request log would repeat every one of them.
+        return {"check": check_routes(build_app(args), args.api_key)}
     undo_logging = log_requests()
     try:
-        if args.check:
-            return {"check": check_routes(build_app(args))}
         return _serve(args)
     finally:
         undo_logging()
@@ -283,8 +359,12 @@ def _serve(args: ServeArgs) -> dict[str, Any]:
                     f"could not serve on {args.host}:{args.port} (see the log above); choose another --port or --host"
                 )
         else:
-            # Fail here, in one line, rather than in every worker: the model must load.
-            Predictor.from_pretrained(args.model, "cpu", max_seq_length=args.max_seq_length)
+            # Fail here, in one line, rather than in every worker: the model must load, with its prompt.
+            # (Imported here, not at the top, so that bert.cli reports a flag error before torch loads.)
+            from bert.inference import Predictor
+
+            predictor = Predictor.from_pretrained(args.model, "cpu", max_seq_length=args.max_seq_length)
+            _check_prompt(predictor, args.default_prompt_name)
             os.environ[ARGS_ENVIRONMENT] = json.dumps(dataclasses.asdict(args))
             os.environ[PARENT_ENVIRONMENT] = str(os.getpid())
             uvicorn.run(f"{__name__}:app_from_environment", factory=True, workers=args.workers, **options)

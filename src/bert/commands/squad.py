@@ -41,8 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert.errors import InputError
-from bert.finetune import FinetuneArgs, run_finetune
-from bert.flags import ModelArgs, same_as
+from bert.flags import FinetuneArgs, ModelArgs, same_as
 from bert.tasks.squad import NO_EVAL, SquadTask
 
 
@@ -55,7 +54,9 @@ class SquadArgs(FinetuneArgs):
     """
 
     # run_squad.py has no --data_dir: the files are --train_file and --predict_file.
-    data_dir: str | None = field(default=None, metadata={"help": "Unused by bert squad.", "cli": False})
+    data_dir: str | None = field(  # type: ignore[assignment]  # None: the base class requires what squad lacks
+        default=None, metadata={"help": "Unused by bert squad.", "cli": False}
+    )
     train_file: str | None = field(
         default=None,
         metadata={
@@ -72,6 +73,7 @@ class SquadArgs(FinetuneArgs):
         default=128,
         metadata={
             "run_defining": "train",
+            "min": 1,
             "help": "When splitting up a long document into chunks, how much stride to take between chunks.",
         },
     )
@@ -79,6 +81,7 @@ class SquadArgs(FinetuneArgs):
         default=64,
         metadata={
             "run_defining": "train",
+            "min": 0,
             "help": "The maximum number of tokens for the question. Questions longer than this will be truncated "
             "to this length.",
         },
@@ -90,14 +93,16 @@ class SquadArgs(FinetuneArgs):
     n_best_size: int = field(
         default=20,
         metadata={
-            "help": "The total number of n-best predictions to generate in the nbest_predictions.json output file."
+            "min": 1,
+            "help": "The total number of n-best predictions to generate in the nbest_predictions.json output file.",
         },
     )
     max_answer_length: int = field(
         default=30,
         metadata={
+            "min": 1,
             "help": "The maximum length of an answer that can be generated. This is needed because the start and "
-            "end predictions are not conditioned on one another."
+            "end predictions are not conditioned on one another.",
         },
     )
     verbose_logging: bool = field(
@@ -153,16 +158,14 @@ def validate_flags_or_throw(args: SquadArgs) -> None:
             f"The max_seq_length ({args.max_seq_length}) must be greater than max_query_length "
             f"({args.max_query_length}) + 3: raise --max_seq_length or lower --max_query_length"
         )
-    for name in ("doc_stride", "n_best_size", "max_answer_length"):
-        if getattr(args, name) < 1:
-            raise InputError(f"--{name}={getattr(args, name)} must be at least 1")
-    if args.max_query_length < 0:
-        raise InputError(f"--max_query_length={args.max_query_length} must not be negative")
 
 
 def run_squad(args: SquadArgs) -> dict[str, Any]:
     """Train and/or predict (see the module docstring); returns the runner's summary, with the official
     evaluation under "eval" when the predict file has answers."""
+    # Imported here, not at the top, so that a flag error is reported before torch loads (bert.cli parses first).
+    from bert.finetune import run_finetune
+
     validate_flags_or_throw(args)
     task = SquadTask(args)
     result = run_finetune(args, task)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bert.finetune import FinetuneArgs, run_finetune
+from bert.flags import FinetuneArgs
 from bert.tasks.swag import SwagTask
 
 
@@ -37,4 +37,7 @@ class SwagArgs(FinetuneArgs):
 
 def run_swag(args: SwagArgs) -> dict[str, Any]:
     """Train, evaluate and/or predict (see the module docstring); returns the runner's summary."""
+    # Imported here, not at the top, so that a flag error is reported before torch loads (bert.cli parses first).
+    from bert.finetune import run_finetune
+
     return run_finetune(args, SwagTask(args))

@@ -17,7 +17,7 @@ from bert.errors import InputError
 from bert.flags import CorpusArgs, ModelArgs, same_as
 from bert.outputs import claim
 from bert.tokenization import FullTokenizer, read_texts
-from bert.utils import atomic_write, json_line
+from bert.utils import atomic_write, json_line, print_result
 
 
 @dataclass
@@ -45,7 +45,12 @@ def run_tokenize(args: TokenizeArgs) -> dict[str, Any]:
         {"lines": number of lines, "tokens": total number of word pieces, "output_file": path or None}.
     """
     with claim("tokenize", files={"--output_file": args.output_file}, inputs=_inputs(args)):
-        return _tokenize(args)
+        result = _tokenize(args)
+    if args.output_file is not None:  # on stdout the lines themselves are the result
+        print_result(
+            "tokenize", f"{result['lines']} lines, {result['tokens']} word pieces", f"written to {args.output_file}"
+        )
+    return result
 
 
 def _inputs(args: TokenizeArgs) -> dict[str, str | None]:
@@ -95,6 +100,6 @@ def _tokenize(args: TokenizeArgs) -> dict[str, Any]:
                 convert(sys.stdout, stream, in_name)
                 sys.stdout.flush()
         else:
-            with atomic_write(args.output_file) as out:
-                convert(out, stream, in_name)
+            with atomic_write(args.output_file) as f:
+                convert(f, stream, in_name)
     return {"lines": n_lines, "tokens": n_tokens, "output_file": args.output_file}

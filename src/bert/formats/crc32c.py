@@ -165,7 +165,7 @@ _LANE_TABLES: list = []
 def _lane_tables() -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
     if not _LANE_TABLES:
         _build_lane_tables()
-    return tuple(_LANE_TABLES)  # type: ignore[return-value]
+    return tuple(_LANE_TABLES)
 
 
 def _build_lane_tables() -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -216,12 +217,13 @@ def read_span(buf: bytes, i: int, end: int) -> tuple[int, int]:
     return i, i + n
 
 
-def iter_fields(buf: bytes, start: int = 0, end: int | None = None) -> Iterator[tuple[int, int, int | bytes]]:
+def iter_fields(buf: bytes, start: int = 0, end: int | None = None) -> Iterator[tuple[int, int, Any]]:
     """(field number, wire type, value) of each field of the message buf[start:end], in order.
 
     The value is an int for a VARINT field (unsigned: see `to_int64`), and the slice of `buf` holding it
     for the others: the payload of a LEN field, the 4 or 8 little-endian bytes of an I32 or I64 field.
-    Slicing a memoryview copies nothing.
+    Slicing a memoryview copies nothing. (Typed `Any`: the wire type, which callers test, decides between
+    int and bytes, and a type checker cannot follow that.)
 
     Raises:
         DecodeError: the message is truncated or malformed.

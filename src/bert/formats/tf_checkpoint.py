@@ -592,7 +592,7 @@ def _read_tensor(f, file_size: int, data_path: str, name: str, e: _Entry, big_en
     count = int(np.prod(e.shape, dtype=np.int64))
     f.seek(e.offset)
     buf = np.empty(e.size, dtype=np.uint8)
-    if f.readinto(memoryview(buf)) != e.size:
+    if f.readinto(buf.data) != e.size:
         raise InputError(f"checkpoint file {data_path} is truncated: variable {name} could not be read whole")
     where = f"checkpoint file {data_path} is corrupt: variable {name}"
     if e.dtype == _DT_STRING:
@@ -649,6 +649,7 @@ def _tensor_bytes(name: str, value) -> tuple[int, tuple[int, ...], list, int]:
         for v in items:
             crc = crc32c(v, crc)
         return _DT_STRING, shape, [lengths, length_crc, *items], crc
+    dt: int | None
     if bfloat16 or arr.dtype.name == "bfloat16":  # a torch bfloat16 tensor or ml_dtypes.bfloat16
         dt = _DT_BFLOAT16
         arr = np.ascontiguousarray(arr).view(np.uint16)

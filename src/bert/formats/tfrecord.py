@@ -30,6 +30,7 @@ import os
 import struct
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -111,7 +112,7 @@ def _encode_feature(values, kind: str) -> bytes:
     raise ValueError(f"unknown feature type {kind!r}; use one of {FEATURE_TYPES}")
 
 
-def encode_example(features: Mapping[str, object], feature_types: Mapping[str, str] | None = None) -> bytes:
+def encode_example(features: Mapping[str, Any], feature_types: Mapping[str, str] | None = None) -> bytes:
     """Serialize one `tf.train.Example`.
 
     Args:

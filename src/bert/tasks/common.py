@@ -19,6 +19,16 @@ from bert.errors import InputError
 MODEL_INPUT_NAMES = {"input_ids": "input_ids", "input_mask": "attention_mask", "segment_ids": "token_type_ids"}
 
 
+# The tasks a model head serves (`bert.inference.Predictor.task`, `bert serve`'s routes): here, without
+# torch, so that a command can name them before it loads a model.
+CLASSIFICATION = "classification"
+NER = "ner"
+QUESTION_ANSWERING = "question-answering"
+MULTIPLE_CHOICE = "multiple-choice"
+FILL_MASK = "fill-mask"
+EMBEDDINGS = "embeddings"
+
+
 def model_inputs(features: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """`input_ids`, `input_mask`, `segment_ids` arrays under the model's names `input_ids`,
     `attention_mask`, `token_type_ids`; every other key is kept as it is."""

@@ -948,8 +948,6 @@ def window_spans(num_tokens_a: int, num_tokens_b: int, max_seq_length: int, doc_
     loop (`bert.tasks.squad.doc_spans_for`). An example that fits `max_seq_length` is one window, the
     `truncate` feature itself; an empty text_a is one empty window.
     """
-    if doc_stride < 1:
-        raise InputError(f"--doc_stride={doc_stride} must be at least 1")
     specials = 3 if num_tokens_b else 2  # [CLS] A [SEP] (B [SEP])
     room = max_seq_length - specials
     if num_tokens_b:
@@ -1195,12 +1193,11 @@ class ClassificationTask(FinetuneTask):
             raise InputError(f"--threshold={a.threshold} must be a probability between 0 and 1 (exclusive)")
         if a.tune_thresholds and not a.do_eval:
             raise InputError("--tune_thresholds tunes the thresholds on the dev set: add --do_eval")
+        # Not "choices" metadata: bert classify names the choices in its own one-line error.
         if a.long_document not in LONG_DOCUMENT:
             raise InputError(f"--long_document={a.long_document} must be one of {', '.join(LONG_DOCUMENT)}")
         if a.window_pooling not in WINDOW_POOLINGS:
             raise InputError(f"--window_pooling={a.window_pooling} must be one of {', '.join(WINDOW_POOLINGS)}")
-        if a.doc_stride < 1:
-            raise InputError(f"--doc_stride={a.doc_stride} must be at least 1")
         label_list_flag(a.labels)
 
     def setup(self, saved_labels: list[str] | None, do_train: bool) -> None:

@@ -153,7 +153,7 @@ def read_conll(
             )
         if allowed is not None and parts[-1] not in allowed:
             raise InputError(
-                f"{path}:{line_no}: label {parts[-1]!r} is not one of {list(label_list)}; fix the label "
+                f"{path}:{line_no}: label {parts[-1]!r} is not one of {list(label_list or ())}; fix the label "
                 f"or use a label list that has it"
             )
         words.append(parts[0])

@@ -444,8 +444,12 @@ def doc_spans_for(num_doc_tokens: int, max_tokens_for_doc: int, doc_stride: int)
         max_tokens_for_doc: `max_seq_length - len(query) - 3`.
         doc_stride: pieces between window starts.
     """
-    if max_tokens_for_doc < 1 or doc_stride < 1:
-        raise ValueError(f"need max_tokens_for_doc >= 1 and doc_stride >= 1, got {max_tokens_for_doc}, {doc_stride}")
+    if doc_stride < 1:
+        # The one check of a stride that reaches the windows: a flag's is its metadata (bert.flags), but a
+        # stride can also come from a model's config.json (bert predict).
+        raise InputError(f"doc_stride={doc_stride} must be at least 1")
+    if max_tokens_for_doc < 1:
+        raise ValueError(f"need max_tokens_for_doc >= 1, got {max_tokens_for_doc}")
     doc_spans = []
     start_offset = 0
     while start_offset < num_doc_tokens:
@@ -476,8 +480,6 @@ def iter_features(
             f"max_seq_length ({max_seq_length}) must be greater than max_query_length ({max_query_length}) + 3 "
             "to leave room for the document; raise --max_seq_length or lower --max_query_length"
         )
-    if doc_stride < 1:
-        raise InputError(f"doc_stride is {doc_stride}; use --doc_stride >= 1")
     unique_id = FIRST_UNIQUE_ID
     for example_index, example in enumerate(examples):
         query_tokens = tokenizer.tokenize(example.question_text)

@@ -188,7 +188,8 @@ def find_best_thresh(
     na_prob (a stable sort: ties keep the order of `na_probs`, i.e. of its JSON file) and keep the first
     threshold that reaches the best score.
     """
-    cur = best = sum(1 for has in qid_to_has_ans.values() if not has)
+    cur: float = sum(1 for has in qid_to_has_ans.values() if not has)
+    best = cur
     best_thresh = 0.0
     for qid in sorted(na_probs, key=lambda k: na_probs[k]):
         if qid not in scores:
@@ -226,7 +227,7 @@ def evaluate_v2(
             'SQuAD 2.0 scores every question, so give each one ("" for no answer)'
         )
     use_na = na_probs is not None
-    if use_na:
+    if na_probs is not None:
         check_na_probs(na_probs)
         absent = [q for q in preds if q in qid_to_has_ans and q not in na_probs]
         if absent:

@@ -1,0 +1,98 @@
+"""`bert rerank`: documents sorted by relevance to a query, one JSON line in, one out
+(`bert.inference.Predictor.rank`).
+
+A cross-encoder (a sequence-classification model with one output, such as `bert train-reranker`'s or a
+sentence-transformers CrossEncoder) scores each (query, document) pair: the sigmoid of its logit, as
+sentence-transformers' `CrossEncoder.predict` and TEI's /rerank. Any embedding model scores the cosine
+similarity of the query's and the document's vectors. Input is read in chunks, so memory does not grow
+with its length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from bert.errors import InputError
+from bert.flags import InferenceArgs
+from bert.outputs import claim
+from bert.utils import count_lines, iter_lines, json_line, output_file_or_stdout, print_result, progress, readable_input
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RerankArgs(InferenceArgs):
+    """Rerank documents for queries: per input line {"query": str, "documents": [str, ...]}, one output line
+    [{"index", "score", "text"}, ...], best first (index: the document's place in "documents")."""
+
+    model: str = field(
+        metadata={"help": "A cross-encoder (one-output sequence classifier) or an embedding model directory."}
+    )
+    input_file: str | None = field(
+        default=None, metadata={"help": 'JSON lines {"query", "documents": [...]} (.gz accepted); stdin if unset.'}
+    )
+    output_file: str | None = field(default=None, metadata={"help": "Output JSON-lines file; stdout if unset."})
+    top_k: int | None = field(default=None, metadata={"help": "Keep the k best documents per query; default: all."})
+    raw_scores: bool = field(
+        default=False, metadata={"help": "A cross-encoder's logits instead of their sigmoid (0 to 1)."}
+    )
+
+
+def _read_record(line: str, name: str, number: int) -> tuple[str, list[str]]:
+    record = None
+    with contextlib.suppress(ValueError):
+        record = json.loads(line)
+    if not isinstance(record, dict):
+        raise InputError(f'{name} line {number}: expected a JSON object {{"query": ..., "documents": [...]}}')
+    query, documents = record.get("query"), record.get("documents")
+    if not isinstance(query, str) or not query.strip():
+        raise InputError(f'{name} line {number}: field "query" must be a non-empty string')
+    if not isinstance(documents, list) or not documents or not all(isinstance(d, str) for d in documents):
+        raise InputError(f'{name} line {number}: field "documents" must be a non-empty list of strings')
+    empty = next((i for i, d in enumerate(documents) if not d.strip()), None)
+    if empty is not None:
+        raise InputError(f"{name} line {number}: document {empty} is empty; give it some text or leave it out")
+    return query, documents
+
+
+def run_rerank(args: RerankArgs) -> dict[str, Any]:
+    """Rerank every input line; returns {"lines", "documents", "output_file"}."""
+    inputs = {"--input_file": args.input_file, "--model": args.model}
+    with claim("rerank", files={"--output_file": args.output_file}, inputs=inputs):
+        return _run(args)
+
+
+def _run(args: RerankArgs) -> dict[str, Any]:
+    if args.top_k is not None and args.top_k < 1:
+        raise InputError(f"--top_k={args.top_k} must be at least 1 (leave it out for all documents)")
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.inference import Predictor
+
+    settings = args.predictor_settings()
+    predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
+    if args.raw_scores and not predictor.is_cross_encoder:
+        raise InputError(f"--raw_scores applies to cross-encoders; --model={args.model} scores by cosine similarity")
+    name = args.input_file or "<stdin>"
+    lines = documents = 0
+    with readable_input(args.input_file) as path:
+        total = count_lines(path)
+        desc = "rerank" if args.input_file is not None else None
+        with (
+            output_file_or_stdout(args.output_file) as out,
+            progress(total=total, unit="line", desc=desc, disable=desc is None) as bar,
+        ):
+            for number, line in enumerate(iter_lines(path, "utf-8-sig", "strict", hint=None), start=1):
+                bar.update(1)
+                query, docs = _read_record(line, name, number)
+                ranked = predictor.rank(query, docs, args.top_k, raw_scores=args.raw_scores)
+                out.write(json_line([{**r, "text": docs[r["index"]]} for r in ranked]) + "\n")
+                lines += 1
+                documents += len(docs)
+    logger.info("reranked %d documents for %d queries with %s", documents, lines, args.model)
+    if args.output_file is not None:  # on stdout the lines themselves are the result
+        print_result("rerank", f"{documents} documents ranked for {lines} queries", f"written to {args.output_file}")
+    return {"lines": lines, "documents": documents, "output_file": args.output_file}

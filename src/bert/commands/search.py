@@ -1,0 +1,179 @@
+"""`bert search`: the top-k documents of a corpus for each query, by the cosine similarity of their
+embeddings (`bert.retrieval.TopK`: exact, the corpus read in chunks).
+
+The corpus vectors come from `bert embed --output_file=x.npy` over the same corpus file
+(`--corpus_embeddings`), or are embedded here, chunk by chunk; the queries are embedded here with the same
+model. Either way memory holds one chunk of the corpus, the query vectors and each query's running top k.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bert.commands.embed import EmbedArgs
+from bert.errors import InputError
+from bert.flags import InferenceArgs, same_as
+from bert.outputs import claim
+from bert.utils import json_line, output_file_or_stdout, print_result, progress, readable_input
+
+if TYPE_CHECKING:
+    from bert.inference import Predictor
+
+logger = logging.getLogger(__name__)
+
+OUTPUT_FORMATS = ("results", "rerank")
+
+
+@dataclass
+class SearchArgs(InferenceArgs):
+    """Search a corpus: for each query, the --top_k most similar documents.
+
+    --corpus and --queries hold one text per line: plain text, JSON lines {"text"}, or BEIR's corpus.jsonl
+    and queries.jsonl ({"_id", "title", "text"}; a title goes before its text). Output, one JSON line per
+    query: {"query_id", "results": [{"corpus_id", "index", "score"}, ...]} best first, "index" the
+    document's 0-based record in --corpus and ids "_id" (else the record's index); with
+    --output_format=rerank, {"query_id", "query", "corpus_ids", "documents": [text, ...]}, the input of
+    `bert rerank`.
+    """
+
+    model: str = field(metadata={"help": "The embedding model directory (sentence-transformers dirs too)."})
+    corpus: str = field(metadata={"help": "The documents: plain text, JSON lines or BEIR corpus.jsonl (.gz too)."})
+    queries: str = field(metadata={"help": "The queries: plain text, JSON lines or BEIR queries.jsonl (.gz too)."})
+    corpus_embeddings: str | None = field(
+        default=None,
+        metadata={
+            "help": "The corpus vectors as `bert embed --output_file=x.npy` wrote them from --corpus with the same "
+            "model (float32, one row per record); default: embed the corpus here."
+        },
+    )
+    output_file: str | None = field(default=None, metadata={"help": "Output JSON-lines file; stdout if unset."})
+    top_k: int = field(default=10, metadata={"help": "Documents per query."})
+    output_format: str = field(
+        default="results",
+        metadata={
+            "help": "results (ids and scores) or rerank (the query and its documents' texts, best first: the "
+            "input of bert rerank).",
+            "choices": list(OUTPUT_FORMATS),
+        },
+    )
+    chunk_size: int = field(
+        default=10000, metadata={"help": "Corpus documents scored at a time (memory: chunk x queries block)."}
+    )
+    query_prompt_name: str | None = field(
+        default=None, metadata={"help": "The model's prompt for queries (config_sentence_transformers.json)."}
+    )
+    corpus_prompt_name: str | None = field(
+        default=None, metadata={"help": "The model's prompt for documents (config_sentence_transformers.json)."}
+    )
+    # The corpus vectors of --corpus_embeddings must have been written with the same N (checked below).
+    dimensions: int | None = same_as(EmbedArgs, "dimensions")
+
+
+def _embed(
+    predictor: Predictor, texts: list[str], prompt_name: str | None, dimensions: int | None, name: str, first: int
+) -> np.ndarray:
+    from bert.inference import InputItemError  # loads torch; see run_search
+
+    try:
+        return predictor.embed(texts, prompt_name=prompt_name, dimensions=dimensions)
+    except InputItemError as e:
+        raise InputError(f"{name} record {first + e.index + 1}: {e.reason}") from None
+
+
+def _chunks(items: list, size: int):
+    for start in range(0, len(items), size):
+        yield start, items[start : start + size]
+
+
+def run_search(args: SearchArgs) -> dict[str, Any]:
+    """Search the corpus for every query; returns {"queries", "documents", "output_file"}."""
+    inputs = {
+        "--corpus": args.corpus,
+        "--queries": args.queries,
+        "--corpus_embeddings": args.corpus_embeddings,
+        "--model": args.model,
+    }
+    with claim("search", files={"--output_file": args.output_file}, inputs=inputs):
+        return _run(args)
+
+
+def _run(args: SearchArgs) -> dict[str, Any]:
+    if args.top_k < 1:
+        raise InputError(f"--top_k={args.top_k} must be at least 1")
+    if args.output_format not in OUTPUT_FORMATS:
+        raise InputError(f"--output_format={args.output_format} must be one of {', '.join(OUTPUT_FORMATS)}")
+    if args.chunk_size < 1:
+        raise InputError(f"--chunk_size={args.chunk_size} must be at least 1")
+    if args.corpus_embeddings is not None and args.corpus_prompt_name is not None:
+        raise InputError("--corpus_prompt_name applies when the corpus is embedded here; drop --corpus_embeddings")
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.inference import Predictor
+    from bert.retrieval import TopK, read_texts
+
+    settings = args.predictor_settings()
+    predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
+    with readable_input(args.queries) as path:
+        queries = list(read_texts(path, args.queries))
+    if not queries:
+        raise InputError(f"--queries={args.queries} holds no queries; give one per line")
+    vectors = np.concatenate(
+        [
+            _embed(predictor, [t for _, t in block], args.query_prompt_name, args.dimensions, args.queries, start)
+            for start, block in _chunks(queries, args.chunk_size)
+        ]
+    )
+    top = TopK(vectors, args.top_k)
+    corpus_ids: list[str] = []
+    stored = None
+    if args.corpus_embeddings is not None:
+        stored = np.load(args.corpus_embeddings, mmap_mode="r")
+        if stored.ndim != 2 or stored.dtype != np.float32:
+            raise InputError(
+                f"--corpus_embeddings={args.corpus_embeddings} holds {stored.dtype} {stored.shape}; give the float32 "
+                "vectors of bert embed (--precision=float32)"
+            )
+    with readable_input(args.corpus) as path, progress(unit="doc", desc="search") as bar:
+        records = read_texts(path, args.corpus)
+        while chunk := list(itertools.islice(records, args.chunk_size)):
+            start = len(corpus_ids)
+            corpus_ids += [i for i, _ in chunk]
+            if stored is None:
+                chunk_texts = [t for _, t in chunk]
+                top.add(_embed(predictor, chunk_texts, args.corpus_prompt_name, args.dimensions, args.corpus, start))
+            elif len(corpus_ids) <= len(stored):
+                top.add(stored[start : len(corpus_ids)])
+            bar.update(len(chunk))
+    if stored is not None and len(stored) != len(corpus_ids):
+        raise InputError(
+            f"--corpus_embeddings={args.corpus_embeddings} has {len(stored)} rows for {len(corpus_ids)} records of "
+            f"--corpus={args.corpus}; embed that corpus file with bert embed"
+        )
+    if not corpus_ids:
+        raise InputError(f"--corpus={args.corpus} holds no documents; give one per line")
+    found = top.result()
+    texts: dict[int, str] = {}
+    if args.output_format == "rerank":
+        # A second pass over the corpus for the texts of the documents found: memory holds only those.
+        wanted = {row for hits in found for row, _ in hits}
+        with readable_input(args.corpus) as path:
+            texts = {row: text for row, (_, text) in enumerate(read_texts(path, args.corpus)) if row in wanted}
+    with output_file_or_stdout(args.output_file) as out:
+        for (query_id, query), hits in zip(queries, found):
+            record: dict[str, Any]
+            if args.output_format == "rerank":
+                ids, docs = [corpus_ids[row] for row, _ in hits], [texts[row] for row, _ in hits]
+                record = {"query_id": query_id, "query": query, "corpus_ids": ids, "documents": docs}
+            else:
+                results = [{"corpus_id": corpus_ids[row], "index": row, "score": score} for row, score in hits]
+                record = {"query_id": query_id, "results": results}
+            out.write(json_line(record) + "\n")
+    logger.info("searched %d documents for %d queries with %s", len(corpus_ids), len(queries), args.model)
+    if args.output_file is not None:  # on stdout the lines themselves are the result
+        found_what = f"the top {args.top_k} of {len(corpus_ids)} documents for {len(queries)} queries"
+        print_result("search", found_what, f"written to {args.output_file}")
+    return {"queries": len(queries), "documents": len(corpus_ids), "output_file": args.output_file}

@@ -1,0 +1,186 @@
+"""`bert rerank` and `bert search` end to end on tiny models and real SQuAD retrieval rows: a cross-encoder's
+scores equal sentence-transformers' `CrossEncoder.predict`, an embedding model's the cosine of `bert embed`'s
+vectors, documents sorted best first with their text; search over a BEIR corpus in chunks, from `bert
+embed`'s .npy or embedding on the fly, equal to sentence-transformers' `semantic_search`; its rerank output
+feeds `bert rerank`; bad input stops with one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bert.cli import main
+from bert.commands.embed import EmbedArgs, run_embed
+from bert.commands.rerank import RerankArgs, run_rerank
+from bert.commands.search import SearchArgs, run_search
+from bert.errors import InputError
+from bert.modeling import BertForSequenceClassification, BertModel
+from conftest import cli_error, save_model_dir, shared_path, uncased_vocab, vocab_config
+
+st = pytest.importorskip("sentence_transformers", reason="sentence-transformers is the oracle (test extra)")
+
+SQUAD_DEV = shared_path("data", "retrieval", "squad-dev")
+
+
+def read_jsonl(path: Path) -> list:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> tuple[Path, Path]:
+    """(a one-output cross-encoder, an embedding model), tiny and random, over the uncased vocabulary."""
+    d = tmp_path_factory.mktemp("models")
+    vocab = uncased_vocab(d)
+    torch.manual_seed(3)
+    one_label = dict(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})  # transformers' default is two
+    model = BertForSequenceClassification(vocab_config(vocab), num_labels=1)
+    reranker = save_model_dir(model, d / "ce", vocab, **one_label)
+    encoder = save_model_dir(BertModel(vocab_config(vocab)), d / "bi", vocab)
+    return reranker, encoder
+
+
+@pytest.fixture(scope="module")
+def retrieval(tmp_path_factory) -> tuple[Path, Path]:
+    """The first 30 paragraphs of retrieval/squad-dev's corpus.jsonl and its first 6 questions."""
+    d = tmp_path_factory.mktemp("squad-dev")
+    for name, n in (("corpus.jsonl", 30), ("queries.jsonl", 6)):
+        lines = (SQUAD_DEV / name).read_text(encoding="utf-8").splitlines(keepends=True)[:n]
+        (d / name).write_text("".join(lines), encoding="utf-8")
+    return d / "corpus.jsonl", d / "queries.jsonl"
+
+
+def rerank_input(retrieval, path: Path) -> list[dict]:
+    corpus, queries = (read_jsonl(p) for p in retrieval)
+    records = [
+        {"query": q["text"], "documents": [c["text"][:200] for c in corpus[i * 5 : i * 5 + 5]]}
+        for i, q in enumerate(queries[:3])
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return records
+
+
+def test_rerank_with_a_cross_encoder_equals_sentence_transformers(models, retrieval, tmp_path):
+    reranker, _ = models
+    records = rerank_input(retrieval, tmp_path / "in.jsonl")
+    out = tmp_path / "ranked.jsonl"
+    result = run_rerank(RerankArgs(model=str(reranker), input_file=str(tmp_path / "in.jsonl"), output_file=str(out)))
+    assert result == {"lines": 3, "documents": 15, "output_file": str(out)}
+    cross_encoder = st.CrossEncoder(str(reranker), device="cpu")
+    for record, ranked in zip(records, read_jsonl(out)):
+        expected = cross_encoder.predict([(record["query"], d) for d in record["documents"]])
+        assert sorted(r["index"] for r in ranked) == list(range(5))
+        assert [r["score"] for r in ranked] == sorted((r["score"] for r in ranked), reverse=True)
+        assert [r["index"] for r in ranked] == list(np.argsort(-expected, kind="stable"))
+        for r in ranked:
+            assert r["text"] == record["documents"][r["index"]]
+            assert r["score"] == pytest.approx(float(expected[r["index"]]), abs=1e-5)
+    # --top_k keeps the best; --raw_scores gives the logits, whose sigmoid are the scores.
+    run_rerank(
+        RerankArgs(
+            model=str(reranker),
+            input_file=str(tmp_path / "in.jsonl"),
+            output_file=str(tmp_path / "raw.jsonl"),
+            top_k=2,
+            raw_scores=True,
+        )
+    )
+    for full, raw in zip(read_jsonl(out), read_jsonl(tmp_path / "raw.jsonl")):
+        assert [r["index"] for r in raw] == [r["index"] for r in full[:2]]
+        assert [1 / (1 + np.exp(-r["score"])) for r in raw] == pytest.approx([r["score"] for r in full[:2]], abs=1e-6)
+
+
+def test_rerank_with_an_embedding_model_scores_cosine(models, retrieval, tmp_path):
+    _, encoder = models
+    records = rerank_input(retrieval, tmp_path / "in.jsonl")
+    out = tmp_path / "ranked.jsonl"
+    run_rerank(RerankArgs(model=str(encoder), input_file=str(tmp_path / "in.jsonl"), output_file=str(out)))
+    for i, (record, ranked) in enumerate(zip(records, read_jsonl(out))):
+        texts = tmp_path / f"texts{i}.txt"
+        texts.write_text("".join(t + "\n" for t in [record["query"], *record["documents"]]), encoding="utf-8")
+        run_embed(EmbedArgs(model=str(encoder), input_file=str(texts), output_file=str(tmp_path / f"v{i}.npy")))
+        v = np.load(tmp_path / f"v{i}.npy")
+        v /= np.linalg.norm(v, axis=1, keepdims=True)
+        cosine = v[1:] @ v[0]
+        assert [r["index"] for r in ranked] == list(np.argsort(-cosine, kind="stable"))
+        np.testing.assert_allclose([r["score"] for r in ranked], np.sort(cosine)[::-1], atol=1e-5)
+
+
+def test_search_in_chunks_equals_semantic_search(models, retrieval, tmp_path):
+    _, encoder = models
+    corpus, queries = retrieval
+    vectors = tmp_path / "corpus.npy"
+    run_embed(EmbedArgs(model=str(encoder), input_file=str(corpus), output_file=str(vectors)))
+    run_embed(EmbedArgs(model=str(encoder), input_file=str(queries), output_file=str(tmp_path / "q.npy")))
+    common = dict(model=str(encoder), corpus=str(corpus), queries=str(queries), top_k=5)
+    stored = tmp_path / "stored.jsonl"
+    result = run_search(SearchArgs(**common, corpus_embeddings=str(vectors), chunk_size=7, output_file=str(stored)))
+    assert result == {"queries": 6, "documents": 30, "output_file": str(stored)}
+    fly = tmp_path / "fly.jsonl"
+    run_search(SearchArgs(**common, chunk_size=4, output_file=str(fly)))
+    corpus_ids = [c["_id"] for c in read_jsonl(corpus)]
+    query_ids = [q["_id"] for q in read_jsonl(queries)]
+    expected = st.util.semantic_search(
+        torch.from_numpy(np.load(tmp_path / "q.npy")), torch.from_numpy(np.load(vectors)), top_k=5
+    )
+    for hits in (read_jsonl(stored), read_jsonl(fly)):
+        assert [h["query_id"] for h in hits] == query_ids
+        for hit, reference in zip(hits, expected):
+            assert [r["index"] for r in hit["results"]] == [e["corpus_id"] for e in reference]
+            assert [r["corpus_id"] for r in hit["results"]] == [corpus_ids[e["corpus_id"]] for e in reference]
+            np.testing.assert_allclose([r["score"] for r in hit["results"]], [e["score"] for e in reference], atol=1e-5)
+
+    # Matryoshka: a corpus embedded with --dimensions, searched with the same, equals embedding on the fly.
+    small = tmp_path / "small.npy"
+    run_embed(EmbedArgs(model=str(encoder), input_file=str(corpus), output_file=str(small), dimensions=16))
+    run_search(SearchArgs(**common, corpus_embeddings=str(small), dimensions=16, output_file=str(tmp_path / "a")))
+    run_search(SearchArgs(**common, dimensions=16, chunk_size=9, output_file=str(tmp_path / "b")))
+    a, b = read_jsonl(tmp_path / "a"), read_jsonl(tmp_path / "b")
+    assert [[r["index"] for r in h["results"]] for h in a] == [[r["index"] for r in h["results"]] for h in b]
+    with pytest.raises(InputError, match="do not match the queries' 16 dimensions"):
+        run_search(SearchArgs(**common, corpus_embeddings=str(vectors), dimensions=16))
+
+    # The rerank output: each query with its documents' texts (title first), best first, for bert rerank.
+    candidates = tmp_path / "candidates.jsonl"
+    run_search(
+        SearchArgs(**common, corpus_embeddings=str(vectors), output_format="rerank", output_file=str(candidates))
+    )
+    texts = {c["_id"]: f"{c['title']} {c['text']}" for c in read_jsonl(corpus)}
+    queries_text = [q["text"] for q in read_jsonl(queries)]
+    for record, hit, query in zip(read_jsonl(candidates), read_jsonl(stored), queries_text):
+        assert record["query"] == query
+        assert record["corpus_ids"] == [r["corpus_id"] for r in hit["results"]]
+        assert record["documents"] == [texts[i] for i in record["corpus_ids"]]
+    ranked = tmp_path / "ranked.jsonl"
+    assert main(["rerank", f"--model={encoder}", f"--input_file={candidates}", f"--output_file={ranked}"]) == 0
+    for record, hit in zip(read_jsonl(ranked), read_jsonl(stored)):
+        # Reranking by the same model's cosine keeps the search's order.
+        assert [r["index"] for r in record] == list(range(5))
+        np.testing.assert_allclose([r["score"] for r in record], [r["score"] for r in hit["results"]], atol=1e-5)
+
+
+def test_bad_input_exit_2_one_line(models, retrieval, tmp_path, capsys):
+    reranker, encoder = models
+    corpus, queries = retrieval
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"query": "q", "documents": ["a"]}\n{"query": "q"}\n')
+    out = tmp_path / "out.jsonl"
+    err = cli_error(capsys, "rerank", f"--model={reranker}", f"--input_file={bad}", f"--output_file={out}")
+    assert 'bad.jsonl line 2: field "documents" must be a non-empty list of strings' in err
+    bad.write_text('{"query": "q", "documents": ["a", " "]}\n')
+    err = cli_error(capsys, "rerank", f"--model={reranker}", f"--input_file={bad}")
+    assert "bad.jsonl line 1: document 1 is empty" in err
+    err = cli_error(capsys, "rerank", f"--model={encoder}", f"--input_file={bad}", "--raw_scores")
+    assert "--raw_scores applies to cross-encoders" in err
+    assert not out.exists()
+    short = tmp_path / "short.npy"
+    np.save(short, np.zeros((3, 32), dtype=np.float32))
+    common = [f"--model={encoder}", f"--corpus={corpus}", f"--queries={queries}", f"--output_file={out}"]
+    err = cli_error(capsys, "search", *common, f"--corpus_embeddings={short}")
+    assert "has 3 rows for 30 records of --corpus" in err
+    err = cli_error(capsys, "search", *common, "--top_k=0")
+    assert "--top_k=0 must be at least 1" in err
+    assert not out.exists()

