@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -120,16 +121,114 @@ def _read_safetensors(path: Path, verify: bool = True) -> dict[str, torch.Tensor
 
 
 def _read_bin(path: Path) -> dict[str, torch.Tensor]:
+    if path.stat().st_size == 0:
+        raise InputError(f"checkpoint {path} cannot be read: it is empty (0 bytes, a copy cut short?); restore it")
     try:
         state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for corrupt or unsafe pickles
         raise InputError(
-            f"checkpoint {path} cannot be read safely ({type(e).__name__}: {str(e).splitlines()[0]}); "
+            f"checkpoint {path} cannot be read safely ({type(e).__name__}: {(str(e).splitlines() or [''])[0]}); "
             "convert it to safetensors with a trusted tool"
         ) from None
     if not isinstance(state, dict):
         raise InputError(f"checkpoint {path} does not hold a state dict")
+    for key, value in state.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise InputError(
+                f"checkpoint {path}: {key!r} holds a {type(value).__name__}, not a tensor; it is not a model's "
+                "state dict (a training state or another program's file?)"
+            )
     return state
+
+
+def _check_finite(state: Mapping[str, torch.Tensor], path: str | os.PathLike) -> None:
+    """Weights holding NaN or infinity give NaN for every input: refuse them naming the tensor."""
+    for key, value in state.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise InputError(
+                f"checkpoint {path}: {key} holds NaN or infinite values (a diverged run or a damaged file); use an "
+                "earlier checkpoint"
+            )
+
+
+# (weight name, axis, config field): the config fields that the weights' shapes fix.
+_SHAPES_ON_DISK = (
+    ("embeddings.word_embeddings.weight", 0, "vocab_size"),
+    ("embeddings.word_embeddings.weight", 1, "hidden_size"),
+    ("embeddings.position_embeddings.weight", 0, "max_position_embeddings"),
+    ("embeddings.token_type_embeddings.weight", 0, "type_vocab_size"),
+    ("encoder.layer.0.intermediate.dense.weight", 0, "intermediate_size"),
+)
+_LAYER = re.compile(r"(?:^|\.)encoder\.layer\.(\d+)\.")
+# Task heads: (weight name, rows it must have: a number, or None for "at least one").
+_HEADS = (("classifier.weight", None), ("qa_outputs.weight", 2))
+
+
+def _weight(state: Mapping[str, torch.Tensor], name: str) -> tuple[str, torch.Tensor] | None:
+    for key, value in state.items():
+        if key == name or key.endswith("." + name):
+            return key, value
+    return None
+
+
+def check_config_against_weights(
+    config: BertConfig, state: Mapping[str, torch.Tensor], config_source: str, weights_source: str
+) -> None:
+    """The config's sizes must be those of the weights on disk, checked before a model of that config is
+    built: a config saying `vocab_size: 1000000000` or `num_hidden_layers: 100000` would otherwise allocate
+    it first. Task heads must have a sane shape (a classifier with at least one label)."""
+    for name, axis, field_name in _SHAPES_ON_DISK:
+        found = _weight(state, name)
+        if found is None:
+            continue
+        key, value = found
+        if value.dim() != 2:
+            raise InputError(f"checkpoint {weights_source}: {key} has shape {tuple(value.shape)}; expected a matrix")
+        want = getattr(config, field_name)
+        if value.shape[axis] != want:
+            raise InputError(
+                f"{config_source}: {field_name}={want}, but {key} in {weights_source} has {value.shape[axis]}; set "
+                f"{field_name} to {value.shape[axis]} (the config the weights were saved with)"
+            )
+    layers = {int(m.group(1)) for key in state if (m := _LAYER.search(key))}
+    if layers and config.num_hidden_layers > max(layers) + 1:
+        raise InputError(
+            f"{config_source}: num_hidden_layers={config.num_hidden_layers}, but {weights_source} holds "
+            f"{max(layers) + 1} layers; set num_hidden_layers to {max(layers) + 1}"
+        )
+    for name, rows in _HEADS:
+        found = _weight(state, name)
+        if found is None:
+            continue
+        key, value = found
+        bias = state.get(key[: -len("weight")] + "bias")
+        ok = value.dim() == 2 and value.shape[1] == config.hidden_size and (value.shape[0] == rows or rows is None)
+        ok = ok and value.shape[0] >= 1 and (bias is None or tuple(bias.shape) == (value.shape[0],))
+        if not ok:
+            shapes = f"{tuple(value.shape)}" + (f" with a bias of {tuple(bias.shape)}" if bias is not None else "")
+            wanted = f"({rows if rows else 'labels >= 1'}, hidden_size={config.hidden_size})"
+            raise InputError(
+                f"checkpoint {weights_source}: the head {key} has shape {shapes}, expected {wanted}; the file is "
+                "damaged or not a model of this config"
+            )
+
+
+# tokenizer_config.json keys this project reads, with the types they may have.
+_TOKENIZER_TYPES: dict[str, tuple[type, ...]] = {
+    "do_lower_case": (bool, type(None)),
+    "strip_accents": (bool, type(None)),
+    "tokenize_chinese_chars": (bool, type(None)),
+}
+
+
+def _read_tokenizer_settings(path: Path) -> dict:
+    settings = load_json_file(path, "tokenizer settings")
+    if not isinstance(settings, dict):
+        raise InputError(f"{path}: expected a JSON object of tokenizer settings, got a {type(settings).__name__}")
+    for key, types in _TOKENIZER_TYPES.items():
+        if key in settings and not isinstance(settings[key], types):
+            raise InputError(f"{path}: {key} must be true, false or null, got {settings[key]!r}")
+    return settings
 
 
 def _no_model_message(directory: Path) -> str:
@@ -178,6 +277,7 @@ def read_checkpoint(
         state, base = _read_tf(str(path))
         fmt = "tf"
     state = {_normalise_key(k): v for k, v in state.items() if k not in _IGNORED_KEYS}
+    _check_finite(state, weights or path)
     return read_beside(base, Checkpoint(state, str(path), fmt), config_file)
 
 
@@ -187,10 +287,11 @@ def read_beside(base: Path, ckpt: Checkpoint, config_file: str | os.PathLike | N
     config_path = Path(config_file) if config_file else _find_beside(base, (CONFIG_NAME, "bert_config.json"))
     if config_path is not None:
         ckpt.config = BertConfig.from_json_file(config_path)
+        check_config_against_weights(ckpt.config, ckpt.state_dict, str(config_path), ckpt.source)
     vocab = _find_beside(base, (VOCAB_NAME,))
     ckpt.vocab_file = str(vocab) if vocab else None
     tok = _find_beside(base, (TOKENIZER_CONFIG_NAME,))
-    ckpt.tokenizer_settings = load_json_file(tok, "tokenizer settings") if tok is not None else {}
+    ckpt.tokenizer_settings = _read_tokenizer_settings(tok) if tok is not None else {}
     return ckpt
 
 
@@ -270,6 +371,7 @@ def load_pretrained(cls, path, config: BertConfig | None = None, checkpoint: Che
     config = config or ckpt.config
     if config is None:
         raise InputError(f"no config.json or bert_config.json beside checkpoint {path}; pass --bert_config_file=PATH")
+    check_config_against_weights(config, ckpt.state_dict, "the config", ckpt.source)
     if "num_labels" not in kwargs and "num_labels" in cls.__init__.__code__.co_varnames:
         head = ckpt.state_dict.get("classifier.bias")
         if head is not None:

@@ -20,12 +20,61 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from bert.errors import InputError
 from bert.utils import atomic_write
+
+
+def _is_number(value: Any) -> bool:
+    """A finite int or float, not a bool (JSON's true would pass as 1)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# transformers' `config.problem_type` values, which pick a sequence classifier's loss.
+PROBLEM_TYPES = ("single_label_classification", "regression", "multi_label_classification")
+
+# The settings a fine-tuning run records in config.json for inference (`bert.inference.Predictor` reads them;
+# `tasks/*.py` `inference_config` writes them), with their types: checked when the file is read.
+TASK_SETTINGS: dict[str, type] = {
+    "max_seq_length": int,
+    "doc_stride": int,
+    "n_best_size": int,
+    "max_answer_length": int,
+    "max_query_length": int,
+    "version_2_with_negative": bool,
+    "null_score_diff_threshold": float,
+    "problem_type": str,
+    "label_thresholds": dict,
+    "id2label": dict,
+    "architectures": list,
+}
+# Of those, the ones transformers writes as null when unset.
+_NULLABLE = ("problem_type",)
+
+
+def check_setting(settings: dict[str, Any], key: str, kind: type, where: Any, null: bool = False) -> None:
+    """`settings[key]`, when present, must be a `kind` (int: a positive integer; float: a finite number; null
+    only with `null`); `where` names the file in the one-line error."""
+    if key not in settings or (null and settings[key] is None):
+        return
+    value = settings[key]
+    if kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+        want = "a positive integer"
+    elif kind is float:
+        ok, want = _is_number(value), "a finite number"
+    else:
+        ok, want = (
+            isinstance(value, kind),
+            {str: "a string", bool: "true or false"}.get(kind, f"a JSON {kind.__name__}"),
+        )
+    if not ok:
+        raise InputError(f"{where}: {key} must be {want}, got {value!r}; fix or remove it")
+
 
 # Activations the model implements, by transformers' names. "gelu_pytorch_tanh" is the same tanh
 # formula as "gelu_new", computed by torch's fused kernel.
@@ -126,10 +175,23 @@ class BertConfig:
                 f"config: hidden_act {self.hidden_act!r} is not supported; "
                 f"use one of {', '.join(SUPPORTED_ACTIVATIONS)}"
             )
-        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
             value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise InputError(f"config field {name} must be in [0, 1), got {value!r}")
+            if value is None and name == "classifier_dropout":
+                continue
+            if not _is_number(value) or not 0.0 <= value < 1.0:
+                raise InputError(f"config field {name} must be a number in [0, 1), got {value!r}")
+        if not _is_number(self.layer_norm_eps) or not 0.0 < self.layer_norm_eps < 1.0:
+            raise InputError(
+                f"config field layer_norm_eps must be a small positive number, got {self.layer_norm_eps!r}"
+            )
+        if not _is_number(self.initializer_range) or not 0.0 <= self.initializer_range < math.inf:
+            raise InputError(f"config field initializer_range must be a number >= 0, got {self.initializer_range!r}")
+        pad = self.pad_token_id
+        if isinstance(pad, bool) or not isinstance(pad, int) or not 0 <= pad < self.vocab_size:
+            raise InputError(
+                f"config field pad_token_id must be an id below vocab_size ({self.vocab_size}), got {pad!r}"
+            )
 
     @property
     def head_size(self) -> int:
@@ -165,6 +227,13 @@ class BertConfig:
                 raise InputError(
                     f"config: {key}={d[key]!r} is not supported (only {allowed!r}); remove it or set it so"
                 )
+        for key, kind in TASK_SETTINGS.items():
+            check_setting(d, key, kind, "config", null=key in _NULLABLE)
+        if d.get("problem_type") not in (None, *PROBLEM_TYPES):
+            raise InputError(f"config: problem_type {d['problem_type']!r} is not one of {', '.join(PROBLEM_TYPES)}")
+        for label, threshold in (d.get("label_thresholds") or {}).items():
+            if not _is_number(threshold) or not 0.0 <= threshold <= 1.0:
+                raise InputError(f"config: label_thresholds[{label!r}] must be a number in [0, 1], got {threshold!r}")
         kwargs: dict[str, Any] = {}
         if is_original:
             # The original class defaults to 16 segment types; released files always say 2.
@@ -210,6 +279,8 @@ class BertConfig:
             raise InputError(
                 f"config file {path} is not valid JSON (line {e.lineno}: {e.msg}); fix or replace it"
             ) from None
+        except RecursionError:
+            raise InputError(f"config file {path}: JSON nested too deeply to read; fix or replace it") from None
         try:
             return cls.from_dict(d, original_gelu=original_gelu)
         except InputError as e:

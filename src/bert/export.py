@@ -357,7 +357,8 @@ def export(
     batches = check_batches(model, _tokenizer(ckpt))
     out = output_path(output, fmt)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    # A killed run leaves `.NAME.tmp-XXXXXXXX`, a name `bert.outputs.claim` removes on the next run.
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         tmp = tmp_dir / out.name
         (export_onnx if fmt == "onnx" else export_torchscript)(graph, tmp)

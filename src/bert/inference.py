@@ -69,7 +69,7 @@ import torch.nn.functional as F
 from bert import onnx_backend
 from bert.checkpoint import Checkpoint, _fit_prefix, load_into, read_checkpoint
 from bert.checkpoint import architecture as checkpoint_architecture
-from bert.config import BertConfig
+from bert.config import PROBLEM_TYPES, BertConfig, check_setting
 from bert.errors import InputError
 from bert.flags import POOLINGS
 from bert.metrics import iob_chunks
@@ -132,7 +132,6 @@ _HEAD_ADVICE = {
     MULTIPLE_CHOICE: "fine-tune it with `bert swag`",
     FILL_MASK: "use a pre-trained BertForPreTraining or BertForMaskedLM model",
 }
-PROBLEM_TYPES = ("single_label_classification", "regression", "multi_label_classification")
 TRUNCATION_DIRECTIONS = ("right", "left")
 MASK_TOKEN = "[MASK]"
 _MLM_KEY = "cls.predictions.transform.dense.weight"
@@ -180,7 +179,7 @@ def read_sentence_transformers_config(model_dir: str | os.PathLike) -> SentenceT
         if kind == "Normalize":
             normalize = True
         elif kind == "Pooling":
-            config = load_json_file(base / str(m.get("path", "")) / "config.json", "Pooling module file")
+            config = _json_object(base / str(m.get("path", "")) / "config.json", "Pooling module file")
             modes = sorted(k[len("pooling_mode_") :] for k, v in config.items() if k.startswith("pooling_mode_") and v)
             pooling = {"cls_token": "cls", "mean_tokens": "mean", "max_tokens": "max"}.get(modes[0]) if modes else None
             if len(modes) != 1 or pooling is None:
@@ -191,11 +190,11 @@ def read_sentence_transformers_config(model_dir: str | os.PathLike) -> SentenceT
     if unsupported:
         pooling = None
     settings = base / "sentence_bert_config.json"
-    max_seq_length = (load_json_file(settings, "sentence-transformers file", missing_ok=True) or {}).get(
-        "max_seq_length"
-    )
+    st_settings = _json_object(settings, "sentence-transformers file", missing_ok=True)
+    check_setting(st_settings, "max_seq_length", int, settings, null=True)
+    max_seq_length = st_settings.get("max_seq_length")
     prompts_file = base / "config_sentence_transformers.json"
-    described = load_json_file(prompts_file, "sentence-transformers file", missing_ok=True) or {}
+    described = _json_object(prompts_file, "sentence-transformers file", missing_ok=True)
     prompts = described.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
         raise InputError(f'{prompts_file}: "prompts" must map prompt names to texts; fix or delete it')
@@ -208,6 +207,17 @@ def read_sentence_transformers_config(model_dir: str | os.PathLike) -> SentenceT
     return SentenceTransformersConfig(
         pooling, normalize, max_seq_length, unsupported, prompts, default_prompt_name, include_prompt
     )
+
+
+def _json_object(path: Path, what: str, missing_ok: bool = False) -> dict:
+    """A sentence-transformers settings file, which must hold one JSON object ({} when missing and
+    `missing_ok`): a list or a number there would fail later with a bare AttributeError."""
+    settings = load_json_file(path, what, missing_ok=missing_ok)
+    if settings is None:
+        return {}
+    if not isinstance(settings, dict):
+        raise InputError(f"{path}: expected a JSON object of settings; fix or delete it")
+    return settings
 
 
 def _load_model(architecture: str, ckpt: Checkpoint, has_pooler: bool) -> torch.nn.Module:
@@ -1405,8 +1415,12 @@ def read_input_record(line: str, task: str) -> Any:
     """
     obj = None
     if line.lstrip().startswith("{"):
-        with contextlib.suppress(ValueError):
+        try:
             obj = json.loads(line)
+        except ValueError:
+            pass  # plain text that starts with "{"
+        except RecursionError:
+            raise InputError("JSON nested too deeply to read; write one flat JSON object per line") from None
     if not isinstance(obj, dict):
         if not line.strip():
             raise InputError("empty line; remove it or give it some text")

@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bert.checkpoint import load_pretrained, save_pretrained
-from bert.config import BertConfig
+from bert.config import PROBLEM_TYPES, BertConfig
 from bert.errors import InputError
 
 # The original adds -10000 (not -inf) to the scores of padded keys; it is also representable in fp16.
@@ -585,10 +585,6 @@ def multi_label_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
     """Per example [B]: the sum over the labels of the sigmoid cross-entropy of [B, L] logits against [B, L]
     0/1 targets (one loss term per label; transformers' multi-label loss is their mean over B*L)."""
     return F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="none").sum(-1)
-
-
-# transformers' `config.problem_type` values, which pick a sequence classifier's loss.
-PROBLEM_TYPES = ("single_label_classification", "regression", "multi_label_classification")
 
 
 class BertForSequenceClassification(_FineTuningHead):

@@ -5,7 +5,8 @@ A run claims its outputs (`claim`, as a context manager) before any work:
 - every output path is resolved and checked: a file output must not be a directory (nor a device), a
   directory output must not be a file, the nearest existing parent must be a writable directory, and no
   output may be one of the run's inputs (`bert tokenize --input_file=x.txt --output_file=x.txt` would
-  replace the user's text);
+  replace the user's text), nor an existing file of an input directory (`bert fill-mask
+  --output_file=MODEL/vocab.txt` would replace the model's vocabulary);
 - each output is locked for the run: an exclusive `flock` on a lock file (`OUTPUT_DIR/.lock` for a
   directory, `.NAME.lock` beside a file) that names the holder's pid, host, command and start time. A
   second run on the same output stops with one line naming the holder; a lock left by a run that died
@@ -38,7 +39,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,12 +159,28 @@ def _input_paths(inputs: Mapping[str, Any]) -> Iterator[tuple[str, Path]]:
                 yield flag, _resolved(v)
 
 
-def check_not_an_input(out: Output, inputs: Mapping[str, Any]) -> None:
-    """An output that is also an input of the run would be replaced by the run's result."""
+def _inside(path: Path, directory: Path) -> bool:
+    return directory in path.parents
+
+
+def check_not_an_input(out: Output, inputs: Mapping[str, Any], inputs_inside: bool = True) -> None:
+    """An output that is also an input of the run would be replaced by the run's result: the input itself, a
+    file that already exists in an input directory (a model's `vocab.txt`, its weights), or (`inputs_inside`
+    False: a directory whose files the run replaces) a directory holding an input."""
     for flag, path in _input_paths(inputs):
         if _same_path(out.path, path):
             raise InputError(
                 f"{out.flag}={out.path} is also {flag}: writing it would replace the input; choose another {out.flag}"
+            )
+        if out.kind == "file" and path.is_dir() and _inside(out.path, path) and os.path.lexists(out.path):
+            raise InputError(
+                f"{out.flag}={out.path} is a file of {flag}={path}: writing it would replace part of the input; "
+                f"choose another {out.flag}"
+            )
+        if out.kind != "file" and not inputs_inside and _inside(path, out.path):
+            raise InputError(
+                f"{out.flag}={out.path} holds {flag}={path}: writing into it would replace the input; choose "
+                f"another {out.flag}"
             )
 
 
@@ -332,12 +349,13 @@ def _make_dirs(path: Path, created: list[Path]) -> None:
 @contextlib.contextmanager
 def claim(
     command: str,
-    files: Mapping[str, str | os.PathLike | None] | None = None,
+    files: Mapping[str, str | os.PathLike | Sequence[str | os.PathLike] | None] | None = None,
     dirs: Mapping[str, str | os.PathLike | None] | None = None,
     trees: Mapping[str, str | os.PathLike | None] | None = None,
     inputs: Mapping[str, Any] | None = None,
     derived: Mapping[str, Iterable[str]] | None = None,
     lock: bool = True,
+    inputs_inside: bool = True,
 ) -> Iterator[Claim]:
     """Check, lock and clean the outputs of a run of `bert COMMAND` for the duration of the block.
 
@@ -350,6 +368,8 @@ def claim(
         derived: {flag: suffixes} of files written beside a file output (e.g. {"--output_file":
             [".args.json"]}).
         lock: False checks the paths only (the other ranks of a distributed run).
+        inputs_inside: False refuses a directory output that holds one of the inputs (`bert convert` replaces
+            its files by name); training runs read what their own output directory holds when they resume.
 
     Raises:
         InputError: a path of the wrong kind, not writable, also an input, or in use by another run.
@@ -357,7 +377,7 @@ def claim(
     outs = []
     for kind, table in (("file", files or {}), ("dir", dirs or {}), ("tree", trees or {})):
         for flag, value in table.items():
-            values = value if isinstance(value, (list, tuple)) else [value]
+            values = [value] if value is None or isinstance(value, (str, os.PathLike)) else value
             for v in values:
                 if v is None or str(v) == "":
                     continue
@@ -366,7 +386,7 @@ def claim(
                 outs.append(Output(flag, path, kind, tuple(path.name + s for s in suffixes)))
     for out in outs:
         check_output(out)
-        check_not_an_input(out, inputs or {})
+        check_not_an_input(out, inputs or {}, inputs_inside)
     result = Claim(command, outs)
     held: list[tuple[str, Path]] = []
     try:

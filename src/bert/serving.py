@@ -90,6 +90,9 @@ class ApiError(Exception):
     """An HTTP error with TEI's body (OpenAI's, on the OpenAI routes)."""
 
     def __init__(self, status: int, message: str, error_type: str = VALIDATION, headers: dict | None = None):
+        # A message may quote the client's field names, whose JSON "\\ud800" escapes are lone surrogates that the
+        # UTF-8 body cannot hold: they are spelled out as escapes instead.
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         super().__init__(message)
         self.status = status
         self.message = message
@@ -294,20 +297,33 @@ class Batcher:
                 for job in batch:
                     self._finish(job, error=ApiError(500, f"internal error: {type(e).__name__}: {e}", BACKEND))
 
+    def _drop_gone(self) -> None:
+        """Drop the queued jobs whose client has gone (its handler was cancelled, and with it the job's
+        future), before the model sees them or their tokens are counted. Called holding the lock."""
+        gone = [job for job in self._queue if job.future.cancelled()]
+        if gone:
+            self._queue = deque(job for job in self._queue if not job.future.cancelled())
+            self._depth -= sum(len(job.inputs) for job in gone)
+
     def _next_batch(self) -> list[_Job] | None:
         with self._cond:
+            self._drop_gone()
             while not self._queue:
                 if self._closing:
                     return None
                 self._cond.wait()
+                self._drop_gone()
             wait = self.settings.max_wait_ms / 1000 if self._gather else 0.0
             deadline = self._queue[0].enqueued + wait
         while True:
             # Only this thread removes jobs, so the snapshot's head stays the queue's head; tokens are counted
             # outside the lock, which `submit` takes on the event loop.
             with self._cond:
+                self._drop_gone()
                 queued = list(self._queue)
                 closing = self._closing
+            if not queued:
+                return self._next_batch()
             count, full = self._fit(queued)
             remaining = deadline - time.monotonic()
             if full or closing or remaining <= 0:
@@ -1047,6 +1063,18 @@ def _kind_name(value: Any) -> str:
     )
 
 
+def _check_encodable(text: str, where: str) -> None:
+    """JSON's "\\ud800" escapes decode to lone surrogates, which no tokenizer or UTF-8 writer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ApiError(
+            422,
+            f"{where} holds a lone surrogate ({text[e.start]!r} at character {e.start}), which is not text; "
+            "send valid Unicode",
+        ) from None
+
+
 def _check_fields(body: dict, fields: Collection[str], where: str) -> None:
     """Refuse a field the route does not implement, naming it, rather than drop it."""
     for name in body:
@@ -1081,6 +1109,8 @@ def _inputs(value: Any, name: str, limit: int, ids: bool = True) -> tuple[list, 
         if isinstance(item, str) or (ids and _is_ids(item)):
             if not (item.strip() if isinstance(item, str) else item):
                 raise ApiError(400, f'"{name}"[{i}] is empty; give some text', EMPTY)
+            if isinstance(item, str):
+                _check_encodable(item, f'"{name}"[{i}]')
         else:
             raise ApiError(
                 422, f'"{name}"[{i}] must be {"a string or token ids" if ids else "a string"}, got {_kind_name(item)}'
@@ -1108,6 +1138,8 @@ def _pair_inputs(value: Any, limit: int) -> tuple[list[tuple[str, str | None]], 
             raise ApiError(422, f'"inputs"[{i}] must be [text] or [text, text_pair], got {json.dumps(item)[:80]}')
         if not item[0].strip():
             raise ApiError(400, f'"inputs"[{i}] has an empty text', EMPTY)
+        for j, text in enumerate(item):
+            _check_encodable(text, f'"inputs"[{i}][{j}]')
         out.append((item[0], item[1] if len(item) == 2 else None))
     return out, single
 
@@ -1142,9 +1174,36 @@ async def _read_json(request: Request, limit: int) -> dict:
         body = json.loads(b"".join(chunks))
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(422, f"the body is not valid JSON: {e}") from None
+    except RecursionError:
+        # The depth limit: json's parser stops at the interpreter's recursion limit (about 1000 levels).
+        raise ApiError(422, "the body is nested too deeply; send a flat JSON object") from None
     if not isinstance(body, dict):
         raise ApiError(422, f"the body must be a JSON object, got {_kind_name(body)}")
     return body
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[Response]) -> Response:
+    """Await `work` (a handler, its body read) unless the client goes first: then the handler is cancelled,
+    which cancels the future of its queued job, so the model thread drops it (`Batcher._drop_gone`)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise ClientDisconnect()
+    return task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client has closed the connection (the body has been read: the next ASGI message of
+    the request is its disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 # ---------------------------------------------------------------------------------------------- the app
@@ -1273,6 +1332,7 @@ class _Api:
             raise ApiError(422, f'"query" must be a string, got {_kind_name(query)}')
         if not query.strip():
             raise ApiError(400, '"query" is empty; give some text', EMPTY)
+        _check_encodable(query, '"query"')
         if not isinstance(body.get("texts"), list):
             raise ApiError(422, f'"texts" must be a list of strings, got {_kind_name(body.get("texts"))}')
         texts, _ = _inputs(body["texts"], "texts", self.settings.max_client_batch_size, ids=False)
@@ -1300,6 +1360,7 @@ class _Api:
             raise ApiError(422, f'"inputs.source_sentence" must be a string, got {_kind_name(source)}')
         if not source.strip():
             raise ApiError(400, '"inputs.source_sentence" is empty; give some text', EMPTY)
+        _check_encodable(source, '"inputs.source_sentence"')
         if not isinstance(inputs.get("sentences"), list):
             raise ApiError(
                 422, f'"inputs.sentences" must be a list of strings, got {_kind_name(inputs.get("sentences"))}'
@@ -1378,6 +1439,7 @@ class _Api:
                 if not isinstance(value, str) or not value.strip():
                     what = "is missing" if value is None else "must be a non-empty string"
                     raise ApiError(422, f'{where}"{name}" {what}')
+                _check_encodable(value, f'{where}"{name}"')
             pairs.append((item["question"], item["context"]))
         request.state.inputs = len(pairs)
         results, _ = await self._run(ANSWER, pairs)
@@ -1466,7 +1528,8 @@ class _Api:
                 body = await _read_json(request, self.settings.max_request_bytes) if post else None
                 if body is not None and e.handler != "dispatch":
                     _check_fields(body, e.fields, f"{e.method} {e.path}")
-                response = await handler(request, body)
+                work = handler(request, body)
+                response = await (_unless_disconnected(request, work) if post else work)
             except ApiError as error:
                 response, error_type = error.response(e.openai), error.error_type
             except ClientDisconnect:

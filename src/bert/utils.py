@@ -162,8 +162,19 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 def json_line(obj: object) -> str:
     """`obj` as one line of JSON with non-ASCII characters as they are, or escaped when a lone surrogate
-    would make the line unencodable as UTF-8."""
-    line = json.dumps(obj, ensure_ascii=False)
+    would make the line unencodable as UTF-8.
+
+    Raises:
+        InputError: `obj` holds NaN or infinity, which JSON has no spelling for (Python's bare `NaN` is not
+            JSON); a model that computes them is broken, so the output stops rather than lie.
+    """
+    try:
+        line = json.dumps(obj, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        raise InputError(
+            "a result holds NaN or infinity, which JSON cannot hold: the model's weights or its inputs overflow; "
+            "check the model (its weights must be finite numbers)"
+        ) from None
     return json.dumps(obj) if _LONE_SURROGATE.search(line) is not None else line
 
 
@@ -239,6 +250,15 @@ def text_size(path: str) -> int:
     return size
 
 
+def _read_error(e: BaseException) -> str:
+    """What went wrong reading a file, in words: gzip's EOFError of a file cut short has an empty message."""
+    if isinstance(e, EOFError):
+        return "it ends in the middle of its gzip stream: the file is cut short"
+    if isinstance(e, gzip.BadGzipFile):
+        return f"not a gzip file, though its name ends in .gz: {e}"
+    return str(e)
+
+
 def _open_binary(path: str):
     return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
@@ -265,6 +285,12 @@ def iter_lines(
         InputError: undecodable bytes with errors="strict", naming the file, line and byte.
     """
     line_no = 0  # lines before the current block
+    # utf-8-sig drops a BOM before decoding, and its errors' offsets then miss its 3 bytes (a bad byte on
+    # line 7 was reported on line 6): the BOM is dropped here instead, and the rest decoded as UTF-8.
+    bom = None
+    with contextlib.suppress(LookupError):
+        if codecs.lookup(encoding).name == "utf-8-sig":
+            bom, encoding = codecs.BOM_UTF8, "utf-8"
     try:
         f = _open_binary(path)
     except OSError as e:
@@ -275,7 +301,9 @@ def iter_lines(
             try:
                 block = f.read(_BLOCK_BYTES)
             except (OSError, EOFError, zlib.error) as e:
-                raise InputError(f"{path}: cannot read ({e}); is the file complete and not corrupt?") from e
+                raise InputError(
+                    f"{path}: cannot read ({_read_error(e)}); is the file complete and not corrupt?"
+                ) from e
             if not block:
                 data, rest = rest, b""
                 if not data:
@@ -287,6 +315,8 @@ def iter_lines(
                     rest = block
                     continue
                 data, rest = block[:cut], block[cut:]
+            if bom is not None:
+                data, bom = data.removeprefix(bom), None
             try:
                 text = data.decode(encoding, errors)
             except UnicodeDecodeError as e:
@@ -420,13 +450,20 @@ def shard_range(total: int, index: int, count: int) -> range:
 
 
 def count_lines(path: str) -> int:
-    """The number of lines `iter_lines(path)` yields (a last line without a newline counts)."""
+    """The number of lines `iter_lines(path)` yields (a last line without a newline counts).
+
+    Raises:
+        InputError: the file cannot be read, or a .gz file is cut short or not gzip.
+    """
     n = 0
     last = b"\n"
-    with _open_binary(path) as f:
-        while block := f.read(_BLOCK_BYTES):
-            n += block.count(b"\n")
-            last = block[-1:]
+    try:
+        with _open_binary(path) as f:
+            while block := f.read(_BLOCK_BYTES):
+                n += block.count(b"\n")
+                last = block[-1:]
+    except (OSError, EOFError, zlib.error) as e:
+        raise InputError(f"{path}: cannot read ({_read_error(e)}); is the file complete and not corrupt?") from None
     return n + (last != b"\n")
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from bert import __version__
 from bert.errors import InputError
 from bert.flags import CorpusArgs, same_as
+from bert.outputs import claim
 from bert.utils import atomic_write, expand_input_files, print_result
 from bert.vocab import UNUSED_BEFORE_UNK, build_vocab, vocab_layout
 
@@ -100,9 +101,6 @@ def _validate(args: BuildVocabArgs) -> tuple[list[str], list[str]]:
             f"--vocab_size={args.vocab_size} leaves no room for pieces after {reserved} special and unused "
             f"tokens; raise --vocab_size (BERT's is 30522) or lower --num_unused"
         )
-    output = Path(args.output_file)
-    if output.is_dir():
-        raise InputError(f"--output_file={args.output_file} is a directory; give a file name, e.g. {output}/vocab.txt")
     inputs = expand_input_files(args.input_file)
     heldout = expand_input_files(args.heldout_file, "--heldout_file") if args.heldout_file else []
     return inputs, heldout
@@ -111,6 +109,14 @@ def _validate(args: BuildVocabArgs) -> tuple[list[str], list[str]]:
 def run_build_vocab(args: BuildVocabArgs) -> dict[str, Any]:
     """Write the vocab to `args.output_file` and its statistics beside it; returns the statistics."""
     inputs, heldout = _validate(args)
+    outputs: list[str | Path] = [args.output_file, stats_path(args.output_file)]
+    with claim(
+        "build-vocab", files={"--output_file": outputs}, inputs={"--input_file": inputs, "--heldout_file": heldout}
+    ):
+        return _build(args, inputs, heldout)
+
+
+def _build(args: BuildVocabArgs, inputs: list[str], heldout: list[str]) -> dict[str, Any]:
     start = time.time()
     tokens, stats = build_vocab(
         inputs,

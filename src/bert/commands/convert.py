@@ -70,7 +70,8 @@ def run_convert(args: ConvertArgs) -> dict:
     The files appear in `--output` only once all of them are written (see `bert.outputs.staged_directory`).
     """
     inputs = {"--input": args.input, "--bert_config_file": args.bert_config_file, "--vocab_file": args.vocab_file}
-    with claim("convert", dirs={"--output": args.output}, inputs=inputs):
+    # Files of --output are replaced by name: a directory holding the input would lose it half-way.
+    with claim("convert", dirs={"--output": args.output}, inputs=inputs, inputs_inside=False):
         result = _convert(args)
     random = f"; {len(result['random'])} randomly initialised weights (--add_heads)" if result["random"] else ""
     carried = ", ".join(result["sentence_transformers"])

@@ -19,6 +19,7 @@ import numpy as np
 
 from bert.errors import InputError
 from bert.flags import EMBEDDING_PRECISIONS, POOLINGS, InferenceArgs, ShardArgs
+from bert.outputs import claim
 from bert.tasks.glue import LONG_DOCUMENT
 from bert.utils import (
     count_lines,
@@ -148,6 +149,15 @@ def run_embed(args: EmbedArgs) -> dict[str, Any]:
     the embeddings themselves), so their float32 vectors wait in a temporary file until the last line is
     embedded, then are quantized chunk by chunk."""
     _check_flags(args)
+    output_file = args.output_file
+    if args.num_shards > 1:  # each shard claims and writes its own file
+        output_file = shard_file(args.output_file, args.shard_index, args.num_shards)
+    inputs = {"--input_file": args.input_file, "--model": args.model}
+    with claim("embed", files={"--output_file": output_file}, inputs=inputs):
+        return _run(args, output_file)
+
+
+def _run(args: EmbedArgs, output_file: str | None) -> dict[str, Any]:
     settings = args.predictor_settings()
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
     from bert.inference import CHUNK_LINES, EMBEDDINGS, Predictor, cosine_similarity, map_input_lines
@@ -162,9 +172,6 @@ def run_embed(args: EmbedArgs) -> dict[str, Any]:
         raise InputError(f"--dimensions={dim} is more than the model's {predictor.config.hidden_size}")
     calibrate = args.precision in ("int8", "uint8")
     name = args.input_file or "<stdin>"
-    output_file = args.output_file
-    if args.num_shards > 1:
-        output_file = shard_file(args.output_file, args.shard_index, args.num_shards)
     with readable_input(args.input_file) as path:
         lines = shard_range(count_lines(path), args.shard_index, args.num_shards)
         total = len(lines)

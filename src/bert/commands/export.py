@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from bert.flags import EXPORT_FORMATS, QUANTIZE_CHOICES
+from bert.outputs import claim
 from bert.utils import atomic_write, print_result
 
 
@@ -46,6 +47,19 @@ class ExportArgs:
 def run_export(args: ExportArgs) -> dict:
     """Export, check and write; returns what `bert.export.export` returns. Records the args and the check's
     result in OUTPUT.args.json."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.export import SIDECAR_FILES, output_path
+
+    out = output_path(args.output, args.format)
+    # The files written beside the export are outputs too: exporting into the model's own directory would
+    # replace its config.json and tokenizer files.
+    beside = [out.parent / name for name in ("config.json", *SIDECAR_FILES)]
+    files = {"--output": [out, *beside]}
+    with claim("export", files=files, inputs={"--model": args.model}, derived={"--output": [".args.json"]}):
+        return _export(args)
+
+
+def _export(args: ExportArgs) -> dict:
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
     from bert.export import export
 

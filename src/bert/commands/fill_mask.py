@@ -9,6 +9,7 @@ from typing import Any
 
 from bert.errors import InputError
 from bert.flags import InferenceArgs
+from bert.outputs import claim
 from bert.utils import count_lines, json_line, output_file_or_stdout, print_result, readable_input
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,12 @@ class FillMaskArgs(InferenceArgs):
 
 def run_fill_mask(args: FillMaskArgs) -> dict[str, Any]:
     """Fill the masks of every input line; returns {"lines", "masks", "output_file"}."""
+    inputs = {"--input_file": args.input_file, "--model": args.model}
+    with claim("fill-mask", files={"--output_file": args.output_file}, inputs=inputs):
+        return _run(args)
+
+
+def _run(args: FillMaskArgs) -> dict[str, Any]:
     if args.top_k < 1:
         raise InputError(f"--top_k={args.top_k} must be at least 1")
     settings = args.predictor_settings()

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from bert.errors import InputError
-from bert.plotting import CURVES_NAME, plot_runs
+from bert.outputs import claim
+from bert.plotting import CURVES_NAME, EVAL_RESULTS_NAME, METRICS_NAME, plot_runs
 
 
 @dataclass
@@ -44,7 +45,10 @@ def run_plot(args: PlotArgs) -> dict[str, Any]:
     if output.suffix.lower() != ".png":
         raise InputError(f"--output_file={output}: the picture is a PNG; give a name ending in .png")
     names = [s.strip() for s in args.names.split(",")] if args.names else None
-    record = plot_runs(args.run_dirs, output, names)
+    # The files read, not the run directories: the default output is a file of the (only) run directory.
+    read = [Path(d) / name for d in args.run_dirs for name in (METRICS_NAME, EVAL_RESULTS_NAME)]
+    with claim("plot", files={"--output_file": [output, output.with_suffix(".json")]}, inputs={"RUN_DIR": read}):
+        record = plot_runs(args.run_dirs, output, names)
     runs = ", ".join(r["label"] for r in record["runs"])
     print(f"wrote {output} ({runs}; the series drawn: {output.with_suffix('.json')})")
     return record

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from bert.errors import InputError
 from bert.flags import InferenceArgs
+from bert.outputs import claim
 from bert.tasks.common import CLASSIFICATION, MULTIPLE_CHOICE, NER, QUESTION_ANSWERING
 from bert.tasks.glue import LONG_DOCUMENT, WINDOW_POOLINGS
 from bert.utils import count_lines, json_line, output_file_or_stdout, print_result, readable_input
@@ -90,6 +91,12 @@ def _predict(predictor: Predictor, records: list, args: PredictArgs) -> list[dic
 
 def run_predict(args: PredictArgs) -> dict[str, Any]:
     """Predict every input line; returns {"lines", "task", "output_file"}."""
+    inputs = {"--input_file": args.input_file, "--model": args.model}
+    with claim("predict", files={"--output_file": args.output_file}, inputs=inputs):
+        return _run(args)
+
+
+def _run(args: PredictArgs) -> dict[str, Any]:
     if args.top_k < 0:
         raise InputError(f"--top_k={args.top_k} must be 0 (all labels) or more")
     settings = args.predictor_settings()

@@ -18,6 +18,7 @@ from typing import Any
 
 from bert.errors import InputError
 from bert.flags import InferenceArgs
+from bert.outputs import claim
 from bert.utils import count_lines, iter_lines, json_line, output_file_or_stdout, print_result, progress, readable_input
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,12 @@ def _read_record(line: str, name: str, number: int) -> tuple[str, list[str]]:
 
 def run_rerank(args: RerankArgs) -> dict[str, Any]:
     """Rerank every input line; returns {"lines", "documents", "output_file"}."""
+    inputs = {"--input_file": args.input_file, "--model": args.model}
+    with claim("rerank", files={"--output_file": args.output_file}, inputs=inputs):
+        return _run(args)
+
+
+def _run(args: RerankArgs) -> dict[str, Any]:
     if args.top_k is not None and args.top_k < 1:
         raise InputError(f"--top_k={args.top_k} must be at least 1 (leave it out for all documents)")
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.

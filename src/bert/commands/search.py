@@ -18,6 +18,7 @@ import numpy as np
 from bert.commands.embed import EmbedArgs
 from bert.errors import InputError
 from bert.flags import InferenceArgs, same_as
+from bert.outputs import claim
 from bert.utils import json_line, output_file_or_stdout, print_result, progress, readable_input
 
 if TYPE_CHECKING:
@@ -91,6 +92,17 @@ def _chunks(items: list, size: int):
 
 def run_search(args: SearchArgs) -> dict[str, Any]:
     """Search the corpus for every query; returns {"queries", "documents", "output_file"}."""
+    inputs = {
+        "--corpus": args.corpus,
+        "--queries": args.queries,
+        "--corpus_embeddings": args.corpus_embeddings,
+        "--model": args.model,
+    }
+    with claim("search", files={"--output_file": args.output_file}, inputs=inputs):
+        return _run(args)
+
+
+def _run(args: SearchArgs) -> dict[str, Any]:
     if args.top_k < 1:
         raise InputError(f"--top_k={args.top_k} must be at least 1")
     if args.output_format not in OUTPUT_FORMATS:

@@ -7,12 +7,16 @@ every worker process).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
+import errno
 import http.client
 import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -24,7 +28,7 @@ from bert.commands.embed import EmbedArgs
 from bert.errors import InputError
 from bert.flags import InferenceArgs, same_as
 from bert.tasks.common import CLASSIFICATION, FILL_MASK, NER, QUESTION_ANSWERING
-from bert.utils import LOG_FORMAT
+from bert.utils import LOG_FORMAT, exit_with_parent
 
 try:  # the `serve` extra; without it `bert --help` still lists the command and `bert serve` says what to install
     import uvicorn
@@ -40,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 # The flags, as JSON, for the worker processes of --workers > 1.
 ARGS_ENVIRONMENT = "BERT_SERVE_ARGS"
+# The pid of the `bert serve` process, which its --workers processes watch.
+PARENT_ENVIRONMENT = "BERT_SERVE_PARENT"
 
 
 @dataclass
@@ -125,6 +131,47 @@ def _check(args: ServeArgs) -> None:
         raise InputError(f"--port={args.port} must be between 0 and 65535")
 
 
+def _check_address(args: ServeArgs) -> None:
+    """Bind --host:--port once before the model loads, as uvicorn will (SO_REUSEADDR): a port in use is one
+    line naming it, not uvicorn's log and exit code."""
+    if args.check or args.port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise InputError(
+            f"--host={args.host} is not an address ({e.strerror}); use e.g. 127.0.0.1 or 0.0.0.0"
+        ) from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise InputError(
+                    f"--port={args.port}: {args.host}:{args.port} is already in use (another server?); choose "
+                    "another --port, or stop what listens there"
+                ) from None
+            if e.errno == errno.EACCES:
+                raise InputError(f"--port={args.port}: permission denied; ports below 1024 need root") from None
+            raise InputError(f"--host={args.host} --port={args.port}: cannot listen there ({e.strerror})") from None
+
+
+# glibc's mallopt parameter M_MMAP_THRESHOLD (malloc.h).
+_M_MMAP_THRESHOLD = -3
+
+
+def _return_freed_tensors() -> None:
+    """Fix glibc's mmap threshold at 1 MB, so that every activation tensor of a batch is its own mapping,
+    given back to the system when freed. glibc otherwise raises the threshold after the first large free
+    and serves later tensors, of ever-changing shapes, from its heap, which fragments: measured with
+    `bench/soak.py`, the server's memory kept growing round after round under a steady load. No-op where
+    the C library is not glibc."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+
+
 def _check_prompt(predictor: Predictor, name: str | None) -> None:
     try:
         predictor.resolve_prompt(name)
@@ -140,6 +187,7 @@ def build_app(args: ServeArgs) -> Starlette:
     from bert.inference import Predictor
     from bert.serving import ServeSettings, create_app
 
+    _return_freed_tensors()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     torch.set_num_threads(args.threads or max(1, cores // args.workers))
     predictor = Predictor.from_pretrained(
@@ -196,7 +244,9 @@ def log_requests() -> Callable[[], None]:
 
 
 def app_from_environment() -> Starlette:
-    """The app of a --workers process: uvicorn calls this factory in each one."""
+    """The app of a --workers process: uvicorn calls this factory in each one. The worker exits when the
+    `bert serve` process that started it is gone (a SIGKILLed parent would leave it holding the port)."""
+    exit_with_parent(int(os.environ[PARENT_ENVIRONMENT]))
     log_requests()
     return build_app(ServeArgs(**json.loads(os.environ[ARGS_ENVIRONMENT])))
 
@@ -284,6 +334,7 @@ def run_serve(args: ServeArgs) -> dict[str, Any]:
     if uvicorn is None:
         raise InputError(f"bert serve needs {_MISSING}, which is not installed; pip install 'bert[serve]'")
     _check(args)
+    _check_address(args)
     if args.check:
         # Each answer once: the request log would repeat every one of them.
         return {"check": check_routes(build_app(args), args.api_key)}
@@ -315,6 +366,7 @@ def _serve(args: ServeArgs) -> dict[str, Any]:
             predictor = Predictor.from_pretrained(args.model, "cpu", max_seq_length=args.max_seq_length)
             _check_prompt(predictor, args.default_prompt_name)
             os.environ[ARGS_ENVIRONMENT] = json.dumps(dataclasses.asdict(args))
+            os.environ[PARENT_ENVIRONMENT] = str(os.getpid())
             uvicorn.run(f"{__name__}:app_from_environment", factory=True, workers=args.workers, **options)
     finally:
         signal.signal(signal.SIGTERM, previous)
