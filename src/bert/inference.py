@@ -73,6 +73,7 @@ from bert.modeling import (
     BertForSequenceClassification,
     BertForTokenClassification,
     BertModel,
+    pool_tokens,
 )
 from bert.quantization import quantize_model
 from bert.tasks.common import pad_2d
@@ -805,15 +806,7 @@ class Predictor:
         def pool(ids, mask, types, idx):
             out = self.encoder(ids, mask, types)
             hidden = out.sequence_output.float()  # [B, T, H]
-            if pooling == "cls":
-                vectors = hidden[:, 0]
-            elif pooling == "pooler":
-                vectors = out.pooled_output.float()
-            elif pooling == "mean":
-                m = mask[:, :, None].to(hidden.dtype)  # [B, T, 1]
-                vectors = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
-            else:
-                vectors = hidden.masked_fill(mask[:, :, None] == 0, -1e9).max(1).values
+            vectors = out.pooled_output.float() if pooling == "pooler" else pool_tokens(hidden, mask, pooling)
             if normalize:
                 vectors = F.normalize(vectors, p=2, dim=1)
             return list(vectors.cpu().numpy())
