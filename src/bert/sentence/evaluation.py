@@ -34,8 +34,9 @@ def truncate(x: np.ndarray, dim: int | None) -> np.ndarray:
 
 
 def sts_metrics(a: np.ndarray, b: np.ndarray, scores: Sequence[float]) -> dict[str, float]:
-    """Pearson and Spearman correlations of the pairs' cosine similarities with the gold scores."""
-    cos = np.sum(normalize(a) * normalize(b), axis=1)
+    """Pearson and Spearman correlations of the pairs' cosine similarities with the gold scores (in float64:
+    the cosines of a barely trained model differ in their last float32 digits)."""
+    cos = np.sum(normalize(a.astype(np.float64)) * normalize(b.astype(np.float64)), axis=1)
     return {"pearson": pearson(cos, np.asarray(scores)), "spearman": spearman(cos, np.asarray(scores))}
 
 
