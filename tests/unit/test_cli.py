@@ -127,6 +127,7 @@ DIFFERENT_ON_PURPOSE = {
     "keep_checkpoint_max": ({"default"}, "fine-tuning checkpoints are resumption points; the model is exported"),
     "log_every": ({"default"}, "pre-training runs 100,000s of steps, fine-tuning hundreds"),
     "output_dir": ({"default"}, "quickstart runs with no flags at all"),
+    "loss": ({"help", "choices"}, "a bi-encoder and a cross-encoder train with different losses"),
 }
 
 

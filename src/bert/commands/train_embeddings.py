@@ -18,7 +18,7 @@ from typing import Any
 
 from bert.finetune import FinetuneArgs
 from bert.flags import ModelArgs, TrainingArgs, same_as
-from bert.sentence.runner import EMBEDDING_LOSSES, train_embeddings
+from bert.sentence.runner import EMBEDDING_LOSSES, summary, train_embeddings
 
 
 @dataclass(kw_only=True)
@@ -102,4 +102,6 @@ class TrainEmbeddingsArgs(SentenceTrainingArgs):
 
 def run_train_embeddings(args: TrainEmbeddingsArgs) -> dict[str, Any]:
     """Train and/or evaluate (see the module docstring); returns the runner's summary."""
-    return train_embeddings(args)
+    result = train_embeddings(args)
+    print(summary(result))
+    return result

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert.commands.train_embeddings import SentenceTrainingArgs
-from bert.sentence.runner import RERANKER_LOSSES, train_reranker
+from bert.sentence.runner import RERANKER_LOSSES, summary, train_reranker
 
 
 @dataclass(kw_only=True)
@@ -54,4 +54,6 @@ class TrainRerankerArgs(SentenceTrainingArgs):
 
 def run_train_reranker(args: TrainRerankerArgs) -> dict[str, Any]:
     """Train and/or evaluate (see the module docstring); returns the runner's summary."""
-    return train_reranker(args)
+    result = train_reranker(args)
+    print(summary(result))
+    return result

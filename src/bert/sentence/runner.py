@@ -493,6 +493,15 @@ def evaluate_embeddings(predictor: Predictor, data: TrainingData | Corpus, dims:
     return {f"eval_{k}": v for k, v in scores.items()}
 
 
+def summary(result: dict[str, Any]) -> str:
+    """The lines a command ends with: the model written, the steps, the final evaluation."""
+    lines = [f"model: {Path(result['output_dir']) / MODEL_DIR} (step {result['global_step']})"]
+    for key, value in sorted(result.get("eval", {}).items()):
+        if key != "global_step" and "dim" not in key:
+            lines.append(f"  {key} = {value:.4f}")
+    return "\n".join(lines)
+
+
 def train_embeddings(args: Any) -> dict[str, Any]:
     """Train and/or evaluate a sentence-embedding model (see the module docstring)."""
     return _run(EmbeddingRun, args)
