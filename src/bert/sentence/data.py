@@ -279,9 +279,12 @@ class BatchPlan:
         return [order[i : i + self.batch_size] for i in range(0, n, self.batch_size)]
 
     def _dedup(self, order: np.ndarray) -> list[np.ndarray]:
-        batches, waiting = [], list(order)
+        batches: list[np.ndarray] = []
+        waiting = [int(i) for i in order]
         while len(waiting) >= self.batch_size:
-            batch, seen, rest = [], set(), []
+            batch: list[int] = []
+            seen: set[str] = set()
+            rest: list[int] = []
             for j, i in enumerate(waiting):
                 if len(batch) == self.batch_size:
                     rest.extend(waiting[j:])

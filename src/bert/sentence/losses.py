@@ -147,7 +147,9 @@ def cached_mnrl_backward(
     n = num_columns * len(chunks)
     k = 0
     for c in range(num_columns):
-        grad = columns[c].grad * grad_scale
+        grad = columns[c].grad
+        assert grad is not None  # the loss reads every column
+        grad = grad * grad_scale
         for rows, state in zip(chunks, rng[c]):
             k += 1
             ctx = no_sync() if no_sync is not None and k < n else contextlib.nullcontext()

@@ -276,7 +276,7 @@ class _Run:
             chunk_end = self.total_steps
             if self.evaluate_during_training:
                 chunk_end = min(self.total_steps, (step // args.eval_every_steps + 1) * args.eval_every_steps)
-            batches = training.prefetch(self.batches(step), pin=dist.device.type == "cuda")
+            batches: Any = training.prefetch(self.batches(step), pin=dist.device.type == "cuda")
             try:
                 last = trainer.train(
                     batches,
@@ -313,7 +313,7 @@ class _Run:
             if dist.is_main:
                 history.save()
                 _log_eval(self.output_dir, step, metrics)
-                best = history.best()
+                best: Any = history.best()
                 logger.info(
                     "step %d: %s = %.6g (best at step %d)", step, self.metric, metrics[self.metric], best["step"]
                 )
@@ -449,6 +449,7 @@ class EmbeddingRun(_Run):
             source=self.args.output_dir,
         )
         was_training = self.model.training
+        assert self.eval_data is not None  # checked with the flags
         try:
             return evaluate_embeddings(predictor, self.eval_data, self.dims)
         finally:
@@ -611,6 +612,7 @@ class RerankerRun(_Run):
 
     def evaluate(self) -> dict[str, float]:
         args, corpus = self.args, self.eval_data
+        assert corpus is not None  # checked with the flags
         retriever = Predictor.from_pretrained(args.eval_retriever or args.mine_negatives, device=args.device)
         qids, dids = list(corpus.queries), list(corpus.documents)
         q = retriever.embed([corpus.queries[i] for i in qids], batch_size=args.eval_batch_size)
