@@ -15,7 +15,7 @@ from bert.commands.train_reranker import TrainRerankerArgs, run_train_reranker
 from bert.inference import Predictor
 from bert.sentence.data import TrainingData, read_beir
 from bert.sentence.runner import mine_negatives
-from conftest import args_for, cli_error, model_flags, read_metrics, read_results
+from conftest import args_for, cli_error, model_flags, read_metrics, read_results, read_weights
 
 st = pytest.importorskip("sentence_transformers", reason="sentence-transformers is the oracle (test extra)")
 scipy_stats = pytest.importorskip("scipy.stats", reason="scipy comes with sentence-transformers")
@@ -194,3 +194,39 @@ def test_flag_errors_are_one_line(model_files, tmp_path, capsys):
     err = cli_error(capsys, "train-reranker", *flags)
     assert "--mine_negatives" in err
     assert not (tmp_path / "out" / "args.json").exists()
+
+
+def test_cached_mnrl_trains_the_weights_mnrl_trains(model_files, tmp_path):
+    """Dropout off: gradient caching in mini-batches of 2 gives the weights of the plain loss on batches of 4;
+    rerunning a finished run trains nothing more."""
+    config = json.loads(model_files[0].read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_dropout_prob": 0.0}))
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(
+        "".join(json.dumps([f"question on {t}", f"an answer about {t}", f"a note on {t}"]) + "\n" for t in TOPICS)
+    )
+    weights = {}
+    for loss in ("mnrl", "cached_mnrl"):
+        args = args_for(
+            TrainEmbeddingsArgs,
+            model_files,
+            tmp_path / loss,
+            bert_config_file=str(tmp_path / "config.json"),
+            train_file=str(pairs),
+            do_train=True,
+            train_batch_size=4,
+            num_train_epochs=1.0,
+            learning_rate=1e-3,
+            loss=loss,
+            mini_batch_size=2,
+        )
+        assert run_train_embeddings(args)["global_step"] == 2
+        weights[loss] = read_weights(tmp_path / loss / "model")
+    assert weights["mnrl"].keys() == weights["cached_mnrl"].keys()
+    start = {k.removeprefix("bert."): v for k, v in read_weights(model_files[2]).items()}
+    for name, value in weights["mnrl"].items():
+        np.testing.assert_allclose(weights["cached_mnrl"][name].numpy(), value.numpy(), atol=1e-5, err_msg=name)
+    assert weights["mnrl"].keys() <= start.keys()
+    assert any(not np.allclose(v.numpy(), start[k].numpy()) for k, v in weights["mnrl"].items())  # it trained
+    again = run_train_embeddings(args)
+    assert again["global_step"] == 2 and "train" not in again

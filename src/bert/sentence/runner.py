@@ -329,6 +329,10 @@ class EmbeddingRun(_Run):
     command = "train-embeddings"
     model_class = BertModel
 
+    def model_kwargs(self) -> dict[str, Any]:
+        # Pooling reads the last layer; an untrained pooler would have no optimizer state to resume.
+        return {"add_pooling_layer": False}
+
     def __init__(self, args: Any, dist: training.DistContext):
         _check_common(args, EMBEDDING_LOSSES)
         super().__init__(args, dist)
