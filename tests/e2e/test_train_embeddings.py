@@ -230,3 +230,11 @@ def test_cached_mnrl_trains_the_weights_mnrl_trains(model_files, tmp_path):
     assert any(not np.allclose(v.numpy(), start[k].numpy()) for k, v in weights["mnrl"].items())  # it trained
     again = run_train_embeddings(args)
     assert again["global_step"] == 2 and "train" not in again
+
+
+def test_an_unknown_best_metric_is_refused_before_training(model_files, tmp_path, capsys):
+    beir = beir_dir(tmp_path / "beir")
+    flags = [*model_flags(model_files, tmp_path / "out"), f"--train_file={beir}", f"--eval_file={beir}", "--do_train"]
+    err = cli_error(capsys, "train-embeddings", *flags, "--train_batch_size=4", "--metric_for_best_model=eval_f1")
+    assert "eval_ndcg@10" in err and "eval_map@100" in err
+    assert not (tmp_path / "out" / "args.json").exists()

@@ -24,6 +24,10 @@ TOP_K = max(*RECALL_AT, MAP_AT)
 _CHUNK = 1024
 
 
+RANKING_KEYS = (f"mrr@{MRR_AT}", f"ndcg@{NDCG_AT}", *(f"recall@{k}" for k in RECALL_AT), f"map@{MAP_AT}")
+STS_KEYS = ("pearson", "spearman")
+
+
 def normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
@@ -74,10 +78,8 @@ def ranking_metrics(ranked: Sequence[Sequence[str]], relevant: Sequence[Mapping[
         ranks = np.flatnonzero(hits[:MAP_AT])
         precisions = (np.arange(len(ranks)) + 1) / (ranks + 1)
         ap.append(float(precisions.sum()) / min(len(rel), MAP_AT))
-    out = {f"mrr@{MRR_AT}": float(np.mean(mrr)), f"ndcg@{NDCG_AT}": float(np.mean(ndcg))}
-    out.update({f"recall@{k}": float(np.mean(v)) for k, v in recall.items()})
-    out[f"map@{MAP_AT}"] = float(np.mean(ap))
-    return out
+    values = [np.mean(mrr), np.mean(ndcg), *(np.mean(recall[k]) for k in RECALL_AT), np.mean(ap)]
+    return {k: float(v) for k, v in zip(RANKING_KEYS, values)}
 
 
 def retrieval_metrics(

@@ -176,7 +176,17 @@ class _Run:
                 "training steps; use a smaller batch or more epochs"
             )
         self.metric = args.metric_for_best_model or self.default_metric
+        names = self.metric_names()
+        if args.metric_for_best_model is not None and self.metric not in names:
+            raise InputError(
+                f"--metric_for_best_model={self.metric} is not an evaluation result of `bert {self.command}` on "
+                f"{args.eval_file}; use one of {', '.join(names)}"
+            )
         self.history = EvalHistory(self.output_dir / "eval_history.json", self.metric, args.early_stopping_patience)
+
+    def metric_names(self) -> list[str]:
+        """The keys `evaluate` returns."""
+        raise NotImplementedError
 
     # Subclasses: the model's constructor keywords, the training data, the loss, evaluation, export files.
     def model_kwargs(self) -> dict[str, Any]:
@@ -304,11 +314,6 @@ class _Run:
         due = step > 0 and (step % max(args.eval_every_steps, 1) == 0 or step == self.total_steps)
         if self.evaluate_during_training and due and not history.evaluated(step):
             metrics = self.evaluate()
-            if self.metric not in metrics:
-                raise InputError(
-                    f"--metric_for_best_model={self.metric} is not an evaluation result here; use one of "
-                    f"{', '.join(sorted(metrics))}"
-                )
             stop = history.add(step, metrics)
             if dist.is_main:
                 history.save()
@@ -373,6 +378,11 @@ class EmbeddingRun(_Run):
             self.scores = np.asarray(self.data.scores, dtype=np.float32) / args.score_scale
         self.plan = BatchPlan(self.data, args.train_batch_size, args.seed, no_duplicates=not scored_loss)
         self.setup_training(self.plan.batches_per_epoch())
+
+    def metric_names(self) -> list[str]:
+        keys = evaluation.STS_KEYS if isinstance(self.eval_data, TrainingData) else evaluation.RANKING_KEYS
+        prefixes = ["", *(f"dim{d}_" for d in self.dims if d < self.files.config.hidden_size)]
+        return [f"eval_{p}{k}" for p in prefixes for k in keys]
 
     def prepare(self) -> None:
         if self.data is None:
@@ -567,6 +577,9 @@ class RerankerRun(_Run):
 
     def model_kwargs(self) -> dict[str, Any]:
         return {"num_labels": 1}
+
+    def metric_names(self) -> list[str]:
+        return [f"eval_{p}{k}" for p in ("", "retriever_") for k in evaluation.RANKING_KEYS]
 
     def prepare(self) -> None:
         if self.data is None:
