@@ -80,6 +80,18 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "run_classify",
         "sentence (pair) classification and regression: GLUE, XNLI, own files (run_classifier.py)",
     ),
+    "train-embeddings": (
+        "bert.commands.train_embeddings",
+        "TrainEmbeddingsArgs",
+        "run_train_embeddings",
+        "train a sentence-embedding model (bi-encoder): MNRL, CoSENT, Matryoshka; sentence-transformers output",
+    ),
+    "train-reranker": (
+        "bert.commands.train_reranker",
+        "TrainRerankerArgs",
+        "run_train_reranker",
+        "train a reranker (cross-encoder) on queries with positives and (mined) negatives",
+    ),
     "ner": (
         "bert.commands.ner",
         "NerArgs",

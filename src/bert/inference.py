@@ -80,6 +80,7 @@ from bert.modeling import (
     BertForSequenceClassification,
     BertForTokenClassification,
     BertModel,
+    pool_tokens,
 )
 from bert.quantization import quantize_model
 from bert.tasks.common import (
@@ -1112,15 +1113,8 @@ class Predictor:
             raise InputError(f"dimensions={dimensions} must be between 1 and the model's {hidden_size}")
 
         def pool(hidden, mask, attention_mask, out):
-            if pooling == "cls":
-                vectors = hidden[torch.arange(len(hidden)), mask.argmax(1)]  # the first pooled position
-            elif pooling == "pooler":
-                vectors = out.pooled_output.float()
-            elif pooling == "mean":
-                m = mask[:, :, None].to(hidden.dtype)  # [B, T, 1]
-                vectors = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
-            else:
-                vectors = hidden.masked_fill(mask[:, :, None] == 0, -1e9).max(1).values
+            # mask: the tokens pooled (without the prompt's when the model's pooling excludes it)
+            vectors = out.pooled_output.float() if pooling == "pooler" else pool_tokens(hidden, mask, pooling)
             vectors = vectors[:, :dimensions]
             if normalize:
                 vectors = F.normalize(vectors, p=2, dim=1)

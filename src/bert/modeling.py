@@ -751,6 +751,23 @@ MODEL_CLASSES = {
 }
 
 
+SENTENCE_POOLINGS = ("mean", "cls", "max")
+
+
+def pool_tokens(sequence_output: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
+    """One vector per sequence from the last layer [B, T, H] -> [B, H], as sentence-transformers' Pooling:
+    "mean" over the real tokens ([CLS] and [SEP] included), "cls" (position 0) or "max" (element-wise over
+    the real tokens). `bert embed` and `bert train-embeddings` both pool here."""
+    if pooling == "cls":
+        return sequence_output[:, 0]
+    if pooling == "mean":
+        m = attention_mask[:, :, None].to(sequence_output.dtype)  # [B, T, 1]
+        return (sequence_output * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    if pooling == "max":
+        return sequence_output.masked_fill(attention_mask[:, :, None] == 0, -1e9).max(1).values
+    raise ValueError(f"pooling={pooling!r} must be one of {', '.join(SENTENCE_POOLINGS)}")
+
+
 def num_parameters(model: nn.Module) -> int:
     """Distinct parameters (the tied MLM decoder counted once)."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())

@@ -650,15 +650,16 @@ def export_model(
     path: str | os.PathLike,
     vocab_file: str | None = None,
     do_lower_case: bool | None = None,
-    extra_files: dict[str, dict] | None = None,
+    extra_files: dict[str, Any] | None = None,
 ) -> Path:
     """Write weights only (native layout, loadable with `from_pretrained`) to `path`, atomically, with
-    `extra_files` ({name: JSON object}) beside them."""
+    `extra_files` ({relative path: JSON value}) beside them."""
     path = Path(path)
     check_finite_weights(model.state_dict(), f"the model to export to {path}")
     with atomic_directory(path) as tmp:
         save_pretrained(model, tmp, vocab_file=vocab_file, do_lower_case=do_lower_case)
         for name, obj in (extra_files or {}).items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / name).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path
 
@@ -853,7 +854,7 @@ class Trainer:
         model.load_state_dict(model_state)
         return model
 
-    def export_model(self, path: str | os.PathLike, extra_files: dict[str, dict] | None = None) -> Path | None:
+    def export_model(self, path: str | os.PathLike, extra_files: dict[str, Any] | None = None) -> Path | None:
         """Weights only, in the native layout (collective: call on every rank; rank 0 writes)."""
         model_state = self._model_state()
         self._check_finite(model_state, f"step {self.global_step}: the model to export to {path}")

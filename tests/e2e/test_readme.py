@@ -8,9 +8,9 @@ README's, on small substitutes:
 
 - `$BERT_BASE_DIR` (`uncased_L-12_H-768_A-12/`) and `$BERT_CASED_DIR` are the tiny checkpoint the
   original TensorFlow code wrote (`bert/data/demo`: 2 layers, hidden 32, 64 positions, 99 tokens);
-- `$GLUE_DIR/MRPC`, `$SQUAD_DIR` (train and dev files, cut from SQuAD 2.0 dev), `conll2003/`,
-  `swagaf/data/`, `corpus/`, `retrieval/squad-dev/`, `sample_text.txt`, `input.txt`: a few rows of the
-  real data (SWAG: the hand-written fixtures).
+- `$GLUE_DIR/MRPC`, `$GLUE_DIR/STS-B`, `retrieval/squad-dev` (BEIR, a few documents a split), `$SQUAD_DIR`
+  (train and dev files, cut from SQuAD 2.0 dev), `conll2003/`, `swagaf/data/`, `corpus/`,
+  `sample_text.txt`, `input.txt`: a few rows of the real data (SWAG: the hand-written fixtures).
 
 Work is cut by appending flags (the last value of a flag wins): `CUTS`, to every command that has the
 flag, and `COMMAND_CUTS`. So the recipe of a new command runs here with no change to this file, and a
@@ -125,6 +125,32 @@ def _classification_data(work: Path) -> None:
         (work / "topics" / f"{name}.tsv").write_text("\n".join(tagged) + "\n", encoding="utf-8")
 
 
+def _sentence_data(work: Path) -> None:
+    """`$GLUE_DIR/STS-B` (a few rows) and `retrieval/squad-dev` cut to two queries of each of six documents
+    per split (mining 4 negatives needs 5 other documents)."""
+    sts = work / "glue" / "STS-B"
+    sts.mkdir(parents=True)
+    for name, rows in (("train", 16), ("dev", 8)):
+        (sts / f"{name}.tsv").write_text(_lines_of(shared_path("data", "glue", "STS-B", f"{name}.tsv"), rows + 1))
+    src, dst = shared_path("data", "retrieval", "squad-dev"), work / "retrieval" / "squad-dev"
+    (dst / "qrels").mkdir(parents=True)
+    kept_queries, kept_docs = set(), set()
+    for split in ("train", "dev", "test"):
+        header, *rows = (src / "qrels" / f"{split}.tsv").read_text(encoding="utf-8").splitlines()
+        per_doc: dict[str, list[str]] = {}
+        for row in rows:
+            query, doc, _ = row.split("\t")
+            if len(per_doc) < 6 or doc in per_doc:
+                per_doc.setdefault(doc, []).append(row)
+        kept = [r for doc_rows in per_doc.values() for r in doc_rows[:2]]
+        kept_queries |= {r.split("\t")[0] for r in kept}
+        kept_docs |= set(per_doc)
+        (dst / "qrels" / f"{split}.tsv").write_text("\n".join([header, *kept]) + "\n", encoding="utf-8")
+    for name, ids in (("queries.jsonl", kept_queries), ("corpus.jsonl", kept_docs)):
+        lines = (src / name).read_text(encoding="utf-8").splitlines()
+        (dst / name).write_text("".join(x + "\n" for x in lines if json.loads(x)["_id"] in ids), encoding="utf-8")
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     """The working directory of the recipes, with the substitutes the module docstring lists."""
@@ -166,10 +192,7 @@ def workdir(tmp_path_factory) -> Path:
         with gzip.open(work / "corpus" / collection / book.name, "wt", encoding="utf-8") as dst:
             dst.writelines(lines)
     _classification_data(work)
-    squad_dev = work / "retrieval" / "squad-dev"
-    squad_dev.mkdir(parents=True)
-    for name, rows in (("corpus.jsonl", 20), ("queries.jsonl", 5)):
-        (squad_dev / name).write_text(_lines_of(shared_path("data", "retrieval", "squad-dev", name), rows))
+    _sentence_data(work)
     (work / "sentences.txt").write_text("A man is playing a guitar.\nSomeone plays an instrument.\n")
     with (work / "questions.jsonl").open("w", encoding="utf-8") as f:
         for p in _squad_slice(dev, 100, 2)["data"][0]["paragraphs"]:

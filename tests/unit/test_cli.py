@@ -183,6 +183,12 @@ DIFFERENT_ON_PURPOSE = {
     "keep_checkpoint_max": ({"default"}, "fine-tuning checkpoints are resumption points; the model is exported"),
     "log_every": ({"default"}, "pre-training runs 100,000s of steps, fine-tuning hundreds"),
     "output_dir": ({"default"}, "quickstart runs with no flags at all"),
+    "loss": ({"help", "choices"}, "a bi-encoder and a cross-encoder train with different losses"),
+    "normalize": (
+        {"help"},
+        "embed's default comes from the model it runs, train-embeddings' from the one it starts from",
+    ),
+    "pooling": ({"help", "choices"}, "embed also offers the pre-training pooler, which training leaves untrained"),
 }
 
 

@@ -1,0 +1,107 @@
+"""`bert train-embeddings`: train a sentence-embedding model (a bi-encoder), as sentence-transformers does.
+
+From any BERT this project loads (`--init_checkpoint`: TF, transformers, native or a sentence-transformers
+directory, whose pooling and normalisation are the defaults), on pairs, (anchor, positive, negatives...)
+tuples or scored pairs in JSON lines or TSV, or a BEIR directory (`--train_file`; formats in
+`bert.sentence.data`), with the losses of `bert.sentence.losses` (`--loss`, default mnrl for pairs and
+tuples, cosent for scored pairs; `--matryoshka_dims` wraps any of them). Evaluation (`--eval_file`): STS
+Pearson/Spearman of cosine on scored pairs, or retrieval on a BEIR split (MRR@10, NDCG@10, Recall@1/10/100,
+MAP@100), per Matryoshka dimension. The runner (`bert.sentence.runner`) resumes, checkpoints, logs
+`metrics.jsonl` and exports `model/`: a directory `bert embed` and `sentence_transformers.SentenceTransformer`
+both load, giving the same vectors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bert.finetune import FinetuneArgs
+from bert.flags import ModelArgs, TrainingArgs, same_as
+from bert.sentence.runner import EMBEDDING_LOSSES, summary, train_embeddings
+
+
+@dataclass(kw_only=True)
+class SentenceTrainingArgs(ModelArgs, TrainingArgs):
+    """The flags `bert train-embeddings` and `bert train-reranker` share."""
+
+    train_file: str | None = field(
+        default=None,
+        metadata={
+            "run_defining": "data",
+            "help": "Training data: .jsonl or .tsv of (anchor, positive[, negatives...]) or (text, text, score), or "
+            "a BEIR directory (corpus.jsonl, queries.jsonl, qrels/train.tsv).",
+        },
+    )
+    eval_file: str | None = field(
+        default=None,
+        metadata={"help": "Evaluation data: scored pairs (STS), or a BEIR directory (its --eval_split qrels)."},
+    )
+    eval_split: str = field(
+        default="dev", metadata={"help": "The qrels split of a BEIR --eval_file (qrels/<split>.tsv)."}
+    )
+    num_train_epochs: float = same_as(FinetuneArgs, "num_train_epochs")
+    warmup_proportion: float = same_as(FinetuneArgs, "warmup_proportion")
+    eval_every_steps: int = same_as(FinetuneArgs, "eval_every_steps")
+    early_stopping_patience: int = same_as(FinetuneArgs, "early_stopping_patience")
+    metric_for_best_model: str | None = same_as(FinetuneArgs, "metric_for_best_model")
+    keep_checkpoint_max: int = same_as(FinetuneArgs, "keep_checkpoint_max")
+    log_every: int = same_as(FinetuneArgs, "log_every")
+
+
+@dataclass(kw_only=True)
+class TrainEmbeddingsArgs(SentenceTrainingArgs):
+    """Train and evaluate a sentence-embedding model (bi-encoder); the model is saved in --output_dir/model
+    as a sentence-transformers directory. Resumes from the newest checkpoint in --output_dir."""
+
+    loss: str | None = field(
+        default=None,
+        metadata={
+            "run_defining": "train",
+            "help": "mnrl (in-batch negatives, plus the file's hard negatives), mnrl_symmetric, cached_mnrl and "
+            "cached_mnrl_symmetric (the same with gradient caching: large batches in the memory of "
+            "--mini_batch_size), cosent or cosine_mse (scored pairs). Default: mnrl, or cosent for scored pairs.",
+            "choices": list(EMBEDDING_LOSSES),
+        },
+    )
+    pooling: str | None = field(
+        default=None,
+        metadata={
+            "run_defining": "model",
+            "help": "mean, cls or max over the last layer. Default: the --init_checkpoint sentence-transformers "
+            "directory's, else mean.",
+        },
+    )
+    normalize: bool | None = field(
+        default=None,
+        metadata={
+            "run_defining": "model",
+            "help": "Scale the embeddings to unit length. Default: as the --init_checkpoint sentence-transformers "
+            "directory, else false.",
+        },
+    )
+    matryoshka_dims: str | None = field(
+        default=None,
+        metadata={
+            "run_defining": "train",
+            "help": "Matryoshka: the loss is summed over the embeddings cut to each of these sizes (e.g. "
+            "384,256,128,64), and evaluation reports each.",
+        },
+    )
+    mini_batch_size: int = field(
+        default=32, metadata={"help": "cached_mnrl: sequences per forward/backward pass (the memory it needs)."}
+    )
+    score_scale: float = field(
+        default=1.0,
+        metadata={
+            "run_defining": "train",
+            "help": "Scored pairs: divide the scores by this (5 for STS-B's 0..5, so cosine_mse targets 0..1).",
+        },
+    )
+
+
+def run_train_embeddings(args: TrainEmbeddingsArgs) -> dict[str, Any]:
+    """Train and/or evaluate (see the module docstring); returns the runner's summary."""
+    result = train_embeddings(args)
+    print(summary(result))
+    return result

@@ -1,0 +1,59 @@
+"""`bert train-reranker`: train a cross-encoder that scores (query, document) pairs.
+
+The data are (query, positive, negatives...) tuples, (query, positive) pairs whose negatives a bi-encoder
+mines from the data's documents (`--mine_negatives=MODEL`, skipping the query's own positives), or scored
+pairs (scores in 0..1); a BEIR directory gives pairs. Losses (`bert.sentence.losses`): pointwise binary
+cross-entropy (`--loss=bce`, every pair labelled 1 for the positive, 0 for a negative, or its score) or
+listwise softmax cross-entropy over each query's positive and negatives (`--loss=listwise`). Evaluation on a
+BEIR split reranks the top `--rerank_top_k` documents of a bi-encoder (`--eval_retriever`) and reports
+MRR@10, NDCG@10, Recall@1/10/100 and MAP@100, with the retriever's own beside them (`eval_retriever_*`).
+The model is saved in transformers' layout (BertForSequenceClassification, one label), which
+`sentence_transformers.CrossEncoder` loads, and `bert predict` scores pairs with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bert.commands.train_embeddings import SentenceTrainingArgs
+from bert.sentence.runner import RERANKER_LOSSES, summary, train_reranker
+
+
+@dataclass(kw_only=True)
+class TrainRerankerArgs(SentenceTrainingArgs):
+    """Train and evaluate a reranker (cross-encoder); the model is saved in --output_dir/model.
+    Resumes from the newest checkpoint in --output_dir."""
+
+    loss: str | None = field(
+        default=None,
+        metadata={
+            "run_defining": "train",
+            "help": "bce (pointwise binary cross-entropy) or listwise (softmax cross-entropy over a query's "
+            "positive and negatives). Default: bce.",
+            "choices": list(RERANKER_LOSSES),
+        },
+    )
+    mine_negatives: str | None = field(
+        default=None,
+        metadata={
+            "run_defining": "data",
+            "help": "A bi-encoder model directory: mine --num_negatives hard negatives per query from the training "
+            "data's documents (the query's own positives skipped).",
+        },
+    )
+    num_negatives: int = field(
+        default=4, metadata={"run_defining": "data", "help": "Hard negatives to mine per query."}
+    )
+    eval_retriever: str | None = field(
+        default=None,
+        metadata={"help": "The bi-encoder whose top results evaluation reranks (default: --mine_negatives)."},
+    )
+    rerank_top_k: int = field(default=100, metadata={"help": "Evaluation reranks this many retrieved documents."})
+
+
+def run_train_reranker(args: TrainRerankerArgs) -> dict[str, Any]:
+    """Train and/or evaluate (see the module docstring); returns the runner's summary."""
+    result = train_reranker(args)
+    print(summary(result))
+    return result

@@ -1,0 +1,324 @@
+"""Training and evaluation data for sentence-embedding models and rerankers (no torch).
+
+Training files (`--train_file`), one example a line:
+- JSON lines: a list of texts `["anchor", "positive", "negative", ...]`, a list of two texts and a number
+  `["text", "text", 0.8]` (a scored pair), or an object with `anchor` (or `query`), `positive` and optional
+  `negative` / `negatives` (a text or a list), or with `sentence1`, `sentence2` and `score`;
+- TSV: the same columns, tab separated: two or more texts, or two texts and a number (a scored pair when
+  every line's third and last column is a number). A first line naming its columns (`sentence1`,
+  `sentence2`, `score` as GLUE's STS-B, or `anchor`, `positive`, `negative...`) is a header: the columns
+  are then taken by name, the others ignored;
+- a BEIR directory (`corpus.jsonl`, `queries.jsonl`, `qrels/<split>.tsv`): one (query, document) pair for
+  every qrels line with a positive score; a document's text is its title and text joined by a space.
+
+Every line must have the same shape. Evaluation files (`--eval_file`): scored pairs (STS) or a BEIR
+directory whose `--eval_split` qrels are searched in the documents that split names.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bert.errors import InputError
+from bert.utils import iter_lines
+
+PAIRS, TUPLES, SCORED = "pairs", "tuples", "scored pairs"
+
+
+@dataclass
+class TrainingData:
+    """Examples as columns of texts: `columns[0]` the anchors, `columns[1]` the positives (or second texts),
+    `columns[2:]` hard negatives; `scores` for scored pairs."""
+
+    source: str
+    columns: list[list[str]]
+    scores: list[float] | None = None
+
+    @property
+    def kind(self) -> str:
+        if self.scores is not None:
+            return SCORED
+        return PAIRS if len(self.columns) == 2 else TUPLES
+
+    def __len__(self) -> int:
+        return len(self.columns[0])
+
+    def example(self, i: int) -> list[str]:
+        return [c[i] for c in self.columns]
+
+
+@dataclass
+class Corpus:
+    """A BEIR directory's split: queries, documents and the relevant documents of each query."""
+
+    source: str
+    queries: dict[str, str]  # id -> text, the queries of the split
+    documents: dict[str, str]  # id -> text ("title text")
+    qrels: dict[str, dict[str, float]] = field(default_factory=dict)  # query id -> {document id: score > 0}
+
+
+def _as_float(value: str) -> float | None:
+    try:
+        x = float(value)
+    except ValueError:
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _line_error(path: str, n: int, what: str) -> InputError:
+    return InputError(f"{path}:{n}: {what}")
+
+
+def _json_example(obj, path: str, n: int) -> tuple[list[str], float | None]:
+    if isinstance(obj, list):
+        if len(obj) == 3 and isinstance(obj[2], (int, float)) and not isinstance(obj[2], bool):
+            texts, score = obj[:2], float(obj[2])
+        else:
+            texts, score = obj, None
+    elif isinstance(obj, dict):
+        if "sentence1" in obj or "score" in obj:
+            texts = [obj.get("sentence1"), obj.get("sentence2")]
+            score = obj.get("score")
+            if not isinstance(score, (int, float)) or isinstance(score, bool):
+                raise _line_error(path, n, 'a scored pair needs "sentence1", "sentence2" and a numeric "score"')
+            score = float(score)
+        else:
+            negatives = obj.get("negatives", obj.get("negative", []))
+            negatives = [negatives] if isinstance(negatives, str) else negatives
+            if not isinstance(negatives, list):
+                raise _line_error(path, n, '"negatives" must be a text or a list of texts')
+            texts, score = [obj.get("anchor", obj.get("query")), obj.get("positive"), *negatives], None
+    else:
+        raise _line_error(path, n, "expected a JSON list or object")
+    if len(texts) < 2 or not all(isinstance(t, str) and t.strip() for t in texts):
+        raise _line_error(
+            path,
+            n,
+            'expected two or more non-empty texts (["anchor", "positive", ...], {"anchor", "positive"}, or '
+            '{"sentence1", "sentence2", "score"})',
+        )
+    return texts, score
+
+
+def _tsv_rows(path: str) -> tuple[list[tuple[int, list[str]]], dict[str, int] | None]:
+    rows = [(n, line.rstrip("\r").split("\t")) for n, line in enumerate(iter_lines(path), 1) if line.strip()]
+    if not rows:
+        raise InputError(f"{path}: no examples; give one example a line")
+    header = rows[0][1]
+    names = {name.strip().lower(): i for i, name in enumerate(header)}
+    if {"sentence1", "sentence2"} <= names.keys() or {"anchor", "positive"} <= names.keys():
+        return rows[1:], names
+    return rows, None
+
+
+def _tsv_examples(path: str) -> list[tuple[int, list[str], float | None]]:
+    rows, names = _tsv_rows(path)
+    out = []
+    if names is not None:
+        text_cols = [names[k] for k in ("sentence1", "sentence2") if k in names]
+        if not text_cols:
+            text_cols = [names["anchor"], names["positive"]]
+            text_cols += [i for name, i in sorted(names.items(), key=lambda x: x[1]) if name.startswith("negative")]
+        score_col = names.get("score")
+        for n, cells in rows:
+            if len(cells) <= max(text_cols + [score_col or 0]):
+                raise _line_error(path, n, f"{len(cells)} columns, fewer than the header names")
+            score = None
+            if score_col is not None:
+                score = _as_float(cells[score_col])
+                if score is None:
+                    raise _line_error(path, n, f"score {cells[score_col]!r} is not a number")
+            out.append((n, [cells[i] for i in text_cols], score))
+        return out
+    scored = all(len(cells) == 3 and _as_float(cells[2]) is not None for _, cells in rows)
+    for n, cells in rows:
+        out.append((n, cells[:2], _as_float(cells[2])) if scored else (n, cells, None))
+    return out
+
+
+def read_training_data(path: str, split: str = "train") -> TrainingData:
+    """The examples of a training file or BEIR directory (see the module docstring); `split` names the
+    qrels file of a BEIR directory."""
+    p = Path(path)
+    if p.is_dir():
+        corpus = read_beir(path, split)
+        anchors, positives = [], []
+        for qid, docs in corpus.qrels.items():
+            for did in docs:
+                anchors.append(corpus.queries[qid])
+                positives.append(corpus.documents[did])
+        return TrainingData(path, [anchors, positives])
+    if not p.is_file():
+        raise InputError(f"{path}: no such file or directory; pass a .jsonl or .tsv file, or a BEIR directory")
+    if path.endswith((".jsonl", ".jsonl.gz", ".json")):
+        examples = []
+        for n, line in enumerate(iter_lines(path), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise _line_error(path, n, f"not valid JSON ({e.msg})") from None
+            examples.append((n, *_json_example(obj, path, n)))
+    elif path.endswith((".tsv", ".tsv.gz", ".txt")):
+        examples = _tsv_examples(path)
+    else:
+        raise InputError(f"{path}: unknown file type; name it .jsonl or .tsv (or pass a BEIR directory)")
+    if not examples:
+        raise InputError(f"{path}: no examples; give one example a line")
+    first_n, first, first_score = examples[0]
+    width, scored = len(first), first_score is not None
+    for n, texts, score in examples:
+        if len(texts) != width or (score is not None) != scored:
+            raise _line_error(
+                path,
+                n,
+                f"{len(texts)} texts{' and a score' if score is not None else ''}, but line {first_n} has "
+                f"{width}{' and a score' if scored else ''}; every example must have the same shape",
+            )
+        if not all(t.strip() for t in texts):
+            raise _line_error(path, n, "an empty text; remove the line or fill it in")
+    columns = [[texts[c] for _, texts, _ in examples] for c in range(width)]
+    scores = [float(s) for _, _, s in examples] if scored else None  # type: ignore[arg-type]
+    return TrainingData(path, columns, scores)
+
+
+def _read_jsonl_texts(path: Path, with_title: bool) -> dict[str, str]:
+    if not path.is_file():
+        raise InputError(f"{path} is missing; a BEIR directory holds corpus.jsonl, queries.jsonl and qrels/")
+    out = {}
+    for n, line in enumerate(iter_lines(str(path)), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            key, text = str(obj["_id"]), obj["text"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise _line_error(str(path), n, 'expected {"_id": ..., "text": ...}') from None
+        title = obj.get("title") if with_title else None
+        out[key] = f"{title} {text}".strip() if title else text
+    return out
+
+
+def read_beir(path: str, split: str) -> Corpus:
+    """A BEIR directory's `split`: its queries, every document its qrels name, and the qrels (score > 0)."""
+    base = Path(path)
+    qrels_file = base / "qrels" / f"{split}.tsv"
+    if not qrels_file.is_file():
+        raise InputError(f"{qrels_file} is missing; pass a BEIR directory with qrels/{split}.tsv")
+    qrels: dict[str, dict[str, float]] = {}
+    named: set[str] = set()
+    for n, line in enumerate(iter_lines(str(qrels_file)), 1):
+        cells = line.rstrip("\r").split("\t")
+        if n == 1 and cells[0] == "query-id" or not line.strip():
+            continue
+        score = _as_float(cells[2]) if len(cells) == 3 else None
+        if score is None:
+            raise _line_error(str(qrels_file), n, "expected query-id <tab> corpus-id <tab> score")
+        named.add(cells[1])
+        if score > 0:
+            qrels.setdefault(cells[0], {})[cells[1]] = score
+    queries = _read_jsonl_texts(base / "queries.jsonl", with_title=False)
+    documents = _read_jsonl_texts(base / "corpus.jsonl", with_title=True)
+    for qid, docs in qrels.items():
+        if qid not in queries:
+            raise InputError(f"{qrels_file}: query {qid} is not in {base / 'queries.jsonl'}")
+        for did in docs:
+            if did not in documents:
+                raise InputError(f"{qrels_file}: document {did} is not in {base / 'corpus.jsonl'}")
+    if not qrels:
+        raise InputError(f"{qrels_file}: no query has a relevant document (score > 0)")
+    return Corpus(
+        path,
+        {q: queries[q] for q in qrels},
+        {d: documents[d] for d in sorted(named)},
+        qrels,
+    )
+
+
+# ------------------------------------------------------------------------------------------- batches
+class BatchPlan:
+    """Which examples make up each step's batch: each epoch is a permutation seeded by `(seed, epoch)`, cut
+    into batches of `batch_size` (the last, incomplete one dropped, as the original's `drop_remainder`).
+
+    With `no_duplicates` (the in-batch-negative losses) an example joins a batch only when none of its texts
+    is in the batch already, so no text is both a positive and an in-batch negative; an example put off waits
+    for the next batch (sentence-transformers' NO_DUPLICATES sampler). Steps run through the epochs'
+    batches in order; a batch is a function of (seed, step) alone, so a resumed run draws the same ones.
+    """
+
+    def __init__(self, data: TrainingData, batch_size: int, seed: int, no_duplicates: bool):
+        self.data = data
+        self.batch_size = batch_size
+        self.seed = seed
+        self.no_duplicates = no_duplicates
+        self._epochs: list[list[np.ndarray]] = []
+
+    def _epoch(self, epoch: int) -> list[np.ndarray]:
+        while len(self._epochs) <= epoch:
+            e = len(self._epochs)
+            order = np.random.default_rng([self.seed, e]).permutation(len(self.data))
+            batches = self._dedup(order) if self.no_duplicates else self._cut(order)
+            if not batches:
+                raise InputError(
+                    f"{self.data.source}: {len(self.data)} examples make no full batch of {self.batch_size}"
+                    + (" without repeated texts" if self.no_duplicates else "")
+                    + "; lower --train_batch_size"
+                )
+            self._epochs.append(batches)
+        return self._epochs[epoch]
+
+    def _cut(self, order: np.ndarray) -> list[np.ndarray]:
+        n = len(order) // self.batch_size * self.batch_size
+        return [order[i : i + self.batch_size] for i in range(0, n, self.batch_size)]
+
+    def _dedup(self, order: np.ndarray) -> list[np.ndarray]:
+        batches: list[np.ndarray] = []
+        waiting = [int(i) for i in order]
+        while len(waiting) >= self.batch_size:
+            batch: list[int] = []
+            seen: set[str] = set()
+            rest: list[int] = []
+            for j, i in enumerate(waiting):
+                if len(batch) == self.batch_size:
+                    rest.extend(waiting[j:])
+                    break
+                texts = set(self.data.example(int(i)))
+                if texts & seen:
+                    rest.append(i)
+                else:
+                    batch.append(i)
+                    seen |= texts
+            if len(batch) < self.batch_size:
+                break
+            batches.append(np.array(batch))
+            waiting = rest
+        return batches
+
+    def batches_per_epoch(self) -> int:
+        return len(self._epoch(0))
+
+    def batch(self, step: int) -> np.ndarray:
+        """The example indices of 0-based step `step`'s batch."""
+        epoch = 0
+        while step >= len(self._epoch(epoch)):
+            step -= len(self._epoch(epoch))
+            epoch += 1
+        return self._epoch(epoch)[step]
+
+    def state(self, step: int) -> dict:
+        return {"step": step, "num_examples": len(self.data), "seed": self.seed, "batch_size": self.batch_size}
+
+
+def unique_texts(columns: Sequence[Sequence[str]]) -> tuple[list[str], list[np.ndarray]]:
+    """The distinct texts of `columns` and, per column, each row's index into them (every text is
+    tokenized once)."""
+    index: dict[str, int] = {}
+    ids = [np.array([index.setdefault(t, len(index)) for t in col], dtype=np.int64) for col in columns]
+    return list(index), ids

@@ -1,0 +1,694 @@
+"""The runs of `bert train-embeddings` (a bi-encoder) and `bert train-reranker` (a cross-encoder):
+`train_embeddings(args)` and `train_reranker(args)`.
+
+Both follow the fine-tuning runner (`bert.finetune`): flags, model files and data are checked before the
+output directory is written to; `bert.training.Trainer` steps with the original optimizer and schedule,
+checkpoints and resumes exactly, writes `metrics.jsonl`; `--eval_every_steps=N` scores the evaluation data
+every N steps and at the last, keeps the best checkpoint (`--metric_for_best_model`) and exports it;
+`--do_eval` writes the final scores to `eval_results.txt`/`.json`; `curves.png` is drawn at the end.
+
+Batches. Each epoch is a permutation of the examples seeded by `(--seed, epoch)`, cut into batches of
+`--train_batch_size` (`bert.sentence.data.BatchPlan`; with the in-batch-negative losses no text appears
+twice in a batch). Sequences are `[CLS] text [SEP]` (pairs for the reranker: `[CLS] query [SEP] document
+[SEP]`, the longer text cut first), padded per column to its longest. The in-batch losses need the whole
+batch at once, so `--gradient_accumulation_steps` must stay 1: `--loss=cached_mnrl` gives the large batch
+in the memory of `--mini_batch_size` sequences instead.
+
+The bi-encoder (`BertModel` plus `--pooling` and `--normalize`) is exported to `model/` in the native
+layout with the sentence-transformers files (`bert.sentence.st_format`); the reranker
+(`BertForSequenceClassification`, one output: the relevance logit) in transformers' layout (`id2label`
+with one label), which `sentence_transformers.CrossEncoder` loads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bert import training
+from bert.checkpoint import load_into, read_checkpoint
+from bert.errors import InputError
+from bert.finetune import MODEL_DIR, EvalHistory, _log_eval, _prune_checkpoints, _resolve_model_files
+from bert.formats.results import write_results
+from bert.inference import Predictor, SentenceTransformersConfig, read_sentence_transformers_config
+from bert.modeling import SENTENCE_POOLINGS, BertForSequenceClassification, BertModel, num_parameters, pool_tokens
+from bert.optimization import create_optimizer
+from bert.plotting import CURVES_NAME, try_plot
+from bert.sentence import evaluation, losses
+from bert.sentence.data import (
+    PAIRS,
+    SCORED,
+    BatchPlan,
+    Corpus,
+    TrainingData,
+    read_beir,
+    read_training_data,
+    unique_texts,
+)
+from bert.sentence.st_format import sentence_transformers_files
+from bert.tasks.common import num_warmup_steps, pad_2d
+from bert.tasks.glue import InputExample, convert_examples_to_features
+from bert.tokenization import FullTokenizer
+from bert.training import METRICS_NAME
+
+logger = logging.getLogger(__name__)
+
+EMBEDDING_LOSSES = ("mnrl", "mnrl_symmetric", "cached_mnrl", "cached_mnrl_symmetric", "cosent", "cosine_mse")
+RERANKER_LOSSES = ("bce", "listwise")
+STATE_NAME = "sentence_state.json"  # in model/: the step its weights come from
+
+
+# ------------------------------------------------------------------------------------------- checks
+def _check_common(args: Any, losses_allowed: tuple[str, ...]) -> None:
+    if not (args.do_train or args.do_eval):
+        raise InputError("nothing to do: pass --do_train=true and/or --do_eval=true")
+    args.check_no_tpu()
+    args.check_guard_flags()
+    for name in ("max_seq_length", "train_batch_size", "eval_batch_size", "save_checkpoints_steps", "log_every"):
+        if getattr(args, name) < 1:
+            raise InputError(f"--{name}={getattr(args, name)} must be at least 1")
+    for name in ("eval_every_steps", "early_stopping_patience", "keep_checkpoint_max"):
+        if getattr(args, name) < 0:
+            raise InputError(f"--{name}={getattr(args, name)} must not be negative")
+    if args.gradient_accumulation_steps != 1:
+        raise InputError(
+            f"--gradient_accumulation_steps={args.gradient_accumulation_steps}: these losses compare every example "
+            "with the whole batch, so it must be 1 (for large batches in little memory use --loss=cached_mnrl "
+            "with --mini_batch_size)"
+        )
+    if args.loss is not None and args.loss not in losses_allowed:
+        raise InputError(f"--loss={args.loss} must be one of {', '.join(losses_allowed)}")
+    if args.do_train:
+        if not args.learning_rate > 0:
+            raise InputError(f"--learning_rate={args.learning_rate} must be positive")
+        if not args.num_train_epochs > 0:
+            raise InputError(f"--num_train_epochs={args.num_train_epochs} must be positive")
+        if not 0 <= args.warmup_proportion <= 1:
+            raise InputError(f"--warmup_proportion={args.warmup_proportion} must be between 0 and 1")
+        if args.train_file is None:
+            raise InputError("--do_train needs --train_file=PATH (.jsonl, .tsv or a BEIR directory)")
+    if (args.do_eval or args.eval_every_steps) and args.eval_file is None:
+        raise InputError("evaluation needs --eval_file=PATH (scored pairs, or a BEIR directory)")
+    if args.early_stopping_patience and not args.eval_every_steps:
+        raise InputError("--early_stopping_patience needs evaluations during training: set --eval_every_steps=N")
+
+
+def parse_dims(value: str | None, hidden_size: int) -> list[int]:
+    """`--matryoshka_dims` as a descending list of sizes (each at most the hidden size)."""
+    if not value:
+        return []
+    try:
+        dims = sorted({int(x) for x in value.split(",") if x.strip()}, reverse=True)
+    except ValueError:
+        raise InputError(
+            f"--matryoshka_dims={value}: expected sizes separated by commas, e.g. 384,256,128,64"
+        ) from None
+    bad = [d for d in dims if not 0 < d <= hidden_size]
+    if bad:
+        raise InputError(f"--matryoshka_dims={value}: {bad[0]} is not between 1 and the hidden size {hidden_size}")
+    return dims
+
+
+@dataclass
+class Sequences:
+    """Token ids of distinct texts (or pairs), and per example column the row of each example."""
+
+    ids: list[list[int]]
+    types: list[list[int]]
+
+    def collate(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
+        lengths = np.array([len(self.ids[r]) for r in rows])
+        T = int(lengths.max())
+        mask = (np.arange(T)[None, :] < lengths[:, None]).astype(np.int64)  # [B, T]
+        return {
+            "input_ids": torch.from_numpy(pad_2d([self.ids[r] for r in rows], T)),
+            "attention_mask": torch.from_numpy(mask),
+            "token_type_ids": torch.from_numpy(pad_2d([self.types[r] for r in rows], T)),
+        }
+
+
+def single_sequences(tokenizer: FullTokenizer, texts: list[str], max_seq_length: int) -> Sequences:
+    """`[CLS] text [SEP]`, the text cut to fit, as `Predictor.embed` and sentence-transformers."""
+    cls_id, sep_id = tokenizer.vocab["[CLS]"], tokenizer.vocab["[SEP]"]
+    keep = max_seq_length - 2
+    ids = [[cls_id, *t[:keep], sep_id] for t in tokenizer.encode_batch(texts)]
+    return Sequences(ids, [[0] * len(i) for i in ids])
+
+
+def pair_sequences(tokenizer: FullTokenizer, pairs: list[tuple[str, str]], max_seq_length: int) -> Sequences:
+    """`[CLS] a [SEP] b [SEP]`, cut as run_classifier.py cuts pairs (the features `bert predict` scores)."""
+    examples = [InputExample(str(i), a, b, 0.0) for i, (a, b) in enumerate(pairs)]
+    features = convert_examples_to_features(examples, [None], max_seq_length, tokenizer, pad=False)
+    return Sequences([f.input_ids for f in features], [f.segment_ids for f in features])
+
+
+# ------------------------------------------------------------------------------------- the shared run
+class _Run:
+    """What both commands share: checks, model files, the training loop with evaluations, the export."""
+
+    command = ""
+    model_class: type = BertModel
+    default_metric = ""
+
+    def __init__(self, args: Any, dist: training.DistContext):
+        self.args, self.dist = args, dist
+        self.output_dir = Path(args.output_dir)
+        self.exported = self.output_dir / MODEL_DIR
+        self.resume_dir = training.latest_checkpoint(self.output_dir)
+        self.files = _resolve_model_files(args, self.resume_dir)
+        if self.resume_dir is not None:
+            training.check_checkpoint_config(self.resume_dir, self.files.config)
+        self.evaluate_during_training = args.do_train and args.eval_every_steps > 0
+
+    def setup_training(self, num_examples_per_epoch: int) -> None:
+        args = self.args
+        self.total_steps = int(num_examples_per_epoch * args.num_train_epochs) if args.do_train else 0
+        self.warmup_steps = num_warmup_steps(self.total_steps, args.warmup_proportion)
+        if args.do_train and self.total_steps < 1:
+            raise InputError(
+                f"{num_examples_per_epoch} batches per epoch x --num_train_epochs={args.num_train_epochs} gives 0 "
+                "training steps; use a smaller batch or more epochs"
+            )
+        self.metric = args.metric_for_best_model or self.default_metric
+        names = self.metric_names()
+        if args.metric_for_best_model is not None and self.metric not in names:
+            raise InputError(
+                f"--metric_for_best_model={self.metric} is not an evaluation result of `bert {self.command}` on "
+                f"{args.eval_file}; use one of {', '.join(names)}"
+            )
+        self.history = EvalHistory(self.output_dir / "eval_history.json", self.metric, args.early_stopping_patience)
+
+    def metric_names(self) -> list[str]:
+        """The keys `evaluate` returns."""
+        raise NotImplementedError
+
+    # Subclasses: the model's constructor keywords, the training data, the loss, evaluation, export files.
+    def model_kwargs(self) -> dict[str, Any]:
+        return {}
+
+    def loss_fn(self) -> Callable:
+        raise NotImplementedError
+
+    def batches(self, start_step: int) -> Iterator[list[dict[str, torch.Tensor]]]:
+        raise NotImplementedError
+
+    def data_state(self, step: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def evaluate(self) -> dict[str, float]:
+        raise NotImplementedError
+
+    def export_files(self) -> dict[str, Any]:
+        return {}
+
+    # The run.
+    def load_model(self) -> None:
+        args, files = self.args, self.files
+        verify = not args.ignore_checkpoint_digest
+        training.set_seed(args.seed)
+        model = self.model_class(files.config, **self.model_kwargs())
+        self.state = None
+        self.global_step = 0
+        if not args.do_train and (self.exported / "config.json").is_file():
+            logger.info("evaluating the model in %s", self.exported)
+            load_into(model, read_checkpoint(self.exported, verify=verify))
+        elif self.resume_dir is not None:
+            logger.info("resuming from %s", self.resume_dir)
+            load_into(model, read_checkpoint(self.resume_dir, verify=verify))
+            self.global_step = int(self.resume_dir.name[len(training.CHECKPOINT_PREFIX) :])
+            if args.do_train:
+                self.state = training.load_training_state(self.resume_dir, verify=verify)
+        elif files.checkpoint is not None:
+            load_into(model, files.checkpoint)
+        else:
+            logger.warning("no --init_checkpoint: the model starts from random weights")
+        files.checkpoint = None
+        logger.info("%s: %d parameters", type(model).__name__, num_parameters(model))
+        self.model = model.to(self.dist.device)
+        self.wrapped = training.prepare_model(model, args, self.dist)
+        if self.evaluate_during_training:
+            self.history.load(self.global_step)
+
+    def run(self) -> dict[str, Any]:
+        args = self.args
+        self.tokenizer = FullTokenizer(self.files.vocab_file, do_lower_case=args.do_lower_case)
+        self.prepare()
+        self.load_model()
+        result: dict[str, Any] = {"output_dir": str(self.output_dir), "num_train_steps": self.total_steps}
+        if args.do_train:
+            last = self.train()
+            if last:
+                result["train"] = last
+        result["global_step"] = self.global_step
+        if args.do_eval:
+            scores = {**self.evaluate(), "global_step": self.global_step}
+            if self.dist.is_main:
+                write_results(self.output_dir, scores)
+            result["eval"] = scores
+        if self.dist.is_main and (self.output_dir / METRICS_NAME).is_file():
+            try_plot([self.output_dir], self.output_dir / CURVES_NAME)
+        return result
+
+    def prepare(self) -> None:
+        """Tokenize the data (after the output directory is claimed and the log file open)."""
+
+    def train(self) -> dict[str, float] | None:
+        args, dist = self.args, self.dist
+        optimizer, scheduler = create_optimizer(self.model, args.learning_rate, self.total_steps, self.warmup_steps)
+        settings = training.TrainerSettings(
+            precision=args.precision,
+            save_checkpoints_steps=args.save_checkpoints_steps,
+            keep_checkpoint_max=0 if self.evaluate_during_training else args.keep_checkpoint_max,
+            log_every=args.log_every,
+            examples_per_step=args.train_batch_size,
+            vocab_file=self.files.vocab_file,
+            do_lower_case=args.do_lower_case,
+            desc=f"{self.command} train",
+            max_nonfinite_steps=args.max_nonfinite_steps,
+        )
+        trainer = training.Trainer(self.model, self.wrapped, optimizer, scheduler, dist, self.output_dir, settings)
+        torch.manual_seed(args.seed + dist.rank)
+        if self.state is not None:
+            trainer.restore(self.state)
+        logger.info("***** Running training *****")
+        logger.info("  Batch size = %d", args.train_batch_size)
+        logger.info("  Num steps = %d", self.total_steps)
+        logger.info("  Warmup steps = %d", self.warmup_steps)
+        last: dict[str, float] | None = None
+        while not self.evaluate_if_due(trainer.global_step):
+            step = trainer.global_step
+            chunk_end = self.total_steps
+            if self.evaluate_during_training:
+                chunk_end = min(self.total_steps, (step // args.eval_every_steps + 1) * args.eval_every_steps)
+            batches: Any = training.prefetch(self.batches(step), pin=dist.device.type == "cuda")
+            try:
+                last = trainer.train(
+                    batches,
+                    self.loss_fn(),
+                    chunk_end,
+                    self.data_state,
+                    checkpoint_info={"command": self.command, "num_train_steps": self.total_steps, "seed": args.seed},
+                )
+            finally:
+                batches.close()
+        self.global_step = trainer.global_step
+        best = self.history.best() if self.evaluate_during_training else None
+        if best is not None and best["step"] != self.global_step:
+            best_dir = self.output_dir / f"{training.CHECKPOINT_PREFIX}{best['step']}"
+            logger.info("using the best checkpoint %s (%s = %.6g)", best_dir, self.metric, best["metrics"][self.metric])
+            load_into(self.model, read_checkpoint(best_dir, verify=not args.ignore_checkpoint_digest))
+            self.global_step = best["step"]
+        extra = {STATE_NAME: {"command": self.command, "global_step": self.global_step}, **self.export_files()}
+        trainer.export_model(self.exported, extra_files=extra)
+        logger.info("saved the model of step %d to %s", self.global_step, self.exported)
+        return last
+
+    def evaluate_if_due(self, step: int) -> bool:
+        args, dist, history = self.args, self.dist, self.history
+        due = step > 0 and (step % max(args.eval_every_steps, 1) == 0 or step == self.total_steps)
+        if self.evaluate_during_training and due and not history.evaluated(step):
+            metrics = self.evaluate()
+            stop = history.add(step, metrics)
+            if dist.is_main:
+                history.save()
+                _log_eval(self.output_dir, step, metrics)
+                best: Any = history.best()
+                logger.info(
+                    "step %d: %s = %.6g (best at step %d)", step, self.metric, metrics[self.metric], best["step"]
+                )
+                _prune_checkpoints(self.output_dir, args.keep_checkpoint_max, best["step"])
+            dist.barrier()
+            if stop:
+                return True
+        return step >= self.total_steps or history.stopped_at is not None
+
+
+# ------------------------------------------------------------------------------------------ bi-encoder
+class EmbeddingRun(_Run):
+    command = "train-embeddings"
+    model_class = BertModel
+
+    def model_kwargs(self) -> dict[str, Any]:
+        # Pooling reads the last layer; an untrained pooler would have no optimizer state to resume.
+        return {"add_pooling_layer": False}
+
+    def __init__(self, args: Any, dist: training.DistContext):
+        _check_common(args, EMBEDDING_LOSSES)
+        super().__init__(args, dist)
+        st = None
+        if args.init_checkpoint and Path(args.init_checkpoint).is_dir():
+            st = read_sentence_transformers_config(args.init_checkpoint)
+        self.pooling = args.pooling or (st.pooling if st is not None and st.pooling else "mean")
+        self.normalize = args.normalize if args.normalize is not None else (st.normalize if st is not None else False)
+        if self.pooling not in SENTENCE_POOLINGS:
+            raise InputError(f"--pooling={self.pooling} must be one of {', '.join(SENTENCE_POOLINGS)}")
+        self.dims = parse_dims(args.matryoshka_dims, self.files.config.hidden_size)
+        self.files.config.extra["max_seq_length"] = args.max_seq_length
+        if args.mini_batch_size < 1:
+            raise InputError(f"--mini_batch_size={args.mini_batch_size} must be at least 1")
+        self.eval_data = _read_eval(args.eval_file, args.eval_split) if args.eval_file else None
+        self.default_metric = "eval_spearman" if isinstance(self.eval_data, TrainingData) else "eval_ndcg@10"
+        self.data = read_training_data(args.train_file) if args.do_train else None
+        self.loss = args.loss
+        self.scores = None
+        if self.data is None:
+            self.setup_training(0)
+            return
+        kind = self.data.kind
+        self.loss = self.loss or ("cosent" if kind == SCORED else "mnrl")
+        scored_loss = self.loss in ("cosent", "cosine_mse")
+        if scored_loss and kind != SCORED:
+            raise InputError(f"--loss={self.loss} needs scored pairs; {args.train_file} holds {kind}")
+        if not scored_loss and kind == SCORED:
+            raise InputError(
+                f"--loss={self.loss} needs (anchor, positive[, negatives]) examples; {args.train_file} holds "
+                "scored pairs (use --loss=cosent or cosine_mse)"
+            )
+        if self.loss.startswith("cached") and args.precision == "fp16":
+            raise InputError(f"--loss={self.loss} computes its own backward pass: use --precision=bf16 or fp32")
+        if not args.score_scale > 0:
+            raise InputError(f"--score_scale={args.score_scale} must be positive")
+        if kind == SCORED:
+            self.scores = np.asarray(self.data.scores, dtype=np.float32) / args.score_scale
+        self.plan = BatchPlan(self.data, args.train_batch_size, args.seed, no_duplicates=not scored_loss)
+        self.setup_training(self.plan.batches_per_epoch())
+
+    def metric_names(self) -> list[str]:
+        keys = evaluation.STS_KEYS if isinstance(self.eval_data, TrainingData) else evaluation.RANKING_KEYS
+        prefixes = ["", *(f"dim{d}_" for d in self.dims if d < self.files.config.hidden_size)]
+        return [f"eval_{p}{k}" for p in prefixes for k in keys]
+
+    def prepare(self) -> None:
+        if self.data is None:
+            return
+        texts, self.rows = unique_texts(self.data.columns)
+        self.sequences = single_sequences(self.tokenizer, texts, self.args.max_seq_length)
+        logger.info(
+            "%d examples (%s), %d distinct texts, loss %s", len(self.data), self.data.kind, len(texts), self.loss
+        )
+
+    def data_state(self, step: int) -> dict[str, Any]:
+        return self.plan.state(step)
+
+    def batches(self, start_step: int) -> Iterator[list[dict[str, torch.Tensor]]]:
+        step = start_step
+        while True:
+            idx = self.plan.batch(step)
+            batch: dict[str, torch.Tensor] = {}
+            for c, rows in enumerate(self.rows):
+                batch.update({f"{k}_{c}": v for k, v in self.sequences.collate(rows[idx]).items()})
+            if self.scores is not None:
+                batch["scores"] = torch.from_numpy(self.scores[idx])
+            yield [batch]
+            step += 1
+
+    def loss_fn(self) -> Callable:
+        loss_name, dims, pooling, normalize = self.loss, self.dims, self.pooling, self.normalize
+        num_columns = len(self.rows)
+        world = self.dist.world_size
+        device = self.dist.device
+
+        def embed(model, batch, c: int, rows: slice = slice(None)) -> torch.Tensor:
+            mask = batch[f"attention_mask_{c}"][rows]
+            out = model(batch[f"input_ids_{c}"][rows], mask, batch[f"token_type_ids_{c}"][rows])
+            vectors = pool_tokens(out.sequence_output, mask, pooling)
+            return torch.nn.functional.normalize(vectors, p=2, dim=-1) if normalize else vectors
+
+        def of_embeddings(embeddings: list[torch.Tensor], batch) -> torch.Tensor:
+            if loss_name == "cosent":
+                return losses.matryoshka(lambda e: losses.cosent(e[0], e[1], batch["scores"]), embeddings, dims)
+            if loss_name == "cosine_mse":
+                return losses.matryoshka(lambda e: losses.cosine_mse(e[0], e[1], batch["scores"]), embeddings, dims)
+            symmetric = loss_name.endswith("symmetric")
+            return losses.matryoshka(lambda e: losses.mnrl(e, symmetric=symmetric), embeddings, dims)
+
+        def fn(model, batch, totals):
+            if loss_name.startswith("cached"):
+                n = batch["input_ids_0"].shape[0]
+                no_sync = getattr(model, "no_sync", None)
+                value = losses.cached_mnrl_backward(
+                    lambda c, rows: embed(model, batch, c, rows),
+                    n,
+                    num_columns,
+                    self.args.mini_batch_size,
+                    lambda e: of_embeddings(e, batch),
+                    device,
+                    grad_scale=world,
+                    no_sync=no_sync,
+                )
+                # The gradients are in place already; the Trainer's backward pass on a leaf adds nothing.
+                return value.requires_grad_(), {"loss": value}
+            value = of_embeddings([embed(model, batch, c) for c in range(num_columns)], batch)
+            return value, {"loss": value.detach()}
+
+        return fn
+
+    def evaluate(self) -> dict[str, float]:
+        st = SentenceTransformersConfig(self.pooling, self.normalize, self.args.max_seq_length)
+        predictor = Predictor(
+            self.model,
+            self.tokenizer,
+            "BertModel",
+            self.dist.device,
+            max_seq_length=self.args.max_seq_length,
+            batch_size=self.args.eval_batch_size,
+            has_pooler=False,
+            sentence_transformers=st,
+            source=self.args.output_dir,
+        )
+        was_training = self.model.training
+        assert self.eval_data is not None  # checked with the flags
+        try:
+            return evaluate_embeddings(predictor, self.eval_data, self.dims)
+        finally:
+            self.model.train(was_training)
+
+    def export_files(self) -> dict[str, Any]:
+        return sentence_transformers_files(
+            self.pooling, self.normalize, self.args.max_seq_length, self.files.config.hidden_size
+        )
+
+
+def _read_eval(path: str, split: str) -> TrainingData | Corpus:
+    if Path(path).is_dir():
+        return read_beir(path, split)
+    data = read_training_data(path)
+    if data.kind != SCORED:
+        raise InputError(f"--eval_file={path}: expected scored pairs (STS) or a BEIR directory, got {data.kind}")
+    return data
+
+
+def evaluate_embeddings(predictor: Predictor, data: TrainingData | Corpus, dims: list[int]) -> dict[str, float]:
+    """STS correlations (scored pairs) or retrieval metrics (a BEIR split), full size and per Matryoshka
+    dimension, keys prefixed `eval_`."""
+    full = predictor.config.hidden_size
+    if isinstance(data, TrainingData):
+        a, b = predictor.embed(data.columns[0]), predictor.embed(data.columns[1])
+
+        def sts(d: int | None) -> dict[str, float]:
+            return evaluation.sts_metrics(evaluation.truncate(a, d), evaluation.truncate(b, d), data.scores or [])
+
+        scores = evaluation.per_dimension(sts, dims, full)
+    else:
+        qids, dids = list(data.queries), list(data.documents)
+        q = predictor.embed([data.queries[i] for i in qids])
+        docs = predictor.embed([data.documents[i] for i in dids])
+        relevant = [data.qrels[i] for i in qids]
+
+        def retrieval(d: int | None) -> dict[str, float]:
+            return evaluation.retrieval_metrics(evaluation.truncate(q, d), evaluation.truncate(docs, d), dids, relevant)
+
+        scores = evaluation.per_dimension(retrieval, dims, full)
+    return {f"eval_{k}": v for k, v in scores.items()}
+
+
+def summary(result: dict[str, Any]) -> str:
+    """The lines a command ends with: the model written, the steps, the final evaluation."""
+    lines = [f"model: {Path(result['output_dir']) / MODEL_DIR} (step {result['global_step']})"]
+    for key, value in sorted(result.get("eval", {}).items()):
+        if key != "global_step" and "dim" not in key:
+            lines.append(f"  {key} = {value:.4f}")
+    return "\n".join(lines)
+
+
+def train_embeddings(args: Any) -> dict[str, Any]:
+    """Train and/or evaluate a sentence-embedding model (see the module docstring)."""
+    return _run(EmbeddingRun, args)
+
+
+def _run(cls: type[_Run], args: Any) -> dict[str, Any]:
+    inputs = {"--train_file": args.train_file, "--eval_file": args.eval_file, "--init_checkpoint": args.init_checkpoint}
+    inputs.update({"--vocab_file": args.vocab_file, "--bert_config_file": args.bert_config_file})
+    with training.distributed(args.device) as dist:
+        with training.claim_output_dir(args.output_dir, cls.command, dist, inputs):
+            run = cls(args, dist)
+            with training.run_directory(args.output_dir, cls.command, args, dist):
+                return run.run()
+
+
+# ------------------------------------------------------------------------------------------ reranker
+class RerankerRun(_Run):
+    command = "train-reranker"
+    model_class = BertForSequenceClassification
+    default_metric = "eval_ndcg@10"
+
+    def __init__(self, args: Any, dist: training.DistContext):
+        _check_common(args, RERANKER_LOSSES)
+        if args.num_negatives < 0 or args.rerank_top_k < 1:
+            raise InputError("--num_negatives must not be negative and --rerank_top_k must be at least 1")
+        super().__init__(args, dist)
+        self.loss = args.loss or "bce"
+        self.data = read_training_data(args.train_file) if args.do_train else None
+        if self.data is not None:
+            if self.data.kind == SCORED:
+                if self.loss != "bce":
+                    raise InputError(
+                        f"--loss={self.loss} needs (query, positive, negatives...): {args.train_file} "
+                        "holds scored pairs (use --loss=bce)"
+                    )
+                bad = [s for s in self.data.scores or [] if not 0 <= s <= 1]
+                if bad:
+                    raise InputError(f"{args.train_file}: score {bad[0]} is not between 0 and 1, as --loss=bce needs")
+            elif self.data.kind == PAIRS and not args.mine_negatives:
+                raise InputError(
+                    f"{args.train_file} holds (query, positive) pairs without negatives: pass --mine_negatives=MODEL "
+                    "(a bi-encoder) to mine them, or give negatives in the file"
+                )
+            self.plan = BatchPlan(self.data, args.train_batch_size, args.seed, no_duplicates=False)
+            self.setup_training(self.plan.batches_per_epoch())
+        else:
+            self.setup_training(0)
+        self.eval_data = read_beir(args.eval_file, args.eval_split) if args.eval_file else None
+        if self.eval_data is not None and not (args.eval_retriever or args.mine_negatives):
+            raise InputError("evaluation reranks a bi-encoder's top results: pass --eval_retriever=MODEL")
+        for flag in ("mine_negatives", "eval_retriever"):
+            value = getattr(args, flag)
+            if value and not Path(value).exists():
+                raise InputError(f"--{flag}={value}: no such model directory")
+        self.files.config.extra.update(
+            id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0}, max_seq_length=args.max_seq_length
+        )
+
+    def model_kwargs(self) -> dict[str, Any]:
+        return {"num_labels": 1}
+
+    def metric_names(self) -> list[str]:
+        return [f"eval_{p}{k}" for p in ("", "retriever_") for k in evaluation.RANKING_KEYS]
+
+    def prepare(self) -> None:
+        if self.data is None:
+            return
+        args, data = self.args, self.data
+        if data.kind == PAIRS:
+            data = mine_negatives(args.mine_negatives, data, args.num_negatives, args.device, args.eval_batch_size)
+            self.data = data
+            self.plan.data = data
+        if data.kind == SCORED:
+            groups = [[(a, b)] for a, b in zip(*data.columns)]
+            self.labels = np.asarray(data.scores, dtype=np.float32)[:, None]
+        else:
+            groups = [[(ex[0], t) for t in ex[1:]] for ex in (data.example(i) for i in range(len(data)))]
+            self.labels = np.zeros((len(data), len(groups[0])), dtype=np.float32)
+            self.labels[:, 0] = 1.0
+        self.group_size = len(groups[0])
+        pairs = [p for g in groups for p in g]
+        self.sequences = pair_sequences(self.tokenizer, pairs, args.max_seq_length)
+        logger.info("%d queries x %d pairs, loss %s", len(data), self.group_size, self.loss)
+
+    def data_state(self, step: int) -> dict[str, Any]:
+        return self.plan.state(step)
+
+    def batches(self, start_step: int) -> Iterator[list[dict[str, torch.Tensor]]]:
+        step, k = start_step, self.group_size
+        while True:
+            idx = self.plan.batch(step)
+            rows = (idx[:, None] * k + np.arange(k)[None, :]).reshape(-1)  # [B * k], query-major
+            batch = self.sequences.collate(rows)
+            batch["labels"] = torch.from_numpy(self.labels[idx].reshape(-1))
+            yield [batch]
+            step += 1
+
+    def loss_fn(self) -> Callable:
+        listwise, k = self.loss == "listwise", self.group_size
+
+        def fn(model, batch, totals):
+            logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits[:, 0]
+            if listwise:
+                value = losses.listwise_ce(logits.view(-1, k))  # [B, 1 + k]
+            else:
+                value = losses.pointwise_bce(logits, batch["labels"])
+            return value, {"loss": value.detach()}
+
+        return fn
+
+    def evaluate(self) -> dict[str, float]:
+        args, corpus = self.args, self.eval_data
+        assert corpus is not None  # checked with the flags
+        retriever = Predictor.from_pretrained(args.eval_retriever or args.mine_negatives, device=args.device)
+        qids, dids = list(corpus.queries), list(corpus.documents)
+        q = retriever.embed([corpus.queries[i] for i in qids], batch_size=args.eval_batch_size)
+        d = retriever.embed([corpus.documents[i] for i in dids], batch_size=args.eval_batch_size)
+        top, _ = evaluation.search(q, d, args.rerank_top_k)
+        candidates = [[dids[j] for j in row] for row in top]
+        relevant = [corpus.qrels[i] for i in qids]
+        reranker = Predictor(
+            self.model,
+            self.tokenizer,
+            "BertForSequenceClassification",
+            self.dist.device,
+            max_seq_length=args.max_seq_length,
+            batch_size=args.eval_batch_size,
+            source=args.output_dir,
+        )
+        was_training = self.model.training
+        try:
+            pairs = [
+                (corpus.queries[qid], corpus.documents[did]) for qid, docs in zip(qids, candidates) for did in docs
+            ]
+            scores = np.array([r["score"] for r in reranker.classify(pairs, top_k=1)]).reshape(len(qids), -1)
+        finally:
+            self.model.train(was_training)
+        out = {
+            f"eval_{k}": v
+            for k, v in evaluation.ranking_metrics(evaluation.rerank(candidates, scores), relevant).items()
+        }
+        out.update({f"eval_retriever_{k}": v for k, v in evaluation.ranking_metrics(candidates, relevant).items()})
+        return out
+
+
+def mine_negatives(model: str, data: TrainingData, k: int, device: str | None, batch_size: int) -> TrainingData:
+    """(anchor, positive) pairs -> (anchor, positive, k negatives): each anchor's nearest texts among the
+    data's positives by the bi-encoder `model`, skipping every positive of that anchor."""
+    if k < 1:
+        raise InputError("--mine_negatives needs --num_negatives of at least 1")
+    anchors, positives = data.columns[0], data.columns[1]
+    candidates = list(dict.fromkeys(positives))
+    own: dict[str, set[str]] = {}
+    for a, p in zip(anchors, positives):
+        own.setdefault(a, set()).add(p)
+    distinct = list(own)
+    predictor = Predictor.from_pretrained(model, device=device)
+    q = predictor.embed(distinct, batch_size=batch_size)
+    d = predictor.embed(candidates, batch_size=batch_size)
+    most = max(len(v) for v in own.values())
+    top, _ = evaluation.search(q, d, k + most)
+    mined = {}
+    for a, row in zip(distinct, top):
+        picked = [candidates[j] for j in row if candidates[j] not in own[a]][:k]
+        if len(picked) < k:
+            raise InputError(f"--mine_negatives: {data.source} has too few distinct documents for {k} negatives")
+        mined[a] = picked
+    columns = [anchors, positives] + [[mined[a][i] for a in anchors] for i in range(k)]
+    logger.info("mined %d hard negatives per query with %s", k, model)
+    return TrainingData(data.source, columns)
+
+
+def train_reranker(args: Any) -> dict[str, Any]:
+    """Train and/or evaluate a reranker (see the module docstring)."""
+    return _run(RerankerRun, args)

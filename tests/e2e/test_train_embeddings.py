@@ -1,0 +1,240 @@
+"""`bert train-embeddings` and `bert train-reranker` end to end on a tiny model, with sentence-transformers as
+the oracle: the trained bi-encoder loads in `SentenceTransformer` with the vectors `bert embed` gives, the
+reranker in `CrossEncoder` with the scores ours gives, and the evaluations equal sentence-transformers'
+evaluators on the same model and data."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from bert.commands.train_embeddings import TrainEmbeddingsArgs, run_train_embeddings
+from bert.commands.train_reranker import TrainRerankerArgs, run_train_reranker
+from bert.inference import Predictor
+from bert.sentence.data import TrainingData, read_beir
+from bert.sentence.runner import mine_negatives
+from conftest import args_for, cli_error, model_flags, read_metrics, read_results, read_weights
+
+st = pytest.importorskip("sentence_transformers", reason="sentence-transformers is the oracle (test extra)")
+scipy_stats = pytest.importorskip("scipy.stats", reason="scipy comes with sentence-transformers")
+st_evaluation = pytest.importorskip("sentence_transformers.sentence_transformer.evaluation")
+
+TOPICS = ["music", "cats", "rain", "football", "cooking", "trains", "books", "gardens", "coffee", "mountains"]
+
+
+def beir_dir(root):
+    """A small BEIR directory: per topic two documents, and three queries about the first."""
+    (root / "qrels").mkdir(parents=True)
+    docs, queries, qrels = [], [], {"train": [], "dev": []}
+    for i, t in enumerate(TOPICS):
+        docs.append({"_id": f"d{i}", "title": t, "text": f"all about {t} and why people like {t}"})
+        docs.append({"_id": f"e{i}", "title": "", "text": f"a note on {t} history"})
+        for j, q in enumerate([f"what is {t}", f"tell me about {t}", f"who likes {t}"]):
+            queries.append({"_id": f"q{i}_{j}", "text": q})
+            qrels["dev" if i % 3 == 0 else "train"].append(f"q{i}_{j}\td{i}\t1")
+    (root / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    for split, lines in qrels.items():
+        (root / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(x + "\n" for x in lines))
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(model_files, tmp_path_factory):
+    """A bi-encoder trained with MNRL and Matryoshka dims on pairs, evaluated on a BEIR split during and after."""
+    tmp = tmp_path_factory.mktemp("bi")
+    beir = beir_dir(tmp / "beir")
+    pairs = tmp / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps([f"question on {t}", f"an answer about {t}"]) + "\n" for t in TOPICS))
+    out = tmp / "out"
+    args = args_for(
+        TrainEmbeddingsArgs,
+        model_files,
+        out,
+        train_file=str(pairs),
+        eval_file=str(beir),
+        do_train=True,
+        do_eval=True,
+        train_batch_size=4,
+        num_train_epochs=2.0,
+        eval_every_steps=2,
+        matryoshka_dims="32,16",
+        learning_rate=1e-3,
+    )
+    result = run_train_embeddings(args)
+    return out, beir, result
+
+
+def test_bi_encoder_run_outputs(trained):
+    out, _, result = trained
+    assert result["global_step"] == 4  # 10 pairs / 4 = 2 batches (no repeated text) x 2 epochs
+    results = read_results(out / "eval_results.txt")
+    for key in ("mrr@10", "ndcg@10", "recall@1", "recall@10", "recall@100", "map@100"):
+        assert f"eval_{key}" in results and f"eval_dim16_{key}" in results
+    evals = [m for m in read_metrics(out) if "eval_ndcg@10" in m]
+    assert [m["step"] for m in evals] == [2, 4]
+    for name in ("modules.json", "1_Pooling/config.json", "sentence_bert_config.json"):
+        assert (out / "model" / name).is_file()
+    config = json.loads((out / "model" / "config_sentence_transformers.json").read_text())
+    assert config["similarity_fn_name"] == "cosine" and config["prompts"] == {}
+
+
+def test_sentence_transformers_loads_it_with_our_vectors(trained):
+    out = trained[0]
+    texts = ["what is rain", "an answer about coffee and why people like it", "x"]
+    ours = Predictor.from_pretrained(out / "model", device="cpu").embed(texts)
+    theirs = st.SentenceTransformer(str(out / "model"), device="cpu").encode(texts)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+
+
+def test_retrieval_evaluation_equals_sentence_transformers(trained):
+    out, beir, _ = trained
+    corpus = read_beir(str(beir), "dev")
+    model = st.SentenceTransformer(str(out / "model"), device="cpu")
+    evaluator = st_evaluation.InformationRetrievalEvaluator(
+        corpus.queries,
+        corpus.documents,
+        {q: set(d) for q, d in corpus.qrels.items()},
+        mrr_at_k=[10],
+        ndcg_at_k=[10],
+        accuracy_at_k=[1],
+        precision_recall_at_k=[1, 10, 100],
+        map_at_k=[100],
+        batch_size=8,
+    )
+    theirs = evaluator(model)
+    ours = json.loads((out / "eval_results.json").read_text())
+    for key in ("mrr@10", "ndcg@10", "recall@1", "recall@10", "recall@100", "map@100"):
+        their_key = next(k for k in theirs if k.endswith(f"cosine_{key}"))
+        assert abs(ours[f"eval_{key}"] - theirs[their_key]) <= 1e-5, key
+
+
+def test_sts_training_and_evaluation_equal_sentence_transformers(model_files, tmp_path):
+    rows = [f"{t} is nice\tpeople like {t}\t{(i % 5) + 0.5}" for i, t in enumerate(TOPICS)]
+    sts = tmp_path / "sts.tsv"
+    sts.write_text("sentence1\tsentence2\tscore\n" + "".join(r + "\n" for r in rows))
+    args = args_for(
+        TrainEmbeddingsArgs,
+        model_files,
+        tmp_path / "out",
+        train_file=str(sts),
+        eval_file=str(sts),
+        do_train=True,
+        do_eval=True,
+        train_batch_size=5,
+        num_train_epochs=1.0,
+        pooling="cls",
+        normalize=True,
+    )
+    result = run_train_embeddings(args)
+    assert result["global_step"] == 2
+    model = st.SentenceTransformer(str(tmp_path / "out" / "model"), device="cpu")
+    a = [r.split("\t")[0] for r in rows]
+    b = [r.split("\t")[1] for r in rows]
+    scores = [float(r.split("\t")[2]) for r in rows]
+    ea, eb = (model.encode(x).astype(np.float64) for x in (a, b))
+    cos = np.sum(ea * eb, axis=1) / np.linalg.norm(ea, axis=1) / np.linalg.norm(eb, axis=1)
+    assert abs(result["eval"]["eval_spearman"] - scipy_stats.spearmanr(cos, scores).statistic) <= 1e-6
+    assert abs(result["eval"]["eval_pearson"] - scipy_stats.pearsonr(cos, scores).statistic) <= 1e-6
+    np.testing.assert_allclose(
+        Predictor.from_pretrained(tmp_path / "out" / "model", device="cpu").embed(a), model.encode(a), atol=1e-5
+    )
+
+
+def test_mined_negatives_skip_the_positives(model_files):
+    anchors = [f"what is {t}" for t in TOPICS] + ["what is rain"]
+    positives = [f"all about {t}" for t in TOPICS] + ["rain falls"]
+    mined = mine_negatives(str(model_files[2]), TrainingData("x", [anchors, positives]), 3, "cpu", 8)
+    assert len(mined.columns) == 5
+    for i, a in enumerate(anchors):
+        own = {p for x, p in zip(anchors, positives) if x == a}
+        negatives = [mined.columns[c][i] for c in range(2, 5)]
+        assert len(set(negatives)) == 3 and not own & set(negatives) and set(negatives) <= set(positives)
+
+
+@pytest.mark.parametrize("loss", ["listwise", "bce"])
+def test_reranker_loads_in_cross_encoder_with_our_scores(model_files, tmp_path, loss):
+    beir = beir_dir(tmp_path / "beir")
+    args = args_for(
+        TrainRerankerArgs,
+        model_files,
+        tmp_path / "out",
+        train_file=str(beir),
+        mine_negatives=str(model_files[2]),
+        num_negatives=2,
+        eval_file=str(beir),
+        rerank_top_k=5,
+        do_train=True,
+        do_eval=True,
+        train_batch_size=4,
+        num_train_epochs=1.0,
+        eval_batch_size=16,
+        loss=loss,
+    )
+    result = run_train_reranker(args)
+    assert result["global_step"] == 4  # 6 training topics x 3 queries = 18 / batch 4
+    for key in ("mrr@10", "ndcg@10", "recall@1", "map@100"):
+        assert f"eval_{key}" in result["eval"] and f"eval_retriever_{key}" in result["eval"]
+    pairs = [("what is rain", "all about rain and why people like rain"), ("who likes cats", "a note on trains")]
+    ours = Predictor.from_pretrained(tmp_path / "out" / "model", device="cpu").classify(pairs)
+    ce = st.CrossEncoder(str(tmp_path / "out" / "model"), device="cpu")
+    theirs = ce.predict(pairs)
+    np.testing.assert_allclose(1 / (1 + np.exp(-np.array([r["score"] for r in ours]))), theirs, atol=1e-5, rtol=0)
+
+
+def test_flag_errors_are_one_line(model_files, tmp_path, capsys):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('["a b", "c d"]\n' * 4)
+    flags = [*model_flags(model_files, tmp_path / "out"), f"--train_file={pairs}", "--do_train"]
+    assert "--loss=cosent needs scored pairs" in cli_error(capsys, "train-embeddings", *flags, "--loss=cosent")
+    err = cli_error(capsys, "train-embeddings", *flags, "--gradient_accumulation_steps=2")
+    assert "--gradient_accumulation_steps=2" in err and "cached_mnrl" in err
+    err = cli_error(capsys, "train-reranker", *flags)
+    assert "--mine_negatives" in err
+    assert not (tmp_path / "out" / "args.json").exists()
+
+
+def test_cached_mnrl_trains_the_weights_mnrl_trains(model_files, tmp_path):
+    """Dropout off: gradient caching in mini-batches of 2 gives the weights of the plain loss on batches of 4;
+    rerunning a finished run trains nothing more."""
+    config = json.loads(model_files[0].read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_dropout_prob": 0.0}))
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(
+        "".join(json.dumps([f"question on {t}", f"an answer about {t}", f"a note on {t}"]) + "\n" for t in TOPICS)
+    )
+    weights = {}
+    for loss in ("mnrl", "cached_mnrl"):
+        args = args_for(
+            TrainEmbeddingsArgs,
+            model_files,
+            tmp_path / loss,
+            bert_config_file=str(tmp_path / "config.json"),
+            train_file=str(pairs),
+            do_train=True,
+            train_batch_size=4,
+            num_train_epochs=1.0,
+            learning_rate=1e-3,
+            loss=loss,
+            mini_batch_size=2,
+        )
+        assert run_train_embeddings(args)["global_step"] == 2
+        weights[loss] = read_weights(tmp_path / loss / "model")
+    assert weights["mnrl"].keys() == weights["cached_mnrl"].keys()
+    start = {k.removeprefix("bert."): v for k, v in read_weights(model_files[2]).items()}
+    for name, value in weights["mnrl"].items():
+        np.testing.assert_allclose(weights["cached_mnrl"][name].numpy(), value.numpy(), atol=1e-5, err_msg=name)
+    assert weights["mnrl"].keys() <= start.keys()
+    assert any(not np.allclose(v.numpy(), start[k].numpy()) for k, v in weights["mnrl"].items())  # it trained
+    again = run_train_embeddings(args)
+    assert again["global_step"] == 2 and "train" not in again
+
+
+def test_an_unknown_best_metric_is_refused_before_training(model_files, tmp_path, capsys):
+    beir = beir_dir(tmp_path / "beir")
+    flags = [*model_flags(model_files, tmp_path / "out"), f"--train_file={beir}", f"--eval_file={beir}", "--do_train"]
+    err = cli_error(capsys, "train-embeddings", *flags, "--train_batch_size=4", "--metric_for_best_model=eval_f1")
+    assert "eval_ndcg@10" in err and "eval_map@100" in err
+    assert not (tmp_path / "out" / "args.json").exists()
