@@ -45,7 +45,7 @@ def onnx_file(path: str | os.PathLike) -> Path:
 def session(path: Path, threads: int) -> Any:
     """An ONNX Runtime CPU session on `path` with `threads` intra-op threads that do not spin."""
     require_onnx()
-    import onnxruntime  # type: ignore[import-untyped]  # the optional onnx extra, imported only when used
+    import onnxruntime  # the optional onnx extra, imported only when used
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads

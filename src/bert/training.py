@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -701,7 +701,7 @@ def pin_memory(item: Any) -> Any:
     return item
 
 
-def prefetch(iterator: Iterator, depth: int = 2, pin: bool = False) -> Iterator:
+def prefetch(iterator: Iterator, depth: int = 2, pin: bool = False) -> Generator:
     """Run `iterator` in a background thread, `depth` items ahead (batch assembly overlaps compute).
 
     With `pin`, the thread also copies each item's tensors to page-locked memory, so that the

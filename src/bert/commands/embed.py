@@ -150,7 +150,7 @@ def run_embed(args: EmbedArgs) -> dict[str, Any]:
     embedded, then are quantized chunk by chunk."""
     _check_flags(args)
     output_file = args.output_file
-    if args.num_shards > 1:  # each shard claims and writes its own file
+    if args.num_shards > 1 and args.output_file is not None:  # each shard claims and writes its own file
         output_file = shard_file(args.output_file, args.shard_index, args.num_shards)
     inputs = {"--input_file": args.input_file, "--model": args.model}
     with claim("embed", files={"--output_file": output_file}, inputs=inputs):

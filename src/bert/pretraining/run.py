@@ -272,7 +272,7 @@ def _train(
         args.num_train_steps,
         len(source),
     )
-    batches = rank_batches(
+    local = rank_batches(
         source,
         stream,
         position,
@@ -282,7 +282,7 @@ def _train(
         args.gradient_accumulation_steps,
         masking,
     )
-    batches = training.prefetch(batches, pin=dist.device.type == "cuda")
+    batches = training.prefetch(local, pin=dist.device.type == "cuda")
 
     def data_state(step: int) -> dict[str, int]:
         return stream.state(start_position + (step - start_step) * args.train_batch_size)
