@@ -28,6 +28,9 @@ from bert.utils import DECODE_ERRORS
 PRECISIONS = ("fp32", "bf16", "fp16")
 QUANTIZE_CHOICES = ("none", "int8")
 POOLINGS = ("cls", "mean", "max", "pooler")  # bert embed --pooling, bert.inference
+# bert train-embeddings / train-reranker --loss: sentence-transformers' losses of these names (bert.sentence.losses).
+EMBEDDING_LOSSES = ("mnrl", "mnrl_symmetric", "cached_mnrl", "cached_mnrl_symmetric", "cosent", "cosine_mse")
+RERANKER_LOSSES = ("bce", "listwise")
 # bert embed --precision, bert.retrieval.quantize_embeddings: sentence-transformers' number formats.
 EMBEDDING_PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
 EXPORT_FORMATS = {"onnx": "model.onnx", "torchscript": "model.pt"}  # format -> file name inside a directory

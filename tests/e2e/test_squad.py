@@ -250,7 +250,10 @@ def test_bad_input_fails_before_writing(model_files, tmp_path, capsys):
         "no train_file": (["--do_train", predict], "train_file"),
         "no predict_file": (["--do_predict", train], "predict_file"),
         "query too long": (["--do_predict", predict, "--max_query_length=125"], "max_query_length (125) + 3"),
-        "longer than the model": (["--do_predict", predict, "--max_seq_length=256"], "sequence length 256"),
+        "longer than the model": (
+            ["--do_predict", predict, "--max_seq_length=256"],
+            "--max_seq_length=256 exceeds the model's max_position_embeddings=128",
+        ),
         "missing file": (["--do_predict", f"--predict_file={tmp_path / 'nope.json'}"], "no such file"),
         "not JSON": (["--do_predict", f"--predict_file={model_files[1]}"], "not valid JSON"),
         "question without text": (

@@ -137,7 +137,9 @@ def test_sts_training_and_evaluation_equal_sentence_transformers(model_files, tm
     ea, eb = (model.encode(x).astype(np.float64) for x in (a, b))
     cos = np.sum(ea * eb, axis=1) / np.linalg.norm(ea, axis=1) / np.linalg.norm(eb, axis=1)
     assert abs(result["eval"]["eval_spearman"] - scipy_stats.spearmanr(cos, scores).statistic) <= 1e-6
-    assert abs(result["eval"]["eval_pearson"] - scipy_stats.pearsonr(cos, scores).statistic) <= 1e-6
+    # This tiny random model's cosines all lie within 1e-7 of 0.99999, so Pearson's r amplifies float32 rounding
+    # (our CPU inference kernels against transformers'): equal to 1e-4 here, the vectors to 1e-5 below.
+    assert abs(result["eval"]["eval_pearson"] - scipy_stats.pearsonr(cos, scores).statistic) <= 1e-4
     np.testing.assert_allclose(
         Predictor.from_pretrained(tmp_path / "out" / "model", device="cpu").embed(a), model.encode(a), atol=1e-5
     )

@@ -118,6 +118,16 @@ def _cases(tmp: Path, m: dict) -> dict[str, tuple[list[str], Path, str]]:
             m["pretrained"],
             "is also --init_checkpoint",
         ),  # fmt: skip
+        "train-embeddings": (
+            [f"--train_file={text}", f"--output_dir={m['pretrained']}", *model, *train],
+            m["pretrained"],
+            "is also --init_checkpoint",
+        ),  # fmt: skip
+        "train-reranker": (
+            [f"--train_file={text}", f"--output_dir={m['pretrained']}", *model, *train],
+            m["pretrained"],
+            "is also --init_checkpoint",
+        ),  # fmt: skip
         "extract-features": ([f"--input_file={text}", f"--output_file={text}", *model], text, "is also --input_file"),
         "predict": ([f"--model={m['classifier']}", f"--input_file={text}", f"--output_file={text}"], text, "is also"),
         "embed": ([f"--model={m['pretrained']}", f"--input_file={text}", f"--output_file={text}"], text, "is also"),

@@ -16,9 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bert.finetune import FinetuneArgs
-from bert.flags import ModelArgs, TrainingArgs, same_as
-from bert.sentence.runner import EMBEDDING_LOSSES, summary, train_embeddings
+from bert.flags import EMBEDDING_LOSSES, FinetuneArgs, ModelArgs, TrainingArgs, same_as
 
 
 @dataclass(kw_only=True)
@@ -102,6 +100,9 @@ class TrainEmbeddingsArgs(SentenceTrainingArgs):
 
 def run_train_embeddings(args: TrainEmbeddingsArgs) -> dict[str, Any]:
     """Train and/or evaluate (see the module docstring); returns the runner's summary."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.sentence.runner import summary, train_embeddings
+
     result = train_embeddings(args)
     print(summary(result))
     return result

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert.commands.train_embeddings import SentenceTrainingArgs
-from bert.sentence.runner import RERANKER_LOSSES, summary, train_reranker
+from bert.flags import RERANKER_LOSSES
 
 
 @dataclass(kw_only=True)
@@ -54,6 +54,9 @@ class TrainRerankerArgs(SentenceTrainingArgs):
 
 def run_train_reranker(args: TrainRerankerArgs) -> dict[str, Any]:
     """Train and/or evaluate (see the module docstring); returns the runner's summary."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.sentence.runner import summary, train_reranker
+
     result = train_reranker(args)
     print(summary(result))
     return result

@@ -34,7 +34,8 @@ import torch
 from bert import training
 from bert.checkpoint import load_into, read_checkpoint
 from bert.errors import InputError
-from bert.finetune import MODEL_DIR, EvalHistory, _log_eval, _prune_checkpoints, _resolve_model_files
+from bert.finetune import MODEL_DIR, EvalHistory, _log_eval, _prune_checkpoints
+from bert.flags import check_flag_values
 from bert.formats.results import write_results
 from bert.inference import Predictor, SentenceTransformersConfig, read_sentence_transformers_config
 from bert.modeling import SENTENCE_POOLINGS, BertForSequenceClassification, BertModel, num_parameters, pool_tokens
@@ -52,6 +53,7 @@ from bert.sentence.data import (
     unique_texts,
 )
 from bert.sentence.st_format import sentence_transformers_files
+from bert.starting_model import resolve_starting_model
 from bert.tasks.common import num_warmup_steps, pad_2d
 from bert.tasks.glue import InputExample, convert_examples_to_features
 from bert.tokenization import FullTokenizer
@@ -59,38 +61,22 @@ from bert.training import METRICS_NAME
 
 logger = logging.getLogger(__name__)
 
-EMBEDDING_LOSSES = ("mnrl", "mnrl_symmetric", "cached_mnrl", "cached_mnrl_symmetric", "cosent", "cosine_mse")
-RERANKER_LOSSES = ("bce", "listwise")
 STATE_NAME = "sentence_state.json"  # in model/: the step its weights come from
 
 
 # ------------------------------------------------------------------------------------------- checks
-def _check_common(args: Any, losses_allowed: tuple[str, ...]) -> None:
+def _check_common(args: Any) -> None:
     if not (args.do_train or args.do_eval):
         raise InputError("nothing to do: pass --do_train=true and/or --do_eval=true")
     args.check_no_tpu()
-    args.check_guard_flags()
-    for name in ("max_seq_length", "train_batch_size", "eval_batch_size", "save_checkpoints_steps", "log_every"):
-        if getattr(args, name) < 1:
-            raise InputError(f"--{name}={getattr(args, name)} must be at least 1")
-    for name in ("eval_every_steps", "early_stopping_patience", "keep_checkpoint_max"):
-        if getattr(args, name) < 0:
-            raise InputError(f"--{name}={getattr(args, name)} must not be negative")
+    check_flag_values(args)  # choices, minimums and finite numbers, from the flags' metadata
     if args.gradient_accumulation_steps != 1:
         raise InputError(
             f"--gradient_accumulation_steps={args.gradient_accumulation_steps}: these losses compare every example "
             "with the whole batch, so it must be 1 (for large batches in little memory use --loss=cached_mnrl "
             "with --mini_batch_size)"
         )
-    if args.loss is not None and args.loss not in losses_allowed:
-        raise InputError(f"--loss={args.loss} must be one of {', '.join(losses_allowed)}")
     if args.do_train:
-        if not args.learning_rate > 0:
-            raise InputError(f"--learning_rate={args.learning_rate} must be positive")
-        if not args.num_train_epochs > 0:
-            raise InputError(f"--num_train_epochs={args.num_train_epochs} must be positive")
-        if not 0 <= args.warmup_proportion <= 1:
-            raise InputError(f"--warmup_proportion={args.warmup_proportion} must be between 0 and 1")
         if args.train_file is None:
             raise InputError("--do_train needs --train_file=PATH (.jsonl, .tsv or a BEIR directory)")
     if (args.do_eval or args.eval_every_steps) and args.eval_file is None:
@@ -160,10 +146,9 @@ class _Run:
         self.args, self.dist = args, dist
         self.output_dir = Path(args.output_dir)
         self.exported = self.output_dir / MODEL_DIR
-        self.resume_dir = training.latest_checkpoint(self.output_dir)
-        self.files = _resolve_model_files(args, self.resume_dir)
-        if self.resume_dir is not None:
-            training.check_checkpoint_config(self.resume_dir, self.files.config)
+        # The model the run starts from, as fine-tuning resolves it (the resumed checkpoint's shape checked).
+        self.files = resolve_starting_model(args, do_lower_case=args.do_lower_case)
+        self.resume_dir = self.files.resume_dir
         self.evaluate_during_training = args.do_train and args.eval_every_steps > 0
 
     def setup_training(self, num_examples_per_epoch: int) -> None:
@@ -224,11 +209,11 @@ class _Run:
             self.global_step = int(self.resume_dir.name[len(training.CHECKPOINT_PREFIX) :])
             if args.do_train:
                 self.state = training.load_training_state(self.resume_dir, verify=verify)
-        elif files.checkpoint is not None:
-            load_into(model, files.checkpoint)
+        elif files.init is not None:
+            load_into(model, files.init)
         else:
             logger.warning("no --init_checkpoint: the model starts from random weights")
-        files.checkpoint = None
+        files.init = None  # its tensors are in the model now
         logger.info("%s: %d parameters", type(model).__name__, num_parameters(model))
         self.model = model.to(self.dist.device)
         self.wrapped = training.prepare_model(model, args, self.dist)
@@ -339,7 +324,7 @@ class EmbeddingRun(_Run):
         return {"add_pooling_layer": False}
 
     def __init__(self, args: Any, dist: training.DistContext):
-        _check_common(args, EMBEDDING_LOSSES)
+        _check_common(args)
         super().__init__(args, dist)
         st = None
         if args.init_checkpoint and Path(args.init_checkpoint).is_dir():
@@ -539,7 +524,7 @@ class RerankerRun(_Run):
     default_metric = "eval_ndcg@10"
 
     def __init__(self, args: Any, dist: training.DistContext):
-        _check_common(args, RERANKER_LOSSES)
+        _check_common(args)
         if args.num_negatives < 0 or args.rerank_top_k < 1:
             raise InputError("--num_negatives must not be negative and --rerank_top_k must be at least 1")
         super().__init__(args, dist)
