@@ -343,6 +343,17 @@ class EvalHistory:
                 best = e
         return best
 
+    def restore_best(self, model: torch.nn.Module, output_dir: Path, global_step: int, verify: bool) -> int:
+        """Load the best evaluation's checkpoint into `model` when it is not `global_step`'s; the step of the
+        weights `model` now holds (the one to export)."""
+        best = self.best()
+        if best is None or best["step"] == global_step:
+            return global_step
+        best_dir = output_dir / f"{training.CHECKPOINT_PREFIX}{best['step']}"
+        logger.info("using the best checkpoint %s (%s = %.6g)", best_dir, self.metric, best["metrics"][self.metric])
+        load_into(model, read_checkpoint(best_dir, verify=verify))
+        return int(best["step"])
+
     def add(self, step: int, metrics: dict[str, float]) -> bool:
         """Record an evaluation; True when training should stop (early stopping)."""
         self.evaluations.append({"step": step, "metrics": metrics})
@@ -655,12 +666,9 @@ class _FinetuneRun:
             finally:
                 batches.close()
         self.global_step = trainer.global_step
-        best = self.history.best() if self.evaluate_during_training else None
-        if best is not None and best["step"] != self.global_step:
-            best_dir = self.output_dir / f"{training.CHECKPOINT_PREFIX}{best['step']}"
-            logger.info("using the best checkpoint %s (%s = %.6g)", best_dir, self.metric, best["metrics"][self.metric])
-            load_into(self.model, read_checkpoint(best_dir, verify=not args.ignore_checkpoint_digest))
-            self.global_step = best["step"]
+        if self.evaluate_during_training:
+            verify = not args.ignore_checkpoint_digest
+            self.global_step = self.history.restore_best(self.model, self.output_dir, self.global_step, verify)
         state_file = {FINETUNE_STATE_NAME: {"command": task.command, "global_step": self.global_step}}
         trainer.export_model(self.exported, extra_files=state_file)
         logger.info("saved the model of step %d to %s", self.global_step, self.exported)

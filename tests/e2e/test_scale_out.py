@@ -252,14 +252,14 @@ def test_fsdp_two_processes_equal_one(tmp_path):
     data, _ = synthetic_data(tmp_path, n=24, seq=32)
     config = write_tiny_config(tmp_path / "bert_config.json", 99, max_position_embeddings=32, **NO_DROPOUT)
     common = ["--num_train_steps=6", "--save_checkpoints_steps=3"]
-    one = tmp_path / "one"
-    run_one = subprocess.Popen([sys.executable, *_pretrain_flags(config, data, one, *common)], env=_env(),
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
     two = tmp_path / "fsdp"
     cmd = _torchrun("--standalone", "--nproc_per_node=2", *_pretrain_flags(config, data, two, *common, "--fsdp"))
     _check(subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT))
-    _, err = run_one.communicate(timeout=TIMEOUT)
-    assert run_one.returncode == 0, err[-3000:]
+    # The one-process reference runs after the two ranks, not beside them: on two cores a third process slows
+    # them (a rank aborted once in a loaded run; the cause was not found).
+    one = tmp_path / "one"
+    _check(subprocess.run([sys.executable, *_pretrain_flags(config, data, one, *common)], env=_env(),
+                          capture_output=True, text=True, timeout=TIMEOUT))  # fmt: skip
     np.testing.assert_allclose(
         [m["loss"] for m in read_metrics(two)], [m["loss"] for m in read_metrics(one)], atol=1e-5
     )

@@ -206,9 +206,19 @@ def test_workers_exit_with_their_parent(models, tmp_path):
         while any(_alive(w) for w in workers) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not any(_alive(w) for w in workers), "workers outlived their killed parent"
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(("127.0.0.1", port))  # the port is free again
+        # The port is free again: the last worker's listening socket goes with it, though the kernel may
+        # release it a moment after the process is gone, so the bind is retried for a few seconds.
+        deadline = time.monotonic() + 10
+        while True:
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", port))
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+            time.sleep(0.2)
     finally:
         for w in workers:
             if _alive(w):

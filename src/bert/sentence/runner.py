@@ -283,12 +283,9 @@ class _Run:
             finally:
                 batches.close()
         self.global_step = trainer.global_step
-        best = self.history.best() if self.evaluate_during_training else None
-        if best is not None and best["step"] != self.global_step:
-            best_dir = self.output_dir / f"{training.CHECKPOINT_PREFIX}{best['step']}"
-            logger.info("using the best checkpoint %s (%s = %.6g)", best_dir, self.metric, best["metrics"][self.metric])
-            load_into(self.model, read_checkpoint(best_dir, verify=not args.ignore_checkpoint_digest))
-            self.global_step = best["step"]
+        if self.evaluate_during_training:
+            verify = not args.ignore_checkpoint_digest
+            self.global_step = self.history.restore_best(self.model, self.output_dir, self.global_step, verify)
         extra = {STATE_NAME: {"command": self.command, "global_step": self.global_step}, **self.export_files()}
         trainer.export_model(self.exported, extra_files=extra)
         logger.info("saved the model of step %d to %s", self.global_step, self.exported)
