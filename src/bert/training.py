@@ -142,6 +142,9 @@ def resolve_device(spec: str | None, local_rank: int = 0) -> torch.device:
     return device
 
 
+_PROCESS_GROUPS: list[Any] = []  # see init_distributed
+
+
 def init_distributed(device_spec: str | None = None) -> DistContext:
     """Join the process group when started by `torchrun` (WORLD_SIZE > 1), else a single process.
 
@@ -161,6 +164,11 @@ def init_distributed(device_spec: str | None = None) -> DistContext:
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         store = torch.distributed.PrefixStore(f"bert/attempt-{attempt}", store)
         torch.distributed.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size)
+        # Held until the process ends. Otherwise, once `shutdown_distributed` has let go of it, the group is
+        # destroyed when the DDP wrapper is freed, on the main thread holding the GIL: gloo's destructor then
+        # joins its worker thread, which may still be freeing the last collective's tensors and wait for the
+        # GIL (a hang seen at the end of `bert pretrain` under torchrun).
+        _PROCESS_GROUPS.append(torch.distributed.group.WORLD)
         logger.info("rank %d of %d joined the %s process group on %s", rank, world_size, backend, device)
     return DistContext(device=device, rank=rank, world_size=world_size, local_rank=local_rank)
 
