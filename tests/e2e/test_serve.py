@@ -117,10 +117,11 @@ class ServerProcess:
 
 
 @contextmanager
-def inprocess_server(predictor: Predictor, **settings):
-    """The app on uvicorn in a thread of this process (no model load in a new process)."""
+def inprocess_server(predictor: Predictor | None = None, app=None, model_id: str = "test", **settings):
+    """The app (by default `predictor`'s) on uvicorn in a thread of this process (no model load in a new
+    process); yields its port."""
     port = free_port()
-    app = create_app(predictor, ServeSettings(model_id="test", **settings))
+    app = app or create_app(predictor, ServeSettings(model_id=model_id, **settings))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -8,8 +8,6 @@ truncation direction over HTTP."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -20,6 +18,8 @@ import torch
 pytest.importorskip("starlette", reason="bert serve needs the serve extra (pip install '.[serve]')")
 uvicorn = pytest.importorskip("uvicorn", reason="bert serve needs the serve extra (pip install '.[serve]')")
 requests = pytest.importorskip("requests", reason="the clients' tests need requests (test extra)")
+
+from test_serve import inprocess_server  # noqa: E402
 
 from bert.commands.embed import EmbedArgs, run_embed  # noqa: E402
 from bert.commands.predict import PredictArgs, run_predict  # noqa: E402
@@ -33,7 +33,7 @@ from bert.modeling import (  # noqa: E402
     BertForTokenClassification,
     BertModel,
 )
-from bert.serving import ENDPOINTS, ServeSettings, create_app  # noqa: E402
+from bert.serving import ENDPOINTS  # noqa: E402
 from conftest import save_model_dir, uncased_vocab, vocab_config  # noqa: E402
 
 TEI_OPENAPI = Path(__file__).parent.parent / "fixtures" / "tei" / "openapi.json"
@@ -44,20 +44,9 @@ EXAMPLES_PER_ROUTE = 12  # property-based requests per route and document: about
 
 @contextmanager
 def serving(predictor: Predictor | None = None, app=None, **settings):
-    """The app (by default `predictor`'s) on uvicorn in a thread, on a free 127.0.0.1 port; yields the base URL."""
-    app = app or create_app(predictor, ServeSettings(model_id="test-model", **settings))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    """`test_serve.inprocess_server`, yielding the base URL."""
+    with inprocess_server(predictor, app=app, model_id="test-model", **settings) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module")
