@@ -2,17 +2,22 @@
 
     pip install -e ".[bench]"   # the test extra plus accelerate, which transformers' Trainer needs
     python bench/accuracy_table.py [--tasks MRPC,RTE,STS-B,CoNLL-2003] [--seeds 1,2,3]
-        [--out bench/out/accuracy_table] [--systems ours,random,transformers] [--epochs E]
+        [--out bench/out/accuracy_table] [--systems ours,ours_adamw,random,transformers] [--epochs E] [--jobs N]
 
 For each task and seed, three systems start from all-MiniLM-L6-v2 (the `minilm` extra) with the README's
 recipe (learning rate 2e-5, batch 32, 3 epochs, max_seq_length 128):
 - ours: the real command (`bert classify` / `bert ner`) with the original's optimizer and schedule
   (run_classifier.py: `AdamWeightDecayOptimizer`, 10% warm-up, weight decay 0.01);
+- ours_adamw: the same command with `--optimizer=adamw` (bias correction, eps 1e-8: torch's AdamW update),
+  the one change that tests whether the original optimizer's missing bias correction explains a gap;
 - random: the same command from random initialisation of the same shape;
 - transformers: its own `Trainer` with the settings of its examples run_glue.py / run_ner.py (AdamW with
-  bias correction, no warm-up, no weight decay, linear decay; run_glue pads to max_seq_length; run_ner
-  labels the first piece of each word), scored by the same metric functions as ours.
-Every run is a separate process (so wall times compare like with like) and is kept under
+  bias correction, no warm-up, no weight decay, linear decay; run_ner labels the first piece of each word),
+  padding each batch to its longest sequence (run_glue's `--pad_to_max_length=False`; its default pads to
+  max_seq_length, which changes no score and would make its wall time incomparable with ours), scored by
+  the same metric functions as ours.
+Every run is a separate process (so wall times compare like with like; `--jobs N` runs N at once with
+cpu_count / N threads each) and is kept under
 OUT/SYSTEM/TASK/seedN/scores.json, reused when present. The table gives mean ± standard deviation over seeds
 and the mean wall time of a run. CoNLL-2003 is scored on its test set by conlleval's rules
 (`bert.metrics.ner_metrics`); the GLUE tasks on their dev sets.
@@ -27,6 +32,7 @@ import platform
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +45,7 @@ METRICS = {
     "STS-B": ["eval_pearson", "eval_spearman"],
     "CoNLL-2003": ["test_f1"],
 }
-SYSTEMS = ("ours", "random", "transformers")
+SYSTEMS = ("ours", "ours_adamw", "random", "transformers")
 
 
 def minilm_dir() -> Path:
@@ -54,7 +60,7 @@ def ours_command(system: str, task: str, seed: int, target: Path) -> list[str]:
     model = minilm_dir()
     init = (
         [f"--init_checkpoint={model}"]
-        if system == "ours"
+        if system != "random"
         else [f"--bert_config_file={model / 'config.json'}", f"--vocab_file={model / 'vocab.txt'}"]
     )
     evaluate = ["--do_predict=true"] if command == "ner" else ["--do_eval=true"]
@@ -73,6 +79,7 @@ def ours_command(system: str, task: str, seed: int, target: Path) -> list[str]:
         f"--train_batch_size={RECIPE['batch_size']}",
         f"--num_train_epochs={RECIPE['epochs']}",
         f"--max_seq_length={RECIPE['max_seq_length']}",
+        *(["--optimizer=adamw"] if system == "ours_adamw" else []),
     ]
 
 
@@ -92,6 +99,7 @@ def peer_run(task: str, seed: int, target: Path) -> dict[str, float]:
         AutoModelForTokenClassification,
         AutoTokenizer,
         DataCollatorForTokenClassification,
+        DataCollatorWithPadding,
         Trainer,
         TrainingArguments,
     )
@@ -173,8 +181,8 @@ def peer_run(task: str, seed: int, target: Path) -> dict[str, float]:
     def encode(examples: list) -> list[dict]:
         rows = []
         for ex in examples:
-            # run_glue.py pads to max_seq_length (its pad_to_max_length default) and truncates longest first.
-            enc = tokenizer(ex.text_a, ex.text_b, truncation=True, max_length=128, padding="max_length")
+            # run_glue.py truncates longest first; DataCollatorWithPadding pads each batch (see the docstring).
+            enc = tokenizer(ex.text_a, ex.text_b, truncation=True, max_length=128)
             label = float(ex.label) if regression else label_list.index(ex.label)
             rows.append({**enc, "labels": label})
         return rows
@@ -182,7 +190,9 @@ def peer_run(task: str, seed: int, target: Path) -> dict[str, float]:
     model = AutoModelForSequenceClassification.from_pretrained(
         model_dir, num_labels=1 if regression else len(label_list)
     )
-    trainer = Trainer(model=model, args=args, train_dataset=Rows(encode(train)))
+    trainer = Trainer(
+        model=model, args=args, train_dataset=Rows(encode(train)), data_collator=DataCollatorWithPadding(tokenizer)
+    )
     trainer.train()
     output = trainer.predict(Rows(encode(dev)))
     preds = output.predictions[:, 0] if regression else np.argmax(output.predictions, axis=1)
@@ -191,7 +201,7 @@ def peer_run(task: str, seed: int, target: Path) -> dict[str, float]:
 
 
 # -------------------------------------------------------------------------------------------- driver
-def run(system: str, task: str, seed: int, out: Path) -> dict[str, float]:
+def run(system: str, task: str, seed: int, out: Path, threads: int) -> dict[str, float]:
     """One run in its own process, its scores and wall time kept in OUT/SYSTEM/TASK/seedN/scores.json."""
     target = out / system / task / f"seed{seed}"
     kept = target / "scores.json"
@@ -202,14 +212,16 @@ def run(system: str, task: str, seed: int, out: Path) -> dict[str, float]:
         cmd = [sys.executable, __file__, "--peer_run", f"{task}:{seed}:{target}", f"--epochs={RECIPE['epochs']}"]
     else:
         cmd = ours_command(system, task, seed, target)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"{system} {task} seed {seed} failed:\n{done.stderr[-2000:]}")
     scores = json.loads((target / "peer_scores.json").read_text()) if system == "transformers" else {}
     scores = scores or ours_scores(task, target)
     scores["seconds"] = seconds
+    scores["threads"] = threads
     kept.write_text(json.dumps(scores, indent=2))
     return scores
 
@@ -225,6 +237,7 @@ def main() -> None:
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--out", default="bench/out/accuracy_table")
     parser.add_argument("--epochs", type=float, default=RECIPE["epochs"], help="fewer for a smoke run only")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once, cpu_count / jobs threads each")
     parser.add_argument("--peer_run", help=argparse.SUPPRESS)  # TASK:SEED:DIR, one transformers run
     opts = parser.parse_args()
     RECIPE["epochs"] = opts.epochs
@@ -239,15 +252,19 @@ def main() -> None:
         sys.exit(f"unknown task or system: {', '.join(unknown)} (tasks: {', '.join(METRICS)}; systems: {SYSTEMS})")
     seeds = [int(s) for s in opts.seeds.split(",")]
     out = Path(opts.out)
+    threads = max(1, (os.cpu_count() or 1) // opts.jobs)
     print(
         f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-        f"recipe {RECIPE}, seeds {seeds}",
+        f"recipe {RECIPE}, seeds {seeds}, {opts.jobs} runs at once with {threads} threads each",
         flush=True,
     )
     header = "| task | metric | " + " | ".join(systems) + " |"
     rows = [header, "|---|---|" + "---:|" * len(systems)]
     for task in tasks:
-        results = {s: [run(s, task, seed, out) for seed in seeds] for s in systems}
+        jobs = [(s, seed) for seed in seeds for s in systems]  # seed-major: a stopped table has whole seeds
+        with ThreadPoolExecutor(opts.jobs) as pool:
+            done = dict(zip(jobs, pool.map(lambda job: run(job[0], task, job[1], out, threads), jobs)))
+        results = {s: [done[(s, seed)] for seed in seeds] for s in systems}
         for metric in [*METRICS[task], "seconds"]:
             values = [cell([r[metric] for r in results[s]]) for s in systems]
             rows.append(f"| {task} | {metric} | " + " | ".join(values) + " |")

@@ -610,7 +610,9 @@ class _FinetuneRun:
         Returns the last logged training metrics, None when no step was left to run."""
         args, task, dist = self.args, self.task, self.dist
         features = self.features_of(self.train_examples)
-        optimizer, scheduler = create_optimizer(self.model, args.learning_rate, self.total_steps, self.warmup_steps)
+        optimizer, scheduler = create_optimizer(
+            self.model, args.learning_rate, self.total_steps, self.warmup_steps, args.optimizer, args.weight_decay
+        )
         settings = training.TrainerSettings(
             precision=args.precision,
             save_checkpoints_steps=args.save_checkpoints_steps,

@@ -32,6 +32,9 @@ POOLINGS = ("cls", "mean", "max", "pooler")  # bert embed --pooling, bert.infere
 EMBEDDING_LOSSES = ("mnrl", "mnrl_symmetric", "cached_mnrl", "cached_mnrl_symmetric", "cosent", "cosine_mse")
 RERANKER_LOSSES = ("bce", "listwise")
 # bert embed --precision, bert.retrieval.quantize_embeddings: sentence-transformers' number formats.
+# adamw_bert: the original's AdamWeightDecayOptimizer (no bias correction); adamw: torch.optim.AdamW's update
+# (bias correction, eps 1e-8), which transformers' and sentence-transformers' trainers use; lamb: large batches.
+OPTIMIZERS = ("adamw_bert", "adamw", "lamb")
 EMBEDDING_PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
 EXPORT_FORMATS = {"onnx": "model.onnx", "torchscript": "model.pt"}  # format -> file name inside a directory
 SHAPE_NAMES = "tiny, mini, small, medium, base, large, L-4_H-256, ..."
@@ -176,6 +179,30 @@ class PerformanceArgs:
 
 
 @dataclass(kw_only=True)
+class OptimizerArgs:
+    """The optimizer of a training command: the original's by default, a bias-corrected AdamW on request."""
+
+    optimizer: str = field(
+        default="adamw_bert",
+        metadata={
+            "run_defining": "train",
+            "help": "adamw_bert (the original AdamWeightDecayOptimizer, no bias correction), adamw (torch's AdamW: "
+            "bias correction, eps 1e-8, as transformers' and sentence-transformers' trainers) or lamb (large batches).",
+            "choices": list(OPTIMIZERS),
+        },
+    )
+    weight_decay: float = field(
+        default=0.01,
+        metadata={
+            "run_defining": "train",
+            "min": 0,
+            "help": "Decoupled weight decay rate; LayerNorm weights and biases are never decayed (the original's "
+            "exclusions).",
+        },
+    )
+
+
+@dataclass(kw_only=True)
 class GuardArgs:
     """What a training run checks, and the flag that relaxes each check: shared by pretrain and every
     fine-tuning command. Flags whose field metadata has "run_defining" are compared with the run that
@@ -205,7 +232,7 @@ class GuardArgs:
 
 
 @dataclass(kw_only=True)
-class TrainingArgs(TpuCompatArgs, PerformanceArgs, GuardArgs):
+class TrainingArgs(TpuCompatArgs, PerformanceArgs, OptimizerArgs, GuardArgs):
     """The flags of run_pretraining.py and run_classifier.py alike: pretrain and every fine-tuning command."""
 
     output_dir: str = field(

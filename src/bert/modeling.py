@@ -41,11 +41,13 @@ def _activation(name: str) -> nn.Module:
     }[name]
 
 
-# The encoder's Linear layers in CPU inference run as oneDNN's fused Linear (the kernel inductor emits for
-# frozen CPU graphs), with the feed-forward GELU applied inside the GEMM rather than as a second pass over
-# [R, I]: on the 2-core AVX2 machine it ran all-MiniLM-L6-v2's encoder about 1.8x faster than F.linear
-# (bench/RESULTS.md), with equal outputs to float rounding. It has no backward pass and the exporters cannot
-# trace it, so training, tracing and compiling keep F.linear; so do quantized layers (not nn.Linear).
+# The encoder's Linear layers on CPU run as oneDNN's Linear (`torch.ops.mkldnn._linear_pointwise`, the kernel
+# inductor emits for frozen CPU graphs) rather than F.linear's MKL sgemm, which takes a slow path on AMD CPUs:
+# 2.4x the GFLOP/s on an AMD EPYC (Zen 5, one thread, MiniLM's feed-forward shape; bench/RESULTS.md). In
+# inference the feed-forward GELU is applied inside the GEMM rather than as a second pass over [R, I]; in
+# training `_OneDnnLinear` runs the two backward GEMMs through it too. Tracing, compiling and exporting keep
+# F.linear (the exporters cannot trace the op), as do autocast (the op ignores it), quantized layers (not
+# nn.Linear) and tensors off the CPU.
 _ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 # hidden_act -> oneDNN's post-op and its algorithm, for the activations it fuses.
 _FUSED_ACTIVATIONS = {
@@ -56,27 +58,108 @@ _FUSED_ACTIVATIONS = {
 }
 
 
-def _onednn_inference(layer: nn.Module, x: torch.Tensor) -> bool:
-    """Whether `layer(x)` may run as oneDNN's fused Linear: fp32 CPU inference outside tracing and compiling."""
-    return (
-        _ONEDNN_LINEAR
-        and type(layer) is nn.Linear
-        and x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and layer.weight.dtype == torch.float32
-        and not torch.is_grad_enabled()
-        and not torch.jit.is_tracing()
-        and not torch.jit.is_scripting()
-        and not torch.compiler.is_compiling()
-        and not getattr(torch.compiler, "is_exporting", lambda: False)()  # torch 2.5+
+def _native_kernels() -> bool:
+    """Whether this code runs eagerly (not traced, scripted, compiled or exported), so it may pick kernels."""
+    return not (
+        torch.jit.is_tracing()
+        or torch.jit.is_scripting()
+        or torch.compiler.is_compiling()
+        or getattr(torch.compiler, "is_exporting", lambda: False)()  # torch 2.5+
     )
 
 
+def _onednn_eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `x @ weight^T` may run through oneDNN: fp32 on the CPU, outside tracing, compiling and autocast."""
+    return (
+        _ONEDNN_LINEAR
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and not torch.is_autocast_enabled("cpu")
+        and _native_kernels()
+    )
+
+
+def _onednn_inference(layer: nn.Module, x: torch.Tensor) -> bool:
+    """Whether `layer(x)` may run as oneDNN's fused Linear, whose output has no gradient."""
+    return type(layer) is nn.Linear and not torch.is_grad_enabled() and _onednn_eligible(x, layer.weight)
+
+
+def _onednn_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")  # a @ b^T + bias
+
+
+class _OneDnnLinear(torch.autograd.Function):
+    """F.linear with its forward and both backward GEMMs through oneDNN."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _onednn_gemm(x, weight, bias)  # [..., I] -> [..., O]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        g = grad.reshape(-1, grad.shape[-1])  # [..., O] -> [N, O]
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _onednn_gemm(g, weight.t()).view(x.shape)  # g W: [N, O] x [O, I] -> [N, I] -> [..., I]
+        if ctx.needs_input_grad[1]:
+            grad_w = _onednn_gemm(g.t(), x.reshape(-1, x.shape[-1]).t())  # g^T x: [O, N] x [N, I] -> [O, I]
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = g.sum(0)
+        return grad_x, grad_w, grad_b
+
+
+def _dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear(x, weight, bias), through oneDNN where `_onednn_eligible` allows it."""
+    if not _onednn_eligible(x, weight):
+        return F.linear(x, weight, bias)
+    if torch.is_grad_enabled():
+        return _OneDnnLinear.apply(x, weight, bias)
+    return _onednn_gemm(x, weight, bias)
+
+
 def _linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """`layer(x)`, through oneDNN where `_onednn_inference` allows it."""
-    if _onednn_inference(layer, x):
-        return torch.ops.mkldnn._linear_pointwise(x, layer.weight, layer.bias, "none", [], "")
-    return layer(x)
+    """`layer(x)`, through oneDNN for a plain nn.Linear (`_dense`)."""
+    return _dense(x, layer.weight, layer.bias) if type(layer) is nn.Linear else layer(x)
+
+
+class _CpuDropout(torch.autograd.Function):
+    """F.dropout's output and gradient with the keep mask drawn as uniform floats compared with p: on the CPU
+    half the time of the bernoulli_ kernel F.dropout draws it with (a fifth of a MiniLM training step went
+    there). The same distribution, another random stream; the mask is kept as bool, as F.dropout keeps it."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
+        keep = torch.rand(x.shape) >= p  # x's shape, bool
+        ctx.save_for_backward(keep)
+        ctx.scale = 1.0 / (1.0 - p)
+        return x.mul(keep).mul_(ctx.scale)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        (keep,) = ctx.saved_tensors
+        return grad.mul(keep).mul_(ctx.scale), None
+
+
+def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """F.dropout(x, p, training), on the CPU through `_CpuDropout`."""
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or not _native_kernels():
+        return F.dropout(x, p, True)
+    return _CpuDropout.apply(x, p)
+
+
+class Dropout(nn.Dropout):
+    """nn.Dropout through `_dropout`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _dropout(x, self.p, self.training)
 
 
 # ------------------------------------------------------------------------------------------- outputs
@@ -150,7 +233,7 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         # Not snake case, to match the TF variable scope `LayerNorm` and every released checkpoint.
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         T = input_ids.shape[1]
@@ -182,14 +265,19 @@ class BertSelfAttention(nn.Module):
         if unpadding is not None:
             q, k, v = unpadding.pad(q), unpadding.pad(k), unpadding.pad(v)  # [R, H] -> [B, T, H]
         B, T, H = q.shape
+        q, k, v = self._heads(q), self._heads(k), self._heads(v)  # [B, N, T, D]
         # softmax(q k^T / sqrt(D) + mask_bias) v, mask_bias [B, 1, 1, T] masks padded keys only.
-        context = F.scaled_dot_product_attention(
-            self._heads(q),
-            self._heads(k),
-            self._heads(v),
-            attn_mask=mask_bias,
-            dropout_p=self.dropout_p if self.training else 0.0,
-        )  # [B, N, T, D]
+        if self.training and self.dropout_p > 0.0 and q.device.type == "cpu" and _native_kernels():
+            # SDPA's CPU kernels have no dropout: it would take this same math path, with F.dropout's mask.
+            scores = torch.matmul(q, k.transpose(-1, -2)) * self.head_size**-0.5  # [B, N, T, T]
+            if mask_bias is not None:
+                scores = scores + mask_bias
+            probs = _dropout(scores.softmax(-1), self.dropout_p, True)
+            context = torch.matmul(probs, v)  # [B, N, T, D]
+        else:
+            context = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask_bias, dropout_p=self.dropout_p if self.training else 0.0
+            )  # [B, N, T, D]
         context = context.transpose(1, 2).reshape(B, T, H)  # [B, N, T, D] -> [B, T, H]
         return unpadding.unpad(context) if unpadding is not None else context
 
@@ -201,7 +289,7 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(in_features or config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dropout(_linear(self.dense, hidden)) + residual)
@@ -419,7 +507,7 @@ class BertPredictionHeadTransform(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.transform_act_fn(self.dense(hidden)))
+        return self.LayerNorm(self.transform_act_fn(_linear(self.dense, hidden)))
 
 
 class BertLMPredictionHead(nn.Module):
@@ -433,7 +521,7 @@ class BertLMPredictionHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.transform(hidden), self.decoder.weight, self.bias)  # [..., H] -> [..., V]
+        return _dense(self.transform(hidden), self.decoder.weight, self.bias)  # [..., H] -> [..., V]
 
 
 class BertPreTrainingHeads(nn.Module):
@@ -607,7 +695,7 @@ class BertForSequenceClassification(_FineTuningHead):
         self.problem_type = problem_type
         self.bert = BertModel(config)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.init_weights()
 
@@ -683,7 +771,7 @@ class BertForTokenClassification(_FineTuningHead):
         self.num_labels = num_labels
         self.bert = BertModel(config, add_pooling_layer=False)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.init_weights()
 
@@ -716,7 +804,7 @@ class BertForMultipleChoice(_FineTuningHead):
         self.config = config
         self.bert = BertModel(config)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.init_weights()
 

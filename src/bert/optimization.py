@@ -306,7 +306,8 @@ def create_optimizer(
     Args:
         model: the (unwrapped) model; parameter names decide the decay groups.
         init_lr, num_train_steps, num_warmup_steps: the schedule (see `polynomial_warmup_lr`).
-        optimizer: "adamw_bert" (the original) or "lamb".
+        optimizer: "adamw_bert" (the original), "adamw" (the same with bias correction and eps 1e-8: torch's
+            AdamW update, for comparison with transformers' trainers) or "lamb".
         weight_decay: 0.01 as in the original.
 
     Clipping is the training loop's job (`clip_grad_norm` with 1.0), as it needs the reduced gradients.
@@ -314,10 +315,12 @@ def create_optimizer(
     groups = param_groups(model.named_parameters(), weight_decay)
     if optimizer == "adamw_bert":
         opt: torch.optim.Optimizer = AdamWeightDecay(groups, lr=init_lr, betas=(0.9, 0.999), eps=1e-6)
+    elif optimizer == "adamw":
+        opt = AdamWeightDecay(groups, lr=init_lr, betas=(0.9, 0.999), eps=1e-8, bias_correction=True)
     elif optimizer == "lamb":
         opt = Lamb(groups, lr=init_lr, betas=(0.9, 0.999), eps=1e-6)
     else:
-        raise ValueError(f"unknown optimizer {optimizer!r}; use adamw_bert or lamb")
+        raise ValueError(f"unknown optimizer {optimizer!r}; use adamw_bert, adamw or lamb")
     return opt, polynomial_warmup_schedule(opt, num_train_steps, num_warmup_steps)
 
 

@@ -6,11 +6,12 @@ Memory per device, in bytes:
   world size.
 - activations: what autograd keeps for the backward pass of one micro-batch. Per encoder layer (b sequences
   of s tokens, hidden h, a heads, intermediate i), counted on this implementation's CPU kernels with dropout
-  on (the released configs): fp32 copies of 10 [b, s, h] tensors, 2 [b, s, i] (the GELU's input and
-  output), 3 [b, a, s, s] (attention probabilities, dropout mask and dropped probabilities: SDPA's math
-  path, which attention dropout selects) and LayerNorm statistics. On CUDA the fused SDPA kernels keep
-  [b, a, s] instead of [b, a, s, s], and bf16/fp16 halve the tensors autocast computes. The embeddings
-  keep 3 [b, s, h] and the heads 4 h + V values per masked position (the log-softmax over the vocabulary).
+  on (the released configs): fp32 copies of 8 [b, s, h] tensors and two bool dropout masks of that shape,
+  2 [b, s, i] (the GELU's input and output), the [b, a, s, s] attention probabilities before and after
+  dropout and its bool mask, and LayerNorm statistics. On CUDA (not measured: no GPU here) the plan
+  counts 10 [b, s, h] and the fused SDPA kernels' [b, a, s] instead of [b, a, s, s]; bf16/fp16 halve the
+  tensors autocast computes. The embeddings keep 2 [b, s, h] and a bool mask, and the heads 4 h + V values
+  per masked position (the log-softmax over the vocabulary).
   With `--gradient_checkpointing` each layer keeps its input only, and one layer's activations exist again
   while it is recomputed.
 - the peak: weights, optimizer state and the activations at the end of the forward pass, plus the larger
@@ -47,7 +48,7 @@ DEVICES: dict[str, dict[str, Any]] = {
     "H100": {"flops": {"bf16": 989e12, "fp16": 989e12, "fp32": 495e12}, "memory": 80 * 2**30},
     "A100": {"flops": {"bf16": 312e12, "fp16": 312e12, "fp32": 156e12}, "memory": 80 * 2**30},
 }
-OPTIMIZER_STATES = {"adamw_bert": 2, "lamb": 2}  # fp32 tensors per weight
+OPTIMIZER_STATES = {"adamw_bert": 2, "adamw": 2, "lamb": 2}  # fp32 tensors per weight
 FP32 = 4
 
 
@@ -70,8 +71,11 @@ def num_parameters(config: BertConfig) -> int:
 
 def _layer_bytes(config: BertConfig, shape: Shape, cuda: bool, half: bool) -> int:
     b, s, h, i, a = shape.batch, shape.seq, config.hidden_size, config.intermediate_size, config.num_attention_heads
-    scores = 3 * b * a * s * s * FP32 if not cuda else b * a * s * FP32
-    return (2 if half else FP32) * (10 * b * s * h + 2 * b * s * i) + scores + FP32 * 4 * b * s
+    if cuda:  # the fused SDPA kernels keep [b, a, s] log-sum-exps instead of the probabilities
+        return (2 if half else FP32) * (10 * b * s * h + 2 * b * s * i) + b * a * s * FP32 + FP32 * 4 * b * s
+    # two bool dropout masks [b, s, h]; the probabilities before and after dropout and its bool mask
+    masks_and_scores = 2 * b * s * h + (2 * FP32 + 1) * b * a * s * s
+    return (2 if half else FP32) * (8 * b * s * h + 2 * b * s * i) + masks_and_scores + FP32 * 4 * b * s
 
 
 def activation_bytes(
@@ -79,7 +83,7 @@ def activation_bytes(
 ) -> int:
     """Bytes autograd keeps for one micro-batch's backward (see the module docstring)."""
     b, s, m, h, v = shape.batch, shape.seq, shape.predictions, config.hidden_size, config.vocab_size
-    embeddings = FP32 * (3 * b * s * h + 8 * b * s)
+    embeddings = FP32 * (2 * b * s * h + 8 * b * s) + b * s * h  # and the dropout mask, bool
     heads = FP32 * b * m * (v + 4 * h + 7) + FP32 * b * (h + 5)
     layer = _layer_bytes(config, shape, cuda, half)
     if gradient_checkpointing:

@@ -188,6 +188,8 @@ DIFFERENT_ON_PURPOSE = {
         {"help"},
         "embed's default comes from the model it runs, train-embeddings' from the one it starts from",
     ),
+    "optimizer": ({"default"}, "train-embeddings/train-reranker default to sentence-transformers' AdamW"),
+    "weight_decay": ({"default"}, "train-embeddings/train-reranker default to sentence-transformers' 0.0"),
     "pooling": ({"help", "choices"}, "embed also offers the pre-training pooler, which training leaves untrained"),
 }
 

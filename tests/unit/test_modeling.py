@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from bert import modeling
 from bert.errors import InputError
 from bert.modeling import (
     IGNORE_INDEX,
@@ -239,20 +240,60 @@ def test_gelu_forms(tiny_config):
     assert (erf(x) - tanh(x)).abs().max() > 1e-5
 
 
+def _without_onednn(monkeypatch, fn):
+    """`fn()` with every Linear on F.linear (MKL), the reference for the oneDNN paths."""
+    with monkeypatch.context() as m:
+        m.setattr(modeling, "_ONEDNN_LINEAR", False)
+        return fn()
+
+
 @pytest.mark.parametrize("hidden_act", ["gelu", "gelu_new", "relu", "tanh"])
-def test_cpu_inference_runs_onednn_linear_and_equals_the_training_path(tiny_config, hidden_act):
+def test_cpu_inference_runs_onednn_linear_and_equals_f_linear(tiny_config, hidden_act, monkeypatch):
     """Without grad, the encoder's Linear layers (and GELU/ReLU fused into the feed-forward one) run as
-    oneDNN's fused Linear; the result equals the F.linear path the training step takes."""
+    oneDNN's fused Linear; the result equals F.linear's."""
     if not torch.backends.mkldnn.is_available():
         pytest.skip("this torch build has no oneDNN")
     tiny_config.hidden_act = hidden_act
     model = BertModel(tiny_config).eval()
     ids, mask, types = _inputs(tiny_config)
     mask[1, 3:] = 0  # padding: the unpadded path too
-    expected = model(ids, mask, types).sequence_output.detach()  # grad enabled: F.linear
+    expected = _without_onednn(monkeypatch, lambda: model(ids, mask, types).sequence_output.detach())
     with torch.profiler.profile() as prof, torch.inference_mode():
         got = model(ids, mask, types).sequence_output
     calls = sum(e.count for e in prof.key_averages() if e.key == "mkldnn::_linear_pointwise")
     # q, k, v, attention output, feed-forward in and out per layer, and the pooler
     assert calls == 6 * tiny_config.num_hidden_layers + 1
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_cpu_training_runs_onednn_linear_forward_and_backward_and_equals_f_linear(tiny_config, monkeypatch):
+    """With grad, every Linear of the encoder and the masked-LM head runs its forward and both backward GEMMs
+    through oneDNN; the loss and every gradient equal F.linear's; under autocast F.linear runs."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch build has no oneDNN")
+    torch.manual_seed(0)
+    model = BertForPreTraining(tiny_config).eval()  # no dropout, grad enabled: the two runs see one network
+    ids, mask, types = _inputs(tiny_config)
+    mask[1, 3:] = 0
+
+    def step():
+        model.zero_grad()
+        out = model(ids, mask, types)
+        loss = out.mlm_logits.logsumexp(-1).mean() + out.nsp_logits.square().mean()
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    expected_loss, expected = _without_onednn(monkeypatch, step)
+    with torch.profiler.profile() as prof:
+        loss, grads = step()
+    calls = sum(e.count for e in prof.key_averages() if e.key == "mkldnn::_linear_pointwise")
+    # per layer q, k, v, attention output, feed-forward in and out; the pooler; the head's transform and
+    # decoder: each a forward GEMM and two backward ones (input and weight)
+    assert calls == 3 * (6 * tiny_config.num_hidden_layers + 3)
+    torch.testing.assert_close(loss, expected_loss, atol=1e-5, rtol=1e-5)
+    assert grads.keys() == expected.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], expected[name], atol=1e-5, rtol=1e-4, msg=name)
+    with torch.profiler.profile() as prof, torch.autocast("cpu", dtype=torch.bfloat16):
+        model(ids, mask, types).mlm_logits.float().mean().backward()
+    assert not any(e.key == "mkldnn::_linear_pointwise" for e in prof.key_averages())

@@ -37,14 +37,6 @@ class PretrainArgs(MaskingArgs, TrainingArgs):
         default=10000, metadata={"run_defining": "train", "min": 0, "help": "Number of warmup steps."}
     )
     max_eval_steps: int = field(default=100, metadata={"min": 1, "help": "Maximum number of eval steps."})
-    optimizer: str = field(
-        default="adamw_bert",
-        metadata={
-            "run_defining": "train",
-            "help": "adamw_bert (the original AdamWeightDecayOptimizer) or lamb (for large batches).",
-            "choices": ["adamw_bert", "lamb"],
-        },
-    )
     dynamic_masking: bool = field(
         default=False,
         metadata={"run_defining": "train", "help": "Draw new masked positions for every epoch (needs --vocab_file)."},

@@ -215,7 +215,12 @@ def _make_trainer(
     args: Any, model: BertForPreTraining, wrapped: torch.nn.Module, dist, do_lower_case: bool | None
 ) -> training.Trainer:
     optimizer, scheduler = create_optimizer(
-        model, args.learning_rate, max(args.num_train_steps, 1), args.num_warmup_steps, args.optimizer
+        model,
+        args.learning_rate,
+        max(args.num_train_steps, 1),
+        args.num_warmup_steps,
+        args.optimizer,
+        args.weight_decay,
     )
     settings = training.TrainerSettings(
         precision=args.precision,

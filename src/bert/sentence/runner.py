@@ -245,7 +245,9 @@ class _Run:
 
     def train(self) -> dict[str, float] | None:
         args, dist = self.args, self.dist
-        optimizer, scheduler = create_optimizer(self.model, args.learning_rate, self.total_steps, self.warmup_steps)
+        optimizer, scheduler = create_optimizer(
+            self.model, args.learning_rate, self.total_steps, self.warmup_steps, args.optimizer, args.weight_decay
+        )
         settings = training.TrainerSettings(
             precision=args.precision,
             save_checkpoints_steps=args.save_checkpoints_steps,
