@@ -103,7 +103,14 @@ def test_only_the_cli_and_commands_import_commands():
 
 def test_no_library_module_defines_a_command():
     # A command is an Args dataclass plus a run function; shared groups of flags are library.
-    shared_flag_groups = {"FinetuneArgs", "PerformanceArgs", "TpuCompatArgs", "GuardArgs", "TrainingArgs", "OptimizerArgs"}
+    shared_flag_groups = {
+        "FinetuneArgs",
+        "PerformanceArgs",
+        "TpuCompatArgs",
+        "GuardArgs",
+        "TrainingArgs",
+        "OptimizerArgs",
+    }
     shared_flag_groups |= {"ModelArgs", "MaskingArgs", "CorpusArgs", "InferenceArgs", "ShardArgs"}
     for name, path in MODULES.items():
         if name.startswith("bert.commands"):
