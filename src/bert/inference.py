@@ -71,7 +71,7 @@ from bert.checkpoint import Checkpoint, _fit_prefix, load_into, read_checkpoint
 from bert.checkpoint import architecture as checkpoint_architecture
 from bert.config import PROBLEM_TYPES, BertConfig, check_setting
 from bert.errors import InputError
-from bert.flags import POOLINGS
+from bert.flags import POOLINGS, check_backend
 from bert.metrics import iob_chunks
 from bert.modeling import (
     BertForMultipleChoice,
@@ -326,7 +326,7 @@ class Predictor:
     """A model with its tokenizer and settings, ready for raw text. Build it with `from_pretrained`.
 
     Attributes:
-        model: the `bert.modeling` model, in eval mode on `device`.
+        model: the `bert.modeling` model, in eval mode on `device` (or an `bert.onnx_backend.OnnxModel`).
         architecture: its class name as `config.json` names it (e.g. "BertForMaskedLM").
         task: the head's task: "classification", "ner", "question-answering", "multiple-choice",
             "fill-mask" or "embeddings".
@@ -419,6 +419,11 @@ class Predictor:
         self.default_prompt_name = sentence_transformers.default_prompt_name if sentence_transformers else None
         self._lock = threading.Lock()
 
+    @property
+    def backend(self) -> str:
+        """The engine that runs the model, one of `bert.flags.BACKENDS` (see `from_pretrained`)."""
+        return "onnx" if isinstance(self.model, onnx_backend.OnnxModel) else "torch"
+
     # ------------------------------------------------------------------------------------------ loading
     @classmethod
     def from_pretrained(
@@ -446,14 +451,8 @@ class Predictor:
             backend: "torch", or "onnx" to run the ONNX file `bert export` wrote (`model_dir` is its
                 directory or the file) with ONNX Runtime on the CPU, `bert.onnx_backend`.
         """
-        if backend not in onnx_backend.BACKENDS:
-            raise InputError(f"backend={backend!r} must be one of {', '.join(onnx_backend.BACKENDS)}")
+        check_backend(backend, device, quantize)
         if backend == "onnx":
-            if quantize != "none" or (device is not None and str(device) != "cpu"):
-                raise InputError(
-                    "backend=onnx runs the exported file as it is on the CPU: quantize with `bert export "
-                    "--quantize=int8` and leave device and quantize at their defaults"
-                )
             model, ckpt = onnx_backend.load(model_dir, torch.get_num_threads())
             return cls._with_tokenizer(
                 model,

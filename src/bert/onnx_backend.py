@@ -26,15 +26,19 @@ from bert.errors import InputError
 from bert.export import FORMATS, INPUT_NAMES, OUTPUT_NAMES, require_onnx
 from bert.modeling import EncoderOutput, TaskOutput
 
-# Predictor's engines: the torch model, or the exported ONNX file run by ONNX Runtime (this module).
-BACKENDS = ("torch", "onnx")
-
 
 def onnx_file(path: str | os.PathLike) -> Path:
     """The `.onnx` file `path` names: the file itself, or `model.onnx` in a directory."""
     p = Path(path)
     if p.is_dir():
         p = p / FORMATS["onnx"]
+        if not p.is_file():
+            # A model directory (weights, not an export): name the file and the command that writes it.
+            out = f"{str(path).rstrip('/')}_onnx"
+            raise InputError(
+                f"{p}: no such file (backend onnx runs the file `bert export` writes); write it with `bert export "
+                f"--model={path} --output={out}/` and load {out}"
+            )
     if not p.is_file() or p.suffix != ".onnx":
         raise InputError(
             f"{path}: no ONNX model there; pass a directory written by `bert export --format=onnx` or its .onnx file"
