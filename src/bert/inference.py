@@ -460,6 +460,7 @@ class Predictor:
                 model.architecture,
                 torch.device("cpu"),
                 model.pooler is not None,
+                model.has_mlm_head,
                 model_dir,
                 max_seq_length=max_seq_length,
                 batch_size=batch_size,
@@ -485,6 +486,7 @@ class Predictor:
             architecture,
             device,
             has_pooler,
+            _MLM_KEY in ckpt.state_dict,
             model_dir,
             max_seq_length=max_seq_length,
             batch_size=batch_size,
@@ -499,6 +501,7 @@ class Predictor:
         architecture: str,
         device: torch.device,
         has_pooler: bool,
+        has_mlm_head: bool,
         model_dir: str | os.PathLike,
         *,
         max_seq_length: int | None,
@@ -529,7 +532,7 @@ class Predictor:
             device,
             max_seq_length=max_seq_length,
             batch_size=batch_size,
-            has_mlm_head=_MLM_KEY in ckpt.state_dict,
+            has_mlm_head=has_mlm_head,
             has_pooler=has_pooler,
             sentence_transformers=st,
             source=str(model_dir),
@@ -1307,13 +1310,16 @@ class Predictor:
                     )
                 sequences.append((ids, [0] * len(ids)))
                 positions.append(where)
-            head = self.model.cls.predictions
 
             def predict(ids, mask, types, idx):
-                hidden = self.encoder(ids, mask, types).sequence_output  # [B, T, H]
                 rows = [b for b, i in enumerate(idx) for _ in positions[i]]
                 cols = [p for i in idx for p in positions[i]]
-                probs = torch.softmax(head(hidden[rows, cols]).float(), dim=-1)  # [M, V]
+                if self.backend == "onnx":  # the exported graph's head runs at every position
+                    logits = self.model(ids, mask, types).mlm_logits[rows, cols]  # [B, T, V] -> [M, V]
+                else:  # the head at the masks only
+                    hidden = self.encoder(ids, mask, types).sequence_output  # [B, T, H]
+                    logits = self.model.cls.predictions(hidden[rows, cols])  # [M, H] -> [M, V]
+                probs = torch.softmax(logits.float(), dim=-1)  # [M, V]
                 values, tokens = probs.topk(min(top_k, probs.shape[-1]), dim=-1)  # [M, k]
                 values, tokens = values.cpu().tolist(), tokens.cpu().tolist()
                 out, m = [], 0

@@ -4,9 +4,9 @@
 `path` is the directory `bert export` wrote (`model.onnx` with `config.json`, `vocab.txt` and the
 tokenizer and sentence-transformers files beside it) or the `.onnx` file itself. `OnnxModel` answers
 the calls `Predictor` makes of a model, with the same outputs (`EncoderOutput.sequence_output` and
-`pooled_output`, `TaskOutput.logits`), so every task runs unchanged; the graph has the head's outputs
-only, so a head's model offers its task and not `embed`, and fill-mask needs the torch backend
-(`bert export` does not write masked-LM graphs).
+`pooled_output`, `PreTrainingOutput.mlm_logits`, `TaskOutput.logits`), so every task runs unchanged; the
+graph has the head's outputs only, so a head's model offers its task and not `embed` (a `BertForPreTraining`
+graph offers fill-mask).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from bert.checkpoint import architecture as checkpoint_architecture
 from bert.config import BertConfig
 from bert.errors import InputError
 from bert.export import FORMATS, INPUT_NAMES, OUTPUT_NAMES, require_onnx
-from bert.modeling import EncoderOutput, TaskOutput
+from bert.modeling import EncoderOutput, PreTrainingOutput, TaskOutput
 
 
 def onnx_file(path: str | os.PathLike) -> Path:
@@ -82,6 +82,8 @@ class OnnxModel(nn.Module):
         # Predictor reads the encoder of a model as `model.bert` (a BertModel is its own encoder) and whether
         # it has a pooler as `encoder.pooler`.
         self.pooler = True if "pooler_output" in self.output_names else None
+        # A pre-training graph's prediction_logits are the masked-LM head's, for fill-mask.
+        self.has_mlm_head = architecture == "BertForPreTraining"
 
     @property
     def bert(self) -> OnnxModel | _NoEncoder:
@@ -96,6 +98,8 @@ class OnnxModel(nn.Module):
         if self.architecture == "BertModel":
             hidden = out["last_hidden_state"]
             return EncoderOutput(hidden, out.get("pooler_output"), [hidden], hidden)
+        if self.architecture == "BertForPreTraining":
+            return PreTrainingOutput(out["prediction_logits"], out["seq_relationship_logits"])  # [B, T, V], [B, 2]
         if self.architecture == "BertForQuestionAnswering":
             return TaskOutput(torch.stack([out["start_logits"], out["end_logits"]], dim=-1))  # [B, T, 2]
         return TaskOutput(out["logits"])

@@ -13,7 +13,7 @@ import pytest
 from bert.cli import main
 from bert.errors import InputError
 from bert.inference import Predictor
-from bert.modeling import BertForSequenceClassification, BertModel
+from bert.modeling import BertForPreTraining, BertForSequenceClassification, BertModel
 from conftest import cli_error, save_model_dir, uncased_vocab, vocab_config
 
 pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
@@ -23,13 +23,15 @@ PAIRS = [("He said so.", "He did say that."), ("Rain today.", None), ("A b c d e
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """{architecture: (model directory, export directory)} for a tiny encoder and a 3-label classifier."""
+    """{architecture: (model directory, export directory)} for a tiny encoder, a 3-label classifier and a
+    pre-training model (masked-LM head)."""
     root = tmp_path_factory.mktemp("onnx_backend")
     vocab = uncased_vocab(root)
     out = {}
     for name, model in (
         ("BertModel", BertModel(vocab_config(vocab))),
         ("BertForSequenceClassification", BertForSequenceClassification(vocab_config(vocab), num_labels=3)),
+        ("BertForPreTraining", BertForPreTraining(vocab_config(vocab))),
     ):
         src = save_model_dir(model, root / name, vocab, id2label={0: "a", 1: "b", 2: "c"})
         assert main(["export", f"--model={src}", f"--output={root / (name + '_onnx')}/"]) == 0
@@ -146,6 +148,14 @@ def _numbers(record):
             "search",
             "BertModel",
             lambda d: [f"--corpus={_write(d / 'corpus.txt', TEXTS)}", f"--queries={_write(d / 'q.txt', ['cat', 'b'])}"],
+        ),
+        (
+            "fill-mask",
+            "BertForPreTraining",
+            lambda d: [
+                "--top_k=3",
+                f"--input_file={_write(d / 'in.txt', ['The [MASK] sat on the [MASK].', 'a [MASK]'])}",
+            ],
         ),
     ],
 )
