@@ -23,7 +23,7 @@ from bert.checkpoint import Checkpoint, read_beside
 from bert.checkpoint import architecture as checkpoint_architecture
 from bert.config import BertConfig
 from bert.errors import InputError
-from bert.export import FORMATS, INPUT_NAMES, OUTPUT_NAMES, require_onnx
+from bert.export import FORMATS, INPUT_NAMES, OUTPUT_NAMES
 from bert.modeling import EncoderOutput, PreTrainingOutput, TaskOutput
 
 
@@ -48,8 +48,13 @@ def onnx_file(path: str | os.PathLike) -> Path:
 
 def session(path: Path, threads: int) -> Any:
     """An ONNX Runtime CPU session on `path` with `threads` intra-op threads that do not spin."""
-    require_onnx()
-    import onnxruntime  # the optional onnx extra, imported only when used
+    try:
+        import onnxruntime  # the optional onnx extra, imported only when used
+    except ImportError:
+        # Running a file needs ONNX Runtime alone (exporting one needs the whole extra).
+        raise InputError(
+            f'{path}: backend onnx needs ONNX Runtime: pip install onnxruntime (or "bert[onnx]")'
+        ) from None
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads

@@ -6,6 +6,8 @@ those of the offline command."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -182,6 +184,28 @@ def test_backend_flag_errors_are_one_line(exported, tmp_path, capsys):
     assert "--backend=onnx runs on the CPU" in line and "drop --device=cuda" in line
     line = cli_error(capsys, "serve", f"--model={onnx_dir}", "--backend=onnx", "--quantize=int8")
     assert "drop --quantize=int8" in line and "bert export --quantize=int8" in line
+
+
+@pytest.mark.parametrize("command", ["predict", "embed", "rerank", "search", "fill-mask", "serve"])
+def test_backend_flag_conflicts_are_refused_before_torch_loads(exported, tmp_path, command):
+    _, onnx_dir = exported["BertModel"]
+    texts = _write(tmp_path / "in.txt", TEXTS)
+    argv = [command, f"--model={onnx_dir}", "--backend=onnx", "--device=cuda"]
+    argv += [f"--corpus={texts}", f"--queries={texts}"] if command == "search" else []
+    code = f"import sys; from bert.cli import main; print(main({argv!r}), 'torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.split() == ["2", "False"], result.stderr
+    assert (
+        result.stderr.strip()
+        == f"bert {command}: error: --backend=onnx runs on the CPU (ONNX Runtime's CPU provider): drop --device=cuda"
+    )
+
+
+def test_backend_onnx_without_onnx_runtime_is_one_line(exported, monkeypatch, capsys):
+    _, onnx_dir = exported["BertModel"]
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` raises ImportError
+    line = cli_error(capsys, "embed", f"--model={onnx_dir}", "--backend=onnx")
+    assert "backend onnx needs ONNX Runtime: pip install onnxruntime" in line
 
 
 def test_serve_backend_onnx_embeds_as_the_offline_command(exported, tmp_path):
