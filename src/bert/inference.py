@@ -424,6 +424,12 @@ class Predictor:
         """The engine that runs the model, one of `bert.flags.BACKENDS` (see `from_pretrained`)."""
         return "onnx" if isinstance(self.model, onnx_backend.OnnxModel) else "torch"
 
+    @property
+    def can_embed(self) -> bool:
+        """Whether `embed` runs: a torch model embeds with its encoder; an ONNX graph has the outputs of the model
+        it was exported from, so only an encoder's (BertModel) graph embeds."""
+        return self.backend == "torch" or self.architecture == "BertModel"
+
     # ------------------------------------------------------------------------------------------ loading
     @classmethod
     def from_pretrained(

@@ -224,3 +224,12 @@ def test_serve_backend_onnx_embeds_as_the_offline_command(exported, tmp_path):
         np.testing.assert_allclose(np.array(vectors, dtype=np.float32), offline, atol=1e-6)
         status, _, info = call(port, "/info")
         assert status == 200 and info["backend"] == "onnx" and info["model_type"] == {"embedding": {"pooling": "mean"}}
+
+
+def test_serve_check_backend_onnx_asks_a_head_graph_only_its_routes(exported, capsys):
+    # A classifier's graph has its logits only: the embedding routes are not checked, /predict is.
+    pytest.importorskip("uvicorn", reason="bert serve needs the serve extra (pip install '.[serve]')")
+    _, onnx_dir = exported["BertForSequenceClassification"]
+    assert main(["serve", f"--model={onnx_dir}", "--backend=onnx", "--check", "--threads=1"]) == 0
+    routes = [line.split(" -> ")[0] for line in capsys.readouterr().out.splitlines() if " -> " in line]
+    assert "POST /predict" in routes and "GET /info" in routes and "POST /embed" not in routes

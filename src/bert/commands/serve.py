@@ -260,7 +260,8 @@ CHECK_TEXT = "This is a fine test."
 
 def check_requests(predictor: Predictor) -> list[tuple[str, str, dict | None]]:
     """(method, path, body) of one request to each route of `bert.serving.ENDPOINTS` this model answers (the
-    head routes only for their head; /embed_sparse never), then POST / and GET /metrics last."""
+    head routes only for their head, the embedding routes where it embeds; /embed_sparse never), then POST / and
+    GET /metrics last."""
     # Imported here, not at the top: bert.serving loads torch, and a flag error must come before it.
     from bert.serving import DISPATCH_PATHS, ENDPOINTS, dispatch_targets
 
@@ -279,9 +280,13 @@ def check_requests(predictor: Predictor) -> list[tuple[str, str, dict | None]]:
         "/qa": {"question": "Where does he live?", "context": context},
         "/fill-mask": {"inputs": "Paris is the [MASK] of France.", "top_k": 3},
     }
-    answers = {
+    # A head's ONNX graph has no encoder outputs to embed with.
+    answers = dict.fromkeys(
+        ("/embed", "/embed_all", "/similarity", "/v1/embeddings", "/embeddings"), predictor.can_embed
+    )
+    answers |= {
         "/predict": predictor.task == CLASSIFICATION,
-        "/rerank": predictor.is_cross_encoder or predictor.task != CLASSIFICATION,
+        "/rerank": predictor.is_cross_encoder or (predictor.task != CLASSIFICATION and predictor.can_embed),
         "/ner": predictor.task == NER,
         "/qa": predictor.task == QUESTION_ANSWERING,
         "/fill-mask": predictor.task == FILL_MASK and predictor.has_mlm_head,
