@@ -326,7 +326,7 @@ class Predictor:
     """A model with its tokenizer and settings, ready for raw text. Build it with `from_pretrained`.
 
     Attributes:
-        model: the `bert.modeling` model, in eval mode on `device` (or an `bert.onnx_backend.OnnxModel`).
+        model: the `bert.modeling` model, in eval mode on `device` (or a `bert.onnx_backend.OnnxModel`).
         architecture: its class name as `config.json` names it (e.g. "BertForMaskedLM").
         task: the head's task: "classification", "ner", "question-answering", "multiple-choice",
             "fill-mask" or "embeddings".

@@ -215,7 +215,7 @@ def test_serve_backend_onnx_embeds_as_the_offline_command(exported, tmp_path):
 
     from bert.commands.serve import ServeArgs, build_app
 
-    src, onnx_dir = exported["BertModel"]
+    _, onnx_dir = exported["BertModel"]
     offline = _command_output(tmp_path, "embed", onnx_dir, "onnx", f"--input_file={_write(tmp_path / 'in', TEXTS)}")
     app = build_app(ServeArgs(model=str(onnx_dir), backend="onnx", threads=1))
     with inprocess_server(app=app) as port:
