@@ -27,6 +27,9 @@ from bert.utils import DECODE_ERRORS
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 QUANTIZE_CHOICES = ("none", "int8")
+# The engines that run a model for `bert.inference.Predictor` (its `backend`, the inference commands' --backend):
+# the torch model, or the ONNX file `bert export` wrote, run by ONNX Runtime on the CPU (`bert.onnx_backend`).
+BACKENDS = ("torch", "onnx")
 POOLINGS = ("cls", "mean", "max", "pooler")  # bert embed --pooling, bert.inference
 # bert train-embeddings / train-reranker --loss: sentence-transformers' losses of these names (bert.sentence.losses).
 EMBEDDING_LOSSES = ("mnrl", "mnrl_symmetric", "cached_mnrl", "cached_mnrl_symmetric", "cosent", "cosine_mse")
@@ -64,6 +67,24 @@ def check_flag_values(args: object) -> None:
             raise InputError(f"{flag} must not be negative" if low == 0 else f"{flag} must be at least {low}")
         if f.metadata.get("positive") and not value > 0:
             raise InputError(f"{flag} must be positive")
+
+
+def check_backend(backend: str, device: object = None, quantize: str = "none", dashes: str = "") -> None:
+    """The settings a backend can honour: ONNX Runtime runs the exported file on the CPU as it was written.
+    `dashes` is "--" where the settings are flags."""
+    if backend not in BACKENDS:
+        raise InputError(f"{dashes}backend={backend!r} must be one of {', '.join(BACKENDS)}")
+    if backend != "onnx":
+        return
+    if quantize != "none":
+        raise InputError(
+            f"{dashes}backend=onnx runs the exported file as it was written: drop {dashes}quantize={quantize} and "
+            "quantize the file instead (`bert export --quantize=int8`)"
+        )
+    if device is not None and str(device) != "cpu":
+        raise InputError(
+            f"{dashes}backend=onnx runs on the CPU (ONNX Runtime's CPU provider): drop {dashes}device={device}"
+        )
 
 
 def check_batch_division(train_batch_size: int, world_size: int, gradient_accumulation_steps: int) -> None:
@@ -362,6 +383,14 @@ class InferenceArgs:
             "choices": list(QUANTIZE_CHOICES),
         },
     )
+    backend: str = field(
+        default="torch",
+        metadata={
+            "help": "torch (the model's weights) or onnx (the file `bert export --format=onnx` wrote, run by ONNX "
+            "Runtime on the CPU: --model is its directory or the .onnx file; quantize at export, not here).",
+            "choices": list(BACKENDS),
+        },
+    )
 
     max_seq_length: int | None = field(
         default=None,
@@ -385,11 +414,13 @@ class InferenceArgs:
     def predictor_settings(self) -> dict[str, Any]:
         """The keywords of `bert.inference.Predictor.from_pretrained` these flags set (checked first)."""
         check_flag_values(self)
+        check_backend(self.backend, self.device, self.quantize, "--")
         return {
             "device": self.device,
             "batch_size": self.batch_size,
             "do_lower_case": self.do_lower_case,
             "quantize": self.quantize,
+            "backend": self.backend,
         }
 
 

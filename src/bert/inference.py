@@ -71,7 +71,7 @@ from bert.checkpoint import Checkpoint, _fit_prefix, load_into, read_checkpoint
 from bert.checkpoint import architecture as checkpoint_architecture
 from bert.config import PROBLEM_TYPES, BertConfig, check_setting
 from bert.errors import InputError
-from bert.flags import POOLINGS
+from bert.flags import POOLINGS, check_backend
 from bert.metrics import iob_chunks
 from bert.modeling import (
     BertForMultipleChoice,
@@ -326,7 +326,7 @@ class Predictor:
     """A model with its tokenizer and settings, ready for raw text. Build it with `from_pretrained`.
 
     Attributes:
-        model: the `bert.modeling` model, in eval mode on `device`.
+        model: the `bert.modeling` model, in eval mode on `device` (or a `bert.onnx_backend.OnnxModel`).
         architecture: its class name as `config.json` names it (e.g. "BertForMaskedLM").
         task: the head's task: "classification", "ner", "question-answering", "multiple-choice",
             "fill-mask" or "embeddings".
@@ -419,6 +419,17 @@ class Predictor:
         self.default_prompt_name = sentence_transformers.default_prompt_name if sentence_transformers else None
         self._lock = threading.Lock()
 
+    @property
+    def backend(self) -> str:
+        """The engine that runs the model, one of `bert.flags.BACKENDS` (see `from_pretrained`)."""
+        return "onnx" if isinstance(self.model, onnx_backend.OnnxModel) else "torch"
+
+    @property
+    def can_embed(self) -> bool:
+        """Whether `embed` runs: a torch model embeds with its encoder; an ONNX graph has the outputs of the model
+        it was exported from, so only an encoder's (BertModel) graph embeds."""
+        return self.backend == "torch" or self.architecture == "BertModel"
+
     # ------------------------------------------------------------------------------------------ loading
     @classmethod
     def from_pretrained(
@@ -446,14 +457,8 @@ class Predictor:
             backend: "torch", or "onnx" to run the ONNX file `bert export` wrote (`model_dir` is its
                 directory or the file) with ONNX Runtime on the CPU, `bert.onnx_backend`.
         """
-        if backend not in onnx_backend.BACKENDS:
-            raise InputError(f"backend={backend!r} must be one of {', '.join(onnx_backend.BACKENDS)}")
+        check_backend(backend, device, quantize)
         if backend == "onnx":
-            if quantize != "none" or (device is not None and str(device) != "cpu"):
-                raise InputError(
-                    "backend=onnx runs the exported file as it is on the CPU: quantize with `bert export "
-                    "--quantize=int8` and leave device and quantize at their defaults"
-                )
             model, ckpt = onnx_backend.load(model_dir, torch.get_num_threads())
             return cls._with_tokenizer(
                 model,
@@ -461,6 +466,7 @@ class Predictor:
                 model.architecture,
                 torch.device("cpu"),
                 model.pooler is not None,
+                model.has_mlm_head,
                 model_dir,
                 max_seq_length=max_seq_length,
                 batch_size=batch_size,
@@ -486,6 +492,7 @@ class Predictor:
             architecture,
             device,
             has_pooler,
+            _MLM_KEY in ckpt.state_dict,
             model_dir,
             max_seq_length=max_seq_length,
             batch_size=batch_size,
@@ -500,6 +507,7 @@ class Predictor:
         architecture: str,
         device: torch.device,
         has_pooler: bool,
+        has_mlm_head: bool,
         model_dir: str | os.PathLike,
         *,
         max_seq_length: int | None,
@@ -530,7 +538,7 @@ class Predictor:
             device,
             max_seq_length=max_seq_length,
             batch_size=batch_size,
-            has_mlm_head=_MLM_KEY in ckpt.state_dict,
+            has_mlm_head=has_mlm_head,
             has_pooler=has_pooler,
             sentence_transformers=st,
             source=str(model_dir),
@@ -1308,13 +1316,16 @@ class Predictor:
                     )
                 sequences.append((ids, [0] * len(ids)))
                 positions.append(where)
-            head = self.model.cls.predictions
 
             def predict(ids, mask, types, idx):
-                hidden = self.encoder(ids, mask, types).sequence_output  # [B, T, H]
                 rows = [b for b, i in enumerate(idx) for _ in positions[i]]
                 cols = [p for i in idx for p in positions[i]]
-                probs = torch.softmax(head(hidden[rows, cols]).float(), dim=-1)  # [M, V]
+                if self.backend == "onnx":  # the exported graph's head runs at every position
+                    logits = self.model(ids, mask, types).mlm_logits[rows, cols]  # [B, T, V] -> [M, V]
+                else:  # the head at the masks only
+                    hidden = self.encoder(ids, mask, types).sequence_output  # [B, T, H]
+                    logits = self.model.cls.predictions(hidden[rows, cols])  # [M, H] -> [M, V]
+                probs = torch.softmax(logits.float(), dim=-1)  # [M, V]
                 values, tokens = probs.topk(min(top_k, probs.shape[-1]), dim=-1)  # [M, k]
                 values, tokens = values.cpu().tolist(), tokens.cpu().tolist()
                 out, m = [], 0

@@ -4,9 +4,9 @@
 `path` is the directory `bert export` wrote (`model.onnx` with `config.json`, `vocab.txt` and the
 tokenizer and sentence-transformers files beside it) or the `.onnx` file itself. `OnnxModel` answers
 the calls `Predictor` makes of a model, with the same outputs (`EncoderOutput.sequence_output` and
-`pooled_output`, `TaskOutput.logits`), so every task runs unchanged; the graph has the head's outputs
-only, so a head's model offers its task and not `embed`, and fill-mask needs the torch backend
-(`bert export` does not write masked-LM graphs).
+`pooled_output`, `PreTrainingOutput.mlm_logits`, `TaskOutput.logits`), so every task runs unchanged; the
+graph has the head's outputs only, so a head's model offers its task and not `embed` (a `BertForPreTraining`
+graph offers fill-mask).
 """
 
 from __future__ import annotations
@@ -23,11 +23,8 @@ from bert.checkpoint import Checkpoint, read_beside
 from bert.checkpoint import architecture as checkpoint_architecture
 from bert.config import BertConfig
 from bert.errors import InputError
-from bert.export import FORMATS, INPUT_NAMES, OUTPUT_NAMES, require_onnx
-from bert.modeling import EncoderOutput, TaskOutput
-
-# Predictor's engines: the torch model, or the exported ONNX file run by ONNX Runtime (this module).
-BACKENDS = ("torch", "onnx")
+from bert.export import FORMATS, INPUT_NAMES, OUTPUT_NAMES
+from bert.modeling import EncoderOutput, PreTrainingOutput, TaskOutput
 
 
 def onnx_file(path: str | os.PathLike) -> Path:
@@ -35,6 +32,13 @@ def onnx_file(path: str | os.PathLike) -> Path:
     p = Path(path)
     if p.is_dir():
         p = p / FORMATS["onnx"]
+        if not p.is_file():
+            # A model directory (weights, not an export): name the file and the command that writes it.
+            out = f"{str(path).rstrip('/')}_onnx"
+            raise InputError(
+                f"{p}: no such file (backend onnx runs the file `bert export` writes); write it with `bert export "
+                f"--model={path} --output={out}/` and load {out}"
+            )
     if not p.is_file() or p.suffix != ".onnx":
         raise InputError(
             f"{path}: no ONNX model there; pass a directory written by `bert export --format=onnx` or its .onnx file"
@@ -44,8 +48,13 @@ def onnx_file(path: str | os.PathLike) -> Path:
 
 def session(path: Path, threads: int) -> Any:
     """An ONNX Runtime CPU session on `path` with `threads` intra-op threads that do not spin."""
-    require_onnx()
-    import onnxruntime  # the optional onnx extra, imported only when used
+    try:
+        import onnxruntime  # the optional onnx extra, imported only when used
+    except ImportError:
+        # Running a file needs ONNX Runtime alone (exporting one needs the whole extra).
+        raise InputError(
+            f'{path}: backend onnx needs ONNX Runtime: pip install onnxruntime (or "bert[onnx]")'
+        ) from None
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
@@ -78,6 +87,8 @@ class OnnxModel(nn.Module):
         # Predictor reads the encoder of a model as `model.bert` (a BertModel is its own encoder) and whether
         # it has a pooler as `encoder.pooler`.
         self.pooler = True if "pooler_output" in self.output_names else None
+        # A pre-training graph's prediction_logits are the masked-LM head's, for fill-mask.
+        self.has_mlm_head = architecture == "BertForPreTraining"
 
     @property
     def bert(self) -> OnnxModel | _NoEncoder:
@@ -92,6 +103,8 @@ class OnnxModel(nn.Module):
         if self.architecture == "BertModel":
             hidden = out["last_hidden_state"]
             return EncoderOutput(hidden, out.get("pooler_output"), [hidden], hidden)
+        if self.architecture == "BertForPreTraining":
+            return PreTrainingOutput(out["prediction_logits"], out["seq_relationship_logits"])  # [B, T, V], [B, 2]
         if self.architecture == "BertForQuestionAnswering":
             return TaskOutput(torch.stack([out["start_logits"], out["end_logits"]], dim=-1))  # [B, T, 2]
         return TaskOutput(out["logits"])

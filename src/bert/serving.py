@@ -1500,6 +1500,7 @@ class _Api:
                 "max_wait_ms": s.max_wait_ms,
                 "max_request_bytes": s.max_request_bytes,
                 "quantize": s.quantize,
+                "backend": p.backend,
                 "device": str(p.device),
             }
         )

@@ -69,10 +69,10 @@ def run_rerank(args: RerankArgs) -> dict[str, Any]:
 def _run(args: RerankArgs) -> dict[str, Any]:
     if args.top_k is not None and args.top_k < 1:
         raise InputError(f"--top_k={args.top_k} must be at least 1 (leave it out for all documents)")
+    settings = args.predictor_settings()
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
     from bert.inference import Predictor
 
-    settings = args.predictor_settings()
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
     if args.raw_scores and not predictor.is_cross_encoder:
         raise InputError(f"--raw_scores applies to cross-encoders; --model={args.model} scores by cosine similarity")

@@ -111,11 +111,11 @@ def _run(args: SearchArgs) -> dict[str, Any]:
         raise InputError(f"--chunk_size={args.chunk_size} must be at least 1")
     if args.corpus_embeddings is not None and args.corpus_prompt_name is not None:
         raise InputError("--corpus_prompt_name applies when the corpus is embedded here; drop --corpus_embeddings")
+    settings = args.predictor_settings()
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
     from bert.inference import Predictor
     from bert.retrieval import TopK, read_texts
 
-    settings = args.predictor_settings()
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
     with readable_input(args.queries) as path:
         queries = list(read_texts(path, args.queries))

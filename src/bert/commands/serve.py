@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from bert.commands.embed import EmbedArgs
 from bert.errors import InputError
-from bert.flags import InferenceArgs, same_as
+from bert.flags import InferenceArgs, check_backend, same_as
 from bert.tasks.common import CLASSIFICATION, FILL_MASK, NER, QUESTION_ANSWERING
 from bert.utils import LOG_FORMAT, exit_with_parent
 
@@ -105,6 +105,7 @@ class ServeArgs:
     )
     max_request_bytes: int = field(default=2_000_000, metadata={"help": "Request body size at most (413 beyond)."})
     quantize: str = same_as(InferenceArgs, "quantize")
+    backend: str = same_as(InferenceArgs, "backend")
     max_seq_length: int | None = same_as(InferenceArgs, "max_seq_length")
     do_lower_case: bool | None = same_as(InferenceArgs, "do_lower_case")
     device: str | None = same_as(InferenceArgs, "device")
@@ -129,6 +130,7 @@ def _check(args: ServeArgs) -> None:
         raise InputError("--api_key is empty; give the key clients must send, or leave the flag out")
     if not 0 <= args.port < 65536:
         raise InputError(f"--port={args.port} must be between 0 and 65535")
+    check_backend(args.backend, args.device, args.quantize, "--")
 
 
 def _check_address(args: ServeArgs) -> None:
@@ -196,6 +198,7 @@ def build_app(args: ServeArgs) -> Starlette:
         max_seq_length=args.max_seq_length,
         do_lower_case=args.do_lower_case,
         quantize=args.quantize,
+        backend=args.backend,
     )
     if args.default_prompt_name is not None:
         _check_prompt(predictor, args.default_prompt_name)
@@ -214,9 +217,10 @@ def build_app(args: ServeArgs) -> Starlette:
         served_model_name=args.served_model_name,
     )
     logger.info(
-        "serving %s (%s, max_seq_length %d, %d torch threads)",
+        "serving %s (%s on %s, max_seq_length %d, %d threads)",
         args.model,
         predictor.architecture,
+        predictor.backend,
         predictor.max_seq_length,
         torch.get_num_threads(),
     )
@@ -256,7 +260,8 @@ CHECK_TEXT = "This is a fine test."
 
 def check_requests(predictor: Predictor) -> list[tuple[str, str, dict | None]]:
     """(method, path, body) of one request to each route of `bert.serving.ENDPOINTS` this model answers (the
-    head routes only for their head; /embed_sparse never), then POST / and GET /metrics last."""
+    head routes only for their head, the embedding routes where it embeds; /embed_sparse never), then POST / and
+    GET /metrics last."""
     # Imported here, not at the top: bert.serving loads torch, and a flag error must come before it.
     from bert.serving import DISPATCH_PATHS, ENDPOINTS, dispatch_targets
 
@@ -275,9 +280,13 @@ def check_requests(predictor: Predictor) -> list[tuple[str, str, dict | None]]:
         "/qa": {"question": "Where does he live?", "context": context},
         "/fill-mask": {"inputs": "Paris is the [MASK] of France.", "top_k": 3},
     }
-    answers = {
+    # A head's ONNX graph has no encoder outputs to embed with.
+    answers = dict.fromkeys(
+        ("/embed", "/embed_all", "/similarity", "/v1/embeddings", "/embeddings"), predictor.can_embed
+    )
+    answers |= {
         "/predict": predictor.task == CLASSIFICATION,
-        "/rerank": predictor.is_cross_encoder or predictor.task != CLASSIFICATION,
+        "/rerank": predictor.is_cross_encoder or (predictor.task != CLASSIFICATION and predictor.can_embed),
         "/ner": predictor.task == NER,
         "/qa": predictor.task == QUESTION_ANSWERING,
         "/fill-mask": predictor.task == FILL_MASK and predictor.has_mlm_head,
@@ -363,7 +372,9 @@ def _serve(args: ServeArgs) -> dict[str, Any]:
             # (Imported here, not at the top, so that bert.cli reports a flag error before torch loads.)
             from bert.inference import Predictor
 
-            predictor = Predictor.from_pretrained(args.model, "cpu", max_seq_length=args.max_seq_length)
+            predictor = Predictor.from_pretrained(
+                args.model, "cpu", max_seq_length=args.max_seq_length, backend=args.backend
+            )
             _check_prompt(predictor, args.default_prompt_name)
             os.environ[ARGS_ENVIRONMENT] = json.dumps(dataclasses.asdict(args))
             os.environ[PARENT_ENVIRONMENT] = str(os.getpid())
