@@ -107,61 +107,39 @@ def test_no_bias_correction_and_eps_outside_sqrt():
 
 
 @pytest.mark.parametrize("bias_correction", [False, True])
-def test_fused_equals_loop(bias_correction):
-    """The fused kernel (the CPU default) gives the loop's update, with and without bias correction."""
+@pytest.mark.parametrize("path", ["foreach", "fused"])
+def test_foreach_and_fused_equal_loop(path, bias_correction):
+    """foreach: the loop's arithmetic op for op (equal bits); fused (the CPU default): torch's fused AdamW
+    kernel, equal to float rounding, with and without bias correction."""
     g = torch.Generator().manual_seed(3)
     shapes = [(5, 7), (7,), (3, 3, 2)]
     ps = [[nn.Parameter(torch.randn(s, generator=torch.Generator().manual_seed(i))) for i, s in enumerate(shapes)]]
     ps.append([nn.Parameter(p.detach().clone()) for p in ps[0]])
     start = [p.detach().clone() for p in ps[0]]
+    variant = {"foreach": dict(foreach=True, fused=False), "fused": dict(fused=None)}[path]
     opts = [
         AdamWeightDecay(
             [{"params": ps[k][:2], "weight_decay": 0.01}, {"params": ps[k][2:], "weight_decay": 0.0}],
             lr=0.01,
             bias_correction=bias_correction,
-            fused=fused,
+            **settings,
         )
-        for k, fused in ((0, False), (1, None))
-    ]
-    for _ in range(6):
-        grads = [torch.randn(s, generator=g) for s in shapes]
-        for k in range(2):
-            for p, gr in zip(ps[k], grads):
-                p.grad = gr.clone()
-            opts[k].step()
-    with torch.profiler.profile() as prof:
-        opts[1].step()
-    assert any("fused_adamw" in e.key for e in prof.key_averages())
-    opts[0].step()
-    for a, b in zip(*ps):
-        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
-    assert all((a - s).abs().max() > 0.01 for a, s in zip(ps[1], start))  # 7 steps of ~lr each
-
-
-@pytest.mark.parametrize("bias_correction", [False, True])
-def test_foreach_equals_loop(bias_correction):
-    g = torch.Generator().manual_seed(3)
-    shapes = [(5, 7), (7,), (3, 3, 2)]
-    ps = [[nn.Parameter(torch.randn(s, generator=torch.Generator().manual_seed(i))) for i, s in enumerate(shapes)]]
-    ps.append([nn.Parameter(p.detach().clone()) for p in ps[0]])
-    opts = [
-        AdamWeightDecay(
-            [{"params": ps[k][:2], "weight_decay": 0.01}, {"params": ps[k][2:], "weight_decay": 0.0}],
-            lr=0.01,
-            bias_correction=bias_correction,
-            foreach=foreach,
-            fused=False,
-        )
-        for k, foreach in ((0, False), (1, True))
+        for k, settings in ((0, dict(foreach=False, fused=False)), (1, variant))
     ]
     for _ in range(4):
         grads = [torch.randn(s, generator=g) for s in shapes]
         for k in range(2):
             for p, gr in zip(ps[k], grads):
                 p.grad = gr.clone()
-            opts[k].step()
-    for a, b in zip(*ps):
-        assert torch.equal(a, b)
+            with torch.profiler.profile() as prof:
+                opts[k].step()
+            assert any("fused_adamw" in e.key for e in prof.key_averages()) == (k == 1 and path == "fused")
+    for a, b, s in zip(*ps, start):
+        if path == "foreach":
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        assert (b - s).abs().max() > 0.01  # 4 steps of about lr each
 
 
 def test_original_optimization_test():
