@@ -32,14 +32,11 @@ import numpy as np
 import torch
 
 from bert import training
-from bert.checkpoint import load_into, read_checkpoint
 from bert.errors import InputError
-from bert.finetune import MODEL_DIR, EvalHistory, _log_eval, _prune_checkpoints
 from bert.flags import check_flag_values
 from bert.formats.results import write_results
 from bert.inference import Predictor, SentenceTransformersConfig, read_sentence_transformers_config
 from bert.modeling import SENTENCE_POOLINGS, BertForSequenceClassification, BertModel, num_parameters, pool_tokens
-from bert.optimization import create_optimizer
 from bert.plotting import CURVES_NAME, try_plot
 from bert.sentence import evaluation, losses
 from bert.sentence.data import (
@@ -57,7 +54,7 @@ from bert.starting_model import resolve_starting_model
 from bert.tasks.common import num_warmup_steps, pad_2d
 from bert.tasks.glue import InputExample, convert_examples_to_features
 from bert.tokenization import FullTokenizer
-from bert.training import METRICS_NAME
+from bert.training import EVAL_HISTORY_NAME, METRICS_NAME, MODEL_DIR, EvalHistory
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +164,7 @@ class _Run:
                 f"--metric_for_best_model={self.metric} is not an evaluation result of `bert {self.command}` on "
                 f"{args.eval_file}; use one of {', '.join(names)}"
             )
-        self.history = EvalHistory(self.output_dir / "eval_history.json", self.metric, args.early_stopping_patience)
+        self.history = EvalHistory(self.output_dir / EVAL_HISTORY_NAME, self.metric, args.early_stopping_patience)
 
     def metric_names(self) -> list[str]:
         """The keys `evaluate` returns."""
@@ -195,25 +192,9 @@ class _Run:
     # The run.
     def load_model(self) -> None:
         args, files = self.args, self.files
-        verify = not args.ignore_checkpoint_digest
         training.set_seed(args.seed)
         model = self.model_class(files.config, **self.model_kwargs())
-        self.state = None
-        self.global_step = 0
-        if not args.do_train and (self.exported / "config.json").is_file():
-            logger.info("evaluating the model in %s", self.exported)
-            load_into(model, read_checkpoint(self.exported, verify=verify))
-        elif self.resume_dir is not None:
-            logger.info("resuming from %s", self.resume_dir)
-            load_into(model, read_checkpoint(self.resume_dir, verify=verify))
-            self.global_step = int(self.resume_dir.name[len(training.CHECKPOINT_PREFIX) :])
-            if args.do_train:
-                self.state = training.load_training_state(self.resume_dir, verify=verify)
-        elif files.init is not None:
-            load_into(model, files.init)
-        else:
-            logger.warning("no --init_checkpoint: the model starts from random weights")
-        files.init = None  # its tensors are in the model now
+        self.global_step, self.state = files.load_weights(model, args, self.exported, STATE_NAME)
         logger.info("%s: %d parameters", type(model).__name__, num_parameters(model))
         self.model = model.to(self.dist.device)
         self.wrapped = training.prepare_model(model, args, self.dist)
@@ -245,21 +226,18 @@ class _Run:
 
     def train(self) -> dict[str, float] | None:
         args, dist = self.args, self.dist
-        optimizer, scheduler = create_optimizer(
-            self.model, args.learning_rate, self.total_steps, self.warmup_steps, args.optimizer, args.weight_decay
-        )
-        settings = training.TrainerSettings(
-            precision=args.precision,
-            save_checkpoints_steps=args.save_checkpoints_steps,
-            keep_checkpoint_max=0 if self.evaluate_during_training else args.keep_checkpoint_max,
-            log_every=args.log_every,
-            examples_per_step=args.train_batch_size,
+        trainer = training.make_trainer(
+            self.model,
+            self.wrapped,
+            args,
+            dist,
+            num_train_steps=self.total_steps,
+            num_warmup_steps=self.warmup_steps,
             vocab_file=self.files.vocab_file,
             do_lower_case=args.do_lower_case,
             desc=f"{self.command} train",
-            max_nonfinite_steps=args.max_nonfinite_steps,
+            keep_checkpoint_max=0 if self.evaluate_during_training else None,
         )
-        trainer = training.Trainer(self.model, self.wrapped, optimizer, scheduler, dist, self.output_dir, settings)
         torch.manual_seed(args.seed + dist.rank)
         if self.state is not None:
             trainer.restore(self.state)
@@ -267,23 +245,18 @@ class _Run:
         logger.info("  Batch size = %d", args.train_batch_size)
         logger.info("  Num steps = %d", self.total_steps)
         logger.info("  Warmup steps = %d", self.warmup_steps)
-        last: dict[str, float] | None = None
-        while not self.evaluate_if_due(trainer.global_step):
-            step = trainer.global_step
-            chunk_end = self.total_steps
-            if self.evaluate_during_training:
-                chunk_end = min(self.total_steps, (step // args.eval_every_steps + 1) * args.eval_every_steps)
-            batches: Any = training.prefetch(self.batches(step), pin=dist.device.type == "cuda")
-            try:
-                last = trainer.train(
-                    batches,
-                    self.loss_fn(),
-                    chunk_end,
-                    self.data_state,
-                    checkpoint_info={"command": self.command, "num_train_steps": self.total_steps, "seed": args.seed},
-                )
-            finally:
-                batches.close()
+        last = training.train_with_evaluations(
+            trainer,
+            self.batches,
+            self.loss_fn(),
+            self.total_steps,
+            self.data_state,
+            history=self.history if self.evaluate_during_training else None,
+            evaluate=lambda step: self.evaluate(),
+            eval_every_steps=args.eval_every_steps,
+            keep_checkpoint_max=args.keep_checkpoint_max,
+            checkpoint_info={"command": self.command, "num_train_steps": self.total_steps, "seed": args.seed},
+        )
         self.global_step = trainer.global_step
         if self.evaluate_during_training:
             verify = not args.ignore_checkpoint_digest
@@ -292,25 +265,6 @@ class _Run:
         trainer.export_model(self.exported, extra_files=extra)
         logger.info("saved the model of step %d to %s", self.global_step, self.exported)
         return last
-
-    def evaluate_if_due(self, step: int) -> bool:
-        args, dist, history = self.args, self.dist, self.history
-        due = step > 0 and (step % max(args.eval_every_steps, 1) == 0 or step == self.total_steps)
-        if self.evaluate_during_training and due and not history.evaluated(step):
-            metrics = self.evaluate()
-            stop = history.add(step, metrics)
-            if dist.is_main:
-                history.save()
-                _log_eval(self.output_dir, step, metrics)
-                best: Any = history.best()
-                logger.info(
-                    "step %d: %s = %.6g (best at step %d)", step, self.metric, metrics[self.metric], best["step"]
-                )
-                _prune_checkpoints(self.output_dir, args.keep_checkpoint_max, best["step"])
-            dist.barrier()
-            if stop:
-                return True
-        return step >= self.total_steps or history.stopped_at is not None
 
 
 # ------------------------------------------------------------------------------------------ bi-encoder
