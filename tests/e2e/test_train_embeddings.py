@@ -69,7 +69,9 @@ def trained(model_files, tmp_path_factory):
 
 def test_bi_encoder_run_outputs(trained):
     out, _, result = trained
-    assert result["global_step"] == 4  # 10 pairs / 4 = 2 batches (no repeated text) x 2 epochs
+    assert result["num_train_steps"] == 4  # 10 pairs / 4 = 2 batches (no repeated text) x 2 epochs
+    # The exported model is the best evaluation's (the first of equal scores).
+    assert result["global_step"] == json.loads((out / "eval_history.json").read_text())["best_step"]
     results = read_results(out / "eval_results.txt")
     for key in ("mrr@10", "ndcg@10", "recall@1", "recall@10", "recall@100", "map@100"):
         assert f"eval_{key}" in results and f"eval_dim16_{key}" in results
