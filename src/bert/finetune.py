@@ -74,8 +74,6 @@ from bert.utils import atomic_write, format_scores, print_result, progress
 logger = logging.getLogger(__name__)
 
 FINETUNE_STATE_NAME = "finetune_state.json"  # in model/: the step its weights come from
-# What the result block lists of --output_dir, when there.
-RESULT_FILES = (MODEL_DIR, "eval_results.txt", METRICS_NAME, CURVES_NAME, "log.txt")
 # Batches per length-grouped mega-batch (the usual choice of length-grouped samplers).
 GROUP_BATCHES = 50
 
@@ -313,8 +311,7 @@ def _print_result(command: str, result: dict[str, Any], output_dir: Path) -> Non
     files = [v for v in predicted.values() if isinstance(v, str)]
     if files:
         lines.append(f"predictions: {', '.join(files)}")
-    kept = [f"{n}/" if (output_dir / n).is_dir() else n for n in RESULT_FILES if (output_dir / n).exists()]
-    lines.append(f"written to {output_dir}: {', '.join(kept)}")
+    lines.append(training.written_line(output_dir))
     if (output_dir / MODEL_DIR).is_dir():
         lines.append(f"next: bert predict --model={output_dir / MODEL_DIR} --input_file=TEXTS.txt")
     print_result(command, *lines)

@@ -62,7 +62,7 @@ from bert.flags import PRECISIONS, PerformanceArgs, TrainingArgs
 from bert.formats.tensorboard import EventWriter
 from bert.optimization import clip_grad_norm, create_optimizer
 from bert.outputs import claim, remove_temporaries
-from bert.plotting import METRICS_NAME
+from bert.plotting import CURVES_NAME, METRICS_NAME
 from bert.utils import atomic_write, load_json_file, log_to_file, progress, write_run_info
 
 logger = logging.getLogger(__name__)
@@ -74,6 +74,8 @@ ARGS_NAME = "args.json"
 ARGS_HISTORY_NAME = "args_history.jsonl"
 MODEL_DIR = "model"
 EVAL_HISTORY_NAME = "eval_history.json"
+# What the result block of a fine-tuning or sentence run lists of its output directory, when there.
+RESULT_FILES = (MODEL_DIR, "eval_results.txt", METRICS_NAME, CURVES_NAME, "log.txt")
 # What a run leaves besides its checkpoints and logs: removed when a rerun continues the run with other
 # flags (or starts a new training in the directory), so that no result of the earlier flags stays beside
 # the new ones.
@@ -238,6 +240,12 @@ def claim_output_dir(
                 error = e
         _stop_together(dist, error)
         yield
+
+
+def written_line(output_dir: Path) -> str:
+    """The result block's line naming the `RESULT_FILES` a run left in `output_dir`."""
+    kept = [f"{n}/" if (output_dir / n).is_dir() else n for n in RESULT_FILES if (output_dir / n).exists()]
+    return f"written to {output_dir}: {', '.join(kept)}"
 
 
 def _stop_together(dist: DistContext, error: BaseException | None) -> None:

@@ -5,6 +5,8 @@ evaluators on the same model and data."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import numpy as np
@@ -43,7 +45,8 @@ def beir_dir(root):
 
 @pytest.fixture(scope="module")
 def trained(model_files, tmp_path_factory):
-    """A bi-encoder trained with MNRL and Matryoshka dims on pairs, evaluated on a BEIR split during and after."""
+    """A bi-encoder trained with MNRL and Matryoshka dims on pairs, evaluated on a BEIR split during and after;
+    and what the run wrote on stderr (its result block)."""
     tmp = tmp_path_factory.mktemp("bi")
     beir = beir_dir(tmp / "beir")
     pairs = tmp / "pairs.jsonl"
@@ -63,12 +66,14 @@ def trained(model_files, tmp_path_factory):
         matryoshka_dims="32,16",
         learning_rate=1e-3,
     )
-    result = run_train_embeddings(args)
-    return out, beir, result
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        result = run_train_embeddings(args)
+    return out, beir, result, stderr.getvalue()
 
 
 def test_bi_encoder_run_outputs(trained):
-    out, _, result = trained
+    out, _, result, _ = trained
     assert result["num_train_steps"] == 4  # 10 pairs / 4 = 2 batches (no repeated text) x 2 epochs
     # The exported model is the best evaluation's (the first of equal scores).
     assert result["global_step"] == json.loads((out / "eval_history.json").read_text())["best_step"]
@@ -83,6 +88,17 @@ def test_bi_encoder_run_outputs(trained):
     assert config["similarity_fn_name"] == "cosine" and config["prompts"] == {}
 
 
+def test_bi_encoder_result_block(trained):
+    out, _, result, stderr = trained
+    block = stderr[stderr.index("bert train-embeddings: done\n") :].splitlines()
+    assert block[1] == f"  global step {result['global_step']} of 4"
+    ndcg = result["eval"]["eval_ndcg@10"]
+    assert block[2].startswith("  eval: ") and f"ndcg@10 {ndcg:.4f}" in block[2]
+    assert block[3].startswith("  eval at 16 dims: map@100 ")  # 32 is the hidden size: the full vectors' scores
+    assert block[4].startswith(f"  written to {out}: model/, eval_results.txt, metrics.jsonl")
+    assert block[5] == f"  next: bert embed --model={out / 'model'} --input_file=TEXTS.txt"
+
+
 def test_sentence_transformers_loads_it_with_our_vectors(trained):
     out = trained[0]
     texts = ["what is rain", "an answer about coffee and why people like it", "x"]
@@ -92,7 +108,7 @@ def test_sentence_transformers_loads_it_with_our_vectors(trained):
 
 
 def test_retrieval_evaluation_equals_sentence_transformers(trained):
-    out, beir, _ = trained
+    out, beir, _, _ = trained
     corpus = read_beir(str(beir), "dev")
     model = st.SentenceTransformer(str(out / "model"), device="cpu")
     evaluator = st_evaluation.InformationRetrievalEvaluator(
@@ -159,7 +175,7 @@ def test_mined_negatives_skip_the_positives(model_files):
 
 
 @pytest.mark.parametrize("loss", ["listwise", "bce"])
-def test_reranker_loads_in_cross_encoder_with_our_scores(model_files, tmp_path, loss):
+def test_reranker_loads_in_cross_encoder_with_our_scores(model_files, tmp_path, loss, capsys):
     beir = beir_dir(tmp_path / "beir")
     args = args_for(
         TrainRerankerArgs,
@@ -179,6 +195,11 @@ def test_reranker_loads_in_cross_encoder_with_our_scores(model_files, tmp_path, 
     )
     result = run_train_reranker(args)
     assert result["global_step"] == 4  # 6 training topics x 3 queries = 18 / batch 4
+    terminal = capsys.readouterr()
+    assert terminal.out == ""  # the result block is on stderr, as every training command's
+    retriever = result["eval"]["eval_retriever_mrr@10"]
+    assert "\n  eval of the retriever alone: map@100 " in terminal.err and f"mrr@10 {retriever:.4f}" in terminal.err
+    assert f"\n  next: bert rerank --model={tmp_path / 'out' / 'model'} --input_file=CANDIDATES.jsonl\n" in terminal.err
     for key in ("mrr@10", "ndcg@10", "recall@1", "map@100"):
         assert f"eval_{key}" in result["eval"] and f"eval_retriever_{key}" in result["eval"]
     pairs = [("what is rain", "all about rain and why people like rain"), ("who likes cats", "a note on trains")]

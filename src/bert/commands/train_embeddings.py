@@ -104,10 +104,9 @@ class TrainEmbeddingsArgs(SentenceTrainingArgs):
 
 
 def run_train_embeddings(args: TrainEmbeddingsArgs) -> dict[str, Any]:
-    """Train and/or evaluate (see the module docstring); returns the runner's summary."""
+    """Train and/or evaluate (see the module docstring); returns the runner's result (its result block is on
+    the terminal)."""
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
-    from bert.sentence.runner import summary, train_embeddings
+    from bert.sentence.runner import train_embeddings
 
-    result = train_embeddings(args)
-    print(summary(result))
-    return result
+    return train_embeddings(args)

@@ -53,10 +53,9 @@ class TrainRerankerArgs(SentenceTrainingArgs):
 
 
 def run_train_reranker(args: TrainRerankerArgs) -> dict[str, Any]:
-    """Train and/or evaluate (see the module docstring); returns the runner's summary."""
+    """Train and/or evaluate (see the module docstring); returns the runner's result (its result block is on
+    the terminal)."""
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
-    from bert.sentence.runner import summary, train_reranker
+    from bert.sentence.runner import train_reranker
 
-    result = train_reranker(args)
-    print(summary(result))
-    return result
+    return train_reranker(args)

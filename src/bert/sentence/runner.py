@@ -23,6 +23,7 @@ with one label), which `sentence_transformers.CrossEncoder` loads.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,7 @@ from bert.tasks.common import num_warmup_steps, pad_2d
 from bert.tasks.glue import InputExample, convert_examples_to_features
 from bert.tokenization import FullTokenizer
 from bert.training import EVAL_HISTORY_NAME, METRICS_NAME, MODEL_DIR, EvalHistory
+from bert.utils import format_scores, print_result
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +140,7 @@ class _Run:
     command = ""
     model_class: type = BertModel
     default_metric = ""
+    next_command = ""  # the result block's next step, `{model}` the exported model
 
     def __init__(self, args: Any, dist: training.DistContext):
         self.args, self.dist = args, dist
@@ -271,6 +274,7 @@ class _Run:
 class EmbeddingRun(_Run):
     command = "train-embeddings"
     model_class = BertModel
+    next_command = "bert embed --model={model} --input_file=TEXTS.txt"
 
     def model_kwargs(self) -> dict[str, Any]:
         # Pooling reads the last layer; an untrained pooler would have no optimizer state to resume.
@@ -446,13 +450,31 @@ def evaluate_embeddings(predictor: Predictor, data: TrainingData | Corpus, dims:
     return {f"eval_{k}": v for k, v in scores.items()}
 
 
-def summary(result: dict[str, Any]) -> str:
-    """The lines a command ends with: the model written, the steps, the final evaluation."""
-    lines = [f"model: {Path(result['output_dir']) / MODEL_DIR} (step {result['global_step']})"]
-    for key, value in sorted(result.get("eval", {}).items()):
-        if key != "global_step" and "dim" not in key:
-            lines.append(f"  {key} = {value:.4f}")
-    return "\n".join(lines)
+def eval_lines(scores: dict[str, Any]) -> list[str]:
+    """The result block's lines of an evaluation: the full-size scores, then each Matryoshka size's
+    (`eval_dim32_*`) and the retriever's alone (`eval_retriever_*`), in the order evaluation gave them."""
+    groups: dict[str, dict[str, Any]] = {}
+    for key, value in scores.items():
+        if key == "global_step":
+            continue
+        match = re.fullmatch(r"eval_(dim\d+_|retriever_)?(.+)", key)
+        prefix, name = (match.group(1) or "", match.group(2)) if match else ("", key)
+        groups.setdefault(prefix, {})[name] = value
+    labels = {"": "eval", "retriever_": "eval of the retriever alone"}
+    return [f"{labels.get(p, f'eval at {p[3:-1]} dims')}: {format_scores(v)}" for p, v in groups.items()]
+
+
+def print_run_result(cls: type[_Run], result: dict[str, Any]) -> None:
+    """The run's result block: the steps, the final evaluation, the files and the command that uses the model."""
+    output_dir = Path(result["output_dir"])
+    model = output_dir / MODEL_DIR
+    print_result(
+        cls.command,
+        f"global step {result['global_step']} of {result['num_train_steps']}",
+        *eval_lines(result.get("eval", {})),
+        training.written_line(output_dir),
+        f"next: {cls.next_command.format(model=model)}" if model.is_dir() else "",
+    )
 
 
 def train_embeddings(args: Any) -> dict[str, Any]:
@@ -467,13 +489,17 @@ def _run(cls: type[_Run], args: Any) -> dict[str, Any]:
         with training.claim_output_dir(args.output_dir, cls.command, dist, inputs):
             run = cls(args, dist)
             with training.run_directory(args.output_dir, cls.command, args, dist):
-                return run.run()
+                result = run.run()
+    if dist.is_main:
+        print_run_result(cls, result)
+    return result
 
 
 # ------------------------------------------------------------------------------------------ reranker
 class RerankerRun(_Run):
     command = "train-reranker"
     model_class = BertForSequenceClassification
+    next_command = "bert rerank --model={model} --input_file=CANDIDATES.jsonl"
     default_metric = "eval_ndcg@10"
 
     def __init__(self, args: Any, dist: training.DistContext):
