@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert.errors import InputError
-from bert.utils import atomic_write
+from bert.utils import atomic_write, load_json_file
 
 
 def _is_number(value: Any) -> bool:
@@ -273,21 +273,9 @@ class BertConfig:
     @classmethod
     def from_json_file(cls, path: str | os.PathLike, original_gelu: str = "tanh") -> BertConfig:
         """Read an original `bert_config.json` or a transformers / native `config.json`."""
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except FileNotFoundError:
-            raise InputError(f"config file {path} does not exist; pass --bert_config_file=PATH") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise InputError(f"config file {path} cannot be read ({e}); pass a UTF-8 JSON file") from None
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise InputError(
-                f"config file {path} is not valid JSON (line {e.lineno}: {e.msg}); fix or replace it"
-            ) from None
-        except RecursionError:
-            raise InputError(f"config file {path}: JSON nested too deeply to read; fix or replace it") from None
+        if not os.path.isfile(path):
+            raise InputError(f"config file {path} does not exist; pass --bert_config_file=PATH")
+        d = load_json_file(path, "config file")
         try:
             return cls.from_dict(d, original_gelu=original_gelu)
         except InputError as e:
