@@ -422,23 +422,31 @@ class _FinetuneRun:
             self.history.load(global_step)
         return model, global_step, state
 
-    def evaluate(self, step: int) -> dict[str, Any]:
-        """The dev set's metrics at `step` ({"results", "pred"})."""
-        args, examples, features = self.args, self.dev_examples, self.dev_features
-        logger.info("***** Running evaluation *****")
+    def run_model(
+        self, examples: Sequence, features: Sequence, batch_size: int, banner: str, stage: str
+    ) -> Predictions:
+        """The model's outputs on `features` (of `examples`), logged as run_classifier.py logs evaluation and
+        prediction (`banner`, its own words), the progress bar labelled `stage`."""
+        args = self.args
+        logger.info(banner)
         logger.info("  Num examples = %d (%d actual, 0 padding)", len(examples), len(examples))
-        logger.info("  Batch size = %d", args.eval_batch_size)
-        pred = predict(
+        logger.info("  Batch size = %d", batch_size)
+        return predict(
             self.model,
             self.task,
             features,
-            args.eval_batch_size,
+            batch_size,
             self.dist,
             args.precision,
             args.group_by_length,
             self.pad_to,
-            desc=f"{self.task.command} eval",
+            desc=f"{self.task.command} {stage}",
         )
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        """The dev set's metrics at `step` ({"results", "pred"})."""
+        args, examples, features = self.args, self.dev_examples, self.dev_features
+        pred = self.run_model(examples, features, args.eval_batch_size, "***** Running evaluation *****", "eval")
         results = {**self.task.metrics(examples, features, pred.outputs), **loss_metrics(pred, args.eval_batch_size)}
         results["global_step"] = step
         return {"results": results, "pred": pred}
@@ -446,20 +454,7 @@ class _FinetuneRun:
     def predict_test_set(self) -> dict[str, Any] | None:
         args, examples = self.args, self.test_examples
         features = self.features_of(examples)
-        logger.info("***** Running prediction*****")
-        logger.info("  Num examples = %d (%d actual, 0 padding)", len(examples), len(examples))
-        logger.info("  Batch size = %d", args.predict_batch_size)
-        pred = predict(
-            self.model,
-            self.task,
-            features,
-            args.predict_batch_size,
-            self.dist,
-            args.precision,
-            args.group_by_length,
-            self.pad_to,
-            desc=f"{self.task.command} predict",
-        )
+        pred = self.run_model(examples, features, args.predict_batch_size, "***** Running prediction*****", "predict")
         written = None
         if self.dist.is_main:
             written = self.task.write_predictions(self.output_dir, examples, features, pred.outputs)
