@@ -1156,11 +1156,13 @@ class Predictor:
         truncation_direction: str = "right",
         prompt_name: str | None = None,
         pooling: str | None = None,
+        batch_size: int | None = None,
     ) -> list[float]:
-        """The cosine similarity of `source`'s embedding with each sentence's (TEI's /similarity); the
-        embeddings as `embed` makes them."""
+        """The cosine similarity of `source`'s embedding with each sentence's (TEI's /similarity; `rank` of an
+        embedding model); the embeddings as `embed` makes them."""
         vectors = self.embed(
             [source, *sentences],
+            batch_size=batch_size,
             pooling=pooling,
             normalize=True,
             truncate=truncate,
@@ -1249,15 +1251,14 @@ class Predictor:
             )
         else:
             _require_texts([query], "query")
-            embedded = self.embed(
-                [query, *documents],
-                pooling=pooling,
-                normalize=True,
+            scores = self.similarity(
+                query,
+                documents,
                 truncate=truncate,
                 truncation_direction=truncation_direction,
+                pooling=pooling,
                 batch_size=batch_size,
             )
-            scores = [float(s) for s in embedded[1:] @ embedded[0]]
         order = sorted(range(len(scores)), key=lambda i: -scores[i])[:top_k]
         return [{"index": i, "score": scores[i]} for i in order]
 
