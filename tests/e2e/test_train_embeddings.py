@@ -14,6 +14,7 @@ import pytest
 
 from bert.commands.train_embeddings import TrainEmbeddingsArgs, run_train_embeddings
 from bert.commands.train_reranker import TrainRerankerArgs, run_train_reranker
+from bert.errors import InputError
 from bert.inference import Predictor
 from bert.sentence.data import TrainingData, read_beir
 from bert.sentence.runner import mine_negatives
@@ -218,6 +219,14 @@ def test_flag_errors_are_one_line(model_files, tmp_path, capsys):
     assert "--gradient_accumulation_steps=2" in err and "cached_mnrl" in err
     err = cli_error(capsys, "train-reranker", *flags)
     assert "--mine_negatives" in err
+    # Limits written next to the flag (check_flag_values), also for Args built in Python.
+    assert cli_error(capsys, "train-embeddings", *flags, "--mini_batch_size=0").endswith("must be at least 1")
+    assert cli_error(capsys, "train-embeddings", *flags, "--score_scale=0").endswith(
+        "--score_scale=0.0 must be positive"
+    )
+    assert cli_error(capsys, "train-reranker", *flags, "--rerank_top_k=0").endswith("must be at least 1")
+    with pytest.raises(InputError, match="--num_negatives=-1 must not be negative"):
+        run_train_reranker(TrainRerankerArgs(output_dir=str(tmp_path / "out"), num_negatives=-1, do_train=True))
     assert not (tmp_path / "out" / "args.json").exists()
 
 

@@ -92,12 +92,14 @@ class TrainEmbeddingsArgs(SentenceTrainingArgs):
         },
     )
     mini_batch_size: int = field(
-        default=32, metadata={"help": "cached_mnrl: sequences per forward/backward pass (the memory it needs)."}
+        default=32,
+        metadata={"min": 1, "help": "cached_mnrl: sequences per forward/backward pass (the memory it needs)."},
     )
     score_scale: float = field(
         default=1.0,
         metadata={
             "run_defining": "train",
+            "positive": True,
             "help": "Scored pairs: divide the scores by this (5 for STS-B's 0..5, so cosine_mse targets 0..1).",
         },
     )

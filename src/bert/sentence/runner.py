@@ -292,8 +292,6 @@ class EmbeddingRun(_Run):
             raise InputError(f"--pooling={self.pooling} must be one of {', '.join(SENTENCE_POOLINGS)}")
         self.dims = parse_dims(args.matryoshka_dims, self.files.config.hidden_size)
         self.files.config.extra["max_seq_length"] = args.max_seq_length
-        if args.mini_batch_size < 1:
-            raise InputError(f"--mini_batch_size={args.mini_batch_size} must be at least 1")
         self.eval_data = _read_eval(args.eval_file, args.eval_split) if args.eval_file else None
         self.default_metric = "eval_spearman" if isinstance(self.eval_data, TrainingData) else "eval_ndcg@10"
         self.data = read_training_data(args.train_file) if args.do_train else None
@@ -314,8 +312,6 @@ class EmbeddingRun(_Run):
             )
         if self.loss.startswith("cached") and args.precision == "fp16":
             raise InputError(f"--loss={self.loss} computes its own backward pass: use --precision=bf16 or fp32")
-        if not args.score_scale > 0:
-            raise InputError(f"--score_scale={args.score_scale} must be positive")
         if kind == SCORED:
             self.scores = np.asarray(self.data.scores, dtype=np.float32) / args.score_scale
         self.plan = BatchPlan(self.data, args.train_batch_size, args.seed, no_duplicates=not scored_loss)
@@ -504,8 +500,6 @@ class RerankerRun(_Run):
 
     def __init__(self, args: Any, dist: training.DistContext):
         _check_common(args)
-        if args.num_negatives < 0 or args.rerank_top_k < 1:
-            raise InputError("--num_negatives must not be negative and --rerank_top_k must be at least 1")
         super().__init__(args, dist)
         self.loss = args.loss or "bce"
         self.data = read_training_data(args.train_file) if args.do_train else None
