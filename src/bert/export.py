@@ -356,24 +356,7 @@ def export(
     graph = ExportGraph(model).eval()
     batches = check_batches(model, _tokenizer(ckpt))
     out = output_path(output, fmt)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # A killed run leaves `.NAME.tmp-XXXXXXXX`, a name `bert.outputs.claim` removes on the next run.
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        tmp = tmp_dir / out.name
-        (export_onnx if fmt == "onnx" else export_torchscript)(graph, tmp)
-        result = _check_exported(graph, RUNNERS[fmt](tmp), batches, out, "")
-        if optimize:
-            optimize_onnx(tmp, tmp_dir / "optimized.onnx", model.config)
-            os.replace(tmp_dir / "optimized.onnx", tmp)
-            result = _check_exported(graph, RUNNERS[fmt](tmp), batches, out, "optimized")
-        if quantize == "int8" and fmt == "onnx":
-            quantize_onnx(tmp, tmp_dir / "int8.onnx")
-            os.replace(tmp_dir / "int8.onnx", tmp)
-            result = _check_exported(graph, RUNNERS[fmt](tmp), batches, out, "int8")
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+    result = _write_checked(graph, fmt, out, batches, optimize, quantize == "int8" and fmt == "onnx")
     _write_sidecars(model, ckpt, out.parent)
     name = type(model).__name__
     logger.info(
@@ -398,6 +381,32 @@ def export(
         "max_relative_error": result.max_relative_error,
         "checked_shapes": result.shapes,
     }
+
+
+def _write_checked(
+    graph: ExportGraph, fmt: str, out: Path, batches: list[dict[str, torch.Tensor]], optimize: bool, int8_onnx: bool
+) -> CheckResult:
+    """Write `graph` as `fmt` to `out` through a temporary file, checked after each stage (the export, ONNX
+    Runtime's optimizer, its int8 quantization); the last stage's check."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # A killed run leaves `.NAME.tmp-XXXXXXXX`, a name `bert.outputs.claim` removes on the next run.
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        tmp = tmp_dir / out.name
+        (export_onnx if fmt == "onnx" else export_torchscript)(graph, tmp)
+        result = _check_exported(graph, RUNNERS[fmt](tmp), batches, out, "")
+        if optimize:
+            optimize_onnx(tmp, tmp_dir / "optimized.onnx", graph.model.config)
+            os.replace(tmp_dir / "optimized.onnx", tmp)
+            result = _check_exported(graph, RUNNERS[fmt](tmp), batches, out, "optimized")
+        if int8_onnx:
+            quantize_onnx(tmp, tmp_dir / "int8.onnx")
+            os.replace(tmp_dir / "int8.onnx", tmp)
+            result = _check_exported(graph, RUNNERS[fmt](tmp), batches, out, "int8")
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    return result
 
 
 def _check_exported(
