@@ -481,15 +481,7 @@ class _FinetuneRun:
         )
         torch.manual_seed(args.seed + dist.rank)  # dropout differs across ranks, as their examples do
         if state is not None:
-            trainer.restore(state)
-            data = state.get("data", {})
-            if data.get("num_features") != len(features) or data.get("batch_size") != args.train_batch_size:
-                logger.warning(
-                    "the training data or batch size differ from the checkpoint's (%s features, batch %s): the "
-                    "run continues, but not as an uninterrupted one would",
-                    data.get("num_features"),
-                    data.get("batch_size"),
-                )
+            self.restore(trainer, state, len(features))
         plan = BatchPlan(
             [task.feature_length(f) for f in features], args.train_batch_size, args.seed, args.group_by_length
         )
@@ -526,6 +518,18 @@ class _FinetuneRun:
         trainer.export_model(self.exported, extra_files=state_file)
         logger.info("saved the model of step %d to %s", self.global_step, self.exported)
         return last
+
+    def restore(self, trainer: training.Trainer, state: dict, num_features: int) -> None:
+        """Resume `trainer` from a checkpoint's `state`, warning when the data or batch size differ from its."""
+        trainer.restore(state)
+        data = state.get("data", {})
+        if data.get("num_features") != num_features or data.get("batch_size") != self.args.train_batch_size:
+            logger.warning(
+                "the training data or batch size differ from the checkpoint's (%s features, batch %s): the "
+                "run continues, but not as an uninterrupted one would",
+                data.get("num_features"),
+                data.get("batch_size"),
+            )
 
     def evaluation_scores(self, step: int) -> dict[str, float]:
         """The dev set's metrics at `step`, as evaluations during training record them."""

@@ -1219,6 +1219,22 @@ class EvalHistory:
         load_into(model, read_checkpoint(best_dir, verify=verify))
         return int(best["step"])
 
+    def record(self, step: int, metrics: dict[str, float], output_dir: Path, keep_checkpoint_max: int) -> None:
+        """After `add` on rank 0: the history saved, the scores in metrics.jsonl and TensorBoard, a log line,
+        the checkpoints beyond the `keep_checkpoint_max` newest removed except the best one."""
+        self.save()
+        log_eval(output_dir, step, metrics)
+        best: Any = self.best()
+        logger.info(
+            "step %d: %s = %.6g (best %.6g at step %d)",
+            step,
+            self.metric,
+            metrics[self.metric],
+            best["metrics"][self.metric],
+            best["step"],
+        )
+        prune_checkpoints(output_dir, keep_checkpoint_max, best["step"])
+
     def add(self, step: int, metrics: dict[str, float]) -> bool:
         """Record an evaluation; True when training should stop (early stopping)."""
         self.evaluations.append({"step": step, "metrics": metrics})
@@ -1289,18 +1305,7 @@ def train_with_evaluations(
             metrics = evaluate(step)
             stop = history.add(step, metrics)
             if dist.is_main:
-                history.save()
-                log_eval(output_dir, step, metrics)
-                best: Any = history.best()
-                logger.info(
-                    "step %d: %s = %.6g (best %.6g at step %d)",
-                    step,
-                    history.metric,
-                    metrics[history.metric],
-                    best["metrics"][history.metric],
-                    best["step"],
-                )
-                prune_checkpoints(output_dir, keep_checkpoint_max, best["step"])
+                history.record(step, metrics, output_dir, keep_checkpoint_max)
             dist.barrier()
             if stop:
                 return True
