@@ -1240,7 +1240,7 @@ class EvalHistory:
         self.evaluations.append({"step": step, "metrics": metrics})
         best = self.best()
         since_best = sum(e["step"] > best["step"] for e in self.evaluations) if best else 0
-        if self.patience and since_best >= self.patience:
+        if best is not None and self.patience and since_best >= self.patience:
             self.stopped_at = step
             logger.info(
                 "early stopping at step %d: %s has not improved for %d evaluations (best %.6g at step %d)",
