@@ -254,14 +254,9 @@ def _check_flags(args: FinetuneArgs, task: FinetuneTask, world_size: int) -> Non
     check_flag_values(args)
     if args.do_train:
         check_batch_division(args.train_batch_size, world_size, args.gradient_accumulation_steps)
-    if args.early_stopping_patience and not args.eval_every_steps:
-        raise InputError("--early_stopping_patience needs evaluations during training: set --eval_every_steps=N")
+    training.check_early_stopping(args)
     names = [*task.metric_names(), "eval_loss", "loss"]
-    if args.metric_for_best_model is not None and args.metric_for_best_model not in names:
-        raise InputError(
-            f"--metric_for_best_model={args.metric_for_best_model} is not an evaluation result of "
-            f"`bert {task.command}`; use one of {', '.join(names)}"
-        )
+    training.check_best_metric(args.metric_for_best_model, names, f"`bert {task.command}`")
     task.check_flags()
 
 

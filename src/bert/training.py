@@ -1158,6 +1158,22 @@ def make_trainer(
 # ------------------------------------------------------------------------------ evaluations during training
 
 
+def check_early_stopping(args: Any) -> None:
+    """`--early_stopping_patience` counts evaluations during training, so it needs `--eval_every_steps`."""
+    if args.early_stopping_patience and not args.eval_every_steps:
+        raise InputError("--early_stopping_patience needs evaluations during training: set --eval_every_steps=N")
+
+
+def check_best_metric(metric: str | None, names: list[str], results_of: str) -> None:
+    """`--metric_for_best_model` (None: the task's default) must be one of `names`, the keys the evaluation of
+    `results_of` (e.g. "`bert classify`") returns."""
+    if metric is not None and metric not in names:
+        raise InputError(
+            f"--metric_for_best_model={metric} is not an evaluation result of {results_of}; use one of "
+            f"{', '.join(names)}"
+        )
+
+
 class EvalHistory:
     """Evaluations during training (`eval_history.json`), the best one, and early stopping."""
 

@@ -225,6 +225,8 @@ def test_flag_errors_are_one_line(model_files, tmp_path, capsys):
         "--score_scale=0.0 must be positive"
     )
     assert cli_error(capsys, "train-reranker", *flags, "--rerank_top_k=0").endswith("must be at least 1")
+    err = cli_error(capsys, "train-embeddings", *flags, "--early_stopping_patience=2")
+    assert "--early_stopping_patience needs evaluations during training" in err
     with pytest.raises(InputError, match="--num_negatives=-1 must not be negative"):
         run_train_reranker(TrainRerankerArgs(output_dir=str(tmp_path / "out"), num_negatives=-1, do_train=True))
     assert not (tmp_path / "out" / "args.json").exists()

@@ -80,8 +80,7 @@ def _check_common(args: Any) -> None:
             raise InputError("--do_train needs --train_file=PATH (.jsonl, .tsv or a BEIR directory)")
     if (args.do_eval or args.eval_every_steps) and args.eval_file is None:
         raise InputError("evaluation needs --eval_file=PATH (scored pairs, or a BEIR directory)")
-    if args.early_stopping_patience and not args.eval_every_steps:
-        raise InputError("--early_stopping_patience needs evaluations during training: set --eval_every_steps=N")
+    training.check_early_stopping(args)
 
 
 def parse_dims(value: str | None, hidden_size: int) -> list[int]:
@@ -160,13 +159,9 @@ class _Run:
                 f"{num_examples_per_epoch} batches per epoch x --num_train_epochs={args.num_train_epochs} gives 0 "
                 "training steps; use a smaller batch or more epochs"
             )
+        results_of = f"`bert {self.command}` on {args.eval_file}"
+        training.check_best_metric(args.metric_for_best_model, self.metric_names(), results_of)
         self.metric = args.metric_for_best_model or self.default_metric
-        names = self.metric_names()
-        if args.metric_for_best_model is not None and self.metric not in names:
-            raise InputError(
-                f"--metric_for_best_model={self.metric} is not an evaluation result of `bert {self.command}` on "
-                f"{args.eval_file}; use one of {', '.join(names)}"
-            )
         self.history = EvalHistory(self.output_dir / EVAL_HISTORY_NAME, self.metric, args.early_stopping_patience)
 
     def metric_names(self) -> list[str]:
