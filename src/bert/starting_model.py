@@ -103,23 +103,7 @@ def resolve_starting_model(
     vocab_entries = max(vocab.values()) + 1 if vocab else None
     data_vocab_sizes = set(open_data(vocab_file)) if open_data is not None else set()
 
-    if args.bert_config_file:
-        vocab_size = vocab_entries
-        if vocab_size is None and not os.path.exists(args.bert_config_file):
-            if len(data_vocab_sizes) != 1:
-                raise InputError(
-                    f"--bert_config_file={args.bert_config_file} names a shape, so its vocab_size comes from the "
-                    "vocab: pass --vocab_file=PATH"
-                )
-            vocab_size = data_vocab_sizes.pop()
-        config = resolve_config(args.bert_config_file, vocab_size)
-    elif source is not None and source.config is not None:
-        config = source.config
-    else:
-        raise InputError(
-            f"no model config: pass --bert_config_file=PATH or a shape ({SHAPE_NAMES}), or an --init_checkpoint "
-            "with a config beside it"
-        )
+    config = _config(args.bert_config_file, source, vocab_entries, data_vocab_sizes)
     if vocab_entries is not None and vocab_file:
         config.validate_vocab(vocab_entries, vocab_file)
     if args.max_seq_length > config.max_position_embeddings:
@@ -138,3 +122,26 @@ def resolve_starting_model(
     if resume_dir is not None:
         check_checkpoint_config(resume_dir, config)
     return StartingModel(config, vocab_file, vocab, resume_dir, init)
+
+
+def _config(
+    bert_config_file: str | None, source: Checkpoint | None, vocab_entries: int | None, data_vocab_sizes: set[int]
+) -> BertConfig:
+    """--bert_config_file (a file, or a shape's name sized by the vocabulary or else by the data), else the
+    config beside the checkpoint the run starts from."""
+    if bert_config_file:
+        vocab_size = vocab_entries
+        if vocab_size is None and not os.path.exists(bert_config_file):
+            if len(data_vocab_sizes) != 1:
+                raise InputError(
+                    f"--bert_config_file={bert_config_file} names a shape, so its vocab_size comes from the "
+                    "vocab: pass --vocab_file=PATH"
+                )
+            vocab_size = data_vocab_sizes.pop()
+        return resolve_config(bert_config_file, vocab_size)
+    if source is not None and source.config is not None:
+        return source.config
+    raise InputError(
+        f"no model config: pass --bert_config_file=PATH or a shape ({SHAPE_NAMES}), or an --init_checkpoint "
+        "with a config beside it"
+    )
