@@ -6,6 +6,7 @@ evaluators on the same model and data."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 
@@ -162,6 +163,9 @@ def test_sts_training_and_evaluation_equal_sentence_transformers(model_files, tm
     np.testing.assert_allclose(
         Predictor.from_pretrained(tmp_path / "out" / "model", device="cpu").embed(a), model.encode(a), atol=1e-5
     )
+    # Evaluation alone scores the exported model, and says which step it comes from.
+    again = run_train_embeddings(dataclasses.replace(args, do_train=False))
+    assert again["global_step"] == 2 and again["eval"] == result["eval"]
 
 
 def test_mined_negatives_skip_the_positives(model_files):
