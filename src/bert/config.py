@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert.errors import InputError
-from bert.utils import atomic_write
+from bert.utils import atomic_write, load_json_file
 
 
 def _is_number(value: Any) -> bool:
@@ -74,6 +74,19 @@ def check_setting(settings: dict[str, Any], key: str, kind: type, where: Any, nu
         )
     if not ok:
         raise InputError(f"{where}: {key} must be {want}, got {value!r}; fix or remove it")
+
+
+def check_task_settings(settings: dict[str, Any], where: str) -> None:
+    """The one check of the settings a fine-tuned model records (`TASK_SETTINGS`, `problem_type`'s values,
+    `label_thresholds`): of every config file read (`BertConfig.from_dict`), and by `inference.Predictor` of a
+    model whose config was built in Python. `where` names the file in the one-line error."""
+    for key, kind in TASK_SETTINGS.items():
+        check_setting(settings, key, kind, where, null=key in _NULLABLE)
+    if settings.get("problem_type") not in (None, *PROBLEM_TYPES):
+        raise InputError(f"{where}: problem_type {settings['problem_type']!r} is not one of {', '.join(PROBLEM_TYPES)}")
+    for label, threshold in (settings.get("label_thresholds") or {}).items():
+        if not _is_number(threshold) or not 0.0 <= threshold <= 1.0:
+            raise InputError(f"{where}: label_thresholds[{label!r}] must be a number in [0, 1], got {threshold!r}")
 
 
 # Activations the model implements, by transformers' names. "gelu_pytorch_tanh" is the same tanh
@@ -227,13 +240,7 @@ class BertConfig:
                 raise InputError(
                     f"config: {key}={d[key]!r} is not supported (only {allowed!r}); remove it or set it so"
                 )
-        for key, kind in TASK_SETTINGS.items():
-            check_setting(d, key, kind, "config", null=key in _NULLABLE)
-        if d.get("problem_type") not in (None, *PROBLEM_TYPES):
-            raise InputError(f"config: problem_type {d['problem_type']!r} is not one of {', '.join(PROBLEM_TYPES)}")
-        for label, threshold in (d.get("label_thresholds") or {}).items():
-            if not _is_number(threshold) or not 0.0 <= threshold <= 1.0:
-                raise InputError(f"config: label_thresholds[{label!r}] must be a number in [0, 1], got {threshold!r}")
+        check_task_settings(d, "config")
         kwargs: dict[str, Any] = {}
         if is_original:
             # The original class defaults to 16 segment types; released files always say 2.
@@ -266,21 +273,9 @@ class BertConfig:
     @classmethod
     def from_json_file(cls, path: str | os.PathLike, original_gelu: str = "tanh") -> BertConfig:
         """Read an original `bert_config.json` or a transformers / native `config.json`."""
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except FileNotFoundError:
-            raise InputError(f"config file {path} does not exist; pass --bert_config_file=PATH") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise InputError(f"config file {path} cannot be read ({e}); pass a UTF-8 JSON file") from None
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise InputError(
-                f"config file {path} is not valid JSON (line {e.lineno}: {e.msg}); fix or replace it"
-            ) from None
-        except RecursionError:
-            raise InputError(f"config file {path}: JSON nested too deeply to read; fix or replace it") from None
+        if not os.path.isfile(path):
+            raise InputError(f"config file {path} does not exist; pass --bert_config_file=PATH")
+        d = load_json_file(path, "config file")
         try:
             return cls.from_dict(d, original_gelu=original_gelu)
         except InputError as e:

@@ -356,42 +356,7 @@ def export(
     graph = ExportGraph(model).eval()
     batches = check_batches(model, _tokenizer(ckpt))
     out = output_path(output, fmt)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # A killed run leaves `.NAME.tmp-XXXXXXXX`, a name `bert.outputs.claim` removes on the next run.
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        tmp = tmp_dir / out.name
-        (export_onnx if fmt == "onnx" else export_torchscript)(graph, tmp)
-        result = compare(graph, RUNNERS[fmt](tmp), batches)
-        _require(
-            result.max_abs_diff <= MAX_ABS_DIFF,
-            result,
-            out,
-            f"max abs difference {result.max_abs_diff:.3g} > {MAX_ABS_DIFF:g}",
-        )
-        if optimize:
-            optimize_onnx(tmp, tmp_dir / "optimized.onnx", model.config)
-            os.replace(tmp_dir / "optimized.onnx", tmp)
-            result = compare(graph, RUNNERS[fmt](tmp), batches)
-            _require(
-                result.max_abs_diff <= MAX_ABS_DIFF,
-                result,
-                out,
-                f"optimized: max abs difference {result.max_abs_diff:.3g} > {MAX_ABS_DIFF:g}",
-            )
-        if quantize == "int8" and fmt == "onnx":
-            quantize_onnx(tmp, tmp_dir / "int8.onnx")
-            os.replace(tmp_dir / "int8.onnx", tmp)
-            result = compare(graph, RUNNERS[fmt](tmp), batches)
-            _require(
-                result.max_relative_error <= MAX_INT8_RELATIVE_ERROR,
-                result,
-                out,
-                f"int8 relative error {result.max_relative_error:.3g} > {MAX_INT8_RELATIVE_ERROR}",
-            )
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+    result = _write_checked(graph, fmt, out, batches, optimize, quantize == "int8" and fmt == "onnx")
     _write_sidecars(model, ckpt, out.parent)
     name = type(model).__name__
     logger.info(
@@ -418,13 +383,52 @@ def export(
     }
 
 
-def _require(ok: bool, result: CheckResult, out: Path, what: str) -> None:
+def _write_checked(
+    graph: ExportGraph, fmt: str, out: Path, batches: list[dict[str, torch.Tensor]], optimize: bool, int8_onnx: bool
+) -> CheckResult:
+    """Write `graph` as `fmt` to `out` through a temporary file, checked after each stage (the export, ONNX
+    Runtime's optimizer, its int8 quantization); the last stage's check."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # A killed run leaves `.NAME.tmp-XXXXXXXX`, a name `bert.outputs.claim` removes on the next run.
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        tmp = tmp_dir / out.name
+        (export_onnx if fmt == "onnx" else export_torchscript)(graph, tmp)
+        result = _check_exported(graph, RUNNERS[fmt](tmp), batches, out, "")
+        if optimize:
+            optimize_onnx(tmp, tmp_dir / "optimized.onnx", graph.model.config)
+            os.replace(tmp_dir / "optimized.onnx", tmp)
+            result = _check_exported(graph, RUNNERS[fmt](tmp), batches, out, "optimized")
+        if int8_onnx:
+            quantize_onnx(tmp, tmp_dir / "int8.onnx")
+            os.replace(tmp_dir / "int8.onnx", tmp)
+            result = _check_exported(graph, RUNNERS[fmt](tmp), batches, out, "int8")
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    return result
+
+
+def _check_exported(
+    graph: ExportGraph, run: Callable, batches: list[dict[str, torch.Tensor]], out: Path, stage: str
+) -> CheckResult:
+    """`compare` the exported file (`run`) with the eager model after each `stage` of the export ("", then
+    "optimized" and "int8"): every output within MAX_ABS_DIFF, the int8 graph's within
+    MAX_INT8_RELATIVE_ERROR, else an error naming `out`, which is then not written."""
+    result = compare(graph, run, batches)
+    if stage == "int8":
+        ok = result.max_relative_error <= MAX_INT8_RELATIVE_ERROR
+        what = f"int8 relative error {result.max_relative_error:.3g} > {MAX_INT8_RELATIVE_ERROR}"
+    else:
+        ok = result.max_abs_diff <= MAX_ABS_DIFF
+        what = (f"{stage}: " if stage else "") + f"max abs difference {result.max_abs_diff:.3g} > {MAX_ABS_DIFF:g}"
     if not ok:
         raise InputError(
             f"{out}: the exported graph does not match the eager model on inputs "
             f"{', '.join('x'.join(map(str, s)) for s in result.shapes)} ({what}); nothing was written. "
             "This is a bug in the exporter or the runtime: report it with the model's config.json"
         )
+    return result
 
 
 def _write_sidecars(model: nn.Module, ckpt: Checkpoint, out_dir: Path) -> None:

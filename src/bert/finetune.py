@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +55,6 @@ import numpy as np
 import torch
 
 from bert import training
-from bert.checkpoint import load_into, read_checkpoint
 from bert.config import BertConfig
 from bert.errors import InputError
 from bert.flags import (
@@ -65,23 +63,17 @@ from bert.flags import (
     check_flag_values,
 )
 from bert.formats.results import write_results
-from bert.formats.tensorboard import EventWriter
 from bert.modeling import MODEL_CLASSES, num_parameters
-from bert.optimization import create_optimizer
 from bert.plotting import CURVES_NAME, try_plot
 from bert.starting_model import StartingModel, resolve_starting_model
 from bert.tasks.common import FinetuneTask, num_train_steps, num_warmup_steps
 from bert.tokenization import FullTokenizer
-from bert.training import METRICS_NAME, RecordStream, autocast, list_checkpoints, to_device
+from bert.training import EVAL_HISTORY_NAME, METRICS_NAME, MODEL_DIR, EvalHistory, RecordStream, autocast, to_device
 from bert.utils import atomic_write, format_scores, print_result, progress
 
 logger = logging.getLogger(__name__)
 
-EVAL_HISTORY_NAME = "eval_history.json"
-MODEL_DIR = "model"
 FINETUNE_STATE_NAME = "finetune_state.json"  # in model/: the step its weights come from
-# What the result block lists of --output_dir, when there.
-RESULT_FILES = (MODEL_DIR, "eval_results.txt", METRICS_NAME, CURVES_NAME, "log.txt")
 # Batches per length-grouped mega-batch (the usual choice of length-grouped samplers).
 GROUP_BATCHES = 50
 
@@ -262,14 +254,9 @@ def _check_flags(args: FinetuneArgs, task: FinetuneTask, world_size: int) -> Non
     check_flag_values(args)
     if args.do_train:
         check_batch_division(args.train_batch_size, world_size, args.gradient_accumulation_steps)
-    if args.early_stopping_patience and not args.eval_every_steps:
-        raise InputError("--early_stopping_patience needs evaluations during training: set --eval_every_steps=N")
+    training.check_early_stopping(args)
     names = [*task.metric_names(), "eval_loss", "loss"]
-    if args.metric_for_best_model is not None and args.metric_for_best_model not in names:
-        raise InputError(
-            f"--metric_for_best_model={args.metric_for_best_model} is not an evaluation result of "
-            f"`bert {task.command}`; use one of {', '.join(names)}"
-        )
+    training.check_best_metric(args.metric_for_best_model, names, f"`bert {task.command}`")
     task.check_flags()
 
 
@@ -291,114 +278,6 @@ def _resolve_model_files(args: FinetuneArgs) -> ModelFiles:
             break
     saved_config = dict(saved.extra) if saved is not None else {}
     return ModelFiles(start, saved_label_list(saved), saved_config)
-
-
-class EvalHistory:
-    """Evaluations during training (`eval_history.json`), the best one, and early stopping."""
-
-    def __init__(self, path: Path, metric: str, patience: int):
-        self.path = path
-        self.metric = metric
-        self.greater_is_better = "loss" not in metric
-        self.patience = patience
-        self.evaluations: list[dict[str, Any]] = []
-        self.stopped_at: int | None = None
-
-    def load(self, up_to_step: int) -> None:
-        """Read the file, keeping the evaluations of steps <= `up_to_step` (the checkpoint resumed)."""
-        if not self.path.is_file():
-            return
-        data = json.loads(self.path.read_text(encoding="utf-8"))
-        if data.get("metric") != self.metric:
-            logger.warning("%s ranked by %s, now by %s", self.path, data.get("metric"), self.metric)
-        self.evaluations = [e for e in data.get("evaluations", []) if e["step"] <= up_to_step]
-        stopped = data.get("stopped_at")
-        self.stopped_at = stopped if stopped is not None and stopped <= up_to_step else None
-
-    def save(self) -> None:
-
-        best = self.best()
-        data = {
-            "metric": self.metric,
-            "greater_is_better": self.greater_is_better,
-            "best_step": best["step"] if best else None,
-            "best_value": best["metrics"][self.metric] if best else None,
-            "stopped_at": self.stopped_at,
-            "evaluations": self.evaluations,
-        }
-        with atomic_write(self.path) as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-
-    def evaluated(self, step: int) -> bool:
-        return any(e["step"] == step for e in self.evaluations)
-
-    def best(self) -> dict[str, Any] | None:
-        best = None
-        for e in self.evaluations:
-            v = e["metrics"][self.metric]
-            if best is None or (
-                v > best["metrics"][self.metric] if self.greater_is_better else v < best["metrics"][self.metric]
-            ):
-                best = e
-        return best
-
-    def restore_best(self, model: torch.nn.Module, output_dir: Path, global_step: int, verify: bool) -> int:
-        """Load the best evaluation's checkpoint into `model` when it is not `global_step`'s; the step of the
-        weights `model` now holds (the one to export)."""
-        best = self.best()
-        if best is None or best["step"] == global_step:
-            return global_step
-        best_dir = output_dir / f"{training.CHECKPOINT_PREFIX}{best['step']}"
-        logger.info("using the best checkpoint %s (%s = %.6g)", best_dir, self.metric, best["metrics"][self.metric])
-        load_into(model, read_checkpoint(best_dir, verify=verify))
-        return int(best["step"])
-
-    def add(self, step: int, metrics: dict[str, float]) -> bool:
-        """Record an evaluation; True when training should stop (early stopping)."""
-        self.evaluations.append({"step": step, "metrics": metrics})
-        best = self.best()
-        since_best = sum(e["step"] > best["step"] for e in self.evaluations) if best else 0
-        if self.patience and since_best >= self.patience:
-            self.stopped_at = step
-            logger.info(
-                "early stopping at step %d: %s has not improved for %d evaluations (best %.6g at step %d)",
-                step,
-                self.metric,
-                since_best,
-                best["metrics"][self.metric],
-                best["step"],
-            )
-            return True
-        return False
-
-
-def _prune_checkpoints(output_dir: Path, keep: int, protect: int | None) -> None:
-    """Keep the `keep` newest checkpoints (all when 0) and the one of step `protect`."""
-
-    if keep <= 0:
-        return
-    ckpts = list_checkpoints(output_dir)
-    for step, path in ckpts[:-keep]:
-        if step != protect:
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _exported_step(model_dir: Path) -> int:
-    path = model_dir / FINETUNE_STATE_NAME
-    if path.is_file():
-        return int(json.loads(path.read_text(encoding="utf-8")).get("global_step", 0))
-    return 0
-
-
-def _log_eval(output_dir: Path, step: int, metrics: dict[str, float]) -> None:
-    """An evaluation during training: a line of metrics.jsonl and TensorBoard scalars under eval/."""
-
-    scalars = {k: v for k, v in metrics.items() if k != "loss"}
-    with open(output_dir / METRICS_NAME, "a", encoding="utf-8") as f:
-        f.write(json.dumps({"step": step, **scalars}) + "\n")
-    with EventWriter(output_dir / "eval") as w:
-        w.add_scalars(step, scalars)
 
 
 def run_finetune(args: FinetuneArgs, task: FinetuneTask) -> dict[str, Any]:
@@ -427,8 +306,7 @@ def _print_result(command: str, result: dict[str, Any], output_dir: Path) -> Non
     files = [v for v in predicted.values() if isinstance(v, str)]
     if files:
         lines.append(f"predictions: {', '.join(files)}")
-    kept = [f"{n}/" if (output_dir / n).is_dir() else n for n in RESULT_FILES if (output_dir / n).exists()]
-    lines.append(f"written to {output_dir}: {', '.join(kept)}")
+    lines.append(training.written_line(output_dir))
     if (output_dir / MODEL_DIR).is_dir():
         lines.append(f"next: bert predict --model={output_dir / MODEL_DIR} --input_file=TEXTS.txt")
     print_result(command, *lines)
@@ -527,56 +405,43 @@ class _FinetuneRun:
         return self.task.convert(examples, self.tokenizer, args.max_seq_length, pad=args.pad_to_max_seq_length)
 
     def load_model(self) -> tuple[torch.nn.Module, int, dict | None]:
-        """The model, the step its weights come from, and the training state to resume (or None).
-
-        Training resumes from the newest checkpoint, else starts from --init_checkpoint; evaluation
-        alone uses the model a finished training chose (model/), else the newest checkpoint.
-        """
+        """The model, the step its weights come from, and the training state to resume (or None): see
+        `StartingModel.load_weights`."""
         args, start = self.args, self.files.start
-        verify = not args.ignore_checkpoint_digest
         training.set_seed(args.seed)
         model = MODEL_CLASSES[self.task.head](start.config, **self.task.model_kwargs())
-        state = None
-        global_step = 0
-        if not args.do_train and (self.exported / "config.json").is_file():
-            logger.info("evaluating the model in %s", self.exported)
-            load_into(model, read_checkpoint(self.exported, verify=verify))
-            global_step = _exported_step(self.exported)
-        elif self.resume_dir is not None:
-            ignored = " (--init_checkpoint is ignored)" if args.init_checkpoint else ""
-            logger.info("resuming from %s%s", self.resume_dir, ignored)
-            load_into(model, read_checkpoint(self.resume_dir, verify=verify))
-            global_step = int(self.resume_dir.name[len(training.CHECKPOINT_PREFIX) :])
-            if args.do_train:
-                state = training.load_training_state(self.resume_dir, verify=verify)
-        elif start.init is not None:
-            load_into(model, start.init)
-        else:
-            logger.warning("no --init_checkpoint: the model starts from random weights")
-        start.init = None  # the weights are in the model now
+        global_step, state = start.load_weights(model, args, self.exported, FINETUNE_STATE_NAME)
         logger.info("%s: %d parameters", type(model).__name__, num_parameters(model))
         self.wrapped = training.prepare_model(model, args, self.dist)
         if self.evaluate_during_training:
             self.history.load(global_step)
         return model, global_step, state
 
-    def evaluate(self, step: int) -> dict[str, Any]:
-        """The dev set's metrics at `step` ({"results", "pred"})."""
-        args, examples, features = self.args, self.dev_examples, self.dev_features
-        logger.info("***** Running evaluation *****")
+    def run_model(
+        self, examples: Sequence, features: Sequence, batch_size: int, banner: str, stage: str
+    ) -> Predictions:
+        """The model's outputs on `features` (of `examples`), logged as run_classifier.py logs evaluation and
+        prediction (`banner`, its own words), the progress bar labelled `stage`."""
+        args = self.args
+        logger.info(banner)
         logger.info("  Num examples = %d (%d actual, 0 padding)", len(examples), len(examples))
-        logger.info("  Batch size = %d", args.eval_batch_size)
-        pred = predict(
+        logger.info("  Batch size = %d", batch_size)
+        return predict(
             self.model,
             self.task,
             features,
-            args.eval_batch_size,
+            batch_size,
             self.dist,
             args.precision,
             args.group_by_length,
             self.pad_to,
-            desc=f"{self.task.command} eval",
+            desc=f"{self.task.command} {stage}",
         )
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        """The dev set's metrics at `step` ({"results", "pred"})."""
+        args, examples, features = self.args, self.dev_examples, self.dev_features
+        pred = self.run_model(examples, features, args.eval_batch_size, "***** Running evaluation *****", "eval")
         results = {**self.task.metrics(examples, features, pred.outputs), **loss_metrics(pred, args.eval_batch_size)}
         results["global_step"] = step
         return {"results": results, "pred": pred}
@@ -584,20 +449,7 @@ class _FinetuneRun:
     def predict_test_set(self) -> dict[str, Any] | None:
         args, examples = self.args, self.test_examples
         features = self.features_of(examples)
-        logger.info("***** Running prediction*****")
-        logger.info("  Num examples = %d (%d actual, 0 padding)", len(examples), len(examples))
-        logger.info("  Batch size = %d", args.predict_batch_size)
-        pred = predict(
-            self.model,
-            self.task,
-            features,
-            args.predict_batch_size,
-            self.dist,
-            args.precision,
-            args.group_by_length,
-            self.pad_to,
-            desc=f"{self.task.command} predict",
-        )
+        pred = self.run_model(examples, features, args.predict_batch_size, "***** Running prediction*****", "predict")
         written = None
         if self.dist.is_main:
             written = self.task.write_predictions(self.output_dir, examples, features, pred.outputs)
@@ -610,33 +462,21 @@ class _FinetuneRun:
         Returns the last logged training metrics, None when no step was left to run."""
         args, task, dist = self.args, self.task, self.dist
         features = self.features_of(self.train_examples)
-        optimizer, scheduler = create_optimizer(
-            self.model, args.learning_rate, self.total_steps, self.warmup_steps, args.optimizer, args.weight_decay
-        )
-        settings = training.TrainerSettings(
-            precision=args.precision,
-            save_checkpoints_steps=args.save_checkpoints_steps,
-            save_checkpoints_minutes=args.save_checkpoints_minutes,
-            keep_checkpoint_max=0 if self.evaluate_during_training else args.keep_checkpoint_max,
-            log_every=args.log_every,
-            examples_per_step=args.train_batch_size,
+        trainer = training.make_trainer(
+            self.model,
+            self.wrapped,
+            args,
+            dist,
+            num_train_steps=self.total_steps,
+            num_warmup_steps=self.warmup_steps,
             vocab_file=self.files.start.vocab_file,
             do_lower_case=args.do_lower_case,
             desc=f"{task.command} train",
-            max_nonfinite_steps=args.max_nonfinite_steps,
+            keep_checkpoint_max=0 if self.evaluate_during_training else None,
         )
-        trainer = training.Trainer(self.model, self.wrapped, optimizer, scheduler, dist, self.output_dir, settings)
         torch.manual_seed(args.seed + dist.rank)  # dropout differs across ranks, as their examples do
         if state is not None:
-            trainer.restore(state)
-            data = state.get("data", {})
-            if data.get("num_features") != len(features) or data.get("batch_size") != args.train_batch_size:
-                logger.warning(
-                    "the training data or batch size differ from the checkpoint's (%s features, batch %s): the "
-                    "run continues, but not as an uninterrupted one would",
-                    data.get("num_features"),
-                    data.get("batch_size"),
-                )
+            self.restore(trainer, state, len(features))
         plan = BatchPlan(
             [task.feature_length(f) for f in features], args.train_batch_size, args.seed, args.group_by_length
         )
@@ -647,26 +487,24 @@ class _FinetuneRun:
         logger.info("  Warmup steps = %d", self.warmup_steps)
         if trainer.global_step >= self.total_steps:
             logger.info("training already finished at step %d (%s)", trainer.global_step, self.resume_dir)
-        last: dict[str, float] | None = None
-        while not self.evaluate_if_due(trainer.global_step):
-            step = trainer.global_step
-            chunk_end = self.total_steps
-            if self.evaluate_during_training:
-                chunk_end = min(self.total_steps, (step // args.eval_every_steps + 1) * args.eval_every_steps)
-            accumulation = args.gradient_accumulation_steps
-            batches = train_batches(plan, task, features, step, dist.rank, dist.world_size, accumulation, self.pad_to)
-            batches = training.prefetch(batches, pin=dist.device.type == "cuda")
-            try:
-                last = trainer.train(
-                    batches,
-                    training.head_loss,
-                    chunk_end,
-                    plan.state,
-                    totals_fn=type(self.model).loss_normalizers,
-                    checkpoint_info={"command": task.command, "num_train_steps": self.total_steps, "seed": args.seed},
-                )
-            finally:
-                batches.close()
+        accumulation = args.gradient_accumulation_steps
+
+        def batches(step: int) -> Iterator[list[dict[str, torch.Tensor]]]:
+            return train_batches(plan, task, features, step, dist.rank, dist.world_size, accumulation, self.pad_to)
+
+        last = training.train_with_evaluations(
+            trainer,
+            batches,
+            training.head_loss,
+            self.total_steps,
+            plan.state,
+            history=self.history if self.evaluate_during_training else None,
+            evaluate=self.evaluation_scores,
+            eval_every_steps=args.eval_every_steps,
+            keep_checkpoint_max=args.keep_checkpoint_max,
+            totals_fn=type(self.model).loss_normalizers,
+            checkpoint_info={"command": task.command, "num_train_steps": self.total_steps, "seed": args.seed},
+        )
         self.global_step = trainer.global_step
         if self.evaluate_during_training:
             verify = not args.ignore_checkpoint_digest
@@ -676,28 +514,18 @@ class _FinetuneRun:
         logger.info("saved the model of step %d to %s", self.global_step, self.exported)
         return last
 
-    def evaluate_if_due(self, step: int) -> bool:
-        """Score the dev set when `step` is an evaluation step; True when training is over (the last step,
-        or early stopping)."""
-        args, dist, history, metric = self.args, self.dist, self.history, self.metric
-        due = step > 0 and (step % max(args.eval_every_steps, 1) == 0 or step == self.total_steps)
-        if self.evaluate_during_training and due and not history.evaluated(step):
-            metrics = {k: float(v) for k, v in self.evaluate(step)["results"].items() if k != "global_step"}
-            stop = history.add(step, metrics)
-            if dist.is_main:
-                history.save()
-                _log_eval(self.output_dir, step, metrics)
-                best = history.best()
-                logger.info(
-                    "step %d: %s = %.6g (best %.6g at step %d)",
-                    step,
-                    metric,
-                    metrics[metric],
-                    best["metrics"][metric],
-                    best["step"],
-                )
-                _prune_checkpoints(self.output_dir, args.keep_checkpoint_max, best["step"])
-            dist.barrier()
-            if stop:
-                return True
-        return step >= self.total_steps or history.stopped_at is not None
+    def restore(self, trainer: training.Trainer, state: dict, num_features: int) -> None:
+        """Resume `trainer` from a checkpoint's `state`, warning when the data or batch size differ from its."""
+        trainer.restore(state)
+        data = state.get("data", {})
+        if data.get("num_features") != num_features or data.get("batch_size") != self.args.train_batch_size:
+            logger.warning(
+                "the training data or batch size differ from the checkpoint's (%s features, batch %s): the "
+                "run continues, but not as an uninterrupted one would",
+                data.get("num_features"),
+                data.get("batch_size"),
+            )
+
+    def evaluation_scores(self, step: int) -> dict[str, float]:
+        """The dev set's metrics at `step`, as evaluations during training record them."""
+        return {k: float(v) for k, v in self.evaluate(step)["results"].items() if k != "global_step"}

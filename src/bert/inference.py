@@ -67,9 +67,9 @@ import torch
 import torch.nn.functional as F
 
 from bert import onnx_backend
-from bert.checkpoint import Checkpoint, _fit_prefix, load_into, read_checkpoint
+from bert.checkpoint import CONFIG_NAME, Checkpoint, _fit_prefix, load_into, read_checkpoint
 from bert.checkpoint import architecture as checkpoint_architecture
-from bert.config import PROBLEM_TYPES, BertConfig, check_setting
+from bert.config import BertConfig, check_setting, check_task_settings
 from bert.errors import InputError
 from bert.flags import POOLINGS, check_backend
 from bert.metrics import iob_chunks
@@ -297,13 +297,12 @@ WINDOW_SETTINGS = ("long_document", "doc_stride", "window_pooling")
 def _checked_windows(values: dict[str, Any], source: str) -> dict[str, Any]:
     """The window settings among `values` that are not None, each checked (`InputError` naming `source`)."""
     out = {name: value for name, value in values.items() if value is not None}
+    check_setting(out, "doc_stride", int, source)  # a positive integer, as in config.json
     for name, value in out.items():
         if name == "long_document" and value not in LONG_DOCUMENT:
             raise InputError(f"{source}: long_document={value!r} must be one of {', '.join(LONG_DOCUMENT)}")
         if name == "window_pooling" and value not in WINDOW_POOLINGS:
             raise InputError(f"{source}: window_pooling={value!r} must be one of {', '.join(WINDOW_POOLINGS)}")
-        if name == "doc_stride" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise InputError(f"{source}: doc_stride={value!r} must be a whole number of at least 1")
     return out
 
 
@@ -366,6 +365,9 @@ class Predictor:
         self.has_pooler = has_pooler and self.encoder.pooler is not None
         self.sentence_transformers = sentence_transformers
         extra = self.config.extra
+        config_file = Path(source) / CONFIG_NAME
+        # Checked when config.json was read; again for a model whose config was built in Python.
+        check_task_settings(extra, f"{config_file}: config")
         self.labels: list[str] | None = None
         self.problem_type: str | None = None
         self.label_thresholds: dict[str, float] = {}
@@ -374,16 +376,11 @@ class Predictor:
         if self.task == CLASSIFICATION:
             default = "regression" if model.num_labels == 1 else "single_label_classification"
             self.problem_type = extra.get("problem_type") or default
-            if self.problem_type not in PROBLEM_TYPES:
-                raise InputError(
-                    f"{source}: config.json problem_type {self.problem_type!r} is not one of {', '.join(PROBLEM_TYPES)}"
-                )
             thresholds = extra.get("label_thresholds") or {}
             self.label_thresholds = {label: float(thresholds.get(label, 0.5)) for label in self.labels}
         # How the model was fine-tuned to read long inputs (`bert classify`'s defaults where config.json
         # says nothing, as for models trained elsewhere); `set_windows` overrides them.
-        saved = {name: extra.get(name) for name in WINDOW_SETTINGS}
-        saved = _checked_windows(saved, f"{source} config.json")
+        saved = _checked_windows({name: extra.get(name) for name in WINDOW_SETTINGS}, str(config_file))
         self.long_document: str = saved.get("long_document", LONG_DOCUMENT[0])
         self.doc_stride: int = saved.get("doc_stride", 128)
         self.window_pooling: str = saved.get("window_pooling", WINDOW_POOLINGS[0])
@@ -1167,11 +1164,13 @@ class Predictor:
         truncation_direction: str = "right",
         prompt_name: str | None = None,
         pooling: str | None = None,
+        batch_size: int | None = None,
     ) -> list[float]:
-        """The cosine similarity of `source`'s embedding with each sentence's (TEI's /similarity); the
-        embeddings as `embed` makes them."""
+        """The cosine similarity of `source`'s embedding with each sentence's (TEI's /similarity; `rank` of an
+        embedding model); the embeddings as `embed` makes them."""
         vectors = self.embed(
             [source, *sentences],
+            batch_size=batch_size,
             pooling=pooling,
             normalize=True,
             truncate=truncate,
@@ -1260,15 +1259,14 @@ class Predictor:
             )
         else:
             _require_texts([query], "query")
-            embedded = self.embed(
-                [query, *documents],
-                pooling=pooling,
-                normalize=True,
+            scores = self.similarity(
+                query,
+                documents,
                 truncate=truncate,
                 truncation_direction=truncation_direction,
+                pooling=pooling,
                 batch_size=batch_size,
             )
-            scores = [float(s) for s in embedded[1:] @ embedded[0]]
         order = sorted(range(len(scores)), key=lambda i: -scores[i])[:top_k]
         return [{"index": i, "score": scores[i]} for i in order]
 

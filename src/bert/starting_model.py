@@ -11,18 +11,22 @@ name and saved tokenizer settings, and a checkpoint to resume against the config
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bert.checkpoint import Checkpoint, read_checkpoint
+from bert.checkpoint import Checkpoint, load_into, read_checkpoint
 from bert.config import BertConfig, resolve_config
 from bert.errors import InputError
 from bert.flags import SHAPE_NAMES
 from bert.tokenization import load_vocab, validate_case_matches_checkpoint
-from bert.training import check_checkpoint_config, latest_checkpoint
+from bert.training import CHECKPOINT_PREFIX, check_checkpoint_config, latest_checkpoint, load_training_state
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -32,6 +36,38 @@ class StartingModel:
     vocab: dict[str, int] | None
     resume_dir: Path | None  # the newest checkpoint of --output_dir: the run resumes from it
     init: Checkpoint | None  # --init_checkpoint, read; None when resuming or when none was given
+
+    def load_weights(self, model: Any, args: Any, exported: Path, state_name: str) -> tuple[int, dict[str, Any] | None]:
+        """Put the weights the run `args` (`--do_train`, `--init_checkpoint`, `--ignore_checkpoint_digest`)
+        continues from into `model`; returns the step they come from and the
+        training state to resume (None unless training resumes).
+
+        Training resumes from the newest checkpoint, else starts from --init_checkpoint, else from random
+        weights; evaluation alone uses the model a finished training exported to `exported` (its step in
+        `exported/state_name`), else the newest checkpoint.
+        """
+        verify = not args.ignore_checkpoint_digest
+        state = None
+        global_step = 0
+        if not args.do_train and (exported / "config.json").is_file():
+            logger.info("evaluating the model in %s", exported)
+            load_into(model, read_checkpoint(exported, verify=verify))
+            state_file = exported / state_name
+            if state_file.is_file():
+                global_step = int(json.loads(state_file.read_text(encoding="utf-8")).get("global_step", 0))
+        elif self.resume_dir is not None:
+            ignored = " (--init_checkpoint is ignored)" if args.init_checkpoint else ""
+            logger.info("resuming from %s%s", self.resume_dir, ignored)
+            load_into(model, read_checkpoint(self.resume_dir, verify=verify))
+            global_step = int(self.resume_dir.name[len(CHECKPOINT_PREFIX) :])
+            if args.do_train:
+                state = load_training_state(self.resume_dir, verify=verify)
+        elif self.init is not None:
+            load_into(model, self.init)
+        else:
+            logger.warning("no --init_checkpoint: the model starts from random weights")
+        self.init = None  # the weights are in the model now
+        return global_step, state
 
 
 def resolve_starting_model(
@@ -67,23 +103,7 @@ def resolve_starting_model(
     vocab_entries = max(vocab.values()) + 1 if vocab else None
     data_vocab_sizes = set(open_data(vocab_file)) if open_data is not None else set()
 
-    if args.bert_config_file:
-        vocab_size = vocab_entries
-        if vocab_size is None and not os.path.exists(args.bert_config_file):
-            if len(data_vocab_sizes) != 1:
-                raise InputError(
-                    f"--bert_config_file={args.bert_config_file} names a shape, so its vocab_size comes from the "
-                    "vocab: pass --vocab_file=PATH"
-                )
-            vocab_size = data_vocab_sizes.pop()
-        config = resolve_config(args.bert_config_file, vocab_size)
-    elif source is not None and source.config is not None:
-        config = source.config
-    else:
-        raise InputError(
-            f"no model config: pass --bert_config_file=PATH or a shape ({SHAPE_NAMES}), or an --init_checkpoint "
-            "with a config beside it"
-        )
+    config = _config(args.bert_config_file, source, vocab_entries, data_vocab_sizes)
     if vocab_entries is not None and vocab_file:
         config.validate_vocab(vocab_entries, vocab_file)
     if args.max_seq_length > config.max_position_embeddings:
@@ -102,3 +122,26 @@ def resolve_starting_model(
     if resume_dir is not None:
         check_checkpoint_config(resume_dir, config)
     return StartingModel(config, vocab_file, vocab, resume_dir, init)
+
+
+def _config(
+    bert_config_file: str | None, source: Checkpoint | None, vocab_entries: int | None, data_vocab_sizes: set[int]
+) -> BertConfig:
+    """--bert_config_file (a file, or a shape's name sized by the vocabulary or else by the data), else the
+    config beside the checkpoint the run starts from."""
+    if bert_config_file:
+        vocab_size = vocab_entries
+        if vocab_size is None and not os.path.exists(bert_config_file):
+            if len(data_vocab_sizes) != 1:
+                raise InputError(
+                    f"--bert_config_file={bert_config_file} names a shape, so its vocab_size comes from the "
+                    "vocab: pass --vocab_file=PATH"
+                )
+            vocab_size = data_vocab_sizes.pop()
+        return resolve_config(bert_config_file, vocab_size)
+    if source is not None and source.config is not None:
+        return source.config
+    raise InputError(
+        f"no model config: pass --bert_config_file=PATH or a shape ({SHAPE_NAMES}), or an --init_checkpoint "
+        "with a config beside it"
+    )

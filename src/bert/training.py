@@ -55,14 +55,14 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from bert.checkpoint import CONFIG_NAME, save_pretrained
+from bert.checkpoint import CONFIG_NAME, load_into, read_checkpoint, save_pretrained
 from bert.config import SHAPE_FIELDS, BertConfig
 from bert.errors import InputError, NonFiniteError
-from bert.flags import PRECISIONS, PerformanceArgs
+from bert.flags import PRECISIONS, PerformanceArgs, TrainingArgs
 from bert.formats.tensorboard import EventWriter
-from bert.optimization import clip_grad_norm
+from bert.optimization import clip_grad_norm, create_optimizer
 from bert.outputs import claim, remove_temporaries
-from bert.plotting import METRICS_NAME
+from bert.plotting import CURVES_NAME, METRICS_NAME
 from bert.utils import atomic_write, load_json_file, log_to_file, progress, write_run_info
 
 logger = logging.getLogger(__name__)
@@ -73,6 +73,9 @@ TRAINER_STATE_NAME = "trainer_state.json"
 ARGS_NAME = "args.json"
 ARGS_HISTORY_NAME = "args_history.jsonl"
 MODEL_DIR = "model"
+EVAL_HISTORY_NAME = "eval_history.json"
+# What the result block of a fine-tuning or sentence run lists of its output directory, when there.
+RESULT_FILES = (MODEL_DIR, "eval_results.txt", METRICS_NAME, CURVES_NAME, "log.txt")
 # What a run leaves besides its checkpoints and logs: removed when a rerun continues the run with other
 # flags (or starts a new training in the directory), so that no result of the earlier flags stays beside
 # the new ones.
@@ -237,6 +240,12 @@ def claim_output_dir(
                 error = e
         _stop_together(dist, error)
         yield
+
+
+def written_line(output_dir: Path) -> str:
+    """The result block's line naming the `RESULT_FILES` a run left in `output_dir`."""
+    kept = [f"{n}/" if (output_dir / n).is_dir() else n for n in RESULT_FILES if (output_dir / n).exists()]
+    return f"written to {output_dir}: {', '.join(kept)}"
 
 
 def _stop_together(dist: DistContext, error: BaseException | None) -> None:
@@ -1110,3 +1119,225 @@ class Trainer:
                 "step %d: %s", self.global_step, ", ".join(f"{k} = {v:.6g}" for k, v in out.items() if k != "step")
             )
         return out
+
+
+def make_trainer(
+    model: nn.Module,
+    wrapped: nn.Module,
+    args: TrainingArgs,
+    dist: DistContext,
+    *,
+    num_train_steps: int,
+    num_warmup_steps: int,
+    vocab_file: str | None,
+    do_lower_case: bool | None,
+    desc: str,
+    keep_checkpoint_max: int | None = None,
+) -> Trainer:
+    """The `Trainer` of a training command: the optimizer and schedule of `--optimizer`, `--learning_rate`
+    and `--weight_decay` over `num_train_steps`, and the `TrainerSettings` of its flags.
+    `keep_checkpoint_max` overrides the flag (0 when evaluations during training prune the checkpoints)."""
+    optimizer, scheduler = create_optimizer(
+        model, args.learning_rate, num_train_steps, num_warmup_steps, args.optimizer, args.weight_decay
+    )
+    settings = TrainerSettings(
+        precision=args.precision,
+        save_checkpoints_steps=args.save_checkpoints_steps,
+        save_checkpoints_minutes=args.save_checkpoints_minutes,
+        keep_checkpoint_max=args.keep_checkpoint_max if keep_checkpoint_max is None else keep_checkpoint_max,
+        log_every=args.log_every,
+        examples_per_step=args.train_batch_size,
+        vocab_file=vocab_file,
+        do_lower_case=do_lower_case,
+        desc=desc,
+        max_nonfinite_steps=args.max_nonfinite_steps,
+    )
+    return Trainer(model, wrapped, optimizer, scheduler, dist, args.output_dir, settings)
+
+
+# ------------------------------------------------------------------------------ evaluations during training
+
+
+def check_early_stopping(args: Any) -> None:
+    """`--early_stopping_patience` counts evaluations during training, so it needs `--eval_every_steps`."""
+    if args.early_stopping_patience and not args.eval_every_steps:
+        raise InputError("--early_stopping_patience needs evaluations during training: set --eval_every_steps=N")
+
+
+def check_best_metric(metric: str | None, names: list[str], results_of: str) -> None:
+    """`--metric_for_best_model` (None: the task's default) must be one of `names`, the keys the evaluation of
+    `results_of` (e.g. "`bert classify`") returns."""
+    if metric is not None and metric not in names:
+        raise InputError(
+            f"--metric_for_best_model={metric} is not an evaluation result of {results_of}; use one of "
+            f"{', '.join(names)}"
+        )
+
+
+class EvalHistory:
+    """Evaluations during training (`eval_history.json`), the best one, and early stopping."""
+
+    def __init__(self, path: Path, metric: str, patience: int):
+        self.path = path
+        self.metric = metric
+        self.greater_is_better = "loss" not in metric
+        self.patience = patience
+        self.evaluations: list[dict[str, Any]] = []
+        self.stopped_at: int | None = None
+
+    def load(self, up_to_step: int) -> None:
+        """Read the file, keeping the evaluations of steps <= `up_to_step` (the checkpoint resumed)."""
+        if not self.path.is_file():
+            return
+        data = json.loads(self.path.read_text(encoding="utf-8"))
+        if data.get("metric") != self.metric:
+            logger.warning("%s ranked by %s, now by %s", self.path, data.get("metric"), self.metric)
+        self.evaluations = [e for e in data.get("evaluations", []) if e["step"] <= up_to_step]
+        stopped = data.get("stopped_at")
+        self.stopped_at = stopped if stopped is not None and stopped <= up_to_step else None
+
+    def save(self) -> None:
+
+        best = self.best()
+        data = {
+            "metric": self.metric,
+            "greater_is_better": self.greater_is_better,
+            "best_step": best["step"] if best else None,
+            "best_value": best["metrics"][self.metric] if best else None,
+            "stopped_at": self.stopped_at,
+            "evaluations": self.evaluations,
+        }
+        with atomic_write(self.path) as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+
+    def evaluated(self, step: int) -> bool:
+        return any(e["step"] == step for e in self.evaluations)
+
+    def best(self) -> dict[str, Any] | None:
+        best = None
+        for e in self.evaluations:
+            v = e["metrics"][self.metric]
+            if best is None or (
+                v > best["metrics"][self.metric] if self.greater_is_better else v < best["metrics"][self.metric]
+            ):
+                best = e
+        return best
+
+    def restore_best(self, model: torch.nn.Module, output_dir: Path, global_step: int, verify: bool) -> int:
+        """Load the best evaluation's checkpoint into `model` when it is not `global_step`'s; the step of the
+        weights `model` now holds (the one to export)."""
+        best = self.best()
+        if best is None or best["step"] == global_step:
+            return global_step
+        best_dir = output_dir / f"{CHECKPOINT_PREFIX}{best['step']}"
+        logger.info("using the best checkpoint %s (%s = %.6g)", best_dir, self.metric, best["metrics"][self.metric])
+        load_into(model, read_checkpoint(best_dir, verify=verify))
+        return int(best["step"])
+
+    def record(self, step: int, metrics: dict[str, float], output_dir: Path, keep_checkpoint_max: int) -> None:
+        """After `add` on rank 0: the history saved, the scores in metrics.jsonl and TensorBoard, a log line,
+        the checkpoints beyond the `keep_checkpoint_max` newest removed except the best one."""
+        self.save()
+        log_eval(output_dir, step, metrics)
+        best: Any = self.best()
+        logger.info(
+            "step %d: %s = %.6g (best %.6g at step %d)",
+            step,
+            self.metric,
+            metrics[self.metric],
+            best["metrics"][self.metric],
+            best["step"],
+        )
+        prune_checkpoints(output_dir, keep_checkpoint_max, best["step"])
+
+    def add(self, step: int, metrics: dict[str, float]) -> bool:
+        """Record an evaluation; True when training should stop (early stopping)."""
+        self.evaluations.append({"step": step, "metrics": metrics})
+        best = self.best()
+        since_best = sum(e["step"] > best["step"] for e in self.evaluations) if best else 0
+        if best is not None and self.patience and since_best >= self.patience:
+            self.stopped_at = step
+            logger.info(
+                "early stopping at step %d: %s has not improved for %d evaluations (best %.6g at step %d)",
+                step,
+                self.metric,
+                since_best,
+                best["metrics"][self.metric],
+                best["step"],
+            )
+            return True
+        return False
+
+
+def prune_checkpoints(output_dir: Path, keep: int, protect: int | None) -> None:
+    """Keep the `keep` newest checkpoints (all when 0) and the one of step `protect`."""
+
+    if keep <= 0:
+        return
+    ckpts = list_checkpoints(output_dir)
+    for step, path in ckpts[:-keep]:
+        if step != protect:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def log_eval(output_dir: Path, step: int, metrics: dict[str, float]) -> None:
+    """An evaluation during training: a line of metrics.jsonl and TensorBoard scalars under eval/."""
+
+    scalars = {k: v for k, v in metrics.items() if k != "loss"}
+    with open(output_dir / METRICS_NAME, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"step": step, **scalars}) + "\n")
+    with EventWriter(output_dir / "eval") as w:
+        w.add_scalars(step, scalars)
+
+
+def train_with_evaluations(
+    trainer: Trainer,
+    batches: Callable[[int], Iterator[list[dict[str, torch.Tensor]]]],
+    loss_fn: LossFn,
+    num_train_steps: int,
+    data_state: Callable[[int], dict[str, Any]],
+    *,
+    history: EvalHistory | None = None,
+    evaluate: Callable[[int], dict[str, float]] | None = None,
+    eval_every_steps: int = 0,
+    keep_checkpoint_max: int = 0,
+    totals_fn: TotalsFn | None = None,
+    checkpoint_info: dict[str, Any] | None = None,
+) -> dict[str, float] | None:
+    """Steps from `trainer.global_step` to `num_train_steps`, `batches(step)` giving the micro-batches from
+    `step` on. With a `history` (evaluation during training), `evaluate(step)` scores the dev set every
+    `eval_every_steps` steps and at the last; each score is recorded (`eval_history.json`, `metrics.jsonl`,
+    TensorBoard under eval/), checkpoints beyond the `keep_checkpoint_max` newest are removed except the
+    best one, and early stopping ends training. Returns the last logged training metrics, None when no
+    step was left to run."""
+    dist = trainer.dist
+    output_dir = trainer.output_dir
+
+    def evaluate_if_due(step: int) -> bool:
+        # True when training is over: the last step, or early stopping.
+        due = step > 0 and (step % max(eval_every_steps, 1) == 0 or step == num_train_steps)
+        if history is not None and evaluate is not None and due and not history.evaluated(step):
+            metrics = evaluate(step)
+            stop = history.add(step, metrics)
+            if dist.is_main:
+                history.record(step, metrics, output_dir, keep_checkpoint_max)
+            dist.barrier()
+            if stop:
+                return True
+        return step >= num_train_steps or (history is not None and history.stopped_at is not None)
+
+    last: dict[str, float] | None = None
+    while not evaluate_if_due(trainer.global_step):
+        step = trainer.global_step
+        chunk_end = num_train_steps
+        if history is not None:
+            chunk_end = min(num_train_steps, (step // eval_every_steps + 1) * eval_every_steps)
+        stream = prefetch(batches(step), pin=dist.device.type == "cuda")
+        try:
+            last = trainer.train(
+                stream, loss_fn, chunk_end, data_state, totals_fn=totals_fn, checkpoint_info=checkpoint_info
+            )
+        finally:
+            stream.close()
+    return last

@@ -5,6 +5,9 @@ evaluators on the same model and data."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import io
 import json
 
 import numpy as np
@@ -12,6 +15,7 @@ import pytest
 
 from bert.commands.train_embeddings import TrainEmbeddingsArgs, run_train_embeddings
 from bert.commands.train_reranker import TrainRerankerArgs, run_train_reranker
+from bert.errors import InputError
 from bert.inference import Predictor
 from bert.sentence.data import TrainingData, read_beir
 from bert.sentence.runner import mine_negatives
@@ -43,7 +47,8 @@ def beir_dir(root):
 
 @pytest.fixture(scope="module")
 def trained(model_files, tmp_path_factory):
-    """A bi-encoder trained with MNRL and Matryoshka dims on pairs, evaluated on a BEIR split during and after."""
+    """A bi-encoder trained with MNRL and Matryoshka dims on pairs, evaluated on a BEIR split during and after;
+    and what the run wrote on stderr (its result block)."""
     tmp = tmp_path_factory.mktemp("bi")
     beir = beir_dir(tmp / "beir")
     pairs = tmp / "pairs.jsonl"
@@ -63,13 +68,17 @@ def trained(model_files, tmp_path_factory):
         matryoshka_dims="32,16",
         learning_rate=1e-3,
     )
-    result = run_train_embeddings(args)
-    return out, beir, result
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        result = run_train_embeddings(args)
+    return out, beir, result, stderr.getvalue()
 
 
 def test_bi_encoder_run_outputs(trained):
-    out, _, result = trained
-    assert result["global_step"] == 4  # 10 pairs / 4 = 2 batches (no repeated text) x 2 epochs
+    out, _, result, _ = trained
+    assert result["num_train_steps"] == 4  # 10 pairs / 4 = 2 batches (no repeated text) x 2 epochs
+    # The exported model is the best evaluation's (the first of equal scores).
+    assert result["global_step"] == json.loads((out / "eval_history.json").read_text())["best_step"]
     results = read_results(out / "eval_results.txt")
     for key in ("mrr@10", "ndcg@10", "recall@1", "recall@10", "recall@100", "map@100"):
         assert f"eval_{key}" in results and f"eval_dim16_{key}" in results
@@ -81,6 +90,17 @@ def test_bi_encoder_run_outputs(trained):
     assert config["similarity_fn_name"] == "cosine" and config["prompts"] == {}
 
 
+def test_bi_encoder_result_block(trained):
+    out, _, result, stderr = trained
+    block = stderr[stderr.index("bert train-embeddings: done\n") :].splitlines()
+    assert block[1] == f"  global step {result['global_step']} of 4"
+    ndcg = result["eval"]["eval_ndcg@10"]
+    assert block[2].startswith("  eval: ") and f"ndcg@10 {ndcg:.4f}" in block[2]
+    assert block[3].startswith("  eval at 16 dims: map@100 ")  # 32 is the hidden size: the full vectors' scores
+    assert block[4].startswith(f"  written to {out}: model/, eval_results.txt, metrics.jsonl")
+    assert block[5] == f"  next: bert embed --model={out / 'model'} --input_file=TEXTS.txt"
+
+
 def test_sentence_transformers_loads_it_with_our_vectors(trained):
     out = trained[0]
     texts = ["what is rain", "an answer about coffee and why people like it", "x"]
@@ -90,7 +110,7 @@ def test_sentence_transformers_loads_it_with_our_vectors(trained):
 
 
 def test_retrieval_evaluation_equals_sentence_transformers(trained):
-    out, beir, _ = trained
+    out, beir, _, _ = trained
     corpus = read_beir(str(beir), "dev")
     model = st.SentenceTransformer(str(out / "model"), device="cpu")
     evaluator = st_evaluation.InformationRetrievalEvaluator(
@@ -143,6 +163,9 @@ def test_sts_training_and_evaluation_equal_sentence_transformers(model_files, tm
     np.testing.assert_allclose(
         Predictor.from_pretrained(tmp_path / "out" / "model", device="cpu").embed(a), model.encode(a), atol=1e-5
     )
+    # Evaluation alone scores the exported model, and says which step it comes from.
+    again = run_train_embeddings(dataclasses.replace(args, do_train=False))
+    assert again["global_step"] == 2 and again["eval"] == result["eval"]
 
 
 def test_mined_negatives_skip_the_positives(model_files):
@@ -157,7 +180,7 @@ def test_mined_negatives_skip_the_positives(model_files):
 
 
 @pytest.mark.parametrize("loss", ["listwise", "bce"])
-def test_reranker_loads_in_cross_encoder_with_our_scores(model_files, tmp_path, loss):
+def test_reranker_loads_in_cross_encoder_with_our_scores(model_files, tmp_path, loss, capsys):
     beir = beir_dir(tmp_path / "beir")
     args = args_for(
         TrainRerankerArgs,
@@ -177,6 +200,11 @@ def test_reranker_loads_in_cross_encoder_with_our_scores(model_files, tmp_path, 
     )
     result = run_train_reranker(args)
     assert result["global_step"] == 4  # 6 training topics x 3 queries = 18 / batch 4
+    terminal = capsys.readouterr()
+    assert terminal.out == ""  # the result block is on stderr, as every training command's
+    retriever = result["eval"]["eval_retriever_mrr@10"]
+    assert "\n  eval of the retriever alone: map@100 " in terminal.err and f"mrr@10 {retriever:.4f}" in terminal.err
+    assert f"\n  next: bert rerank --model={tmp_path / 'out' / 'model'} --input_file=CANDIDATES.jsonl\n" in terminal.err
     for key in ("mrr@10", "ndcg@10", "recall@1", "map@100"):
         assert f"eval_{key}" in result["eval"] and f"eval_retriever_{key}" in result["eval"]
     pairs = [("what is rain", "all about rain and why people like rain"), ("who likes cats", "a note on trains")]
@@ -195,6 +223,16 @@ def test_flag_errors_are_one_line(model_files, tmp_path, capsys):
     assert "--gradient_accumulation_steps=2" in err and "cached_mnrl" in err
     err = cli_error(capsys, "train-reranker", *flags)
     assert "--mine_negatives" in err
+    # Limits written next to the flag (check_flag_values), also for Args built in Python.
+    assert cli_error(capsys, "train-embeddings", *flags, "--mini_batch_size=0").endswith("must be at least 1")
+    assert cli_error(capsys, "train-embeddings", *flags, "--score_scale=0").endswith(
+        "--score_scale=0.0 must be positive"
+    )
+    assert cli_error(capsys, "train-reranker", *flags, "--rerank_top_k=0").endswith("must be at least 1")
+    err = cli_error(capsys, "train-embeddings", *flags, "--early_stopping_patience=2")
+    assert "--early_stopping_patience needs evaluations during training" in err
+    with pytest.raises(InputError, match="--num_negatives=-1 must not be negative"):
+        run_train_reranker(TrainRerankerArgs(output_dir=str(tmp_path / "out"), num_negatives=-1, do_train=True))
     assert not (tmp_path / "out" / "args.json").exists()
 
 

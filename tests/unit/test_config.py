@@ -94,7 +94,7 @@ def test_unreadable_and_invalid_files_name_the_file(tmp_path):
         BertConfig.from_json_file(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{ not json")
-    with pytest.raises(InputError, match=r"bad.json is not valid JSON \(line 1"):
+    with pytest.raises(InputError, match=r"bad.json:1: not valid JSON \("):
         BertConfig.from_json_file(bad)
 
 

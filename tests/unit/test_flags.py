@@ -62,6 +62,10 @@ def test_finetune_runner_checks_choices_from_metadata_for_python_callers(tmp_pat
         _check_flags(dataclasses.replace(args, precision="fp8"), task, 1)
     with pytest.raises(InputError, match="--train_batch_size=30 must be divisible"):
         _check_flags(dataclasses.replace(args, train_batch_size=30, gradient_accumulation_steps=4), task, 1)
+    with pytest.raises(InputError, match="--early_stopping_patience needs evaluations during training"):
+        _check_flags(dataclasses.replace(args, early_stopping_patience=2), task, 1)
+    with pytest.raises(InputError, match="--metric_for_best_model=eval_f1 is not an evaluation result of `bert cl"):
+        _check_flags(dataclasses.replace(args, metric_for_best_model="eval_f1"), task, 1)
     assert issubclass(ClassifyArgs, FinetuneArgs)
 
 

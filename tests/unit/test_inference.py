@@ -7,6 +7,7 @@ forward pass, sentence-transformers settings, bad input, and one call at a time 
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from bert.checkpoint import export_tf
+from bert.config import BertConfig
 from bert.errors import InputError
 from bert.inference import InputItemError, Predictor, read_input_record, read_sentence_transformers_config
 from bert.modeling import (
@@ -26,7 +28,7 @@ from bert.modeling import (
     BertModel,
 )
 from bert.tasks.swag import SwagExample, convert_swag_examples_to_features
-from conftest import save_model_dir, uncased_vocab, vocab_config
+from conftest import cli_error, save_model_dir, uncased_vocab, vocab_config
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -486,7 +488,7 @@ def test_bad_input(vocab, tmp_path, classifier_dir):
     c = Predictor.from_pretrained(classifier_dir, "cpu")
     with pytest.raises(InputItemError, match="input 2: the text must be a non-empty string"):
         c.classify(["a", "b", "  "])
-    with pytest.raises(InputError, match="the test: doc_stride=0 must be a whole number of at least 1"):
+    with pytest.raises(InputError, match="the test: doc_stride must be a positive integer, got 0"):
         c.set_windows(doc_stride=0, source="the test")
     with pytest.raises(InputError, match="max_seq_length=100 must be between 3 and max_position_embeddings=64"):
         Predictor.from_pretrained(classifier_dir, "cpu", max_seq_length=100)
@@ -494,6 +496,28 @@ def test_bad_input(vocab, tmp_path, classifier_dir):
     (tmp_path / "enc" / "config.json").write_text(json.dumps({**config, "architectures": ["BertForQuestionAnswering"]}))
     with pytest.raises(InputError, match=r"lack 2 of BertForQuestionAnswering's \(e.g. qa_outputs.weight\)"):
         Predictor.from_pretrained(tmp_path / "enc", "cpu")
+
+
+@pytest.mark.parametrize("setting", [{"doc_stride": 0}, {"problem_type": "ranking"}, {"doc_stride": True}])
+def test_a_bad_saved_task_setting_is_one_error_wherever_it_is_read(classifier_dir, tmp_path, capsys, setting):
+    """config.py's check is the one check of a fine-tuned model's settings: `bert predict` answers with the
+    loader's line, and a Predictor of a model whose config was built in Python with the same."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(classifier_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, **setting}))
+    with pytest.raises(InputError) as loader:
+        BertConfig.from_json_file(model_dir / "config.json")
+    key = next(iter(setting))
+    assert str(loader.value).startswith(f"{model_dir / 'config.json'}: config: {key} ")
+    (tmp_path / "texts.txt").write_text("a text\n")
+    err = cli_error(capsys, "predict", f"--model={model_dir}", f"--input_file={tmp_path / 'texts.txt'}")
+    assert err == f"bert predict: error: {loader.value}"
+    good = Predictor.from_pretrained(classifier_dir, "cpu")
+    good.model.config.extra.update(setting)
+    with pytest.raises(InputError) as built:
+        Predictor(good.model, good.tokenizer, good.architecture, good.device, source=str(model_dir))
+    assert str(built.value) == str(loader.value)
 
 
 def test_read_input_record():

@@ -92,22 +92,23 @@ class TrainEmbeddingsArgs(SentenceTrainingArgs):
         },
     )
     mini_batch_size: int = field(
-        default=32, metadata={"help": "cached_mnrl: sequences per forward/backward pass (the memory it needs)."}
+        default=32,
+        metadata={"min": 1, "help": "cached_mnrl: sequences per forward/backward pass (the memory it needs)."},
     )
     score_scale: float = field(
         default=1.0,
         metadata={
             "run_defining": "train",
+            "positive": True,
             "help": "Scored pairs: divide the scores by this (5 for STS-B's 0..5, so cosine_mse targets 0..1).",
         },
     )
 
 
 def run_train_embeddings(args: TrainEmbeddingsArgs) -> dict[str, Any]:
-    """Train and/or evaluate (see the module docstring); returns the runner's summary."""
+    """Train and/or evaluate (see the module docstring); returns the runner's result (its result block is on
+    the terminal)."""
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
-    from bert.sentence.runner import summary, train_embeddings
+    from bert.sentence.runner import train_embeddings
 
-    result = train_embeddings(args)
-    print(summary(result))
-    return result
+    return train_embeddings(args)

@@ -43,20 +43,21 @@ class TrainRerankerArgs(SentenceTrainingArgs):
         },
     )
     num_negatives: int = field(
-        default=4, metadata={"run_defining": "data", "help": "Hard negatives to mine per query."}
+        default=4, metadata={"run_defining": "data", "min": 0, "help": "Hard negatives to mine per query."}
     )
     eval_retriever: str | None = field(
         default=None,
         metadata={"help": "The bi-encoder whose top results evaluation reranks (default: --mine_negatives)."},
     )
-    rerank_top_k: int = field(default=100, metadata={"help": "Evaluation reranks this many retrieved documents."})
+    rerank_top_k: int = field(
+        default=100, metadata={"min": 1, "help": "Evaluation reranks this many retrieved documents."}
+    )
 
 
 def run_train_reranker(args: TrainRerankerArgs) -> dict[str, Any]:
-    """Train and/or evaluate (see the module docstring); returns the runner's summary."""
+    """Train and/or evaluate (see the module docstring); returns the runner's result (its result block is on
+    the terminal)."""
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
-    from bert.sentence.runner import summary, train_reranker
+    from bert.sentence.runner import train_reranker
 
-    result = train_reranker(args)
-    print(summary(result))
-    return result
+    return train_reranker(args)

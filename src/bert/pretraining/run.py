@@ -43,7 +43,7 @@ from bert.flags import check_batch_division, check_flag_values
 from bert.formats.results import write_results
 from bert.formats.tensorboard import EventWriter
 from bert.modeling import BertForPreTraining, num_parameters
-from bert.optimization import create_optimizer, polynomial_warmup_lr
+from bert.optimization import polynomial_warmup_lr
 from bert.plotting import CURVES_NAME, try_plot
 from bert.pretraining.evaluation import evaluate
 from bert.pretraining.inputs import (
@@ -121,7 +121,17 @@ def run_pretraining(args: Any) -> dict[str, Any]:
             model, state = _load_model(args, config, start.resume_dir, start.init)
             wrapped = training.prepare_model(model, args, dist, fsdp=args.fsdp)
             torch.manual_seed(args.seed + dist.rank)  # dropout differs across ranks, as their examples do
-            trainer = _make_trainer(args, model, wrapped, dist, do_lower_case)
+            trainer = training.make_trainer(
+                model,
+                wrapped,
+                args,
+                dist,
+                num_train_steps=max(args.num_train_steps, 1),
+                num_warmup_steps=args.num_warmup_steps,
+                vocab_file=args.vocab_file,
+                do_lower_case=do_lower_case,
+                desc="pretrain",
+            )
             stream = RecordStream(len(train_source), args.seed)
             position = _restore(args, trainer, state, stream) if state is not None else 0
             # 3. Training, the exported model, evaluation.
@@ -209,32 +219,6 @@ def _load_model(
         logger.info("  name = %s, shape = %s%s", name, tuple(p.shape), ", *INIT_FROM_CKPT*" if name in restored else "")
     logger.info("%d parameters", num_parameters(model))
     return model, state
-
-
-def _make_trainer(
-    args: Any, model: BertForPreTraining, wrapped: torch.nn.Module, dist, do_lower_case: bool | None
-) -> training.Trainer:
-    optimizer, scheduler = create_optimizer(
-        model,
-        args.learning_rate,
-        max(args.num_train_steps, 1),
-        args.num_warmup_steps,
-        args.optimizer,
-        args.weight_decay,
-    )
-    settings = training.TrainerSettings(
-        precision=args.precision,
-        save_checkpoints_steps=args.save_checkpoints_steps,
-        save_checkpoints_minutes=args.save_checkpoints_minutes,
-        keep_checkpoint_max=args.keep_checkpoint_max,
-        log_every=args.log_every,
-        examples_per_step=args.train_batch_size,
-        vocab_file=args.vocab_file,
-        do_lower_case=do_lower_case,
-        desc="pretrain",
-        max_nonfinite_steps=args.max_nonfinite_steps,
-    )
-    return training.Trainer(model, wrapped, optimizer, scheduler, dist, args.output_dir, settings)
 
 
 def _restore(args: Any, trainer: training.Trainer, state: dict, stream: RecordStream) -> int:

@@ -23,6 +23,7 @@ with one label), which `sentence_transformers.CrossEncoder` loads.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,14 +33,11 @@ import numpy as np
 import torch
 
 from bert import training
-from bert.checkpoint import load_into, read_checkpoint
 from bert.errors import InputError
-from bert.finetune import MODEL_DIR, EvalHistory, _log_eval, _prune_checkpoints
 from bert.flags import check_flag_values
 from bert.formats.results import write_results
 from bert.inference import Predictor, SentenceTransformersConfig, read_sentence_transformers_config
 from bert.modeling import SENTENCE_POOLINGS, BertForSequenceClassification, BertModel, num_parameters, pool_tokens
-from bert.optimization import create_optimizer
 from bert.plotting import CURVES_NAME, try_plot
 from bert.sentence import evaluation, losses
 from bert.sentence.data import (
@@ -57,7 +55,8 @@ from bert.starting_model import resolve_starting_model
 from bert.tasks.common import num_warmup_steps, pad_2d
 from bert.tasks.glue import InputExample, convert_examples_to_features
 from bert.tokenization import FullTokenizer
-from bert.training import METRICS_NAME
+from bert.training import EVAL_HISTORY_NAME, METRICS_NAME, MODEL_DIR, EvalHistory
+from bert.utils import format_scores, print_result
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +80,7 @@ def _check_common(args: Any) -> None:
             raise InputError("--do_train needs --train_file=PATH (.jsonl, .tsv or a BEIR directory)")
     if (args.do_eval or args.eval_every_steps) and args.eval_file is None:
         raise InputError("evaluation needs --eval_file=PATH (scored pairs, or a BEIR directory)")
-    if args.early_stopping_patience and not args.eval_every_steps:
-        raise InputError("--early_stopping_patience needs evaluations during training: set --eval_every_steps=N")
+    training.check_early_stopping(args)
 
 
 def parse_dims(value: str | None, hidden_size: int) -> list[int]:
@@ -141,6 +139,7 @@ class _Run:
     command = ""
     model_class: type = BertModel
     default_metric = ""
+    next_command = ""  # the result block's next step, `{model}` the exported model
 
     def __init__(self, args: Any, dist: training.DistContext):
         self.args, self.dist = args, dist
@@ -160,14 +159,10 @@ class _Run:
                 f"{num_examples_per_epoch} batches per epoch x --num_train_epochs={args.num_train_epochs} gives 0 "
                 "training steps; use a smaller batch or more epochs"
             )
+        results_of = f"`bert {self.command}` on {args.eval_file}"
+        training.check_best_metric(args.metric_for_best_model, self.metric_names(), results_of)
         self.metric = args.metric_for_best_model or self.default_metric
-        names = self.metric_names()
-        if args.metric_for_best_model is not None and self.metric not in names:
-            raise InputError(
-                f"--metric_for_best_model={self.metric} is not an evaluation result of `bert {self.command}` on "
-                f"{args.eval_file}; use one of {', '.join(names)}"
-            )
-        self.history = EvalHistory(self.output_dir / "eval_history.json", self.metric, args.early_stopping_patience)
+        self.history = EvalHistory(self.output_dir / EVAL_HISTORY_NAME, self.metric, args.early_stopping_patience)
 
     def metric_names(self) -> list[str]:
         """The keys `evaluate` returns."""
@@ -195,25 +190,9 @@ class _Run:
     # The run.
     def load_model(self) -> None:
         args, files = self.args, self.files
-        verify = not args.ignore_checkpoint_digest
         training.set_seed(args.seed)
         model = self.model_class(files.config, **self.model_kwargs())
-        self.state = None
-        self.global_step = 0
-        if not args.do_train and (self.exported / "config.json").is_file():
-            logger.info("evaluating the model in %s", self.exported)
-            load_into(model, read_checkpoint(self.exported, verify=verify))
-        elif self.resume_dir is not None:
-            logger.info("resuming from %s", self.resume_dir)
-            load_into(model, read_checkpoint(self.resume_dir, verify=verify))
-            self.global_step = int(self.resume_dir.name[len(training.CHECKPOINT_PREFIX) :])
-            if args.do_train:
-                self.state = training.load_training_state(self.resume_dir, verify=verify)
-        elif files.init is not None:
-            load_into(model, files.init)
-        else:
-            logger.warning("no --init_checkpoint: the model starts from random weights")
-        files.init = None  # its tensors are in the model now
+        self.global_step, self.state = files.load_weights(model, args, self.exported, STATE_NAME)
         logger.info("%s: %d parameters", type(model).__name__, num_parameters(model))
         self.model = model.to(self.dist.device)
         self.wrapped = training.prepare_model(model, args, self.dist)
@@ -245,21 +224,18 @@ class _Run:
 
     def train(self) -> dict[str, float] | None:
         args, dist = self.args, self.dist
-        optimizer, scheduler = create_optimizer(
-            self.model, args.learning_rate, self.total_steps, self.warmup_steps, args.optimizer, args.weight_decay
-        )
-        settings = training.TrainerSettings(
-            precision=args.precision,
-            save_checkpoints_steps=args.save_checkpoints_steps,
-            keep_checkpoint_max=0 if self.evaluate_during_training else args.keep_checkpoint_max,
-            log_every=args.log_every,
-            examples_per_step=args.train_batch_size,
+        trainer = training.make_trainer(
+            self.model,
+            self.wrapped,
+            args,
+            dist,
+            num_train_steps=self.total_steps,
+            num_warmup_steps=self.warmup_steps,
             vocab_file=self.files.vocab_file,
             do_lower_case=args.do_lower_case,
             desc=f"{self.command} train",
-            max_nonfinite_steps=args.max_nonfinite_steps,
+            keep_checkpoint_max=0 if self.evaluate_during_training else None,
         )
-        trainer = training.Trainer(self.model, self.wrapped, optimizer, scheduler, dist, self.output_dir, settings)
         torch.manual_seed(args.seed + dist.rank)
         if self.state is not None:
             trainer.restore(self.state)
@@ -267,23 +243,18 @@ class _Run:
         logger.info("  Batch size = %d", args.train_batch_size)
         logger.info("  Num steps = %d", self.total_steps)
         logger.info("  Warmup steps = %d", self.warmup_steps)
-        last: dict[str, float] | None = None
-        while not self.evaluate_if_due(trainer.global_step):
-            step = trainer.global_step
-            chunk_end = self.total_steps
-            if self.evaluate_during_training:
-                chunk_end = min(self.total_steps, (step // args.eval_every_steps + 1) * args.eval_every_steps)
-            batches: Any = training.prefetch(self.batches(step), pin=dist.device.type == "cuda")
-            try:
-                last = trainer.train(
-                    batches,
-                    self.loss_fn(),
-                    chunk_end,
-                    self.data_state,
-                    checkpoint_info={"command": self.command, "num_train_steps": self.total_steps, "seed": args.seed},
-                )
-            finally:
-                batches.close()
+        last = training.train_with_evaluations(
+            trainer,
+            self.batches,
+            self.loss_fn(),
+            self.total_steps,
+            self.data_state,
+            history=self.history if self.evaluate_during_training else None,
+            evaluate=lambda step: self.evaluate(),
+            eval_every_steps=args.eval_every_steps,
+            keep_checkpoint_max=args.keep_checkpoint_max,
+            checkpoint_info={"command": self.command, "num_train_steps": self.total_steps, "seed": args.seed},
+        )
         self.global_step = trainer.global_step
         if self.evaluate_during_training:
             verify = not args.ignore_checkpoint_digest
@@ -293,30 +264,12 @@ class _Run:
         logger.info("saved the model of step %d to %s", self.global_step, self.exported)
         return last
 
-    def evaluate_if_due(self, step: int) -> bool:
-        args, dist, history = self.args, self.dist, self.history
-        due = step > 0 and (step % max(args.eval_every_steps, 1) == 0 or step == self.total_steps)
-        if self.evaluate_during_training and due and not history.evaluated(step):
-            metrics = self.evaluate()
-            stop = history.add(step, metrics)
-            if dist.is_main:
-                history.save()
-                _log_eval(self.output_dir, step, metrics)
-                best: Any = history.best()
-                logger.info(
-                    "step %d: %s = %.6g (best at step %d)", step, self.metric, metrics[self.metric], best["step"]
-                )
-                _prune_checkpoints(self.output_dir, args.keep_checkpoint_max, best["step"])
-            dist.barrier()
-            if stop:
-                return True
-        return step >= self.total_steps or history.stopped_at is not None
-
 
 # ------------------------------------------------------------------------------------------ bi-encoder
 class EmbeddingRun(_Run):
     command = "train-embeddings"
     model_class = BertModel
+    next_command = "bert embed --model={model} --input_file=TEXTS.txt"
 
     def model_kwargs(self) -> dict[str, Any]:
         # Pooling reads the last layer; an untrained pooler would have no optimizer state to resume.
@@ -334,8 +287,6 @@ class EmbeddingRun(_Run):
             raise InputError(f"--pooling={self.pooling} must be one of {', '.join(SENTENCE_POOLINGS)}")
         self.dims = parse_dims(args.matryoshka_dims, self.files.config.hidden_size)
         self.files.config.extra["max_seq_length"] = args.max_seq_length
-        if args.mini_batch_size < 1:
-            raise InputError(f"--mini_batch_size={args.mini_batch_size} must be at least 1")
         self.eval_data = _read_eval(args.eval_file, args.eval_split) if args.eval_file else None
         self.default_metric = "eval_spearman" if isinstance(self.eval_data, TrainingData) else "eval_ndcg@10"
         self.data = read_training_data(args.train_file) if args.do_train else None
@@ -356,8 +307,6 @@ class EmbeddingRun(_Run):
             )
         if self.loss.startswith("cached") and args.precision == "fp16":
             raise InputError(f"--loss={self.loss} computes its own backward pass: use --precision=bf16 or fp32")
-        if not args.score_scale > 0:
-            raise InputError(f"--score_scale={args.score_scale} must be positive")
         if kind == SCORED:
             self.scores = np.asarray(self.data.scores, dtype=np.float32) / args.score_scale
         self.plan = BatchPlan(self.data, args.train_batch_size, args.seed, no_duplicates=not scored_loss)
@@ -492,13 +441,31 @@ def evaluate_embeddings(predictor: Predictor, data: TrainingData | Corpus, dims:
     return {f"eval_{k}": v for k, v in scores.items()}
 
 
-def summary(result: dict[str, Any]) -> str:
-    """The lines a command ends with: the model written, the steps, the final evaluation."""
-    lines = [f"model: {Path(result['output_dir']) / MODEL_DIR} (step {result['global_step']})"]
-    for key, value in sorted(result.get("eval", {}).items()):
-        if key != "global_step" and "dim" not in key:
-            lines.append(f"  {key} = {value:.4f}")
-    return "\n".join(lines)
+def eval_lines(scores: dict[str, Any]) -> list[str]:
+    """The result block's lines of an evaluation: the full-size scores, then each Matryoshka size's
+    (`eval_dim32_*`) and the retriever's alone (`eval_retriever_*`), in the order evaluation gave them."""
+    groups: dict[str, dict[str, Any]] = {}
+    for key, value in scores.items():
+        if key == "global_step":
+            continue
+        match = re.fullmatch(r"eval_(dim\d+_|retriever_)?(.+)", key)
+        prefix, name = (match.group(1) or "", match.group(2)) if match else ("", key)
+        groups.setdefault(prefix, {})[name] = value
+    labels = {"": "eval", "retriever_": "eval of the retriever alone"}
+    return [f"{labels.get(p, f'eval at {p[3:-1]} dims')}: {format_scores(v)}" for p, v in groups.items()]
+
+
+def print_run_result(cls: type[_Run], result: dict[str, Any]) -> None:
+    """The run's result block: the steps, the final evaluation, the files and the command that uses the model."""
+    output_dir = Path(result["output_dir"])
+    model = output_dir / MODEL_DIR
+    print_result(
+        cls.command,
+        f"global step {result['global_step']} of {result['num_train_steps']}",
+        *eval_lines(result.get("eval", {})),
+        training.written_line(output_dir),
+        f"next: {cls.next_command.format(model=model)}" if model.is_dir() else "",
+    )
 
 
 def train_embeddings(args: Any) -> dict[str, Any]:
@@ -513,19 +480,21 @@ def _run(cls: type[_Run], args: Any) -> dict[str, Any]:
         with training.claim_output_dir(args.output_dir, cls.command, dist, inputs):
             run = cls(args, dist)
             with training.run_directory(args.output_dir, cls.command, args, dist):
-                return run.run()
+                result = run.run()
+    if dist.is_main:
+        print_run_result(cls, result)
+    return result
 
 
 # ------------------------------------------------------------------------------------------ reranker
 class RerankerRun(_Run):
     command = "train-reranker"
     model_class = BertForSequenceClassification
+    next_command = "bert rerank --model={model} --input_file=CANDIDATES.jsonl"
     default_metric = "eval_ndcg@10"
 
     def __init__(self, args: Any, dist: training.DistContext):
         _check_common(args)
-        if args.num_negatives < 0 or args.rerank_top_k < 1:
-            raise InputError("--num_negatives must not be negative and --rerank_top_k must be at least 1")
         super().__init__(args, dist)
         self.loss = args.loss or "bce"
         self.data = read_training_data(args.train_file) if args.do_train else None
