@@ -46,8 +46,8 @@ class SentenceTrainingArgs(ModelArgs, TrainingArgs):
     keep_checkpoint_max: int = same_as(FinetuneArgs, "keep_checkpoint_max")
     log_every: int = same_as(FinetuneArgs, "log_every")
     # No original command to follow: the defaults of sentence-transformers' trainer (torch's AdamW, no weight
-    # decay), which these commands' users compare against; the original's optimizer lost 0.05 STS-B Spearman
-    # against it (bench/RESULTS.md).
+    # decay), which these commands' users compare against; the original's optimizer lost 0.035 STS-B Spearman
+    # to it from all-MiniLM-L6-v2 (bench/RESULTS.md).
     optimizer: str = same_as(OptimizerArgs, "optimizer", default="adamw")
     weight_decay: float = same_as(OptimizerArgs, "weight_decay", default=0.0)
 
