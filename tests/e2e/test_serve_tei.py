@@ -1,12 +1,13 @@
 """`bert serve` against text-embeddings-inference's published API and its users' clients, on 127.0.0.1:
 TEI's own OpenAPI document (v1.9.3, tests/fixtures/tei) run property-based against the server (no 5xx,
 every status documented, every answer valid for its schema), then the server's own /openapi.json the same
-way; `huggingface_hub.InferenceClient` and the `openai` client pointed at the base URL, their answers
-equal to `bert embed` / `bert predict`; the API key; token-id inputs, Matryoshka dimensions, prompts and
-truncation direction over HTTP."""
+way; `huggingface_hub.InferenceClient`, the `openai` client and LangChain's `OpenAIEmbeddings` pointed at
+the base URL, their answers equal to `bert embed` / `bert predict`; the API key; token-id inputs,
+Matryoshka dimensions, prompts and truncation direction over HTTP."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from contextlib import contextmanager
 from pathlib import Path
@@ -233,6 +234,38 @@ def test_openai_client_at_the_base_url(minilm):
         client.embeddings.create(model="m", input="x", dimensions=1000)
     with pytest.raises(openai.BadRequestError, match="is empty"):
         client.embeddings.create(model="m", input="  ")
+
+
+def test_langchain_openai_embeddings_at_the_base_url(minilm):
+    # The test extra's LangChain client and its openai dependency: imported here so that their absence
+    # fails this test (not skips it) without failing the module's other tests.
+    import openai
+    from langchain_openai import OpenAIEmbeddings
+
+    url, predictor, offline = minilm
+
+    def langchain(base_url: str, **settings) -> OpenAIEmbeddings:
+        # check_embedding_ctx_length=False: send the texts, not tiktoken ids of OpenAI's vocabulary (the
+        # default, which would also need tiktoken's BPE file from the network).
+        return OpenAIEmbeddings(
+            model="all-MiniLM-L6-v2", base_url=f"{base_url}/v1", check_embedding_ctx_length=False, **settings
+        )
+
+    embeddings = langchain(url, api_key="unused")  # a server without --api_key accepts any key
+    np.testing.assert_allclose(embeddings.embed_documents(SENTENCES), offline, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(embeddings.embed_query(SENTENCES[2]), offline[2], atol=1e-5, rtol=0)
+    # LangChain's batches as several requests, in order; its async client.
+    np.testing.assert_allclose(embeddings.embed_documents(SENTENCES, chunk_size=3), offline, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(asyncio.run(embeddings.aembed_documents(SENTENCES)), offline, atol=1e-5, rtol=0)
+    cut = langchain(url, api_key="unused", dimensions=8).embed_documents(SENTENCES)
+    expected = offline[:, :8] / np.linalg.norm(offline[:, :8], axis=1, keepdims=True)
+    np.testing.assert_allclose(cut, expected, atol=1e-5, rtol=0)
+
+    with serving(predictor, api_key="s3cret") as keyed_url:
+        vector = langchain(keyed_url, api_key="s3cret").embed_query(SENTENCES[0])
+        np.testing.assert_allclose(vector, offline[0], atol=1e-5, rtol=0)
+        with pytest.raises(openai.AuthenticationError, match="Authorization: Bearer"):
+            langchain(keyed_url, api_key="wrong").embed_query(SENTENCES[0])
 
 
 # ------------------------------------------------------------------------------------------ fields over HTTP
