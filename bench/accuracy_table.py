@@ -2,7 +2,7 @@
 
     pip install -e ".[bench]"   # the test extra plus accelerate, which transformers' Trainer needs
     python bench/accuracy_table.py [--tasks MRPC,RTE,STS-B,CoNLL-2003] [--seeds 1,2,3]
-        [--out bench/out/accuracy_table] [--systems ours,ours_adamw,random,transformers] [--epochs E] [--jobs N]
+        [--out bench/out/accuracy_table] [--systems ours,ours_adamw,random,transformers] [--epochs E] [--jobs N] [--threads T]
 
 For each task and seed, three systems start from all-MiniLM-L6-v2 (the `minilm` extra) with the README's
 recipe (learning rate 2e-5, batch 32, 3 epochs, max_seq_length 128):
@@ -238,6 +238,7 @@ def main() -> None:
     parser.add_argument("--out", default="bench/out/accuracy_table")
     parser.add_argument("--epochs", type=float, default=RECIPE["epochs"], help="fewer for a smoke run only")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, cpu_count / jobs threads each")
+    parser.add_argument("--threads", type=int, help="threads per run (default cpu_count / jobs)")
     parser.add_argument("--peer_run", help=argparse.SUPPRESS)  # TASK:SEED:DIR, one transformers run
     opts = parser.parse_args()
     RECIPE["epochs"] = opts.epochs
@@ -252,7 +253,7 @@ def main() -> None:
         sys.exit(f"unknown task or system: {', '.join(unknown)} (tasks: {', '.join(METRICS)}; systems: {SYSTEMS})")
     seeds = [int(s) for s in opts.seeds.split(",")]
     out = Path(opts.out)
-    threads = max(1, (os.cpu_count() or 1) // opts.jobs)
+    threads = opts.threads or max(1, (os.cpu_count() or 1) // opts.jobs)
     print(
         f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
         f"recipe {RECIPE}, seeds {seeds}, {opts.jobs} runs at once with {threads} threads each",
