@@ -2,7 +2,8 @@
 
     pip install -e ".[bench]"   # the test extra plus accelerate, which transformers' Trainer needs
     python bench/accuracy_table.py [--tasks MRPC,RTE,STS-B,CoNLL-2003] [--seeds 1,2,3]
-        [--out bench/out/accuracy_table] [--systems ours,ours_adamw,random,transformers] [--epochs E] [--jobs N] [--threads T]
+        [--out bench/out/accuracy_table] [--systems ours,ours_adamw,random,transformers] [--epochs E]
+        [--jobs N] [--threads T]
 
 For each task and seed, three systems start from all-MiniLM-L6-v2 (the `minilm` extra) with the README's
 recipe (learning rate 2e-5, batch 32, 3 epochs, max_seq_length 128):

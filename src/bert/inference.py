@@ -71,7 +71,7 @@ from bert.checkpoint import CONFIG_NAME, Checkpoint, _fit_prefix, load_into, rea
 from bert.checkpoint import architecture as checkpoint_architecture
 from bert.config import BertConfig, check_setting, check_task_settings
 from bert.errors import InputError
-from bert.flags import POOLINGS, check_backend
+from bert.flags import POOLINGS, check_backend, check_dtype
 from bert.metrics import iob_chunks
 from bert.modeling import (
     BertForMultipleChoice,
@@ -80,9 +80,11 @@ from bert.modeling import (
     BertForSequenceClassification,
     BertForTokenClassification,
     BertModel,
+    BertPreTrainedModel,
+    bf16_in_hardware,
     pool_tokens,
 )
-from bert.quantization import quantize_model
+from bert.quantization import is_quantized, quantize_model
 from bert.tasks.common import (
     CLASSIFICATION,
     EMBEDDINGS,
@@ -270,6 +272,20 @@ def _load_model(architecture: str, ckpt: Checkpoint, has_pooler: bool) -> torch.
     return model
 
 
+def _set_dtype(model: torch.nn.Module, dtype: str, device: torch.device) -> None:
+    """Apply a `dtype` (`bert.flags.INFERENCE_DTYPES`, checked) to a loaded model about to run on `device`."""
+    check_dtype(dtype, device=device)
+    if dtype == "float32":
+        return
+    if dtype == "bfloat16" and device.type == "cpu" and not bf16_in_hardware():
+        logger.warning(
+            "this CPU has no bfloat16 instructions (AVX512-BF16 or AMX): bfloat16 runs emulated, slower than "
+            "float32; leave dtype at float32 here"
+        )
+    assert isinstance(model, BertPreTrainedModel)  # every architecture this module loads
+    model.set_encoder_dtype(getattr(torch, dtype))
+
+
 def _labels(config: BertConfig, num_labels: int) -> list[str]:
     id2label = config.extra.get("id2label")
     if isinstance(id2label, dict) and len(id2label) == num_labels:
@@ -422,6 +438,18 @@ class Predictor:
         return "onnx" if isinstance(self.model, onnx_backend.OnnxModel) else "torch"
 
     @property
+    def dtype(self) -> str:
+        """The number type the Transformer blocks run in (`from_pretrained`'s dtype, or int8 once quantized); an
+        ONNX graph's is float32."""
+        if self.backend == "onnx":
+            return "float32"
+        if is_quantized(self.model):
+            return "int8"
+        if self.encoder.encoder_dtype is None:
+            return "float32"
+        return str(self.encoder.encoder_dtype).removeprefix("torch.")
+
+    @property
     def can_embed(self) -> bool:
         """Whether `embed` runs: a torch model embeds with its encoder; an ONNX graph has the outputs of the model
         it was exported from, so only an encoder's (BertModel) graph embeds."""
@@ -438,6 +466,7 @@ class Predictor:
         batch_size: int = 32,
         do_lower_case: bool | None = None,
         quantize: str = "none",
+        dtype: str = "float32",
         backend: str = "torch",
     ) -> Predictor:
         """Load a model directory (or a checkpoint file or TF prefix) for inference.
@@ -451,10 +480,13 @@ class Predictor:
                 cased TF checkpoint; the default then is lower-casing).
             quantize: "none", or "int8" for `bert.quantization.quantize_int8` (CPU only; the default device
                 then is the CPU).
+            dtype: "float32", or "bfloat16" / "float16" to run the Transformer blocks in that type
+                (`BertPreTrainedModel.set_encoder_dtype`; float16 on CUDA only); outputs stay float32.
             backend: "torch", or "onnx" to run the ONNX file `bert export` wrote (`model_dir` is its
                 directory or the file) with ONNX Runtime on the CPU, `bert.onnx_backend`.
         """
         check_backend(backend, device, quantize)
+        check_dtype(dtype, backend, quantize)
         if backend == "onnx":
             model, ckpt = onnx_backend.load(model_dir, torch.get_num_threads())
             return cls._with_tokenizer(
@@ -483,6 +515,7 @@ class Predictor:
             device = "cpu"
         device = resolve_device(str(device) if device is not None else None)
         model = quantize_model(model, quantize, device)
+        _set_dtype(model, dtype, device)
         return cls._with_tokenizer(
             model,
             ckpt,

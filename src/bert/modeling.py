@@ -49,6 +49,9 @@ def _activation(name: str) -> nn.Module:
 # F.linear (the exporters cannot trace the op), as do autocast (the op ignores it), quantized layers (not
 # nn.Linear) and tensors off the CPU.
 _ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+# bfloat16 GEMMs in hardware (AVX512-BF16 or AMX): twice fp32's rate on an AMD EPYC Zen 5 core (bench/RESULTS.md).
+# Elsewhere oneDNN would emulate them, slower than fp32, so a bfloat16 encoder there stays on F.linear.
+_ONEDNN_BF16 = _ONEDNN_LINEAR and bool(getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)())
 # hidden_act -> oneDNN's post-op and its algorithm, for the activations it fuses.
 _FUSED_ACTIVATIONS = {
     "gelu": ("gelu", [], "none"),
@@ -56,6 +59,11 @@ _FUSED_ACTIVATIONS = {
     "gelu_pytorch_tanh": ("gelu", [], "tanh"),
     "relu": ("relu", [], ""),
 }
+
+
+def bf16_in_hardware() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware, so a bfloat16 encoder runs faster than float32 on it."""
+    return _ONEDNN_BF16
 
 
 def _native_kernels() -> bool:
@@ -69,12 +77,13 @@ def _native_kernels() -> bool:
 
 
 def _onednn_eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `x @ weight^T` may run through oneDNN: fp32 on the CPU, outside tracing, compiling and autocast."""
+    """Whether `x @ weight^T` may run through oneDNN: fp32 (or bfloat16 where the CPU has it) on the CPU, outside
+    tracing, compiling and autocast."""
     return (
         _ONEDNN_LINEAR
         and x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
+        and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and _ONEDNN_BF16))
+        and weight.dtype == x.dtype
         and not torch.is_autocast_enabled("cpu")
         and _native_kernels()
     )
@@ -392,6 +401,18 @@ class BertPreTrainedModel(nn.Module):
             if isinstance(m, BertModel):
                 m.unpad = unpad
 
+    def set_encoder_dtype(self, dtype: torch.dtype) -> None:
+        """Run the Transformer blocks in `dtype` (bfloat16 or float16 for faster inference; float32 as built).
+
+        The embeddings, the pooler and the heads stay float32, and so does every output: the blocks' input is
+        cast down and their outputs back up, so callers see the float32 model's types with values within the
+        dtype's rounding (bench/RESULTS.md measures what it costs in accuracy).
+        """
+        for m in self.modules():
+            if isinstance(m, BertModel):
+                m.encoder.to(dtype)
+                m.encoder_dtype = None if dtype == torch.float32 else dtype
+
     def gradient_checkpointing_enable(self, enable: bool = True) -> None:
         """Recompute each block's activations in the backward pass: less memory, about 30% more compute."""
         for m in self.modules():
@@ -448,6 +469,7 @@ class BertModel(BertPreTrainedModel):
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.unpad: bool | None = None
+        self.encoder_dtype: torch.dtype | None = None  # set_encoder_dtype
         self.init_weights()
 
     def forward(
@@ -480,20 +502,23 @@ class BertModel(BertPreTrainedModel):
         if not torch.compiler.is_compiling():
             validate_ids(self.config, input_ids, token_type_ids)
         embedding_output = self.embeddings(input_ids, token_type_ids)
+        hidden = embedding_output if self.encoder_dtype is None else embedding_output.to(self.encoder_dtype)
         mask_bias = unpadding = None
         if attention_mask is not None:
             # [B, T] -> [B, 1, 1, T]: only keys are masked; padded queries are computed and ignored.
-            mask_bias = (1.0 - attention_mask[:, None, None, :].to(embedding_output.dtype)) * MASK_BIAS
+            mask_bias = (1.0 - attention_mask[:, None, None, :].to(hidden.dtype)) * MASK_BIAS
             unpad = self.unpad
             if unpad is None:
                 unpad = not torch.compiler.is_compiling() and float(attention_mask.float().mean()) < UNPAD_BELOW
             if unpad:
                 unpadding = Unpadding.from_mask(attention_mask)
         if unpadding is not None:
-            layers = self.encoder(unpadding.unpad(embedding_output), mask_bias, unpadding)
+            layers = self.encoder(unpadding.unpad(hidden), mask_bias, unpadding)
             layers = [unpadding.pad(h) for h in layers]
         else:
-            layers = self.encoder(embedding_output, mask_bias)
+            layers = self.encoder(hidden, mask_bias)
+        if self.encoder_dtype is not None:
+            layers = [h.to(embedding_output.dtype) for h in layers]
         pooled = self.pooler(layers[-1]) if self.pooler is not None else None
         return EncoderOutput(layers[-1], pooled, layers, embedding_output)
 

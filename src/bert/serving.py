@@ -1476,7 +1476,7 @@ class _Api:
             {
                 "model_id": s.model_id,
                 "model_sha": None,
-                "model_dtype": "int8" if s.quantize == "int8" else "float32",
+                "model_dtype": p.dtype,
                 "served_model_name": s.served_model_name or s.model_id,
                 "model_type": model_type,
                 "max_concurrent_requests": s.max_queue_size,

@@ -113,6 +113,16 @@ def test_long_documents_in_windows(setup, tmp_path):
     np.testing.assert_allclose(windows[1], setup[4][0], atol=1e-5, rtol=0)
 
 
+def test_bfloat16_blocks_stay_within_their_rounding_of_float32(setup, tmp_path):
+    """--dtype=bfloat16: float32 vectors of the same sentences, each within cosine 0.999 of float32's (STS-B dev
+    sentences; bench/RESULTS.md measures the Spearman cost), and not equal to them: the blocks ran in bfloat16."""
+    float32 = setup[4]
+    got = embed(setup, tmp_path, "b.npy", dtype="bfloat16")
+    assert got.dtype == np.float32 and got.shape == float32.shape
+    cosines = (got * float32).sum(1)
+    assert float(cosines.min()) > 0.999 and float(np.abs(got - float32).max()) > 0
+
+
 def test_bad_flags_exit_2_before_loading(setup, tmp_path, capsys):
     model, path, *_ = setup
     common = [f"--model={model}", f"--input_file={path}", f"--output_file={tmp_path / 'x.npy'}"]
@@ -122,6 +132,9 @@ def test_bad_flags_exit_2_before_loading(setup, tmp_path, capsys):
         (["--prompt=a", "--prompt_name=query"], "keep one"),
         (["--precision=int8", "--similarity"], "--similarity compares float32 vectors"),
         (["--prompt_name=doc"], "prompt_name 'doc' is not one of the model's prompts (query, passage"),
+        (["--dtype=bfloat16", "--quantize=int8"], "--quantize=int8 and --dtype=bfloat16 are two ways"),
+        (["--dtype=bfloat16", "--backend=onnx"], "--backend=onnx runs the exported file as it was written"),
+        (["--dtype=float16", "--device=cpu"], "--dtype=float16 runs on CUDA only"),
     ]:
         assert fragment in cli_error(capsys, "embed", *common, *flags), flags
     assert not (tmp_path / "x.npy").exists()

@@ -366,3 +366,15 @@ def test_serve_flags(vocab, tmp_path):
         assert requests.get(f"{url}/health", timeout=30).status_code == 200
         openai = requests.post(f"{url}/v1/embeddings", json={"input": "x"}, headers=key, timeout=30).json()
         assert openai["model"] == "tiny"
+
+
+def test_info_names_the_dtype_the_blocks_run_in(classifier_dir):
+    """/info's model_dtype is the Predictor's (`--dtype`, or int8 with `--quantize=int8`)."""
+    for predictor, expected in [
+        (Predictor.from_pretrained(classifier_dir, "cpu", dtype="bfloat16"), "bfloat16"),
+        (Predictor.from_pretrained(classifier_dir, "cpu", quantize="int8"), "int8"),
+    ]:
+        with serving(predictor) as url:
+            assert requests.get(f"{url}/info", timeout=30).json()["model_dtype"] == expected
+    with pytest.raises(InputError, match="dtype=float16 runs on CUDA only"):
+        Predictor.from_pretrained(classifier_dir, "cpu", dtype="float16")

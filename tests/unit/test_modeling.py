@@ -297,3 +297,44 @@ def test_cpu_training_runs_onednn_linear_forward_and_backward_and_equals_f_linea
     with torch.profiler.profile() as prof, torch.autocast("cpu", dtype=torch.bfloat16):
         model(ids, mask, types).mlm_logits.float().mean().backward()
     assert not any(e.key == "mkldnn::_linear_pointwise" for e in prof.key_averages())
+
+
+@pytest.mark.parametrize(
+    "cls", [BertModel, BertForSequenceClassification, BertForTokenClassification, BertForQuestionAnswering]
+)
+def test_encoder_in_bfloat16_keeps_float32_outputs_within_its_rounding(tiny_config, cls):
+    """set_encoder_dtype(bfloat16): the blocks' weights turn bfloat16, the embeddings, pooler and heads stay
+    float32, and so does every output, within bfloat16's rounding of the float32 model's values (not equal to
+    them: the blocks did run in bfloat16)."""
+    torch.manual_seed(0)
+    model = cls(tiny_config).eval()
+    ids, mask, types = _inputs(tiny_config)
+    with torch.inference_mode():
+        before = model(ids, mask, types)
+        model.set_encoder_dtype(torch.bfloat16)
+        after = model(ids, mask, types)
+    encoder = model if cls is BertModel else model.bert
+    assert {p.dtype for p in encoder.encoder.parameters()} == {torch.bfloat16}
+    others = [p for n, p in model.named_parameters() if ".encoder." not in f".{n}"]
+    assert others and {p.dtype for p in others} == {torch.float32}
+    pairs = [(before.sequence_output, after.sequence_output)] if cls is BertModel else []
+    pairs += [(before.logits, after.logits)] if cls is not BertModel else [(before.pooled_output, after.pooled_output)]
+    for full, reduced in pairs:
+        full, reduced = torch.as_tensor(full), torch.as_tensor(reduced)
+        assert reduced.dtype == torch.float32
+        err = float((reduced - full).abs().max())
+        assert 0 < err < 0.05 * float(full.abs().max()), err
+
+
+def test_bfloat16_encoder_runs_onednn_where_the_cpu_multiplies_bfloat16(tiny_config):
+    """On a CPU with bfloat16 instructions the blocks' Linear layers stay on oneDNN in bfloat16 (the speed of
+    --dtype=bfloat16); elsewhere they fall back to F.linear rather than oneDNN's slower emulation."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch build has no oneDNN")
+    model = BertModel(tiny_config).eval()
+    model.set_encoder_dtype(torch.bfloat16)
+    with torch.profiler.profile() as prof, torch.inference_mode():
+        model(*_inputs(tiny_config))
+    calls = sum(e.count for e in prof.key_averages() if e.key == "mkldnn::_linear_pointwise")
+    # six per block where oneDNN multiplies bfloat16; the float32 pooler's one always
+    assert calls == (6 * tiny_config.num_hidden_layers if modeling.bf16_in_hardware() else 0) + 1

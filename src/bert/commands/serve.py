@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from bert.commands.embed import EmbedArgs
 from bert.errors import InputError
-from bert.flags import InferenceArgs, check_backend, same_as
+from bert.flags import InferenceArgs, check_backend, check_dtype, same_as
 from bert.tasks.common import CLASSIFICATION, FILL_MASK, NER, QUESTION_ANSWERING
 from bert.utils import LOG_FORMAT, exit_with_parent
 
@@ -105,6 +105,7 @@ class ServeArgs:
     )
     max_request_bytes: int = field(default=2_000_000, metadata={"help": "Request body size at most (413 beyond)."})
     quantize: str = same_as(InferenceArgs, "quantize")
+    dtype: str = same_as(InferenceArgs, "dtype")
     backend: str = same_as(InferenceArgs, "backend")
     max_seq_length: int | None = same_as(InferenceArgs, "max_seq_length")
     do_lower_case: bool | None = same_as(InferenceArgs, "do_lower_case")
@@ -131,6 +132,7 @@ def _check(args: ServeArgs) -> None:
     if not 0 <= args.port < 65536:
         raise InputError(f"--port={args.port} must be between 0 and 65535")
     check_backend(args.backend, args.device, args.quantize, "--")
+    check_dtype(args.dtype, args.backend, args.quantize, args.device, "--")
 
 
 def _check_address(args: ServeArgs) -> None:
@@ -198,6 +200,7 @@ def build_app(args: ServeArgs) -> Starlette:
         max_seq_length=args.max_seq_length,
         do_lower_case=args.do_lower_case,
         quantize=args.quantize,
+        dtype=args.dtype,
         backend=args.backend,
     )
     if args.default_prompt_name is not None:
