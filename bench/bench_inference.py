@@ -16,6 +16,9 @@ does not depend on the head's values) is saved once in the transformers layout, 
 - predict: SST-2 dev sentences and MRPC dev pairs (max_seq_length 128). Ours: `Predictor.classify`
   and the `bert predict` command in-process; transformers: `AutoModelForSequenceClassification` in the
   same batch loop, softmax.
+Ours in bfloat16 (both jobs): the same Predictor with `dtype="bfloat16"` (`--dtype=bfloat16`: the Transformer
+blocks in bfloat16, on oneDNN where the CPU has bfloat16 instructions), a row of its own against the same
+peers, its difference to ours in float32 beside it (max abs, and the least cosine for embeddings).
 The ONNX Runtime peer (both jobs): the same model exported by `bert export --optimize` (ONNX Runtime's BERT
 optimizer, checked against eager there), run by `Predictor.from_pretrained(..., backend="onnx")`, so it
 gets the same tokenization and the same length-sorted batches as ours (ORT threads do not spin, as ours).
@@ -123,6 +126,7 @@ def main() -> None:
     sentences = embed_sentences(opts.limit)
     (work / "sentences.txt").write_text("".join(s + "\n" for s in sentences), encoding="utf-8")
     ours = Predictor.from_pretrained(minilm, "cpu", batch_size=bs)
+    ours_bf16 = Predictor.from_pretrained(minilm, "cpu", batch_size=bs, dtype="bfloat16")
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(minilm))
     hf = transformers.BertModel.from_pretrained(str(minilm)).eval()
     st = sentence_transformers.SentenceTransformer(str(minilm), device="cpu")
@@ -160,6 +164,7 @@ def main() -> None:
     ort = Predictor.from_pretrained(work / "minilm_onnx", backend="onnx", batch_size=bs)
     for fn in (
         lambda: ours.embed(sentences[:64]),
+        lambda: ours_bf16.embed(sentences[:64]),
         lambda: st.encode(sentences[:64], batch_size=bs),
         lambda: ort.embed(sentences[:64]),
     ):
@@ -168,6 +173,7 @@ def main() -> None:
         opts.repeats,
         {
             "ours": lambda: ours.embed(sentences),
+            "bf16": lambda: ours_bf16.embed(sentences),
             "cmd": our_command_embed,
             "hf": hf_embed,
             "st": lambda: st.encode(sentences, batch_size=bs),
@@ -196,6 +202,23 @@ def main() -> None:
             diff,
         )
     )
+    t_bf16, v_bf16 = t["bf16"]
+    cosine = float((v_bf16 * v_ours).sum(1).min())
+    rows_out.append(
+        (
+            f"embed, all-MiniLM-L6-v2, ours bfloat16 (least cosine to float32 {cosine:.5f})",
+            len(sentences),
+            n_tokens,
+            t_bf16,
+            None,
+            t_hf,
+            t_st,
+            t_ort,
+            None,
+            None,
+            float(np.abs(v_bf16 - v_ours).max()),
+        )
+    )
 
     # ----------------------------------------------------------------------------------------- predict
     torch.manual_seed(0)
@@ -209,6 +232,7 @@ def main() -> None:
         encoding="utf-8",
     )
     ours_clf = Predictor.from_pretrained(clf_dir, "cpu", batch_size=bs)
+    ours_clf_bf16 = Predictor.from_pretrained(clf_dir, "cpu", batch_size=bs, dtype="bfloat16")
     hf_clf = transformers.AutoModelForSequenceClassification.from_pretrained(str(clf_dir)).eval()
     hf_clf_tok = transformers.AutoTokenizer.from_pretrained(str(minilm))
 
@@ -238,8 +262,9 @@ def main() -> None:
                 out.append(torch.softmax(hf_clf(**batch).logits, -1))
         return torch.cat(out).numpy()
 
-    def our_predict():
-        return np.array([[r["score"] if r["label"] == "LABEL_1" else 1 - r["score"]] for r in ours_clf.classify(pairs)])
+    def our_predict(predictor=ours_clf):
+        results = predictor.classify(pairs)
+        return np.array([[r["score"] if r["label"] == "LABEL_1" else 1 - r["score"]] for r in results])
 
     def our_command_predict():
         run_predict(
@@ -259,11 +284,13 @@ def main() -> None:
         return np.array([[r["score"] if r["label"] == "LABEL_1" else 1 - r["score"]] for r in ort_clf.classify(pairs)])
 
     ours_clf.classify(pairs[:64])
+    ours_clf_bf16.classify(pairs[:64])
     ort_clf.classify(pairs[:64])
     t = best_interleaved(
         opts.repeats,
         {
             "ours": our_predict,
+            "bf16": lambda: our_predict(ours_clf_bf16),
             "cmd": our_command_predict,
             "hf": hf_predict,
             "ort": ort_predict,
@@ -293,6 +320,22 @@ def main() -> None:
             diff,
         )
     )
+    t_bf16, p_bf16 = t["bf16"]
+    rows_out.append(
+        (
+            "predict, MiniLM-shaped classifier, ours bfloat16",
+            len(pairs),
+            n_tokens,
+            t_bf16,
+            None,
+            t_hf,
+            None,
+            t_ort,
+            None,
+            None,
+            float(np.abs(p_bf16 - p_ours).max()),
+        )
+    )
 
     print(f"# load average after: {os.getloadavg()[0]:.1f}")
     print(
@@ -304,10 +347,11 @@ def main() -> None:
     for name, n, tokens, t_ours, t_cmd, t_hf, t_st, t_ort, tok_ours, tok_hf, diff in rows_out:
         st_cols = f"{n / t_st:.1f} | " if t_st else "- | "
         st_ratio = f"{t_st / t_ours:.2f}" if t_st else "-"
+        cmd = f"{n / t_cmd:.1f}" if t_cmd else "-"
+        tok = f"{tok_ours:.2f} of {t_ours:.2f}, {tok_hf:.2f} of {t_hf:.2f}" if tok_ours else "-"
         print(
-            f"| {name} | {n} | {tokens} | {n / t_ours:.1f} | {n / t_cmd:.1f} | {n / t_hf:.1f} | {st_cols}"
-            f"{n / t_ort:.1f} | {t_hf / t_ours:.2f} | {st_ratio} | {t_ort / t_ours:.2f} | "
-            f"{tok_ours:.2f} of {t_ours:.2f}, {tok_hf:.2f} of {t_hf:.2f} | {diff:.1e} |"
+            f"| {name} | {n} | {tokens} | {n / t_ours:.1f} | {cmd} | {n / t_hf:.1f} | {st_cols}"
+            f"{n / t_ort:.1f} | {t_hf / t_ours:.2f} | {st_ratio} | {t_ort / t_ours:.2f} | {tok} | {diff:.1e} |"
         )
 
 

@@ -301,7 +301,12 @@ def main() -> None:
                 random.seed(seed)
                 start = time.perf_counter()
                 {"a": part_a, "b": part_b, "c": part_c}[part](args, tmp, seed, results)
-                print(f"part {part} seed {seed}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+                latest = {k: results[k][-1] for k in ("ours", "theirs", "ours_seq_s", "theirs_seq_s")}
+                print(
+                    f"part {part} seed {seed}: {time.perf_counter() - start:.0f} s, {json.dumps(latest)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             results.pop("candidates", None)
             report(part, results, None if part == "a" else ["mrr@10", "ndcg@10"])
             everything[part] = results
