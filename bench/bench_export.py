@@ -16,6 +16,8 @@ Rows:
   documentation recommends for BERT), on the sorted batches and in input order.
 - transformers: `transformers.BertForSequenceClassification` / `BertModel` with the same weights, SDPA
   attention, on the length-sorted batches.
+- bfloat16: ours with the Transformer blocks in bfloat16 (`set_encoder_dtype`, `--dtype=bfloat16`), against the
+  float32 peers: ONNX Runtime's CPU provider has no bfloat16 kernels for these graphs.
 - int8: ours after `bert.quantization.quantize_int8`, ONNX Runtime on `bert export --optimize
   --quantize=int8` (optimized, then quantized, as ONNX Runtime's documentation orders them).
 
@@ -195,6 +197,7 @@ def bench_model(name: str, args, workdir: Path) -> dict:
         "ort": ort_engine(onnx_fp32, args.threads),
         "ort opt": ort_engine(onnx_opt, args.threads),
         "transformers": transformers_engine(load_transformers(model_dir, architecture)),
+        "ours bf16": ours(bfloat16(copy.deepcopy(model))),
     }
     if not args.fp32_only:
         engines["ours int8"] = ours(quantize_int8(copy.deepcopy(model)))
@@ -206,6 +209,7 @@ def bench_model(name: str, args, workdir: Path) -> dict:
         ("ONNX Runtime optimized, input order", "ort opt", "input"),
         ("ONNX Runtime optimized, sorted", "ort opt", "sorted"),
         ("transformers, sorted", "transformers", "sorted"),
+        ("ours bfloat16 (--dtype=bfloat16), sorted", "ours bf16", "sorted"),
         ("ours int8, sorted", "ours int8", "sorted"),
         ("ONNX Runtime optimized int8, sorted", "ort int8", "sorted"),
     ]
@@ -255,6 +259,11 @@ def print_table(name: str, report: dict) -> None:
         ("ours sorted / ONNX Runtime optimized sorted", "ours, sorted", "ONNX Runtime optimized, sorted"),
         ("ours input order / ORT optimized input order", "ours, input order", "ONNX Runtime optimized, input order"),
         ("ours sorted / transformers sorted", "ours, sorted", "transformers, sorted"),
+        (
+            "ours bfloat16 sorted / ORT optimized sorted",
+            "ours bfloat16 (--dtype=bfloat16), sorted",
+            "ONNX Runtime optimized, sorted",
+        ),
         ("ours int8 sorted / ours fp32 sorted", "ours int8, sorted", "ours, sorted"),
         ("ours int8 sorted / ORT optimized int8 sorted", "ours int8, sorted", "ONNX Runtime optimized int8, sorted"),
     ]
