@@ -43,3 +43,19 @@ def test_cuda_step_equals_cpu_step(tiny_config, unpad):
         low = model(ids.cuda(), mask.cuda()).logits
     assert low.dtype == torch.bfloat16
     torch.testing.assert_close(low.float().cpu(), cpu_logits, atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_encoder_in_a_reduced_dtype_stays_close_and_float32(tiny_config, dtype):
+    """--dtype=float16|bfloat16 on CUDA: the blocks in that type, outputs float32 within its rounding."""
+    g = torch.Generator().manual_seed(6)
+    ids = torch.randint(0, tiny_config.vocab_size, (4, 16), generator=g)
+    mask = (torch.arange(16) < torch.tensor([16, 9, 5, 12])[:, None]).long()  # [B, T]
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(tiny_config, num_labels=3).eval().cuda()
+    with torch.inference_mode():
+        full = model(ids.cuda(), mask.cuda()).logits
+        model.set_encoder_dtype(dtype)
+        reduced = model(ids.cuda(), mask.cuda()).logits
+    assert reduced.dtype == torch.float32
+    torch.testing.assert_close(reduced, full, atol=5e-2, rtol=5e-2)
