@@ -194,6 +194,18 @@ def part_b(args, tmp: Path, seed: int, results: dict) -> None:
     results.setdefault("theirs_seq_s", []).append(stats["train_samples_per_second"] * 2)
 
 
+def GroupedCrossEncoderTrainer(base: type) -> type:
+    """sentence-transformers' CrossEncoderTrainer reading the pairs in the order given (`--st_batches=grouped`):
+    each query's positive and negative in one batch, as ours batches them, where its own sampler shuffles pairs."""
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    class Grouped(base):
+        def get_batch_sampler(self, dataset, batch_size, drop_last, *args, **kwargs):
+            return BatchSampler(SequentialSampler(range(len(dataset))), batch_size, drop_last)
+
+    return Grouped
+
+
 def part_c(args, tmp: Path, seed: int, results: dict) -> None:
     import datasets
     from sentence_transformers import CrossEncoder, CrossEncoderTrainer, CrossEncoderTrainingArguments
@@ -226,24 +238,30 @@ def part_c(args, tmp: Path, seed: int, results: dict) -> None:
         s = np.asarray(predict(pair_list), dtype=np.float64).reshape(len(qids), -1)
         return evaluation.ranking_metrics(evaluation.rerank(candidates, s), relevant)
 
-    out = tmp / f"c_ours_{seed}"
-    train_reranker(TrainRerankerArgs(train_file=str(triples_file), loss="bce", **common_flags(args, out, seed)))
-    ours = Predictor.from_pretrained(out / "model", device="cpu")
-    results.setdefault("ours", []).append(scores(lambda p: [r["score"] for r in ours.classify(p, batch_size=64)]))
-    # Our steps count queries, each with its positive and its negative: two (query, document) sequences.
-    results.setdefault("ours_seq_s", []).append(our_throughput(out) * 2)
+    if "ours" in args.sides:
+        out = tmp / f"c_ours_{seed}"
+        train_reranker(TrainRerankerArgs(train_file=str(triples_file), loss="bce", **common_flags(args, out, seed)))
+        ours = Predictor.from_pretrained(out / "model", device="cpu")
+        results.setdefault("ours", []).append(scores(lambda p: [r["score"] for r in ours.classify(p, batch_size=64)]))
+        # Our steps count queries, each with its positive and its negative: two (query, document) sequences.
+        results.setdefault("ours_seq_s", []).append(our_throughput(out) * 2)
+    if "theirs" not in args.sides:
+        return
 
     model = CrossEncoder(minilm(), num_labels=1, max_length=args.max_seq_length, device="cpu")
-    flat = [
-        (t[0], t[k], 1.0 if k == 1 else 0.0) for t in (triples.example(i) for i in range(len(triples))) for k in (1, 2)
-    ]
+    order = list(range(len(triples)))
+    if args.st_batches == "grouped":  # the triples in a seeded order, read in turn: each pair beside its twin
+        random.Random(seed).shuffle(order)
+    flat = [(t[0], t[k], 1.0 if k == 1 else 0.0) for t in (triples.example(i) for i in order) for k in (1, 2)]
     data = datasets.Dataset.from_dict(
         {"query": [f[0] for f in flat], "doc": [f[1] for f in flat], "label": [f[2] for f in flat]}
     )
     # Their batches count pairs; ours count queries (each with its positive and negative): twice the pairs.
     cargs = st_args(CrossEncoderTrainingArguments, tmp / f"c_st_{seed}", args, seed)
     cargs.per_device_train_batch_size = args.batch_size * 2
-    trainer = CrossEncoderTrainer(model=model, args=cargs, train_dataset=data, loss=BinaryCrossEntropyLoss(model))
+    grouped = args.st_batches == "grouped"
+    trainer_class = GroupedCrossEncoderTrainer(CrossEncoderTrainer) if grouped else CrossEncoderTrainer
+    trainer = trainer_class(model=model, args=cargs, train_dataset=data, loss=BinaryCrossEntropyLoss(model))
     stats = trainer.train().metrics
     results.setdefault("theirs", []).append(
         scores(lambda p: model.predict(p, batch_size=64, activation_fn=torch.nn.Identity()))
@@ -262,12 +280,15 @@ def report(name: str, results: dict, keys: list[str] | None) -> None:
     print(f"\n({name})")
     rows = [("before training", [results["before"]] if keys is None else [results["before"]])]
     for side in ("ours", "theirs"):
-        rows.append((side, results[side]))
+        if side in results:
+            rows.append((side, results[side]))
     for label, vals in rows:
         if keys is None:
             print(f"  {label:16s} spearman {spread(vals)}")
         else:
             print(f"  {label:16s} " + "  ".join(f"{k} {spread([v[k] for v in vals])}" for k in keys))
+    if "ours_seq_s" not in results or "theirs_seq_s" not in results:
+        return
     ours, theirs = statistics.fmean(results["ours_seq_s"]), statistics.fmean(results["theirs_seq_s"])
     print(f"  training seq/s: ours {ours:.1f}, sentence-transformers {theirs:.1f}, ratio {ours / theirs:.2f}x")
 
@@ -288,6 +309,13 @@ def main() -> None:
     p.add_argument("--max_seq_length", type=int, default=128)
     p.add_argument("--optimizer", default=None, help="ours only: adamw_bert is the original's optimizer")
     p.add_argument("--weight_decay", type=float, default=None, help="ours only")
+    p.add_argument("--sides", default="ours,theirs", help="(c) only: which trainers run")
+    p.add_argument(
+        "--st_batches",
+        choices=["shuffled", "grouped"],
+        default="shuffled",
+        help="(c), theirs: its own sampler (pairs shuffled), or each query's positive and negative in one batch",
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -301,7 +329,7 @@ def main() -> None:
                 random.seed(seed)
                 start = time.perf_counter()
                 {"a": part_a, "b": part_b, "c": part_c}[part](args, tmp, seed, results)
-                latest = {k: results[k][-1] for k in ("ours", "theirs", "ours_seq_s", "theirs_seq_s")}
+                latest = {k: results[k][-1] for k in ("ours", "theirs", "ours_seq_s", "theirs_seq_s") if k in results}
                 print(
                     f"part {part} seed {seed}: {time.perf_counter() - start:.0f} s, {json.dumps(latest)}",
                     file=sys.stderr,
