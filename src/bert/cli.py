@@ -20,6 +20,7 @@ import dataclasses
 import difflib
 import importlib
 import logging
+import os
 import re
 import sys
 import types
@@ -386,7 +387,28 @@ def terminal_logging(verbose: bool) -> Iterator[None]:
         root.setLevel(level)
 
 
+def _leave_process_group_behind(code: int) -> None:
+    """End a torchrun worker that joined a process group here, with its command's exit code, skipping the
+    interpreter's and the C++ runtime's teardown: destroying gloo's process group at exit can abort a process
+    whose work is done and saved ("terminate called without an active exception", SIGABRT, seen on the
+    restarted rank of an elastic run), and torchrun then reports the whole run failed. Every file is written
+    and closed by then; the log handlers and standard streams are flushed first."""
+    training = sys.modules.get("bert.training")  # only a process that ran a training command has a group
+    if training is None or not training.holds_process_group():
+        return
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    code = _main(argv)
+    _leave_process_group_behind(code)
+    return code
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     argv = _attach_negative_values(list(sys.argv[1:] if argv is None else argv))
     verbose = False
     while argv and argv[0] in ("--verbose", "--version"):

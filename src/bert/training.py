@@ -176,6 +176,11 @@ def init_distributed(device_spec: str | None = None) -> DistContext:
     return DistContext(device=device, rank=rank, world_size=world_size, local_rank=local_rank)
 
 
+def holds_process_group() -> bool:
+    """Whether this process joined a process group (`init_distributed`), which it holds until it ends."""
+    return bool(_PROCESS_GROUPS)
+
+
 def shutdown_distributed() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

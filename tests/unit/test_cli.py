@@ -344,3 +344,19 @@ def test_pretrain_takes_a_shape_name_or_the_config_and_vocab_beside_the_checkpoi
     )
     config = json.loads((tmp_path / "b" / "model" / "config.json").read_text())
     assert (config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]) == (128, 2, 99)
+
+
+@pytest.mark.parametrize("holds_group", [True, False])
+def test_a_process_holding_a_process_group_ends_with_its_code_and_no_teardown(holds_group):
+    """A torchrun worker that joined a process group ends in cli.main with its command's exit code and none of
+    the interpreter's teardown (where destroying gloo's group can abort it); any other process ends normally."""
+    script = (
+        "import atexit, sys\n"
+        "from bert import cli, training\n"
+        "atexit.register(lambda: print('teardown ran', flush=True))\n"
+        + ("training._PROCESS_GROUPS.append(object())\n" if holds_group else "")
+        + "sys.exit(cli.main(['no-such-command']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "unknown command 'no-such-command'" in done.stderr
+    assert ("teardown ran" in done.stdout) is not holds_group
