@@ -416,7 +416,8 @@ class InferenceArgs:
         default="float32",
         metadata={
             "help": "Number type of the Transformer blocks: float32; bfloat16 (on CPUs with AVX512-BF16 or AMX about "
-            "1.6x faster, embeddings within about 1e-3 of float32's); float16 (CUDA only). Outputs stay float32.",
+            "1.6x faster, each embedding within a cosine of about 0.9999 of float32's); float16 (CUDA only). "
+            "Outputs stay float32.",
             "choices": list(INFERENCE_DTYPES),
         },
     )
