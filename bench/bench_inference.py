@@ -280,8 +280,6 @@ def main() -> None:
     export(clf_dir, "onnx", f"{work / 'classifier_onnx'}/", optimize=True)
     ort_clf = Predictor.from_pretrained(work / "classifier_onnx", backend="onnx", batch_size=bs)
 
-    def ort_predict():
-        return np.array([[r["score"] if r["label"] == "LABEL_1" else 1 - r["score"]] for r in ort_clf.classify(pairs)])
 
     ours_clf.classify(pairs[:64])
     ours_clf_bf16.classify(pairs[:64])
@@ -293,7 +291,7 @@ def main() -> None:
             "bf16": lambda: our_predict(ours_clf_bf16),
             "cmd": our_command_predict,
             "hf": hf_predict,
-            "ort": ort_predict,
+            "ort": lambda: our_predict(ort_clf),
             "tok_ours": lambda: FullTokenizer(minilm / "vocab.txt", True).encode_batch(
                 [x for p in pairs for x in p if x]
             ),

@@ -194,7 +194,7 @@ def part_b(args, tmp: Path, seed: int, results: dict) -> None:
     results.setdefault("theirs_seq_s", []).append(stats["train_samples_per_second"] * 2)
 
 
-def GroupedCrossEncoderTrainer(base: type) -> type:
+def grouped_trainer(base: type) -> type:
     """sentence-transformers' CrossEncoderTrainer reading the pairs in the order given (`--st_batches=grouped`):
     each query's positive and negative in one batch, as ours batches them, where its own sampler shuffles pairs."""
     from torch.utils.data import BatchSampler, SequentialSampler
@@ -260,7 +260,7 @@ def part_c(args, tmp: Path, seed: int, results: dict) -> None:
     cargs = st_args(CrossEncoderTrainingArguments, tmp / f"c_st_{seed}", args, seed)
     cargs.per_device_train_batch_size = args.batch_size * 2
     grouped = args.st_batches == "grouped"
-    trainer_class = GroupedCrossEncoderTrainer(CrossEncoderTrainer) if grouped else CrossEncoderTrainer
+    trainer_class = grouped_trainer(CrossEncoderTrainer) if grouped else CrossEncoderTrainer
     trainer = trainer_class(model=model, args=cargs, train_dataset=data, loss=BinaryCrossEntropyLoss(model))
     stats = trainer.train().metrics
     results.setdefault("theirs", []).append(
