@@ -280,7 +280,6 @@ def main() -> None:
     export(clf_dir, "onnx", f"{work / 'classifier_onnx'}/", optimize=True)
     ort_clf = Predictor.from_pretrained(work / "classifier_onnx", backend="onnx", batch_size=bs)
 
-
     ours_clf.classify(pairs[:64])
     ours_clf_bf16.classify(pairs[:64])
     ort_clf.classify(pairs[:64])
