@@ -1,14 +1,16 @@
 """Throughput on a busy machine: pre-training and embedding with one busy process per core, against idle.
 
-    python bench/bench_contention.py [--rounds 2] [--seconds 6] [--workloads pretrain,embed]
+    python bench/bench_contention.py [--rounds 2] [--seconds 6] [--workloads pretrain,embed] [--spincounts N,M]
 
 Each measurement is a fresh child process (`--child WORKLOAD`) that imports `bert` first, as every
 command does, so it gets the package's default OpenMP settings (`bert/__init__.py`), warms up, then
-counts sequences for `--seconds`. Two settings are compared:
+counts sequences for `--seconds`. The settings compared:
 - "libgomp default": `GOMP_SPINCOUNT=300000` in the child's environment. That is what libgomp does when
   `OMP_WAIT_POLICY` is unset (threads spin about 3 ms at each barrier before sleeping); the package leaves
-  OpenMP alone when the user set either variable, so this reproduces the behaviour before the fix.
-- "bert default": nothing set; the package's own default applies.
+  OpenMP alone when the user set either variable, so this reproduces the behaviour before any fix.
+- "PASSIVE": `OMP_WAIT_POLICY=PASSIVE` (threads sleep at once), the package's default until 2026-11-27.
+- "bert default": nothing set; the package's own default applies (`GOMP_SPINCOUNT=1000`).
+- `--spincounts N,M`: more `GOMP_SPINCOUNT` values to compare.
 Each runs idle and under load: the parent starts `os.cpu_count()` busy-looping processes (killed after
 each measurement; each also exits by itself after a bounded time), so every core has one other runnable
 process. Rounds interleave the settings (A B A B) so that both see the same outside load; the best round
@@ -29,7 +31,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 GLUE = HERE.parents[1].parent / "shared" / "data" / "glue"
-SETTINGS = {"libgomp default": {"GOMP_SPINCOUNT": "300000"}, "bert default": {}}
+SETTINGS = {
+    "libgomp default": {"GOMP_SPINCOUNT": "300000"},
+    "PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"},
+    "bert default": {},
+}
 
 
 def busy(seconds: float) -> subprocess.Popen:
@@ -83,7 +89,8 @@ def child(workload: str, seconds: float) -> None:
     while time.perf_counter() - start < seconds:
         n += step()
     rate = n / (time.perf_counter() - start)
-    print(json.dumps({"rate": rate, "threads": torch.get_num_threads(), "env": os.environ.get("OMP_WAIT_POLICY")}))
+    env = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    print(json.dumps({"rate": rate, "threads": torch.get_num_threads(), "env": env}))
 
 
 def measure(workload: str, env: dict[str, str], loaded: bool, seconds: float) -> tuple[float, float]:
@@ -111,8 +118,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--workloads", default="pretrain,embed")
+    parser.add_argument(
+        "--spincounts", default="", help="more settings to compare: GOMP_SPINCOUNT values, e.g. 1000,10000"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     opts = parser.parse_args()
+    settings = {**SETTINGS, **{f"spin {n}": {"GOMP_SPINCOUNT": n} for n in opts.spincounts.split(",") if n}}
     if opts.child:
         child(opts.child, opts.seconds)
         return
@@ -124,7 +135,7 @@ def main() -> None:
         best: dict[tuple[str, bool], tuple[float, float]] = {}
         for _ in range(opts.rounds):
             for loaded in (False, True):
-                for name, env in SETTINGS.items():
+                for name, env in settings.items():
                     rate, load = measure(workload, env, loaded, opts.seconds)
                     print(
                         f"  {workload} {name}, {'busy' if loaded else 'idle'}: {rate:.1f} seq/s, load {load:.1f}",
@@ -132,7 +143,7 @@ def main() -> None:
                     )
                     if rate > best.get((name, loaded), (0.0, 0.0))[0]:
                         best[(name, loaded)] = (rate, load)
-        for name in SETTINGS:
+        for name in settings:
             (idle, idle_load), (loaded_rate, busy_load) = best[(name, False)], best[(name, True)]
             print(
                 f"{workload:<9} {name:<16} {idle:>10.1f} {idle_load:>5.1f} {loaded_rate:>10.1f} {busy_load:>5.1f} "

@@ -21,7 +21,8 @@ blocks in bfloat16, on oneDNN where the CPU has bfloat16 instructions), a row of
 peers, its difference to ours in float32 beside it (max abs, and the least cosine for embeddings).
 The ONNX Runtime peer (both jobs): the same model exported by `bert export --optimize` (ONNX Runtime's BERT
 optimizer, checked against eager there), run by `Predictor.from_pretrained(..., backend="onnx")`, so it
-gets the same tokenization and the same length-sorted batches as ours (ORT threads do not spin, as ours).
+gets the same tokenization and the same length-sorted batches as ours (ORT threads do not spin: with its
+default spinning it ran no faster, bench/RESULTS.md).
 The timed functions run in turn (A B A B ...) so that all see the same load on a shared machine, and
 each timing is the best of `--repeats`; ratios are ours / peer in sequences per second. Tokenization
 is timed alone too (ours: `FullTokenizer.encode_batch` on a fresh tokenizer; transformers: the fast

@@ -12,11 +12,14 @@ from typing import Any
 # OpenMP threads that wait at a barrier spin (libgomp: about 3 ms) before they sleep. On a machine whose
 # cores other processes also use, a spinning thread takes the core from the thread it waits for, and
 # torch's two-thread matmuls ran 3-10x slower than one thread (bench/bench_contention.py). Sleeping at once
-# costs little when the machine is idle and keeps the fair share when it is not. libgomp reads these
-# variables once, when torch loads it, so this runs before any module of the package imports torch; a
-# user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is.
+# (OMP_WAIT_POLICY=PASSIVE) keeps the fair share but wakes a sleeping thread at each of the hundreds of
+# parallel regions of a forward pass, 5-12% of an idle machine's throughput; 1,000 spins (tens of
+# microseconds, libgomp's own count when threads outnumber cores) bridge the gap between one region and
+# the next and still give a busy core back at once (bench/RESULTS.md). libgomp reads these variables once,
+# when torch loads it, so this runs before any module of the package imports torch; a user's own
+# OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is.
 if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    os.environ["GOMP_SPINCOUNT"] = "1000"
 
 __version__ = "0.1.0"
 

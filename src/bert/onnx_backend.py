@@ -58,8 +58,9 @@ def session(path: Path, threads: int) -> Any:
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
-    # ONNX Runtime's threads spin between operators as OpenMP's do by default; for the same reason as the
-    # package's OMP_WAIT_POLICY (bert/__init__.py) they sleep instead, keeping a fair share of a busy machine.
+    # ONNX Runtime's threads spin between operators as OpenMP's do by default, with no bound to set; for the
+    # reason of the package's OpenMP default (bert/__init__.py) they sleep instead, keeping a fair share of a
+    # busy machine (on an idle one this cost nothing measurable: bench/RESULTS.md).
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
