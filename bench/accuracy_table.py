@@ -4,7 +4,7 @@
     python bench/accuracy_table.py [--tasks MRPC,RTE,STS-B,CoNLL-2003] [--seeds 1,2,3]
         [--out bench/out/accuracy_table] [--systems ours,ours_adamw,ours_trainer_recipe,random,transformers]
         [--epochs E]
-        [--jobs N] [--threads T]
+        [--jobs N] [--threads T] [--table]
 
 For each task and seed, three systems start from all-MiniLM-L6-v2 (the `minilm` extra) with the README's
 recipe (learning rate 2e-5, batch 32, 3 epochs, max_seq_length 128):
@@ -24,7 +24,8 @@ recipe (learning rate 2e-5, batch 32, 3 epochs, max_seq_length 128):
 Every run is a separate process (so wall times compare like with like; `--jobs N` runs N at once with
 cpu_count / N threads each) and is kept under
 OUT/SYSTEM/TASK/seedN/scores.json, reused when present. The table gives mean ± standard deviation over seeds
-and the mean wall time of a run. CoNLL-2003 is scored on its test set by conlleval's rules
+and the mean wall time of a run; `--table` prints it from the runs kept under OUT without starting any (a cell
+with fewer seeds than asked says how many). CoNLL-2003 is scored on its test set by conlleval's rules
 (`bert.metrics.ner_metrics`); the GLUE tasks on their dev sets.
 """
 
@@ -211,12 +212,18 @@ def peer_run(task: str, seed: int, target: Path) -> dict[str, float]:
 
 
 # -------------------------------------------------------------------------------------------- driver
+def kept_scores(system: str, task: str, seed: int, out: Path) -> dict[str, float] | None:
+    """The scores of a finished run under OUT, or None."""
+    kept = out / system / task / f"seed{seed}" / "scores.json"
+    return json.loads(kept.read_text()) if kept.exists() else None
+
+
 def run(system: str, task: str, seed: int, out: Path, threads: int) -> dict[str, float]:
     """One run in its own process, its scores and wall time kept in OUT/SYSTEM/TASK/seedN/scores.json."""
+    scores = kept_scores(system, task, seed, out)
+    if scores is not None:
+        return scores
     target = out / system / task / f"seed{seed}"
-    kept = target / "scores.json"
-    if kept.exists():
-        return json.loads(kept.read_text())
     target.mkdir(parents=True, exist_ok=True)
     if system == "transformers":
         cmd = [sys.executable, __file__, "--peer_run", f"{task}:{seed}:{target}", f"--epochs={RECIPE['epochs']}"]
@@ -232,12 +239,17 @@ def run(system: str, task: str, seed: int, out: Path, threads: int) -> dict[str,
     scores = scores or ours_scores(task, target)
     scores["seconds"] = seconds
     scores["threads"] = threads
-    kept.write_text(json.dumps(scores, indent=2))
+    (target / "scores.json").write_text(json.dumps(scores, indent=2))
     return scores
 
 
-def cell(values: list[float]) -> str:
-    return f"{np.mean(values):.4f} ± {np.std(values):.4f}" if len(values) > 1 else f"{values[0]:.4f}"
+def cell(values: list[float], seeds: int, digits: int = 4) -> str:
+    """Mean ± population sd over the seeds run; the number of runs when fewer than asked."""
+    if not values:
+        return "-"
+    mean, sd = f"{np.mean(values):.{digits}f}", f"{np.std(values):.{digits}f}"
+    text = f"{mean} ± {sd}" if len(values) > 1 else mean
+    return text if len(values) == seeds else f"{text} ({len(values)} of {seeds} seeds)"
 
 
 def main() -> None:
@@ -249,6 +261,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=float, default=RECIPE["epochs"], help="fewer for a smoke run only")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, cpu_count / jobs threads each")
     parser.add_argument("--threads", type=int, help="threads per run (default cpu_count / jobs)")
+    parser.add_argument(
+        "--table", action="store_true", help="print the table of the runs kept under --out, starting none"
+    )
     parser.add_argument("--peer_run", help=argparse.SUPPRESS)  # TASK:SEED:DIR, one transformers run
     opts = parser.parse_args()
     RECIPE["epochs"] = opts.epochs
@@ -273,13 +288,20 @@ def main() -> None:
     rows = [header, "|---|---|" + "---:|" * len(systems)]
     for task in tasks:
         jobs = [(s, seed) for seed in seeds for s in systems]  # seed-major: a stopped table has whole seeds
-        with ThreadPoolExecutor(opts.jobs) as pool:
-            done = dict(zip(jobs, pool.map(lambda job: run(job[0], task, job[1], out, threads), jobs)))
-        results = {s: [done[(s, seed)] for seed in seeds] for s in systems}
+        if opts.table:
+            done = {job: kept_scores(job[0], task, job[1], out) for job in jobs}
+        else:
+            with ThreadPoolExecutor(opts.jobs) as pool:
+                done = dict(zip(jobs, pool.map(lambda job: run(job[0], task, job[1], out, threads), jobs)))
+        results = {s: [r for seed in seeds if (r := done[(s, seed)]) is not None] for s in systems}
         for metric in [*METRICS[task], "seconds"]:
-            values = [cell([r[metric] for r in results[s]]) for s in systems]
+            digits = 0 if metric == "seconds" else 4
+            values = [cell([r[metric] for r in results[s]], len(seeds), digits) for s in systems]
             rows.append(f"| {task} | {metric} | " + " | ".join(values) + " |")
-        print("\n".join(rows), flush=True)
+        if not opts.table:
+            print("\n".join(rows), flush=True)  # the table so far, after each task
+    if opts.table:
+        print("\n".join(rows))
     (out / "table.md").write_text("\n".join(rows) + "\n")
 
 
