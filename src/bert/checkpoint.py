@@ -301,7 +301,7 @@ def architecture(ckpt: Checkpoint, supported: Collection[str], user: str) -> str
     `supported` class names make the error when the config names another class."""
     archs = ckpt.config.extra.get("architectures") if ckpt.config is not None else None
     if isinstance(archs, list) and archs:
-        if archs[0] not in supported:
+        if not isinstance(archs[0], str) or archs[0] not in supported:
             raise InputError(
                 f"{ckpt.source}: config.json names the architecture {archs[0]!r}; {user} {', '.join(supported)}"
             )

@@ -204,6 +204,15 @@ def test_any_config_field_of_any_type(tmp_path_factory, dirs, field, value):
     _load_or_refuse(model)
 
 
+def test_architectures_that_are_not_names_are_refused(tmp_path, dirs):
+    # Found by the property test above: a list inside `architectures` reached a set lookup (TypeError).
+    model = tmp_path / "m"
+    shutil.copytree(dirs["classifier"], model)
+    _edit_json(model / "config.json", architectures=[["BertForSequenceClassification"]])
+    with pytest.raises(InputError, match="names the architecture"):
+        Predictor.from_pretrained(model, "cpu")
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(index=st.integers(0, 1000), shape=st.lists(st.integers(0, 70), min_size=0, max_size=3))
 def test_any_tensor_shape(tmp_path_factory, dirs, index, shape):
