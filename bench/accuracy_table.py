@@ -3,11 +3,10 @@
     pip install -e ".[bench]"   # the test extra plus accelerate, which transformers' Trainer needs
     python bench/accuracy_table.py [--tasks MRPC,RTE,STS-B,CoNLL-2003] [--seeds 1,2,3]
         [--out bench/out/accuracy_table] [--systems ours,ours_adamw,ours_trainer_recipe,random,transformers]
-        [--epochs E]
-        [--jobs N] [--threads T] [--table]
+        [--epochs E] [--jobs N] [--threads T] [--table]
 
-For each task and seed, three systems start from all-MiniLM-L6-v2 (the `minilm` extra) with the README's
-recipe (learning rate 2e-5, batch 32, 3 epochs, max_seq_length 128):
+For each task and seed, every system starts from all-MiniLM-L6-v2 (the `minilm` extra; random: from its shape
+only) with the README's recipe (learning rate 2e-5, batch 32, 3 epochs, max_seq_length 128):
 - ours: the real command (`bert classify` / `bert ner`) with the original's optimizer and schedule
   (run_classifier.py: `AdamWeightDecayOptimizer`, 10% warm-up, weight decay 0.01);
 - ours_adamw: the same command with `--optimizer=adamw` (bias correction, eps 1e-8: torch's AdamW update),
