@@ -211,9 +211,13 @@ def peer_run(task: str, seed: int, target: Path) -> dict[str, float]:
 
 
 # -------------------------------------------------------------------------------------------- driver
+def run_dir(system: str, task: str, seed: int, out: Path) -> Path:
+    return out / system / task / f"seed{seed}"
+
+
 def kept_scores(system: str, task: str, seed: int, out: Path) -> dict[str, float] | None:
     """The scores of a finished run under OUT, or None."""
-    kept = out / system / task / f"seed{seed}" / "scores.json"
+    kept = run_dir(system, task, seed, out) / "scores.json"
     return json.loads(kept.read_text()) if kept.exists() else None
 
 
@@ -222,7 +226,7 @@ def run(system: str, task: str, seed: int, out: Path, threads: int) -> dict[str,
     scores = kept_scores(system, task, seed, out)
     if scores is not None:
         return scores
-    target = out / system / task / f"seed{seed}"
+    target = run_dir(system, task, seed, out)
     target.mkdir(parents=True, exist_ok=True)
     if system == "transformers":
         cmd = [sys.executable, __file__, "--peer_run", f"{task}:{seed}:{target}", f"--epochs={RECIPE['epochs']}"]

@@ -123,10 +123,10 @@ def main() -> None:
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     opts = parser.parse_args()
-    settings = {**SETTINGS, **{f"spin {n}": {"GOMP_SPINCOUNT": n} for n in opts.spincounts.split(",") if n}}
     if opts.child:
         child(opts.child, opts.seconds)
         return
+    settings = {**SETTINGS, **{f"spin {n}": {"GOMP_SPINCOUNT": n} for n in opts.spincounts.split(",") if n}}
     import torch
 
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, torch {torch.__version__}")

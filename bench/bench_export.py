@@ -62,6 +62,7 @@ from bert.export import export, load_model
 from bert.extract_features import truncate_seq_pair
 from bert.metrics import spearman
 from bert.modeling import BertForSequenceClassification, BertModel
+from bert.onnx_backend import session
 from bert.quantization import quantize_int8
 from bert.tasks.glue import MrpcProcessor, Sst2Processor, StsbProcessor
 from bert.tokenization import FullTokenizer
@@ -138,14 +139,8 @@ def transformers_engine(hf) -> Callable[[dict[str, np.ndarray]], list[np.ndarray
 
 
 def ort_engine(path: Path, threads: int) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return lambda batch: session.run(None, batch)[:1]
+    ort_session = session(path, threads)  # the ONNX backend's session: threads that do not spin
+    return lambda batch: ort_session.run(None, batch)[:1]
 
 
 def timed(run, batches) -> float:
