@@ -266,6 +266,52 @@ def test_cpu_inference_runs_onednn_linear_and_equals_f_linear(tiny_config, hidde
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
+def test_inference_packs_each_weight_once_and_again_after_it_changes(tiny_config, monkeypatch):
+    """GEMMs in inference mode read oneDNN-packed copies of the weights, made at the first call and equal in
+    result to the plain weights (no-grad passes outside it do not pack); a weight changed in place or given
+    new data gets a new copy (never a stale one); the model still deep-copies, and the copies go with it."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch build has no oneDNN")
+    model = BertModel(tiny_config).eval()
+    ids, mask, types = _inputs(tiny_config)
+    weights = [m.weight for m in model.modules() if type(m) is torch.nn.Linear]
+
+    def run(packed=True):
+        with monkeypatch.context() as m:
+            if not packed:
+                m.setattr(modeling, "_inference_weight", lambda w: w)
+            with torch.inference_mode():
+                return model(ids, mask, types).sequence_output
+
+    plain = run(packed=False)
+    with torch.no_grad():  # no grad without inference mode (training's evaluation): the weights stay plain
+        torch.testing.assert_close(model(ids, mask, types).sequence_output, plain)
+    assert not any(id(w) in modeling._PACKED for w in weights)
+    got = run()
+    packed = [modeling._PACKED[id(w)][2] for w in weights]
+    assert all(p.is_mkldnn for p in packed)
+    torch.testing.assert_close(got, plain, atol=1e-6, rtol=1e-6)
+    run()
+    assert [modeling._PACKED[id(w)][2] for w in weights] == packed  # made once, not per call
+
+    ffn = model.encoder.layer[0].intermediate.dense.weight
+    with torch.no_grad():
+        ffn.mul_(2.0)  # in place: the packed copy must follow
+    torch.testing.assert_close(run(), run(packed=False), atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(run(), got)
+    copy = __import__("copy").deepcopy(model)
+    torch.testing.assert_close(copy(ids, mask, types).sequence_output.detach(), run(packed=False))
+    before = run()
+    ffn.data = ffn.data * 3.0  # new data in the same Parameter, as Module.to() casts: no in-place change
+    torch.testing.assert_close(run(), run(packed=False), atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(run(), before)
+    keys = [id(w) for w in weights]
+    model = copy = ffn = None  # the last references to the weights
+    weights.clear()
+    __import__("gc").collect()
+    assert not any(k in modeling._PACKED for k in keys)
+
+
 def test_cpu_training_runs_onednn_linear_forward_and_backward_and_equals_f_linear(tiny_config, monkeypatch):
     """With grad, every Linear of the encoder and the masked-LM head runs its forward and both backward GEMMs
     through oneDNN; the loss and every gradient equal F.linear's; under autocast F.linear runs."""
