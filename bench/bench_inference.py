@@ -19,6 +19,9 @@ does not depend on the head's values) is saved once in the transformers layout, 
 Ours in bfloat16 (both jobs): the same Predictor with `dtype="bfloat16"` (`--dtype=bfloat16`: the Transformer
 blocks in bfloat16, on oneDNN where the CPU has bfloat16 instructions), a row of its own against the same
 peers, its difference to ours in float32 beside it (max abs, and the least cosine for embeddings).
+int8 (embed): ours with `quantize="int8"` (`--quantize=int8`), its ONNX Runtime column the export with
+`--optimize --quantize=int8` (ONNX Runtime's optimizer, then its dynamic quantizer), each one's least cosine
+to our float32 vectors in the row's name.
 The ONNX Runtime peer (both jobs): the same model exported by `bert export --optimize` (ONNX Runtime's BERT
 optimizer, checked against eager there), run by `Predictor.from_pretrained(..., backend="onnx")`, so it
 gets the same tokenization and the same length-sorted batches as ours (ORT threads do not spin: with its
@@ -163,11 +166,18 @@ def main() -> None:
     # --optimize`), run by our ONNX backend, so it gets the same tokenization and the same sorted batches.
     export(minilm, "onnx", f"{work / 'minilm_onnx'}/", optimize=True)
     ort = Predictor.from_pretrained(work / "minilm_onnx", backend="onnx", batch_size=bs)
+    # int8, each engine's own: ours `--quantize=int8` (bert.quantization), ONNX Runtime's optimizer then its
+    # dynamic quantizer (`bert export --optimize --quantize=int8`).
+    ours_int8 = Predictor.from_pretrained(minilm, "cpu", batch_size=bs, quantize="int8")
+    export(minilm, "onnx", f"{work / 'minilm_onnx_int8'}/", quantize="int8", optimize=True)
+    ort_int8 = Predictor.from_pretrained(work / "minilm_onnx_int8", backend="onnx", batch_size=bs)
     for fn in (
         lambda: ours.embed(sentences[:64]),
         lambda: ours_bf16.embed(sentences[:64]),
+        lambda: ours_int8.embed(sentences[:64]),
         lambda: st.encode(sentences[:64], batch_size=bs),
         lambda: ort.embed(sentences[:64]),
+        lambda: ort_int8.embed(sentences[:64]),
     ):
         fn()  # warm-up
     t = best_interleaved(
@@ -179,6 +189,8 @@ def main() -> None:
             "hf": hf_embed,
             "st": lambda: st.encode(sentences, batch_size=bs),
             "ort": lambda: ort.embed(sentences),
+            "int8": lambda: ours_int8.embed(sentences),
+            "ort_int8": lambda: ort_int8.embed(sentences),
             "tok_ours": lambda: FullTokenizer(minilm / "vocab.txt", True).encode_batch(sentences),
             "tok_hf": hf_tokenize_embed,
         },
@@ -218,6 +230,24 @@ def main() -> None:
             None,
             None,
             float(np.abs(v_bf16 - v_ours).max()),
+        )
+    )
+    (t_int8, v_int8), (t_ort_int8, v_ort_int8) = t["int8"], t["ort_int8"]
+    cosines = [float((v * v_ours).sum(1).min()) for v in (v_int8, v_ort_int8)]
+    rows_out.append(
+        (
+            "embed, all-MiniLM-L6-v2, int8: ours `--quantize=int8`, the ONNX Runtime column its optimized int8 "
+            f"(least cosine to float32: ours {cosines[0]:.5f}, ONNX Runtime's {cosines[1]:.5f})",
+            len(sentences),
+            n_tokens,
+            t_int8,
+            None,
+            t_hf,
+            t_st,
+            t_ort_int8,
+            None,
+            None,
+            float(np.abs(v_int8 - v_ours).max()),
         )
     )
 
