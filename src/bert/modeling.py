@@ -104,9 +104,10 @@ def _onednn_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = N
 # throughput (bench/RESULTS.md). The packed copies live here, keyed by the weight, so the model keeps plain
 # tensors (it can still be copied, saved and trained); each is dropped with its weight, and made again after
 # the weight changes (in place, or its data replaced by a cast). The cost is a second copy of the weights
-# that inference multiplies by. Training's no-grad passes (evaluation, cached losses) leave the weights
-# plain: their weights change between calls, and they would hold the copy through training.
-_PACKED: dict[int, tuple[weakref.ref, tuple[int, int, torch.dtype], torch.Tensor]] = {}
+# that inference multiplies by. Training's own no-grad passes (evaluation, cached losses) run outside
+# inference mode and leave the weights plain; an evaluation through a Predictor between training steps packs
+# them, and `release_packed_weights` drops those copies after it (the next step makes them stale).
+_PACKED: dict[int, tuple[weakref.ref, tuple[int, int, torch.dtype] | None, torch.Tensor | None]] = {}
 _PACK_ROWS = 1024  # oneDNN picks the layout for GEMMs of about this many rows (a batch of 32 short texts)
 
 
@@ -117,13 +118,22 @@ def _inference_weight(weight: torch.Tensor) -> torch.Tensor:
         return weight  # (inference tensors have no version to tell a change by)
     key, stamp = id(weight), (weight._version, weight.data_ptr(), weight.dtype)
     entry = _PACKED.get(key)
-    if entry is not None and entry[0]() is weight and entry[1] == stamp:
+    if entry is not None and entry[0]() is weight and entry[1] == stamp and entry[2] is not None:
         return entry[2]
     if entry is None:
         weakref.finalize(weight, _PACKED.pop, key, None)
     packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACK_ROWS)
     _PACKED[key] = (weakref.ref(weight), stamp, packed)
     return packed
+
+
+def release_packed_weights(model: nn.Module) -> None:
+    """Drop the packed copies of `model`'s weights (`_inference_weight`), for a model that trains on after an
+    inference-mode evaluation; the next inference call packs them again."""
+    for weight in model.parameters():
+        entry = _PACKED.get(id(weight))
+        if entry is not None and entry[0]() is weight:
+            _PACKED[id(weight)] = (entry[0], None, None)  # the entry stays: its weight's finalizer is set
 
 
 class _OneDnnLinear(torch.autograd.Function):

@@ -1,7 +1,7 @@
 """`bert train-embeddings` and `bert train-reranker` end to end on a tiny model, with sentence-transformers as
 the oracle: the trained bi-encoder loads in `SentenceTransformer` with the vectors `bert embed` gives, the
 reranker in `CrossEncoder` with the scores ours gives, and the evaluations equal sentence-transformers'
-evaluators on the same model and data."""
+evaluators on the same model and data; evaluations between steps leave no packed weights behind."""
 
 from __future__ import annotations
 
@@ -278,3 +278,43 @@ def test_an_unknown_best_metric_is_refused_before_training(model_files, tmp_path
     err = cli_error(capsys, "train-embeddings", *flags, "--train_batch_size=4", "--metric_for_best_model=eval_f1")
     assert "eval_ndcg@10" in err and "eval_map@100" in err
     assert not (tmp_path / "out" / "args.json").exists()
+
+
+def test_evaluations_between_steps_drop_the_packed_weights(model_files, tmp_path, monkeypatch):
+    """An evaluation during training runs a Predictor on the training model, which packs its weights for
+    inference; the copies are dropped after it (the next step makes them stale), not held through training."""
+    import torch
+
+    from bert import modeling
+    from bert.sentence import runner
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch build has no oneDNN, so nothing is packed")
+    seen = []
+
+    def packed(weights):
+        return sum(modeling._PACKED.get(id(w), (None, None, None))[2] is not None for w in weights)
+
+    def spy(model):
+        weights = [m.weight for m in model.modules() if type(m) is torch.nn.Linear]
+        before = packed(weights)
+        modeling.release_packed_weights(model)
+        seen.append((len(weights), before, packed(weights)))
+
+    monkeypatch.setattr(runner, "release_packed_weights", spy)
+    rows = [f"{t} is nice\tpeople like {t}\t{(i % 5) + 0.5}" for i, t in enumerate(TOPICS)]
+    sts = tmp_path / "sts.tsv"
+    sts.write_text("sentence1\tsentence2\tscore\n" + "".join(r + "\n" for r in rows))
+    args = args_for(
+        TrainEmbeddingsArgs,
+        model_files,
+        tmp_path / "out",
+        train_file=str(sts),
+        eval_file=str(sts),
+        do_train=True,
+        train_batch_size=5,
+        num_train_epochs=1.0,
+        eval_every_steps=1,
+    )
+    assert run_train_embeddings(args)["num_train_steps"] == 2
+    assert len(seen) == 2 and all(n > 0 and before == n and after == 0 for n, before, after in seen)

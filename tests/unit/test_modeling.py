@@ -269,7 +269,8 @@ def test_cpu_inference_runs_onednn_linear_and_equals_f_linear(tiny_config, hidde
 def test_inference_packs_each_weight_once_and_again_after_it_changes(tiny_config, monkeypatch):
     """GEMMs in inference mode read oneDNN-packed copies of the weights, made at the first call and equal in
     result to the plain weights (no-grad passes outside it do not pack); a weight changed in place or given
-    new data gets a new copy (never a stale one); the model still deep-copies, and the copies go with it."""
+    new data gets a new copy (never a stale one); released copies are made again; the model still deep-copies,
+    and the copies go with it."""
     if not torch.backends.mkldnn.is_available():
         pytest.skip("this torch build has no oneDNN")
     model = BertModel(tiny_config).eval()
@@ -305,6 +306,10 @@ def test_inference_packs_each_weight_once_and_again_after_it_changes(tiny_config
     ffn.data = ffn.data * 3.0  # new data in the same Parameter, as Module.to() casts: no in-place change
     torch.testing.assert_close(run(), run(packed=False), atol=1e-6, rtol=1e-6)
     assert not torch.allclose(run(), before)
+    modeling.release_packed_weights(model)  # as after an evaluation between training steps
+    assert all(modeling._PACKED[id(w)][2] is None for w in weights)
+    torch.testing.assert_close(run(), run(packed=False), atol=1e-6, rtol=1e-6)
+    assert all(modeling._PACKED[id(w)][2] is not None for w in weights)  # packed again at the next call
     keys = [id(w) for w in weights]
     model = copy = ffn = None  # the last references to the weights
     weights.clear()

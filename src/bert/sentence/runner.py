@@ -37,7 +37,14 @@ from bert.errors import InputError
 from bert.flags import check_flag_values
 from bert.formats.results import write_results
 from bert.inference import Predictor, SentenceTransformersConfig, read_sentence_transformers_config
-from bert.modeling import SENTENCE_POOLINGS, BertForSequenceClassification, BertModel, num_parameters, pool_tokens
+from bert.modeling import (
+    SENTENCE_POOLINGS,
+    BertForSequenceClassification,
+    BertModel,
+    num_parameters,
+    pool_tokens,
+    release_packed_weights,
+)
 from bert.plotting import CURVES_NAME, try_plot
 from bert.sentence import evaluation, losses
 from bert.sentence.data import (
@@ -184,6 +191,14 @@ class _Run:
     def evaluate(self) -> dict[str, float]:
         raise NotImplementedError
 
+    def evaluate_between_steps(self) -> dict[str, float]:
+        """`evaluate` during training. Its Predictor packs the weights for inference; the copies are dropped
+        after, since the next step changes the weights (`bert.modeling.release_packed_weights`)."""
+        try:
+            return self.evaluate()
+        finally:
+            release_packed_weights(self.model)
+
     def export_files(self) -> dict[str, Any]:
         return {}
 
@@ -250,7 +265,7 @@ class _Run:
             self.total_steps,
             self.data_state,
             history=self.history if self.evaluate_during_training else None,
-            evaluate=lambda step: self.evaluate(),
+            evaluate=lambda step: self.evaluate_between_steps(),
             eval_every_steps=args.eval_every_steps,
             keep_checkpoint_max=args.keep_checkpoint_max,
             checkpoint_info={"command": self.command, "num_train_steps": self.total_steps, "seed": args.seed},
