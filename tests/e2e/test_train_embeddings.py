@@ -131,7 +131,8 @@ def test_retrieval_evaluation_equals_sentence_transformers(trained):
         assert abs(ours[f"eval_{key}"] - theirs[their_key]) <= 1e-5, key
 
 
-def test_sts_training_and_evaluation_equal_sentence_transformers(model_files, tmp_path):
+def sts_run(model_files, tmp_path, **flags) -> tuple[list[str], TrainEmbeddingsArgs]:
+    """Scored pairs on the topics (a .tsv), and train-embeddings' arguments to train 2 steps and evaluate on them."""
     rows = [f"{t} is nice\tpeople like {t}\t{(i % 5) + 0.5}" for i, t in enumerate(TOPICS)]
     sts = tmp_path / "sts.tsv"
     sts.write_text("sentence1\tsentence2\tscore\n" + "".join(r + "\n" for r in rows))
@@ -142,12 +143,15 @@ def test_sts_training_and_evaluation_equal_sentence_transformers(model_files, tm
         train_file=str(sts),
         eval_file=str(sts),
         do_train=True,
-        do_eval=True,
         train_batch_size=5,
         num_train_epochs=1.0,
-        pooling="cls",
-        normalize=True,
+        **flags,
     )
+    return rows, args
+
+
+def test_sts_training_and_evaluation_equal_sentence_transformers(model_files, tmp_path):
+    rows, args = sts_run(model_files, tmp_path, do_eval=True, pooling="cls", normalize=True)
     result = run_train_embeddings(args)
     assert result["global_step"] == 2
     model = st.SentenceTransformer(str(tmp_path / "out" / "model"), device="cpu")
@@ -302,19 +306,6 @@ def test_evaluations_between_steps_drop_the_packed_weights(model_files, tmp_path
         seen.append((len(weights), before, packed(weights)))
 
     monkeypatch.setattr(runner, "release_packed_weights", spy)
-    rows = [f"{t} is nice\tpeople like {t}\t{(i % 5) + 0.5}" for i, t in enumerate(TOPICS)]
-    sts = tmp_path / "sts.tsv"
-    sts.write_text("sentence1\tsentence2\tscore\n" + "".join(r + "\n" for r in rows))
-    args = args_for(
-        TrainEmbeddingsArgs,
-        model_files,
-        tmp_path / "out",
-        train_file=str(sts),
-        eval_file=str(sts),
-        do_train=True,
-        train_batch_size=5,
-        num_train_epochs=1.0,
-        eval_every_steps=1,
-    )
+    _, args = sts_run(model_files, tmp_path, eval_every_steps=1)
     assert run_train_embeddings(args)["num_train_steps"] == 2
     assert len(seen) == 2 and all(n > 0 and before == n and after == 0 for n, before, after in seen)
