@@ -284,7 +284,8 @@ def main() -> None:
     threads = opts.threads or max(1, (os.cpu_count() or 1) // opts.jobs)
     print(
         f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-        f"recipe {RECIPE}, seeds {seeds}, {opts.jobs} runs at once with {threads} threads each",
+        f"recipe {RECIPE}, seeds {seeds}, "
+        + ("the runs kept" if opts.table else f"{opts.jobs} runs at once with {threads} threads each"),
         flush=True,
     )
     header = "| task | metric | " + " | ".join(systems) + " |"

@@ -315,9 +315,10 @@ def sts_accuracy(args, workdir: Path) -> None:
     # family's fp32 (and ours int8's against ONNX Runtime's) comes with a paired 95% bootstrap interval.
     resamples = np.random.default_rng(0).integers(0, n, size=(1000, n))
     scores = {label: (emb[:n] * emb[n:]).sum(1) for label, emb in embeddings.items()}
+    resampled = {label: np.array([spearman(s[r], gold[r]) for r in resamples]) for label, s in scores.items()}
 
     def change(label: str, base: str) -> np.ndarray:
-        return np.array([spearman(scores[label][r], gold[r]) - spearman(scores[base][r], gold[r]) for r in resamples])
+        return resampled[label] - resampled[base]
 
     def interval(values: np.ndarray) -> str:
         low, high = np.percentile(100 * values, [2.5, 97.5])

@@ -622,15 +622,13 @@ class Predictor:
                 run_batch(start)
             return out
 
-        def one_thread(start: int) -> None:
-            # Sets this thread's OpenMP team size; it also sets torch's process-wide default, which
-            # only threads started later read, restored below.
-            torch.set_num_threads(1)
-            run_batch(start)
-
-        pool = ThreadPoolExecutor(threads, thread_name_prefix="bert-batch")
+        # Each worker sets its OpenMP team size to one as it starts; that also sets torch's process-wide
+        # default, which only threads started later read, restored below.
+        pool = ThreadPoolExecutor(
+            threads, thread_name_prefix="bert-batch", initializer=torch.set_num_threads, initargs=(1,)
+        )
         try:
-            for future in [pool.submit(one_thread, start) for start in starts]:
+            for future in [pool.submit(run_batch, start) for start in starts]:
                 future.result()
         finally:
             pool.shutdown(cancel_futures=True)
