@@ -78,6 +78,7 @@ from torch import nn
 from bert.config import BertConfig, named_config
 from bert.modeling import BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification
 from bert.optimization import create_optimizer
+from bert.plan import DEVICES, make_plan
 from bert.training import autocast, compile_model, resolve_device
 
 REPO = Path(__file__).resolve().parents[1]
@@ -449,6 +450,19 @@ class Row:
     error: str | None = None
 
 
+def measured_peak_flops(device: torch.device, n: int = 8192, reps: int = 10) -> float:
+    """The device's bf16 matmul rate: the mean of `reps` n^3 products on random data after three warm-ups."""
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    sync(device)
+    return 2 * n**3 * reps / (time.perf_counter() - start)
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -575,39 +589,80 @@ def have_transformers() -> bool:
         return False
 
 
-def section_pretrain(args, device, hf: bool) -> list[Row]:
+def section_pretrain(args, device, hf: bool, rows: list[Row]) -> None:
+    """Appends each row as it is measured (a time limit keeps the rows before it)."""
     c = shapes(args)["base"]
     label = "BERT-Base" if not args.quick else "tiny (L-2_H-64)"
     configs = [(4, 32, 5), (2, 64, 10)] if args.quick else [(256, 128, 20), (64, 512, 80)]
     state = reference_state("pretraining", c, device)
-    rows = []
     for i, (batch, seq, preds) in enumerate(configs):
         batches = [b.to(device) for b in pretraining_batches(c, 2 if args.quick else 4, batch, seq, preds, seed=i)]
         group = f"pretrain-{seq}"
         shape = f"{batch} x {seq}"
         note = parity_note("pretraining", c, state, batches[0], device) if hf else ""
         variants = [
-            ("ours", f"MLM at {preds} masked positions", False),
-            ("transformers", "MLM at all positions", False),
+            ("ours", f"MLM at {preds} masked positions", False, False),
+            ("ours + grad ckpt", f"MLM at {preds} masked positions, gradient checkpointing", False, True),
+            ("transformers", "MLM at all positions", False, False),
         ]
         if args.compile and (seq == 128 or args.quick):
-            variants += [("ours + compile", f"MLM at {preds} masked positions", True)]
-            variants += [("transformers + compile", "MLM at all positions", True)]
-        for impl, variant, compiled in variants:
+            variants += [("ours + compile", f"MLM at {preds} masked positions", True, False)]
+            variants += [("transformers + compile", "MLM at all positions", True, False)]
+        for impl, variant, compiled, ckpt in variants:
             if impl.startswith("transformers") and not hf:
                 continue
             side = "ours" if impl.startswith("ours") else "theirs"
+
+            def make(side=side, ckpt=ckpt):
+                model = build("pretraining", side, c, state, device)
+                if ckpt:
+                    model.gradient_checkpointing_enable()
+                return model
+
             row = Row("pretrain", group, label, impl, variant, shape, baseline=impl == "transformers")
             row.note = note if impl == "transformers" else ""
-            measure(
-                row, lambda s=side: build("pretraining", s, c, state, device), batches, device, args, compiled=compiled
-            )
+            measure(row, make, batches, device, args, compiled=compiled)
             rows.append(row)
         del batches
-    return rows
 
 
-def section_squad(args, device, hf: bool) -> list[Row]:
+def plan_check(rows: list[Row], args, device_name: str) -> list[dict[str, Any]]:
+    """`bert pretrain --plan`'s prediction (bert.plan.make_plan) beside each measured pre-training row of ours:
+    peak memory, and seconds per step at the plan's default MFU (0.4) and at the MFU the row measured."""
+    kind = next((k for k in DEVICES if k in device_name), "H100")
+    c = shapes(args)["base"]
+    out = []
+    for r in rows:
+        if r.section != "pretrain" or r.impl not in ("ours", "ours + grad ckpt") or r.error or not r.seq_per_s:
+            continue
+        batch, seq = (int(x) for x in r.shape.split(" x "))
+        preds = int(r.variant.split("MLM at ")[1].split()[0])
+        ckpt = "gradient_checkpointing" if "grad ckpt" in r.impl else "no_checkpointing"
+        plan = make_plan(
+            c,
+            train_batch_size=batch,
+            max_seq_length=seq,
+            max_predictions_per_seq=preds,
+            devices=f"1x{kind}",
+            precision="bf16",
+        )
+        measured_step = batch / r.seq_per_s
+        out.append(
+            {
+                "row": f"{r.model} {r.shape} {r.impl}",
+                "plan_device": kind,
+                "plan_peak_gib": plan["memory_per_device"][ckpt]["peak"] / GIB,
+                "measured_peak_gib": r.peak_gib,
+                "plan_step_s_at_40pct": plan["seconds_per_step"][ckpt],
+                "measured_step_s": measured_step,
+                "plan_mfu_implied": plan["seconds_per_step"][ckpt] * plan["mfu"] / measured_step,
+            }
+        )
+    return out
+
+
+def section_squad(args, device, hf: bool, rows: list[Row]) -> None:
+    """Appends each row as it is measured (a time limit keeps the rows before it)."""
     max_seq, batch = (64, 4) if args.quick else (384, 32)
     tokenizer = tokenizer_of(data_dir(args.data_dir))
     features, source = squad_features(
@@ -624,7 +679,6 @@ def section_squad(args, device, hf: bool) -> list[Row]:
         f"  SQuAD features: {source}; {len(features)} features, mean length {lengths.mean():.1f}, "
         f"{100 * (lengths == max_seq).mean():.0f}% at {max_seq}"
     )
-    rows = []
     for name, c in shapes(args).items():
         label = f"BERT-{name.capitalize()}" if not args.quick else f"tiny ({name} stand-in)"
         state = reference_state("qa", c, device)
@@ -658,10 +712,10 @@ def section_squad(args, device, hf: bool) -> list[Row]:
             measure(row, make, batches, device, args, compiled=compiled)
             rows.append(row)
         del batches
-    return rows
 
 
-def section_inference(args, device, hf: bool) -> list[Row]:
+def section_inference(args, device, hf: bool, rows: list[Row]) -> None:
+    """Appends each row as it is measured (a time limit keeps the rows before it)."""
     max_seq, batch = (128, 16) if args.quick else (128, 128)
     c = shapes(args)["base"]
     label = "BERT-Base" if not args.quick else "tiny (L-2_H-64)"
@@ -683,7 +737,6 @@ def section_inference(args, device, hf: bool) -> list[Row]:
     if args.compile:
         variants += [("ours + compile", "dynamic padding + unpadding", None, True)]
         variants += [("transformers + compile", "padded to the batch's longest", None, True)]
-    rows = []
     for impl, variant, layout, compiled in variants:
         if impl.startswith("transformers") and not hf:
             continue
@@ -703,7 +756,6 @@ def section_inference(args, device, hf: bool) -> list[Row]:
             compiled=compiled,
         )
         rows.append(row)
-    return rows
 
 
 def loss_curve_data(c: BertConfig, data: Path | None, quick: bool, batch: int, seq: int, preds: int, seed: int):
@@ -905,6 +957,13 @@ def main() -> None:
         default=790e12,
         help="peak FLOP/s for MFU (default: 790e12, the measured bf16 matmul peak of the H200)",
     )
+    parser.add_argument(
+        "--measure-peak",
+        "--measure_peak",
+        dest="measure_peak",
+        action="store_true",
+        help="on CUDA, measure the bf16 matmul peak first (8192^3 products on random data) and use it for MFU",
+    )
     parser.add_argument("--steps", type=int, default=None, help="timed steps per row (default: 20, or every batch)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps per row (default 3; 1 with --quick)")
     parser.add_argument(
@@ -928,6 +987,9 @@ def main() -> None:
     args.sources = {}  # the data each section used, for the report
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     device = resolve_device(args.device)
+    if args.measure_peak and device.type == "cuda":
+        args.peak_flops = measured_peak_flops(device)
+        print(f"measured bf16 matmul peak: {args.peak_flops / 1e12:.0f} TFLOP/s (MFU is against it)")
     if args.compile:
         torch._dynamo.config.recompile_limit = 64  # dynamic padding: several shapes before dynamic kicks in
     out = Path(args.out)
@@ -974,19 +1036,41 @@ def main() -> None:
                 if args.loss_curve > 0:
                     curve = section_loss_curve(args, device)
             else:
-                rows += runners[section](args, device, hf)
+                runners[section](args, device, hf, rows)
         except Exception as e:
             errors.append(f"{section}: {type(e).__name__}: {e}")
             print(f"  ERROR in section {section}: {type(e).__name__}: {e}")
             traceback.print_exc(limit=6)
+        except KeyboardInterrupt:  # a time limit (SIGINT): report the rows measured so far
+            errors.append(f"{section}: interrupted")
+            print(f"  {section}: interrupted; reporting the rows measured so far")
+            break
         print(f"  ({section}: {time.perf_counter() - start:.1f} s)")
         free(device)
     add_ratios(rows)
+    plans = plan_check(rows, args, device_name)
+    for p in plans:
+        print(
+            f"plan vs measured, {p['row']}: peak {p['plan_peak_gib']:.2f} GiB planned, "
+            f"{p['measured_peak_gib'] if p['measured_peak_gib'] is None else round(p['measured_peak_gib'], 2)} "
+            f"measured; step {p['plan_step_s_at_40pct']:.4f} s planned at 40% MFU ({p['plan_device']} peak), "
+            f"{p['measured_step_s']:.4f} s measured (the plan's FLOPs at {100 * p['plan_mfu_implied']:.0f}% MFU)"
+        )
     errors += [f"{r.section} {r.model} {r.impl} ({r.variant}): {r.error}" for r in rows if r.error]
     report = markdown(meta, rows, curve, errors)
+    if plans:
+        report += "\n\n## `--plan` against the measured pre-training rows\n\n"
+        report += "| row | planned peak GiB | measured peak GiB | planned s/step at 40% MFU | measured s/step |\n"
+        report += "|---|---:|---:|---:|---:|\n"
+        for p in plans:
+            measured = "n/a" if p["measured_peak_gib"] is None else f"{p['measured_peak_gib']:.2f}"
+            report += (
+                f"| {p['row']} | {p['plan_peak_gib']:.2f} | {measured} | {p['plan_step_s_at_40pct']:.4f} | "
+                f"{p['measured_step_s']:.4f} |\n"
+            )
     print("\n" + report)
     (out / "gpu.md").write_text(report + "\n", encoding="utf-8")
-    result = {"meta": meta, "rows": [r.__dict__ for r in rows], "loss_curve": curve, "errors": errors}
+    result = {"meta": meta, "rows": [r.__dict__ for r in rows], "plan": plans, "loss_curve": curve, "errors": errors}
     (out / "gpu.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {out / 'gpu.md'} and {out / 'gpu.json'}")
 

