@@ -383,10 +383,15 @@ def load_pretrained(cls, path, config: BertConfig | None = None, checkpoint: Che
     return model
 
 
-def _write_tokenizer_config(out: Path, do_lower_case: bool | None, max_len: int) -> None:
+def _write_tokenizer_config(out: Path, do_lower_case: bool | None, config: BertConfig) -> None:
     """`tokenizer_config.json`: the settings of the tokenizer the model was trained with, as the tokenizer itself
     states them (`FullTokenizer.tokenizer_config`, read back by `bert.inference`), plus the class and length
-    transformers' AutoTokenizer needs. Without a casing there is no tokenizer to describe: only those two."""
+    transformers' AutoTokenizer needs. Without a casing there is no tokenizer to describe: only those two.
+
+    The length is the one `bert.inference` cuts at: the fine-tuning length a model records (`max_seq_length`),
+    else its positions; libraries that load the directory (transformers' tokenizers, sentence-transformers'
+    CrossEncoder) cut where this says, so they give the same answers on longer inputs."""
+    max_len = config.extra.get("max_seq_length") or config.max_position_embeddings
     settings: dict = {"tokenizer_class": "BertTokenizer", "model_max_length": max_len}
     if do_lower_case is not None:
         # The settings do not depend on the vocabulary: an empty one spares reading it.
@@ -432,7 +437,7 @@ def save_pretrained(
     with atomic_write(out / CONFIG_NAME) as f:
         f.write(json.dumps(d, indent=2, sort_keys=True) + "\n")
     _copy_vocab(vocab_file, out)
-    _write_tokenizer_config(out, do_lower_case, config.max_position_embeddings)
+    _write_tokenizer_config(out, do_lower_case, config)
 
 
 def export_tf(
@@ -455,5 +460,5 @@ def export_tf(
         f.write(config.to_original_json_string())
     _copy_vocab(vocab_file, out)
     if do_lower_case is not None:
-        _write_tokenizer_config(out, do_lower_case, config.max_position_embeddings)
+        _write_tokenizer_config(out, do_lower_case, config)
     return prefix

@@ -226,3 +226,23 @@ def test_cross_encoder_rank_equals_sentence_transformers_cross_encoder(vocab, tm
     ranked = Predictor.from_pretrained(directory, "cpu").rank(query, documents)
     assert [r["index"] for r in ranked] == list(np.argsort(-expected, kind="stable"))
     np.testing.assert_allclose([r["score"] for r in ranked], np.sort(expected)[::-1], atol=1e-5, rtol=0)
+
+
+def test_a_cross_encoder_cut_at_its_fine_tuning_length_answers_as_in_sentence_transformers(vocab, tmp_path):
+    """A model fine-tuned at max_seq_length=16 records it where other libraries read the length
+    (tokenizer_config.json's model_max_length), so CrossEncoder cuts a longer pair where `bert rerank` does."""
+    st = pytest.importorskip("sentence_transformers", reason="sentence-transformers is not installed (test extra)")
+    torch.manual_seed(4)
+    model = BertForSequenceClassification(vocab_config(vocab), num_labels=1)
+    with torch.no_grad():
+        model.classifier.weight.mul_(30)
+    labels = {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}
+    directory = save_model_dir(model, tmp_path / "ce", vocab, max_seq_length=16, **labels)
+    assert json.loads((directory / "tokenizer_config.json").read_text())["model_max_length"] == 16
+    query, documents = "quick fox", [" ".join(SENTENCES), SENTENCES[0] * 3]
+    ranked = Predictor.from_pretrained(directory, "cpu").rank(query, documents)
+    assert Predictor.from_pretrained(directory, "cpu").max_seq_length == 16
+    expected = st.CrossEncoder(str(directory), device="cpu").predict([(query, d) for d in documents])
+    np.testing.assert_allclose(
+        [r["score"] for r in sorted(ranked, key=lambda r: r["index"])], expected, atol=1e-5, rtol=0
+    )
