@@ -23,7 +23,8 @@ rates 3e-4, 1e-4, 5e-5, 3e-5 over 4 epochs; `bert classify --train_batch_size=8,
   to `OUTPUT_DIR/model` and its result files (eval_results.*, predictions) beside it, so `bert predict
   --model=OUTPUT_DIR/model` uses it as it would a single run's. `grid_results.tsv` and `grid_results.json`
   hold a row per cell (its values, the metric, eval_loss, global_step, seconds, status and the error of a
-  failed cell), the table printed at the end; `curves.png` draws every finished cell's curves.
+  failed cell), the table printed at the end. Each cell draws its own curves (`bert plot` puts several on one
+  figure).
 - A cell whose process fails (a diverged loss, out of memory, a batch larger than the data) is a row with
   status "failed" and its last error line; the best of the others wins and the command ends normally, with a
   warning. Only when every cell fails does the command fail (`InputError`, exit 2).
@@ -55,7 +56,6 @@ from typing import Any
 from bert.errors import InputError
 from bert.metrics import greater_is_better
 from bert.outputs import atomic_directory, claim
-from bert.plotting import CURVES_NAME, try_plot
 from bert.utils import atomic_write, load_json_file, log_to_file, print_result, progress, write_run_info
 
 logger = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ def list_type(scalar: Callable[[str], Any]) -> Callable[[str], Any]:
             try:
                 values.append(scalar(p))
             except ValueError:
-                raise argparse.ArgumentTypeError(f"{text!r}: {p!r} is not a {parse.__name__}") from None
+                raise argparse.ArgumentTypeError(f"{text!r}: invalid {parse.__name__} value {p!r}") from None
         if len(set(values)) < len(values):
             raise argparse.ArgumentTypeError(f"{text!r} lists a value twice")
         return values
@@ -104,6 +104,7 @@ def list_type(scalar: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def is_grid(args: Any) -> bool:
+    """Whether a grid flag of `args` holds a list (of values to run a grid over)."""
     return any(isinstance(getattr(args, f.name), list) for f in grid_fields(args))
 
 
@@ -440,8 +441,6 @@ def run_grid(
                 best_dir = output_dir / GRID_DIR / best["cell"]
                 _export(best_dir, output_dir, result_names)
                 logger.info("best: %s (%s = %s), exported to %s", best["cell"], metric, best[metric], output_dir)
-                finished = [r["cell"] for r in table if r["status"] == "ok"]
-                try_plot([output_dir / GRID_DIR / n for n in finished], output_dir / CURVES_NAME, labels=finished)
     failed = [r for r in table if r["status"] != "ok"]
     lines = [
         f"grid of {len(table)} runs in {output_dir / GRID_DIR}, ranked by {metric} "

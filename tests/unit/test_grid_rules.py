@@ -63,8 +63,8 @@ def test_each_value_of_a_list_is_checked_as_the_flag_is(capsys, flag, message):
 @pytest.mark.parametrize(
     "flag, message",
     [
-        ("--learning_rate=1e-4,fast", "argument --learning_rate: '1e-4,fast': 'fast' is not a float"),
-        ("--train_batch_size=8,16.5", "argument --train_batch_size: '8,16.5': '16.5' is not a int"),
+        ("--learning_rate=1e-4,fast", "argument --learning_rate: '1e-4,fast': invalid float value 'fast'"),
+        ("--train_batch_size=8,16.5", "argument --train_batch_size: '8,16.5': invalid int value '16.5'"),
         ("--learning_rate=1e-4,,3e-5", "'1e-4,,3e-5' has an empty value"),
         ("--train_batch_size=8,16,8", "'8,16,8' lists a value twice"),
     ],
