@@ -170,3 +170,23 @@ def test_failed_cells_are_reported_and_the_rest_win(model_files, data, tmp_path,
     assert "bert classify: error: every run of the grid failed" in err and "bs=128,lr=0.001,ep=1" in err
     assert json.loads((out / "grid_results.json").read_text())["best"] is None
     assert not (out / "model").exists()
+
+
+def test_a_squad_grid_ranks_its_runs_by_the_f1_of_their_predictions(model_files, tmp_path):
+    """`bert squad` scores the dev set by predicting a file with answers (`--do_predict`): its grid ranks by f1 and
+    exports the best run's predictions with its model."""
+    from test_squad import squad_slice
+
+    train = squad_slice("1.1", 0, 16, tmp_path / "train.json", training=True)
+    predict = squad_slice("1.1", 16, 16, tmp_path / "predict.json", training=False)
+    out = tmp_path / "out"
+    flags = ["--do_train", "--do_predict", f"--train_file={train}", f"--predict_file={predict}", "--max_seq_length=128"]
+    flags += ["--max_query_length=32", "--doc_stride=32", "--train_batch_size=8", "--num_train_epochs=1"]
+    assert main(["squad", *flags, *model_flags(model_files, out), "--learning_rate=1e-3,1e-4", "--grid_jobs=2"]) == 0
+    record = json.loads((out / "grid_results.json").read_text())
+    assert record["metric"] == "f1" and [r["status"] for r in record["cells"]] == ["ok", "ok"]
+    best = max(record["cells"], key=lambda r: r["f1"])
+    assert record["best"] == best["cell"] and _eval_results(out)["f1"] == best["f1"]
+    best_dir = out / "grid" / best["cell"]
+    assert (out / "predictions.json").read_text() == (best_dir / "predictions.json").read_text()
+    assert_same_weights(read_weights(out / "model"), read_weights(best_dir / "model"))
