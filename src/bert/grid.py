@@ -398,7 +398,6 @@ def run_grid(
     jobs = args.grid_jobs
     with claim(command, dirs={"--output_dir": output_dir}, inputs=inputs):
         _check_output_dir(output_dir)
-        write_run_info(output_dir, command, args)
         with log_to_file(output_dir / "log.txt"):
             earlier = _earlier_rows(output_dir)
             rows: dict[str, dict[str, Any]] = {}
@@ -415,7 +414,8 @@ def run_grid(
             def save() -> None:
                 _write_results(output_dir, command, [rows[n] for n in order], fields, metric)
 
-            save()
+            save()  # first: the directory is a grid's from now on (`_check_output_dir`)
+            write_run_info(output_dir, command, args)
             logger.info(
                 "grid of %d runs (%d to run, %d at once) in %s", len(cells), len(pending), jobs, output_dir / GRID_DIR
             )
