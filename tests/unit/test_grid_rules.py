@@ -12,6 +12,7 @@ import pytest
 
 from bert import cli, grid
 from bert.commands.classify import ClassifyArgs
+from bert.errors import InputError
 from conftest import cli_error
 
 BASE = ["--task_name=sst-2", "--data_dir=data", "--output_dir=out"]
@@ -130,7 +131,7 @@ def test_a_flag_added_later_reaches_the_cells_unchanged():
 
 def test_a_value_no_command_line_can_give_is_an_error():
     args = dataclasses.replace(_parse([*BASE, "--do_train", "--do_eval"]), long_document=None)
-    with pytest.raises(grid.InputError, match="--long_document=None"):
+    with pytest.raises(InputError, match="--long_document=None"):
         grid.command_line(args)
 
 
