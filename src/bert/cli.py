@@ -33,6 +33,7 @@ from tqdm import tqdm
 from bert import __version__
 from bert.errors import InputError
 from bert.flags import check_flag_values
+from bert.grid import list_type
 from bert.outputs import os_error_message
 from bert.utils import LOG_FORMAT
 
@@ -240,8 +241,8 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, args_cls: type) -> None
     shared groups (base classes) are listed under their group's title in `--help`.
 
     Field metadata: "help" (the help text), "choices", "positional" for a positional argument (one or more
-    values for a `list[T]` field), and "flag" for an extra spelling of the flag (e.g. "--na-prob-file", an
-    official script's own).
+    values for a `list[T]` field), "flag" for an extra spelling of the flag (e.g. "--na-prob-file", an
+    official script's own), and "grid" for a flag that also takes a comma list (`bert.grid`).
     """
     hints = typing.get_type_hints(args_cls)
     groups: dict[type, argparse._ArgumentGroup] = {}
@@ -281,8 +282,18 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, args_cls: type) -> None
         else:
             choices = f.metadata.get("choices")
             flags = [f.metadata["flag"], flag] if "flag" in f.metadata else [flag]
+            parse: Callable[[str], Any] = tp
+            if f.metadata.get("grid"):
+                parse = list_type(tp)
+                help_text += " A comma list runs a grid of runs, one per combination (see --grid_jobs)."
             target.add_argument(
-                *flags, dest=f.name, type=tp, default=default, required=not has_default, choices=choices, help=help_text
+                *flags,
+                dest=f.name,
+                type=parse,
+                default=default,
+                required=not has_default,
+                choices=choices,
+                help=help_text,
             )
 
 

@@ -40,6 +40,9 @@ every task, following run_classifier.py's `main`:
 
 Rerunning a command with the same `--output_dir` resumes from its newest checkpoint; a finished
 training is not repeated (evaluation and prediction run again and give the same files).
+
+Comma lists of `--learning_rate`, `--train_batch_size` or `--num_train_epochs` make a grid of such runs, one
+per combination, the best on the dev set exported to `--output_dir` (`bert.grid`).
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bert import training
+from bert import grid, training
 from bert.config import BertConfig
 from bert.errors import InputError
 from bert.flags import (
@@ -282,9 +285,16 @@ def _resolve_model_files(args: FinetuneArgs) -> ModelFiles:
 
 def run_finetune(args: FinetuneArgs, task: FinetuneTask) -> dict[str, Any]:
     """Train, evaluate and/or predict as the flags say; returns
-    `{"output_dir", "global_step", "num_train_steps", "train", "eval", "predict"}`."""
+    `{"output_dir", "global_step", "num_train_steps", "train", "eval", "predict"}`. Comma lists of the grid
+    flags run a grid of such runs instead (`bert.grid.run_grid`, which returns its own summary)."""
     inputs = {"--data_dir": args.data_dir, "--init_checkpoint": args.init_checkpoint}
     inputs.update({"--vocab_file": args.vocab_file, "--bert_config_file": args.bert_config_file})
+    cells = grid.expand(args, task.dev_flag)
+    if cells is not None:
+        for cell in cells:  # every run's flags checked before the first starts
+            _check_flags(cell.args, task, world_size=1)
+        metric = args.metric_for_best_model or task.default_metric
+        return grid.run_grid(args, cells, task.command, metric, inputs, training.RESULT_NAMES, MODEL_DIR)
     with training.distributed(args.device) as dist:
         with training.claim_output_dir(args.output_dir, task.command, dist, inputs):
             run = _FinetuneRun(args, task, dist)

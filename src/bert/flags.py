@@ -10,7 +10,11 @@ commands share has one help text and one default, except for the differences it 
 Each flag's constraints are written once, in its field's metadata, and `check_flag_values` enforces them for
 every command (`bert.cli.main` calls it before a command runs; the training runners call it too, for callers
 that build their Args in Python): "choices" (the allowed values; the parser offers them too), "min" and "max"
-(inclusive bounds of a number), "positive" (a number above 0). Every float flag must also be finite.
+(inclusive bounds of a number), "positive" (a number above 0). Every float flag must also be finite. A flag
+holding a list of values (a grid flag, below) is checked value by value.
+
+"grid" (a short name, e.g. "lr") marks the fine-tuning flags that take a comma list of values, each list
+making a grid of runs, one per combination (`bert.grid`, which names a cell's directory with the short names).
 
 No torch here: `bert tokenize` and `bert create-pretraining-data` take flags from these groups too.
 """
@@ -56,9 +60,17 @@ def check_flag_values(args: object) -> None:
         return
     for f in dataclasses.fields(args):
         value = getattr(args, f.name, None)
-        if value is None or isinstance(value, bool):
-            continue
-        flag = f"--{f.name}={value}"
+        if isinstance(value, list) and f.metadata.get("grid"):
+            listed = ",".join(map(str, value))
+            for v in value:
+                _check_value(f, v, f"--{f.name}={listed}: the value {v}")
+        else:
+            _check_value(f, value, f"--{f.name}={value}")
+
+
+def _check_value(f: dataclasses.Field, value: Any, flag: str) -> None:
+    """One value of flag `f` within its metadata's bounds; `flag` names it in the error."""
+    if value is not None and not isinstance(value, bool):
         if isinstance(value, float) and not math.isfinite(value):
             raise InputError(f"{flag} must be a finite number")
         choices = f.metadata.get("choices")
@@ -127,15 +139,16 @@ def check_batch_division(train_batch_size: int, world_size: int, gradient_accumu
         )
 
 
-def same_as(group: type, name: str, **overrides: Any) -> Any:
+def same_as(group: type, name: str, grid: str | None = None, **overrides: Any) -> Any:
     """The field `name` of the flag group `group`, for a command that takes this one flag of the group.
 
-    `overrides` (e.g. `default=384`) replace the field's own; the help text is always the group's.
+    `overrides` (e.g. `default=384`) replace the field's own; the help text is always the group's. `grid`
+    (a short name) makes it a grid flag (see the module docstring).
     """
     f = next((f for f in dataclasses.fields(group) if f.name == name), None)
     if f is None:
         raise AttributeError(f"{group.__name__} has no flag {name}")
-    kwargs: dict[str, Any] = {"metadata": f.metadata}
+    kwargs: dict[str, Any] = {"metadata": {**f.metadata, "grid": grid} if grid else f.metadata}
     if f.default is not dataclasses.MISSING:
         kwargs["default"] = f.default
     return field(**{**kwargs, **overrides})
@@ -344,7 +357,12 @@ class FinetuneArgs(ModelArgs, TrainingArgs):
     predict_batch_size: int = field(default=8, metadata={"min": 1, "help": "Total batch size for predict."})
     num_train_epochs: float = field(
         default=3.0,
-        metadata={"run_defining": "train", "positive": True, "help": "Total number of training epochs to perform."},
+        metadata={
+            "run_defining": "train",
+            "positive": True,
+            "grid": "ep",
+            "help": "Total number of training epochs to perform.",
+        },
     )
     warmup_proportion: float = field(
         default=0.1,
@@ -393,6 +411,18 @@ class FinetuneArgs(ModelArgs, TrainingArgs):
     # hundreds of steps long, not hundreds of thousands.
     keep_checkpoint_max: int = same_as(TrainingArgs, "keep_checkpoint_max", default=1)
     log_every: int = same_as(TrainingArgs, "log_every", default=50)
+    # The fine-tuning grid (bert.grid): these two and --num_train_epochs take comma lists. A list is held in
+    # the field until `run_finetune` expands the grid into runs of one value each.
+    train_batch_size: int = same_as(TrainingArgs, "train_batch_size", grid="bs")
+    learning_rate: float = same_as(TrainingArgs, "learning_rate", grid="lr")
+    grid_jobs: int = field(
+        default=1,
+        metadata={
+            "min": 1,
+            "help": "With comma lists of --learning_rate, --train_batch_size or --num_train_epochs (a grid of runs, "
+            "one per combination): run this many at once, each a process with its share of the CPU threads.",
+        },
+    )
 
 
 @dataclass(kw_only=True)

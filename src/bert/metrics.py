@@ -24,6 +24,13 @@ import numpy as np
 
 from bert.errors import InputError
 
+
+def greater_is_better(metric: str) -> bool:
+    """How an eval_results key ranks runs and checkpoints (`--metric_for_best_model`): a loss is minimised,
+    every other metric maximised."""
+    return "loss" not in metric
+
+
 # --------------------------------------------------------------------------------------------------
 # Classification and regression
 

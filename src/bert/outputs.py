@@ -334,6 +334,25 @@ def staged_directory(path: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def atomic_directory(path: Path) -> Iterator[Path]:
+    """Yield a temporary directory beside `path`, renamed to `path` when the block succeeds."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 # ----------------------------------------------------------------------------------------------- claim
 def _make_dirs(path: Path, created: list[Path]) -> None:
     missing = []

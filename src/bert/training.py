@@ -34,7 +34,6 @@ import random
 import re
 import shutil
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -60,8 +59,9 @@ from bert.config import SHAPE_FIELDS, BertConfig
 from bert.errors import InputError, NonFiniteError
 from bert.flags import PRECISIONS, PerformanceArgs, TrainingArgs
 from bert.formats.tensorboard import EventWriter
+from bert.metrics import greater_is_better
 from bert.optimization import clip_grad_norm, create_optimizer
-from bert.outputs import claim, remove_temporaries
+from bert.outputs import atomic_directory, claim, remove_temporaries
 from bert.plotting import CURVES_NAME, METRICS_NAME
 from bert.utils import atomic_write, load_json_file, log_to_file, progress, write_run_info
 
@@ -609,25 +609,6 @@ def load_training_state(checkpoint_dir: str | os.PathLike, verify: bool = True) 
             f"{path}: cannot read the training state ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
             f"delete {Path(checkpoint_dir).name} to resume from an older checkpoint"
         ) from None
-
-
-@contextlib.contextmanager
-def atomic_directory(path: Path):
-    """Yield a temporary directory beside `path`, renamed to `path` when the block succeeds."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    try:
-        yield tmp
-        if path.exists():
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def check_finite_weights(state: dict[str, torch.Tensor], what: str) -> None:
@@ -1185,7 +1166,7 @@ class EvalHistory:
     def __init__(self, path: Path, metric: str, patience: int):
         self.path = path
         self.metric = metric
-        self.greater_is_better = "loss" not in metric
+        self.greater_is_better = greater_is_better(metric)
         self.patience = patience
         self.evaluations: list[dict[str, Any]] = []
         self.stopped_at: int | None = None

@@ -44,7 +44,9 @@ class FinetuneTask:
     Attributes:
         command: the subcommand's name (recorded in args.json).
         head: the `bert.modeling` head class name (also the exported config's `architectures`).
-        default_metric: the eval_results key that picks the best checkpoint by default.
+        default_metric: the eval_results key that picks the best checkpoint (and a grid's best run) by default.
+        dev_flag: the flag that makes a run score the dev set into eval_results.json, which a grid of runs
+            (`bert.grid`) ranks its runs by.
         classifier_dropout: dropout before the head when the config sets none (the original's classifier
             hard-codes 0.1); None leaves the config's choice (hidden_dropout_prob).
     """
@@ -52,6 +54,7 @@ class FinetuneTask:
     command: str = ""
     head: str = ""
     default_metric: str = "eval_accuracy"
+    dev_flag: str = "do_eval"
     classifier_dropout: float | None = None
 
     def check_flags(self) -> None:

@@ -1254,6 +1254,9 @@ class SquadTask(FinetuneTask):
 
     command = "squad"
     head = "BertForQuestionAnswering"
+    # run_squad.py has no eval mode: predicting a file with answers scores it (f1: both versions' key).
+    default_metric = "f1"
+    dev_flag = "do_predict"
 
     def __init__(self, args: Any):
         self.args = args
