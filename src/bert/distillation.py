@@ -9,17 +9,22 @@ module is the one place for it:
   (`weights_digest`) and the data (`data_digest`), so every epoch and a resumed run read the same numbers
   without running the teacher again;
 - the soft-label losses (`kd_*`), per example, so the heads' `loss_normalizers` design still adds
-  micro-batches and processes up to the loss of the global batch.
+  micro-batches and processes up to the loss of the global batch;
+- a student made of some of the teacher's layers (`student_from_teacher_layers`, DistilBERT's start),
+  which `bert.starting_model` builds for `--init_from_teacher_layers`.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +33,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from bert.checkpoint import DIGEST_KEY, WEIGHTS_NAME, read_checkpoint, tensors_digest
+from bert.config import BertConfig
 from bert.errors import InputError
+from bert.flags import LAYERS_FLAG
 from bert.outputs import remove_temporaries
 from bert.utils import atomic_write, load_json_file, progress
 
@@ -175,3 +182,49 @@ def cached_teacher_outputs(
         f.write(json.dumps(expected, indent=2, sort_keys=True) + "\n")
     logger.info("%s: %d outputs computed and cached in %s", desc, num_rows, array_path)
     return np.load(array_path, mmap_mode="r")
+
+
+# ------------------------------------------------------------------------------- students from layers
+_LAYER_KEY = re.compile(r"^(?P<prefix>(?:.*\.)?encoder\.layer\.)(?P<index>\d+)\.(?P<rest>.+)$")
+
+
+def check_teacher_layers(layers: Sequence[int], num_teacher_layers: int, flag: str = LAYERS_FLAG) -> None:
+    """`layers` must be distinct teacher layer indices in increasing order, each below the teacher's count."""
+    given = f"{flag}={','.join(map(str, layers))}"
+    if not layers:
+        raise InputError(f"{flag} is empty: name the teacher's layers to keep, e.g. {flag}=0,2,4")
+    if any(not 0 <= i < num_teacher_layers for i in layers):
+        raise InputError(
+            f"{given}: the teacher has {num_teacher_layers} layers, so each index must be between 0 and "
+            f"{num_teacher_layers - 1}"
+        )
+    if list(layers) != sorted(set(layers)):
+        raise InputError(
+            f"{given}: name each of the teacher's {num_teacher_layers} layers at most once, in increasing order "
+            "(the student keeps their order)"
+        )
+
+
+def student_from_teacher_layers(
+    teacher_state: Mapping[str, torch.Tensor], teacher_config: BertConfig, layers: Sequence[int]
+) -> tuple[BertConfig, dict[str, torch.Tensor]]:
+    """A student made of some of a teacher's Transformer blocks (DistilBERT's start: every other layer).
+
+    The student's config is the teacher's with `num_hidden_layers=len(layers)`; its encoder block `i` is the
+    teacher's block `layers[i]`; every other tensor (embeddings, pooler, heads) is the teacher's. Raises
+    `InputError` naming `--init_from_teacher_layers` for indices that are out of range, repeated or unsorted.
+    """
+    count = teacher_config.num_hidden_layers
+    check_teacher_layers(layers, count)
+    new_index = {old: new for new, old in enumerate(layers)}
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in teacher_state.items():
+        m = _LAYER_KEY.match(name)
+        if m is None:
+            state[name] = tensor
+        elif int(m["index"]) in new_index:
+            state[f"{m['prefix']}{new_index[int(m['index'])]}.{m['rest']}"] = tensor
+    config = dataclasses.replace(
+        teacher_config, num_hidden_layers=len(layers), extra=copy.deepcopy(teacher_config.extra)
+    )
+    return config, state

@@ -125,3 +125,50 @@ def test_weights_digest_is_the_saved_one_or_the_tensors(tmp_path, tiny_config):
         model.embeddings.word_embeddings.weight[0, 0] += 1
     save_pretrained(model, tmp_path / "m2")
     assert weights_digest(tmp_path / "m2") != digest
+
+
+def test_student_from_teacher_layers_copies_those_layers(tiny_config):
+    import dataclasses
+
+    from bert.distillation import student_from_teacher_layers
+    from bert.modeling import BertForSequenceClassification
+
+    torch.manual_seed(0)
+    teacher_config = dataclasses.replace(tiny_config, num_hidden_layers=5, extra={"id2label": {"0": "a", "1": "b"}})
+    teacher = BertForSequenceClassification(teacher_config, num_labels=2)
+    layers = [0, 2, 4]
+    config, state = student_from_teacher_layers(teacher.state_dict(), teacher_config, layers)
+    assert config == dataclasses.replace(teacher_config, num_hidden_layers=3)
+    student = BertForSequenceClassification(config, num_labels=2)
+    student.load_state_dict(state, strict=True)  # every tensor of the student, nothing else
+    teacher_state = teacher.state_dict()
+    for name, tensor in student.state_dict().items():
+        if ".encoder.layer." in name:
+            i = int(name.split(".encoder.layer.")[1].split(".")[0])
+            source = name.replace(f".encoder.layer.{i}.", f".encoder.layer.{layers[i]}.")
+        else:
+            source = name
+        assert torch.equal(tensor, teacher_state[source]), name
+    assert not torch.equal(
+        student.state_dict()["bert.encoder.layer.1.attention.self.query.weight"],
+        teacher_state["bert.encoder.layer.1.attention.self.query.weight"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("layers", "message"),
+    [
+        ([0, 5], r"--init_from_teacher_layers=0,5: the teacher has 5 layers, so each index must be between 0 and 4"),
+        ([-1], r"the teacher has 5 layers"),
+        ([2, 2], r"--init_from_teacher_layers=2,2: name each of the teacher's 5 layers at most once"),
+        ([3, 1], r"in increasing order"),
+        ([], r"--init_from_teacher_layers is empty"),
+    ],
+)
+def test_student_from_teacher_layers_rejects_bad_indices(tiny_config, layers, message):
+    import dataclasses
+
+    from bert.distillation import student_from_teacher_layers
+
+    with pytest.raises(InputError, match=message):
+        student_from_teacher_layers({}, dataclasses.replace(tiny_config, num_hidden_layers=5), layers)
