@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 
 from bert.checkpoint import DIGEST_KEY, WEIGHTS_NAME, read_checkpoint, tensors_digest
@@ -228,3 +229,43 @@ def student_from_teacher_layers(
         teacher_config, num_hidden_layers=len(layers), extra=copy.deepcopy(teacher_config.extra)
     )
     return config, state
+
+
+# --------------------------------------------------------------------------------------------- losses
+# Each returns one loss per example ([B]), the sum of its terms, so that a head's `loss_normalizers` (the global
+# batch's count of terms) turns the examples' sums into the batch's mean, as the heads' own losses do.
+def kd_classification_loss(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """[B]: KL(softmax(teacher / T) || softmax(student / T)) * T^2 per example, from [B, L] logits (Hinton et
+    al.'s soft targets; the T^2 keeps the gradient's scale as T changes). One term per example."""
+    t = float(temperature)
+    log_p_teacher = F.log_softmax(teacher_logits.float() / t, dim=-1)
+    log_p_student = F.log_softmax(student_logits.float() / t, dim=-1)
+    kl = (log_p_teacher.exp() * (log_p_teacher - log_p_student)).sum(-1)
+    return kl * (t * t)
+
+
+def kd_regression_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """[B]: the squared difference of [B, 1] outputs (regression has no distribution to soften: the teacher's
+    score is the target, as the label's is in `modeling.classification_loss`). One term per example."""
+    return ((student_logits.float() - teacher_logits.float()) ** 2).sum(-1)
+
+
+def kd_multi_label_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[B]: the sum over labels of the sigmoid cross-entropy of student / T against the teacher's probabilities
+    sigmoid(teacher / T), times T^2, from [B, L] logits: one term per label, as `modeling.multi_label_loss`."""
+    t = float(temperature)
+    targets = torch.sigmoid(teacher_logits.float() / t)
+    bce = F.binary_cross_entropy_with_logits(student_logits.float() / t, targets, reduction="none")
+    return bce.sum(-1) * (t * t)
+
+
+def kd_token_loss(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """[B]: the sum over the tokens where `mask` ([B, T]) is true of the per-token `kd_classification_loss` of
+    [B, T, L] logits: one term per masked token, as token classification counts its labelled tokens."""
+    B, T, L = student_logits.shape
+    per_token = kd_classification_loss(student_logits.reshape(B * T, L), teacher_logits.reshape(B * T, L), temperature)
+    return (per_token.view(B, T) * mask.float()).sum(-1)

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from bert.distillation import cached_teacher_outputs, data_digest, weights_digest
 from bert.errors import InputError
@@ -172,3 +173,54 @@ def test_student_from_teacher_layers_rejects_bad_indices(tiny_config, layers, me
 
     with pytest.raises(InputError, match=message):
         student_from_teacher_layers({}, dataclasses.replace(tiny_config, num_hidden_layers=5), layers)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.5])
+def test_kd_classification_loss_is_hintons_kl(temperature):
+    from bert.distillation import kd_classification_loss
+
+    g = torch.Generator().manual_seed(1)
+    student, teacher = torch.randn(5, 4, generator=g) * 3, torch.randn(5, 4, generator=g) * 3
+    got = kd_classification_loss(student, teacher, temperature)
+    t = temperature
+    # torch's kl_div takes the student's log-probabilities and the teacher's probabilities: KL(teacher || student).
+    oracle = F.kl_div(
+        F.log_softmax(student / t, -1), F.softmax(teacher / t, -1), reduction="none", log_target=False
+    ).sum(-1)
+    torch.testing.assert_close(got, oracle * t * t, atol=1e-6, rtol=0)
+    # By hand, in float64.
+    s, q = student.double() / t, teacher.double() / t
+    p_t = q.exp() / q.exp().sum(-1, keepdim=True)
+    p_s = s.exp() / s.exp().sum(-1, keepdim=True)
+    by_hand = (p_t * (p_t.log() - p_s.log())).sum(-1) * t * t
+    torch.testing.assert_close(got.double(), by_hand, atol=1e-6, rtol=0)
+    assert torch.all(kd_classification_loss(teacher, teacher, temperature).abs() < 1e-6)  # zero at the teacher
+
+
+def test_kd_regression_and_multi_label_losses_are_their_formulas():
+    from bert.distillation import kd_multi_label_loss, kd_regression_loss
+
+    g = torch.Generator().manual_seed(2)
+    student, teacher = torch.randn(6, 1, generator=g), torch.randn(6, 1, generator=g)
+    torch.testing.assert_close(
+        kd_regression_loss(student, teacher), F.mse_loss(student, teacher, reduction="none")[:, 0], atol=1e-6, rtol=0
+    )
+    student, teacher = torch.randn(6, 3, generator=g), torch.randn(6, 3, generator=g)
+    t = 2.0
+    q = 1 / (1 + np.exp(-teacher.double().numpy() / t))
+    s = 1 / (1 + np.exp(-student.double().numpy() / t))
+    by_hand = -(q * np.log(s) + (1 - q) * np.log(1 - s)).sum(-1) * t * t
+    np.testing.assert_allclose(kd_multi_label_loss(student, teacher, t).numpy(), by_hand, atol=1e-6, rtol=0)
+
+
+def test_kd_token_loss_sums_the_masked_tokens():
+    from bert.distillation import kd_classification_loss, kd_token_loss
+
+    g = torch.Generator().manual_seed(3)
+    student, teacher = torch.randn(2, 5, 3, generator=g), torch.randn(2, 5, 3, generator=g)
+    mask = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]])
+    got = kd_token_loss(student, teacher, mask, 2.0)
+    for b in range(2):
+        keep = mask[b].bool()
+        expected = kd_classification_loss(student[b][keep], teacher[b][keep], 2.0).sum()
+        torch.testing.assert_close(got[b], expected, atol=1e-6, rtol=0)
