@@ -140,20 +140,23 @@ def _check_teacher_flags(args: Any) -> list[int] | None:
     here, where every training command resolves its model; returns --init_from_teacher_layers' indices."""
     if not isinstance(args, TeacherArgs):
         return None
+    # ModelArgs' flags, which every command with TeacherArgs has (pretrain takes them one by one).
+    init_checkpoint: str | None = getattr(args, "init_checkpoint", None)
+    bert_config_file: str | None = getattr(args, "bert_config_file", None)
     if isinstance(args, DistillArgs):
-        args.check_distill_flags(args.init_checkpoint)
+        args.check_distill_flags(init_checkpoint)
     else:
-        args.check_teacher_flags(args.init_checkpoint)
+        args.check_teacher_flags(init_checkpoint)
         if args.teacher is not None and args.init_from_teacher_layers is None:
             raise InputError(
                 f"--teacher={args.teacher}: this command takes a teacher only to start from its layers; add "
                 f"{LAYERS_FLAG}=0,2,... or drop --teacher"
             )
     layers = args.teacher_layers()
-    if layers is not None and args.bert_config_file:
+    if layers is not None and bert_config_file:
         raise InputError(
             f"{LAYERS_FLAG}: the student's config is --teacher's with {len(layers)} layers; drop "
-            f"--bert_config_file={args.bert_config_file}"
+            f"--bert_config_file={bert_config_file}"
         )
     return layers
 
