@@ -48,6 +48,7 @@ from bert.flags import LAYERS_FLAG
 from bert.inference import Predictor
 from bert.modeling import IGNORE_INDEX
 from bert.outputs import remove_temporaries
+from bert.tokenization import load_vocab
 from bert.training import DistContext, LossFn
 from bert.utils import atomic_write, load_json_file, progress
 
@@ -353,16 +354,25 @@ class ClassificationTeacher:
         self.problem_type = problem_type
         self.columns = [0] if problem_type == "regression" else label_order(teacher, teacher_labels, labels)
 
+    @property
+    def kind(self) -> str:
+        """The distillation loss's kind (`KINDS`)."""
+        return self.problem_type
+
     def outputs(
         self,
         examples: Sequence[Any],
+        features: Sequence[Any],
+        example_rows: np.ndarray,
+        collate: Callable[[Sequence[Any]], dict[str, np.ndarray]],
         cache_dir: str | os.PathLike,
         dist: DistContext,
         batch_size: int,
         desc: str = "teacher",
-    ) -> np.ndarray:
-        """[N, L] the teacher's logits of `examples` (`text_a`, `text_b`), in the teacher's label order, through
-        the cache (computed by rank 0 once; every rank reads the file)."""
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The teacher's logits of `examples` (`text_a`, `text_b`), [N, L] in the teacher's label order, through
+        the cache (computed by rank 0 once; every rank reads the file), and each feature's row: its example's
+        (`example_rows`; the windows of a long document share their example's)."""
         pairs = [(e.text_a, e.text_b) for e in examples]
         key = {
             "outputs": "classification_logits",
@@ -377,17 +387,120 @@ class ClassificationTeacher:
                 predictor.append(Predictor.from_pretrained(self.teacher, device=dist.device, batch_size=batch_size))
             return predictor[0].classification_logits(pairs[start:stop])
 
-        width = 1 if self.problem_type == "regression" else len(self.columns)
-        return run_once(dist, lambda: cached_teacher_outputs(cache_dir, key, len(pairs), (width,), compute, desc=desc))
+        width = len(self.columns)
+        cached = _cached_by_rank0(dist, cache_dir, key, len(pairs), (width,), compute, desc)
+        return cached, example_rows
 
 
-def run_once(dist: DistContext, fn: Callable[[], np.ndarray]) -> np.ndarray:
-    """`fn()` on rank 0 first, then on the other ranks (which find its cache); an error on rank 0 stops all."""
+class TokenTeacher:
+    """A fine-tuned token classifier (`bert ner`'s OUTPUT/model) run on the student's own features: its logits
+    at every word piece, so it must read the text as the student does (the same vocabulary and casing).
+
+    Args:
+        teacher: the --teacher path.
+        labels: the student's label list.
+        teacher_labels: the label list saved in the teacher's config.
+        vocab_file, do_lower_case, max_seq_length: the student's.
+    """
+
+    kind = "token"
+
+    def __init__(
+        self,
+        teacher: str,
+        labels: Sequence[str],
+        teacher_labels: list[str] | None,
+        vocab_file: str,
+        do_lower_case: bool,
+        max_seq_length: int,
+    ):
+        self.teacher = teacher
+        config = teacher_config(teacher)
+        base = _teacher_base(teacher)
+        if not (base / VOCAB_NAME).is_file() or load_vocab(base / VOCAB_NAME) != load_vocab(vocab_file):
+            raise InputError(
+                f"--teacher={teacher}: its vocab.txt is not the student's --vocab_file={vocab_file}; token-level "
+                "distillation pairs the teacher's and the student's word pieces, so both must use one vocabulary"
+            )
+        casing = _read_tokenizer_casing(base)
+        if casing is not None and casing != do_lower_case:
+            raise InputError(
+                f"--teacher={teacher} lower-cases {'its' if casing else 'no'} input (tokenizer_config.json), the "
+                f"student --do_lower_case={do_lower_case}; token-level distillation needs the same word pieces"
+            )
+        if max_seq_length > config.max_position_embeddings:
+            raise InputError(
+                f"--max_seq_length={max_seq_length} exceeds --teacher={teacher}'s max_position_embeddings="
+                f"{config.max_position_embeddings}"
+            )
+        self.max_seq_length = max_seq_length
+        self.columns = label_order(teacher, teacher_labels, labels)
+
+    def outputs(
+        self,
+        examples: Sequence[Any],
+        features: Sequence[Any],
+        example_rows: np.ndarray,
+        collate: Callable[[Sequence[Any]], dict[str, np.ndarray]],
+        cache_dir: str | os.PathLike,
+        dist: DistContext,
+        batch_size: int,
+        desc: str = "teacher",
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """[F, max_seq_length, L] the teacher's logits at each feature's positions (zero past its end), in the
+        teacher's label order, through the cache; each feature's row is its own."""
+        key = {
+            "outputs": "token_logits",
+            "teacher": weights_digest(self.teacher),
+            "teacher_files": teacher_files_digest(self.teacher),
+            "inputs": data_digest([[list(f.input_ids), list(f.segment_ids)] for f in features]),
+        }
+        predictor: list[Predictor] = []
+
+        def compute(start: int, stop: int) -> np.ndarray:
+            if not predictor:  # loaded only when the cache misses
+                predictor.append(Predictor.from_pretrained(self.teacher, device=dist.device, batch_size=batch_size))
+            model, device = predictor[0].model, predictor[0].device
+            out = np.zeros((stop - start, self.max_seq_length, len(self.columns)), dtype=np.float32)
+            for i in range(start, stop, batch_size):
+                arrays = collate(features[i : min(i + batch_size, stop)])
+                ids, mask, types = (
+                    torch.from_numpy(arrays[k]).to(device) for k in ("input_ids", "attention_mask", "token_type_ids")
+                )
+                logits = model(ids, mask, types).logits.float().cpu().numpy()  # [B, T, L]
+                out[i - start : i - start + len(logits), : logits.shape[1]] = logits
+            return out
+
+        shape = (self.max_seq_length, len(self.columns))
+        cached = _cached_by_rank0(dist, cache_dir, key, len(features), shape, compute, desc)
+        return cached, np.arange(len(features))
+
+
+def _read_tokenizer_casing(base: Path) -> bool | None:
+    """do_lower_case of the tokenizer_config.json in `base` (None when it says nothing)."""
+    settings = load_json_file(base / TOKENIZER_CONFIG_NAME, "tokenizer_config.json", missing_ok=True)
+    value = settings.get("do_lower_case") if isinstance(settings, dict) else None
+    return None if value is None else bool(value)
+
+
+Teacher = ClassificationTeacher | TokenTeacher
+
+
+def _cached_by_rank0(
+    dist: DistContext,
+    cache_dir: str | os.PathLike,
+    key: Mapping[str, object],
+    num_rows: int,
+    row_shape: tuple[int, ...],
+    compute: Callable[[int, int], np.ndarray],
+    desc: str,
+) -> np.ndarray:
+    """`cached_teacher_outputs` computed by rank 0, then read by the other ranks; an error on rank 0 stops all."""
     error: BaseException | None = None
     result = None
     if dist.is_main:
         try:
-            result = fn()
+            result = cached_teacher_outputs(cache_dir, key, num_rows, row_shape, compute, desc=desc)
         except (InputError, OSError) as e:
             error = e
     message = dist.gather_object(None if error is None else str(error))[0]
@@ -395,7 +508,9 @@ def run_once(dist: DistContext, fn: Callable[[], np.ndarray]) -> np.ndarray:
         raise error
     if message is not None:
         raise InputError(message)
-    return fn() if result is None else result
+    if result is None:
+        result = cached_teacher_outputs(cache_dir, key, num_rows, row_shape, compute, desc=desc)
+    return result
 
 
 def distillation_loss(kind: str, alpha: float, temperature: float) -> LossFn:
@@ -409,6 +524,8 @@ def distillation_loss(kind: str, alpha: float, temperature: float) -> LossFn:
         inputs = {k: v for k, v in batch.items() if k not in (TEACHER_KEY, LABELLED_KEY)}
         out = model(**inputs)
         teacher = batch[TEACHER_KEY]
+        if kind == "token":  # cached at --max_seq_length; the batch is padded to its longest feature
+            teacher = teacher[:, : out.logits.shape[1]]
         if kind == "regression":
             kd = kd_regression_loss(out.logits, teacher)
         elif kind == "multi_label_classification":

@@ -373,7 +373,7 @@ class _FinetuneRun:
         self.history = EvalHistory(self.output_dir / EVAL_HISTORY_NAME, self.metric, args.early_stopping_patience)
         self.pad_to = args.max_seq_length if args.pad_to_max_seq_length else None
 
-    def distillation_setup(self, labels: list | None) -> tuple[distillation.ClassificationTeacher | None, list]:
+    def distillation_setup(self, labels: list | None) -> tuple[distillation.Teacher | None, list]:
         """The teacher of a distillation run (`bert.distillation`, checked against the student's task) and the
         transfer examples; (None, []) without --teacher."""
         args, task = self.args, self.task
@@ -381,11 +381,19 @@ class _FinetuneRun:
             return None, []
         if not args.do_train:
             raise InputError(f"--teacher={args.teacher} labels the training data: add --do_train, or drop --teacher")
-        if task.head != "BertForSequenceClassification":
-            raise InputError(f"`bert {task.command}` does not distil yet: drop --teacher")
-        problem_type = task.inference_config()["problem_type"]
         teacher_labels = saved_label_list(distillation.teacher_config(args.teacher))
-        teacher = distillation.ClassificationTeacher(args.teacher, problem_type, labels, teacher_labels)
+        teacher: distillation.Teacher
+        if task.head == "BertForSequenceClassification":
+            problem_type = task.inference_config()["problem_type"]
+            teacher = distillation.ClassificationTeacher(args.teacher, problem_type, labels, teacher_labels)
+        elif task.head == "BertForTokenClassification":
+            vocab_file = self.files.start.vocab_file
+            assert labels is not None and vocab_file is not None  # NER has labels; fine-tuning needs a vocab
+            teacher = distillation.TokenTeacher(
+                args.teacher, labels, teacher_labels, vocab_file, args.do_lower_case, args.max_seq_length
+            )
+        else:
+            raise InputError(f"`bert {task.command}` does not distil: drop --teacher")
         transfer = task.read_unlabelled(args.transfer_file) if args.transfer_file else []
         return teacher, transfer
 
@@ -396,14 +404,18 @@ class _FinetuneRun:
         assert isinstance(args, DistillArgs) and teacher is not None
         n_train = len(self.train_examples)
         transfer_features = self.features_of(self.transfer_examples) if self.transfer_examples else []
-        outputs = teacher.outputs(
+        all_features = features + transfer_features
+        example_rows = np.array(_example_rows(features) + [n_train + r for r in _example_rows(transfer_features)])
+        outputs, rows = teacher.outputs(
             self.train_examples + self.transfer_examples,
+            all_features,
+            example_rows,
+            lambda part: task.collate(part, None),
             args.teacher_cache_dir or self.output_dir / distillation.CACHE_DIR,
             self.dist,
             args.eval_batch_size,
             desc=f"{task.command} teacher",
         )
-        rows = np.array(_example_rows(features) + [n_train + r for r in _example_rows(transfer_features)])
         labelled = np.concatenate([np.ones(len(features)), np.zeros(len(transfer_features))]).astype(np.float32)
         columns = np.array(teacher.columns)
         logger.info(
@@ -414,11 +426,11 @@ class _FinetuneRun:
 
         def extra(indices: np.ndarray) -> dict[str, np.ndarray]:
             return {
-                distillation.TEACHER_KEY: np.asarray(outputs[rows[indices]][:, columns], dtype=np.float32),
+                distillation.TEACHER_KEY: np.asarray(outputs[rows[indices]][..., columns], dtype=np.float32),
                 distillation.LABELLED_KEY: labelled[indices],
             }
 
-        return features + transfer_features, extra
+        return all_features, extra
 
     def run(self) -> dict[str, Any]:
         args = self.args
@@ -527,7 +539,7 @@ class _FinetuneRun:
         if self.teacher is not None:
             assert isinstance(args, DistillArgs)
             features, extra = self.distillation_inputs(features)
-            loss_fn = distillation.distillation_loss(self.teacher.problem_type, args.distill_alpha, args.temperature)
+            loss_fn = distillation.distillation_loss(self.teacher.kind, args.distill_alpha, args.temperature)
         trainer = training.make_trainer(
             self.model,
             self.wrapped,
