@@ -173,3 +173,60 @@ def test_teacher_with_other_labels_is_refused(model_files, sst2, teacher, tmp_pa
     flags = [*model_flags(model_files, tmp_path / "out"), f"--data_dir={sst2}", "--task_name=sst-2", "--do_train"]
     error = cli_error(capsys, "classify", *flags, f"--teacher={other}")
     assert f"--teacher={other} has the labels ['neg', 'pos'], the student's data ['0', '1']" in error
+
+
+def test_each_window_gets_its_examples_teacher_logits(model_files, sst2, teacher, tmp_path):
+    """With --long_document=windows a text is several features; each carries the teacher's logits of its whole
+    example (as `bert predict` computes them), in the student's label order, and transfer windows no label."""
+    from bert.distillation import LABELLED_KEY, TEACHER_KEY
+    from bert.finetune import _FinetuneRun
+    from bert.inference import Predictor
+    from bert.tasks.glue import ClassificationTask
+    from bert.tokenization import FullTokenizer
+    from bert.training import DistContext
+
+    args = student_args(
+        model_files,
+        sst2,
+        tmp_path / "s",
+        teacher=str(teacher),
+        transfer_file=str(sst2 / "test.tsv"),
+        long_document="windows",
+        max_seq_length=12,
+        doc_stride=4,
+    )
+    run = _FinetuneRun(args, ClassificationTask(args), DistContext(torch.device("cpu")))
+    run.tokenizer = FullTokenizer(args.vocab_file, do_lower_case=True)
+    train = run.features_of(run.train_examples)
+    features, extra = run.distillation_inputs(train)
+    n_transfer = len(features) - len(train)
+    assert len(train) > 24 and n_transfer > 40  # long texts became several windows
+    examples = run.train_examples + run.transfer_examples
+    want = Predictor.from_pretrained(teacher, device="cpu").classification_logits(
+        [(e.text_a, e.text_b) for e in examples]
+    )
+    got = extra(np.arange(len(features)))
+    offsets = [0] * len(train) + [len(run.train_examples)] * n_transfer
+    rows = [offset + f.example_index for offset, f in zip(offsets, features)]
+    np.testing.assert_allclose(got[TEACHER_KEY], want[rows], atol=1e-5)
+    np.testing.assert_array_equal(got[LABELLED_KEY], [1.0] * len(train) + [0.0] * n_transfer)
+
+
+def test_regression_student_learns_the_teachers_scores(model_files, tmp_path):
+    """STS-B: the teacher's score is the target (squared error); this teacher scores every pair 4.5."""
+    from bert.modeling import BertForSequenceClassification
+
+    stsb = glue_slice(shared_path("data", "glue", "STS-B"), tmp_path / "stsb", train=16, dev=8, test=24)
+    _, vocab, _ = model_files
+    torch.manual_seed(2)
+    model = BertForSequenceClassification(vocab_config(vocab, max_position_embeddings=64), num_labels=1)
+    with torch.no_grad():
+        model.classifier.weight.zero_()
+        model.classifier.bias.fill_(4.5)
+    teacher = save_model_dir(model, tmp_path / "teacher", vocab, problem_type="regression", max_seq_length=32)
+    flags = dict(task_name="STS-B", data_dir=str(stsb), do_train=True, do_predict=True, num_train_epochs=6.0, **FAST)
+    run_classify(args_for(ClassifyArgs, model_files, tmp_path / "plain", **flags))
+    distilled = dict(teacher=str(teacher), transfer_file=str(stsb / "test.tsv"), distill_alpha=1.0)
+    run_classify(args_for(ClassifyArgs, model_files, tmp_path / "distilled", **flags, **distilled))
+    plain, after = (read_tsv(tmp_path / n / "test_results.tsv").mean() for n in ("plain", "distilled"))
+    assert abs(after - 4.5) < 1.0 < abs(plain - 4.5), (plain, after)
