@@ -38,6 +38,11 @@ every task, following run_classifier.py's `main`:
    `eval_loss`, `global_step`, `loss` plus the task's metrics) with `eval_results.json`, and the task's
    prediction files.
 
+7. Distillation (`--teacher`, classify and NER, `bert.distillation`): the teacher's outputs on the training
+   and `--transfer_file` examples are computed once (cached) and each batch carries its features' rows; the
+   loss is `distillation.distillation_loss` under the head's `loss_normalizers`, and the transfer examples
+   count in the step arithmetic.
+
 Rerunning a command with the same `--output_dir` resumes from its newest checkpoint; a finished
 training is not repeated (evaluation and prediction run again and give the same files).
 """
