@@ -386,6 +386,13 @@ class _FinetuneRun:
             return None, []
         if not args.do_train:
             raise InputError(f"--teacher={args.teacher} labels the training data: add --do_train, or drop --teacher")
+        if args.distill_alpha == 0 and not args.transfer_file:
+            if args.init_from_teacher_layers is not None:
+                return None, []  # the teacher gives its layers only: its outputs would weigh nothing
+            raise InputError(
+                f"--distill_alpha=0 without --transfer_file leaves --teacher={args.teacher} nothing to do: raise "
+                "--distill_alpha, add --transfer_file, or drop --teacher"
+            )
         teacher_labels = saved_label_list(distillation.teacher_config(args.teacher))
         teacher: distillation.Teacher
         if task.head == "BertForSequenceClassification":

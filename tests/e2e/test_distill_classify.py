@@ -148,6 +148,9 @@ def test_student_from_teacher_layers(model_files, sst2, teacher, tmp_path):
     for name, tensor in model.state_dict().items():
         source = name.replace("encoder.layer.0.", "encoder.layer.1.")
         assert torch.equal(tensor, teacher_state[source]), name
+    assert run.teacher is not None  # and it distils
+    args.distill_alpha = 0.0
+    assert _FinetuneRun(args, ClassificationTask(args), DistContext(torch.device("cpu"))).teacher is None  # layers only
 
 
 def test_distillation_flag_errors(model_files, sst2, teacher, tmp_path, capsys):
@@ -230,3 +233,9 @@ def test_regression_student_learns_the_teachers_scores(model_files, tmp_path):
     run_classify(args_for(ClassifyArgs, model_files, tmp_path / "distilled", **flags, **distilled))
     plain, after = (read_tsv(tmp_path / n / "test_results.tsv").mean() for n in ("plain", "distilled"))
     assert abs(after - 4.5) < 1.0 < abs(plain - 4.5), (plain, after)
+
+
+def test_no_distillation_weight_needs_a_transfer_set_or_layers(model_files, sst2, teacher, tmp_path, capsys):
+    flags = [*model_flags(model_files, tmp_path / "out"), f"--data_dir={sst2}", "--task_name=sst-2", "--do_train"]
+    error = cli_error(capsys, "classify", *flags, f"--teacher={teacher}", "--distill_alpha=0")
+    assert f"--distill_alpha=0 without --transfer_file leaves --teacher={teacher} nothing to do" in error
