@@ -29,6 +29,7 @@ from conftest import (
     save_model_dir,
     shared_path,
     vocab_config,
+    write_tiny_config,
 )
 
 FAST = dict(max_seq_length=32, train_batch_size=8, learning_rate=2e-3, eval_batch_size=16, predict_batch_size=16)
@@ -239,3 +240,39 @@ def test_no_distillation_weight_needs_a_transfer_set_or_layers(model_files, sst2
     flags = [*model_flags(model_files, tmp_path / "out"), f"--data_dir={sst2}", "--task_name=sst-2", "--do_train"]
     error = cli_error(capsys, "classify", *flags, f"--teacher={teacher}", "--distill_alpha=0")
     assert f"--distill_alpha=0 without --transfer_file leaves --teacher={teacher} nothing to do" in error
+
+
+def test_accumulated_micro_batches_give_the_distillation_loss_of_the_whole_batch(model_files, sst2, teacher, tmp_path):
+    """Each micro-batch's share is divided by the global batch's count (the head's `loss_normalizers`), so two
+    micro-batches of 8 (labelled and transfer examples mixed) give the loss and steps of one batch of 16."""
+    config, vocab, init = model_files
+    no_dropout = write_tiny_config(tmp_path / "no_dropout.json", 30522, hidden_dropout_prob=0.0, classifier_dropout=0.0)
+    flags = dict(
+        task_name="SST-2",
+        data_dir=str(sst2),
+        do_train=True,
+        do_predict=True,
+        train_batch_size=16,
+        log_every=1,
+        num_train_epochs=1.0,
+        group_by_length=False,
+        teacher=str(teacher),
+        transfer_file=str(sst2 / "test.tsv"),
+        teacher_cache_dir=str(tmp_path / "cache"),
+        **{k: v for k, v in FAST.items() if k != "train_batch_size"},
+    )
+    runs = {}
+    for name, accumulation in (("one", 1), ("two", 2)):
+        runs[name] = tmp_path / name
+        run_classify(
+            args_for(
+                ClassifyArgs, (no_dropout, vocab, init), runs[name], gradient_accumulation_steps=accumulation, **flags
+            )
+        )
+    metrics = {k: read_metrics(v) for k, v in runs.items()}
+    assert len(metrics["one"]) == 4  # (24 + 40) / 16
+    for key in ("loss", "kd_loss"):
+        np.testing.assert_allclose([m[key] for m in metrics["one"]], [m[key] for m in metrics["two"]], rtol=1e-4)
+    np.testing.assert_allclose(
+        read_tsv(runs["one"] / "test_results.tsv"), read_tsv(runs["two"] / "test_results.tsv"), atol=1e-5
+    )
