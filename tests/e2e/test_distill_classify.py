@@ -8,7 +8,10 @@ student learns from it is plain to see: with --distill_alpha=1 the student's lab
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -276,3 +279,36 @@ def test_accumulated_micro_batches_give_the_distillation_loss_of_the_whole_batch
     np.testing.assert_allclose(
         read_tsv(runs["one"] / "test_results.tsv"), read_tsv(runs["two"] / "test_results.tsv"), atol=1e-5
     )
+
+
+@pytest.mark.slow  # two torchrun processes and a reference run: about half a minute on two cores
+def test_two_processes_distil_as_one(model_files, sst2, teacher, tmp_path):
+    """Under torchrun rank 0 computes the teacher's cache and rank 1 reads it; the loss shares of the two ranks
+    add up to the loss of one process's batch."""
+    config, vocab, init = model_files
+    no_dropout = write_tiny_config(tmp_path / "no_dropout.json", 30522, hidden_dropout_prob=0.0, classifier_dropout=0.0)
+    flags = [
+        f"--bert_config_file={no_dropout}", f"--vocab_file={vocab}", f"--init_checkpoint={init}", "--device=cpu",
+        "--task_name=sst-2", f"--data_dir={sst2}", "--do_train", "--max_seq_length=32", "--train_batch_size=16",
+        "--num_train_epochs=1", "--learning_rate=2e-3", "--log_every=1", "--group_by_length=false",
+        f"--teacher={teacher}", f"--transfer_file={sst2 / 'test.tsv'}",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    two = tmp_path / "two"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    proc = subprocess.run(
+        [*torchrun, "-m", "bert", "classify", *flags, f"--output_dir={two}"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = tmp_path / "one"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bert", "classify", *flags, f"--output_dir={one}"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(list((two / "teacher_cache").glob("*.npy"))) == 1
+    for key in ("loss", "kd_loss"):
+        np.testing.assert_allclose([m[key] for m in read_metrics(two)], [m[key] for m in read_metrics(one)], atol=1e-5)
+    wa, wb = read_weights(one / "model"), read_weights(two / "model")
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-5
