@@ -168,6 +168,12 @@ def test_distillation_flag_errors(model_files, sst2, teacher, tmp_path, capsys):
     no_init = [f for f in flags if not f.startswith(("--init_checkpoint", "--bert_config_file", "--vocab_file"))]
     error = cli_error(capsys, "classify", *no_init, f"--teacher={teacher}", "--init_from_teacher_layers=0,2")
     assert "--init_from_teacher_layers=0,2: the teacher has 2 layers" in error
+    error = cli_error(capsys, "classify", *flags, f"--teacher={tmp_path / 'nothing'}")
+    assert f"--teacher={tmp_path / 'nothing'}: no such model directory or checkpoint" in error
+    error = cli_error(capsys, "classify", *flags, f"--teacher={teacher}", f"--transfer_file={tmp_path / 'no.tsv'}")
+    assert f"--transfer_file={tmp_path / 'no.tsv'}: no such file" in error
+    error = cli_error(capsys, "classify", *flags, f"--teacher={teacher}", f"--transfer_file={sst2 / 'train.tsv'}")
+    assert "expected the header line of the SST-2 test set" in error  # the test set's layout
     assert not out.exists()
 
 
