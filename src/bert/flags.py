@@ -36,8 +36,18 @@ BACKENDS = ("torch", "onnx")
 INFERENCE_DTYPES = ("float32", "bfloat16", "float16")
 POOLINGS = ("cls", "mean", "max", "pooler")  # bert embed --pooling, bert.inference
 # bert train-embeddings / train-reranker --loss: sentence-transformers' losses of these names (bert.sentence.losses).
-EMBEDDING_LOSSES = ("mnrl", "mnrl_symmetric", "cached_mnrl", "cached_mnrl_symmetric", "cosent", "cosine_mse")
-RERANKER_LOSSES = ("bce", "listwise")
+EMBEDDING_LOSSES = (
+    "mnrl",
+    "mnrl_symmetric",
+    "cached_mnrl",
+    "cached_mnrl_symmetric",
+    "cosent",
+    "cosine_mse",
+    "mse",
+    "margin_mse",
+    "distill_kl",
+)
+RERANKER_LOSSES = ("bce", "listwise", "margin_mse", "distill_kl")
 # bert embed --precision, bert.retrieval.quantize_embeddings: sentence-transformers' number formats.
 # adamw_bert: the original's AdamWeightDecayOptimizer (no bias correction); adamw: torch.optim.AdamW's update
 # (bias correction, eps 1e-8), which transformers' and sentence-transformers' trainers use; lamb: large batches.
@@ -393,6 +403,43 @@ class FinetuneArgs(ModelArgs, TrainingArgs):
     # hundreds of steps long, not hundreds of thousands.
     keep_checkpoint_max: int = same_as(TrainingArgs, "keep_checkpoint_max", default=1)
     log_every: int = same_as(TrainingArgs, "log_every", default=50)
+
+
+@dataclass(kw_only=True)
+class DistillArgs:
+    """Knowledge distillation: a teacher model's outputs as the targets a student learns (`bert.distillation`)."""
+
+    teacher: str | None = field(
+        default=None,
+        metadata={
+            "run_defining": "data",
+            "help": "The teacher model directory whose outputs the student learns (computed once, cached in "
+            "--teacher_cache_dir).",
+        },
+    )
+    transfer_file: str | None = field(
+        default=None,
+        metadata={
+            "run_defining": "data",
+            "help": 'More unlabelled text for distillation: one text a line, plain or JSON lines with "text".',
+        },
+    )
+    temperature: float | None = field(
+        default=None,
+        metadata={
+            "run_defining": "train",
+            "positive": True,
+            "help": "The softmax temperature of KL distillation (scores divided by it, the loss multiplied by its "
+            "square). Default 1.",
+        },
+    )
+    teacher_cache_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Where the teacher's outputs are cached (reused by any run with the same teacher, data and "
+            "settings). Default: --output_dir/teacher_cache."
+        },
+    )
 
 
 @dataclass(kw_only=True)

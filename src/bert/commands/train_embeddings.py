@@ -4,7 +4,11 @@ From any BERT this project loads (`--init_checkpoint`: TF, transformers, native 
 directory, whose pooling and normalisation are the defaults), on pairs, (anchor, positive, negatives...)
 tuples or scored pairs in JSON lines or TSV, or a BEIR directory (`--train_file`; formats in
 `bert.sentence.data`), with the losses of `bert.sentence.losses` (`--loss`, default mnrl for pairs and
-tuples, cosent for scored pairs; `--matryoshka_dims` wraps any of them). Evaluation (`--eval_file`): STS
+tuples, cosent for scored pairs; `--matryoshka_dims` wraps any of them). Distillation from a teacher
+(`--teacher`, its outputs computed once and cached, `bert.sentence.teachers`): `--loss=mse` regresses the
+embeddings on an embedding model's, on any text (the training file's texts and `--transfer_file`'s lines);
+`--loss=margin_mse` and `distill_kl` learn a cross-encoder's scores of (query, positive, negatives...)
+tuples with dot products. Evaluation (`--eval_file`): STS
 Pearson/Spearman of cosine on scored pairs, or retrieval on a BEIR split (MRR@10, NDCG@10, Recall@1/10/100,
 MAP@100), per Matryoshka dimension. The runner (`bert.sentence.runner`) resumes, checkpoints, logs
 `metrics.jsonl` and exports `model/`: a directory `bert embed` and `sentence_transformers.SentenceTransformer`
@@ -16,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bert.flags import EMBEDDING_LOSSES, FinetuneArgs, ModelArgs, OptimizerArgs, TrainingArgs, same_as
+from bert.flags import EMBEDDING_LOSSES, DistillArgs, FinetuneArgs, ModelArgs, OptimizerArgs, TrainingArgs, same_as
 
 
 @dataclass(kw_only=True)
@@ -50,6 +54,9 @@ class SentenceTrainingArgs(ModelArgs, TrainingArgs):
     # to it from all-MiniLM-L6-v2 (bench/RESULTS.md).
     optimizer: str = same_as(OptimizerArgs, "optimizer", default="adamw")
     weight_decay: float = same_as(OptimizerArgs, "weight_decay", default=0.0)
+    teacher: str | None = same_as(DistillArgs, "teacher")
+    temperature: float | None = same_as(DistillArgs, "temperature")
+    teacher_cache_dir: str | None = same_as(DistillArgs, "teacher_cache_dir")
 
 
 @dataclass(kw_only=True)
@@ -63,7 +70,10 @@ class TrainEmbeddingsArgs(SentenceTrainingArgs):
             "run_defining": "train",
             "help": "mnrl (in-batch negatives, plus the file's hard negatives), mnrl_symmetric, cached_mnrl and "
             "cached_mnrl_symmetric (the same with gradient caching: large batches in the memory of "
-            "--mini_batch_size), cosent or cosine_mse (scored pairs). Default: mnrl, or cosent for scored pairs.",
+            "--mini_batch_size), cosent or cosine_mse (scored pairs); distillation from --teacher: mse (the "
+            "embeddings regress on an embedding model's, on any text: the training file's and --transfer_file's; "
+            "the same size needed), margin_mse and distill_kl (dot products of (query, positive, negatives...) "
+            "tuples learn a cross-encoder's scores). Default: mnrl, cosent for scored pairs, mse with --teacher.",
             "choices": list(EMBEDDING_LOSSES),
         },
     )
@@ -91,6 +101,7 @@ class TrainEmbeddingsArgs(SentenceTrainingArgs):
             "384,256,128,64), and evaluation reports each.",
         },
     )
+    transfer_file: str | None = same_as(DistillArgs, "transfer_file")
     mini_batch_size: int = field(
         default=32,
         metadata={"min": 1, "help": "cached_mnrl: sequences per forward/backward pass (the memory it needs)."},
