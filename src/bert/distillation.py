@@ -9,26 +9,34 @@ module is the one place for it:
   (`weights_digest`) and the data (`data_digest`), so every epoch and a resumed run read the same numbers
   without running the teacher again;
 - the soft-label losses (`kd_*`), per example, so the heads' `loss_normalizers` design still adds
-  micro-batches and processes up to the loss of the global batch.
+  micro-batches and processes up to the loss of the global batch;
+- a student made of some of the teacher's layers (`student_from_teacher_layers`, DistilBERT's start),
+  which `bert.starting_model` builds for `--init_from_teacher_layers`.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 
 from bert.checkpoint import DIGEST_KEY, WEIGHTS_NAME, read_checkpoint, tensors_digest
+from bert.config import BertConfig
 from bert.errors import InputError
+from bert.flags import LAYERS_FLAG
 from bert.outputs import remove_temporaries
 from bert.utils import atomic_write, load_json_file, progress
 
@@ -175,3 +183,89 @@ def cached_teacher_outputs(
         f.write(json.dumps(expected, indent=2, sort_keys=True) + "\n")
     logger.info("%s: %d outputs computed and cached in %s", desc, num_rows, array_path)
     return np.load(array_path, mmap_mode="r")
+
+
+# ------------------------------------------------------------------------------- students from layers
+_LAYER_KEY = re.compile(r"^(?P<prefix>(?:.*\.)?encoder\.layer\.)(?P<index>\d+)\.(?P<rest>.+)$")
+
+
+def check_teacher_layers(layers: Sequence[int], num_teacher_layers: int, flag: str = LAYERS_FLAG) -> None:
+    """`layers` must be distinct teacher layer indices in increasing order, each below the teacher's count."""
+    given = f"{flag}={','.join(map(str, layers))}"
+    if not layers:
+        raise InputError(f"{flag} is empty: name the teacher's layers to keep, e.g. {flag}=0,2,4")
+    if any(not 0 <= i < num_teacher_layers for i in layers):
+        raise InputError(
+            f"{given}: the teacher has {num_teacher_layers} layers, so each index must be between 0 and "
+            f"{num_teacher_layers - 1}"
+        )
+    if list(layers) != sorted(set(layers)):
+        raise InputError(
+            f"{given}: name each of the teacher's {num_teacher_layers} layers at most once, in increasing order "
+            "(the student keeps their order)"
+        )
+
+
+def student_from_teacher_layers(
+    teacher_state: Mapping[str, torch.Tensor], teacher_config: BertConfig, layers: Sequence[int]
+) -> tuple[BertConfig, dict[str, torch.Tensor]]:
+    """A student made of some of a teacher's Transformer blocks (DistilBERT's start: every other layer).
+
+    The student's config is the teacher's with `num_hidden_layers=len(layers)`; its encoder block `i` is the
+    teacher's block `layers[i]`; every other tensor (embeddings, pooler, heads) is the teacher's. Raises
+    `InputError` naming `--init_from_teacher_layers` for indices that are out of range, repeated or unsorted.
+    """
+    count = teacher_config.num_hidden_layers
+    check_teacher_layers(layers, count)
+    new_index = {old: new for new, old in enumerate(layers)}
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in teacher_state.items():
+        m = _LAYER_KEY.match(name)
+        if m is None:
+            state[name] = tensor
+        elif int(m["index"]) in new_index:
+            state[f"{m['prefix']}{new_index[int(m['index'])]}.{m['rest']}"] = tensor
+    config = dataclasses.replace(
+        teacher_config, num_hidden_layers=len(layers), extra=copy.deepcopy(teacher_config.extra)
+    )
+    return config, state
+
+
+# --------------------------------------------------------------------------------------------- losses
+# Each returns one loss per example ([B]), the sum of its terms, so that a head's `loss_normalizers` (the global
+# batch's count of terms) turns the examples' sums into the batch's mean, as the heads' own losses do.
+def kd_classification_loss(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """[B]: KL(softmax(teacher / T) || softmax(student / T)) * T^2 per example, from [B, L] logits (Hinton et
+    al.'s soft targets; the T^2 keeps the gradient's scale as T changes). One term per example."""
+    t = float(temperature)
+    log_p_teacher = F.log_softmax(teacher_logits.float() / t, dim=-1)
+    log_p_student = F.log_softmax(student_logits.float() / t, dim=-1)
+    kl = (log_p_teacher.exp() * (log_p_teacher - log_p_student)).sum(-1)
+    return kl * (t * t)
+
+
+def kd_regression_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """[B]: the squared difference of [B, 1] outputs (regression has no distribution to soften: the teacher's
+    score is the target, as the label's is in `modeling.classification_loss`). One term per example."""
+    return ((student_logits.float() - teacher_logits.float()) ** 2).sum(-1)
+
+
+def kd_multi_label_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[B]: the sum over labels of the sigmoid cross-entropy of student / T against the teacher's probabilities
+    sigmoid(teacher / T), times T^2, from [B, L] logits: one term per label, as `modeling.multi_label_loss`."""
+    t = float(temperature)
+    targets = torch.sigmoid(teacher_logits.float() / t)
+    bce = F.binary_cross_entropy_with_logits(student_logits.float() / t, targets, reduction="none")
+    return bce.sum(-1) * (t * t)
+
+
+def kd_token_loss(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """[B]: the sum over the tokens where `mask` ([B, T]) is true of the per-token `kd_classification_loss` of
+    [B, T, L] logits: one term per masked token, as token classification counts its labelled tokens."""
+    B, T, L = student_logits.shape
+    per_token = kd_classification_loss(student_logits.reshape(B * T, L), teacher_logits.reshape(B * T, L), temperature)
+    return (per_token.view(B, T) * mask.float()).sum(-1)

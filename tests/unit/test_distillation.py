@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from bert.distillation import cached_teacher_outputs, data_digest, weights_digest
 from bert.errors import InputError
@@ -125,3 +126,101 @@ def test_weights_digest_is_the_saved_one_or_the_tensors(tmp_path, tiny_config):
         model.embeddings.word_embeddings.weight[0, 0] += 1
     save_pretrained(model, tmp_path / "m2")
     assert weights_digest(tmp_path / "m2") != digest
+
+
+def test_student_from_teacher_layers_copies_those_layers(tiny_config):
+    import dataclasses
+
+    from bert.distillation import student_from_teacher_layers
+    from bert.modeling import BertForSequenceClassification
+
+    torch.manual_seed(0)
+    teacher_config = dataclasses.replace(tiny_config, num_hidden_layers=5, extra={"id2label": {"0": "a", "1": "b"}})
+    teacher = BertForSequenceClassification(teacher_config, num_labels=2)
+    layers = [0, 2, 4]
+    config, state = student_from_teacher_layers(teacher.state_dict(), teacher_config, layers)
+    assert config == dataclasses.replace(teacher_config, num_hidden_layers=3)
+    student = BertForSequenceClassification(config, num_labels=2)
+    student.load_state_dict(state, strict=True)  # every tensor of the student, nothing else
+    teacher_state = teacher.state_dict()
+    for name, tensor in student.state_dict().items():
+        if ".encoder.layer." in name:
+            i = int(name.split(".encoder.layer.")[1].split(".")[0])
+            source = name.replace(f".encoder.layer.{i}.", f".encoder.layer.{layers[i]}.")
+        else:
+            source = name
+        assert torch.equal(tensor, teacher_state[source]), name
+    assert not torch.equal(
+        student.state_dict()["bert.encoder.layer.1.attention.self.query.weight"],
+        teacher_state["bert.encoder.layer.1.attention.self.query.weight"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("layers", "message"),
+    [
+        ([0, 5], r"--init_from_teacher_layers=0,5: the teacher has 5 layers, so each index must be between 0 and 4"),
+        ([-1], r"the teacher has 5 layers"),
+        ([2, 2], r"--init_from_teacher_layers=2,2: name each of the teacher's 5 layers at most once"),
+        ([3, 1], r"in increasing order"),
+        ([], r"--init_from_teacher_layers is empty"),
+    ],
+)
+def test_student_from_teacher_layers_rejects_bad_indices(tiny_config, layers, message):
+    import dataclasses
+
+    from bert.distillation import student_from_teacher_layers
+
+    with pytest.raises(InputError, match=message):
+        student_from_teacher_layers({}, dataclasses.replace(tiny_config, num_hidden_layers=5), layers)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.5])
+def test_kd_classification_loss_is_hintons_kl(temperature):
+    from bert.distillation import kd_classification_loss
+
+    g = torch.Generator().manual_seed(1)
+    student, teacher = torch.randn(5, 4, generator=g) * 3, torch.randn(5, 4, generator=g) * 3
+    got = kd_classification_loss(student, teacher, temperature)
+    t = temperature
+    # torch's kl_div takes the student's log-probabilities and the teacher's probabilities: KL(teacher || student).
+    oracle = F.kl_div(
+        F.log_softmax(student / t, -1), F.softmax(teacher / t, -1), reduction="none", log_target=False
+    ).sum(-1)
+    torch.testing.assert_close(got, oracle * t * t, atol=1e-6, rtol=0)
+    # By hand, in float64.
+    s, q = student.double() / t, teacher.double() / t
+    p_t = q.exp() / q.exp().sum(-1, keepdim=True)
+    p_s = s.exp() / s.exp().sum(-1, keepdim=True)
+    by_hand = (p_t * (p_t.log() - p_s.log())).sum(-1) * t * t
+    torch.testing.assert_close(got.double(), by_hand, atol=1e-6, rtol=0)
+    assert torch.all(kd_classification_loss(teacher, teacher, temperature).abs() < 1e-6)  # zero at the teacher
+
+
+def test_kd_regression_and_multi_label_losses_are_their_formulas():
+    from bert.distillation import kd_multi_label_loss, kd_regression_loss
+
+    g = torch.Generator().manual_seed(2)
+    student, teacher = torch.randn(6, 1, generator=g), torch.randn(6, 1, generator=g)
+    torch.testing.assert_close(
+        kd_regression_loss(student, teacher), F.mse_loss(student, teacher, reduction="none")[:, 0], atol=1e-6, rtol=0
+    )
+    student, teacher = torch.randn(6, 3, generator=g), torch.randn(6, 3, generator=g)
+    t = 2.0
+    q = 1 / (1 + np.exp(-teacher.double().numpy() / t))
+    s = 1 / (1 + np.exp(-student.double().numpy() / t))
+    by_hand = -(q * np.log(s) + (1 - q) * np.log(1 - s)).sum(-1) * t * t
+    np.testing.assert_allclose(kd_multi_label_loss(student, teacher, t).numpy(), by_hand, atol=1e-6, rtol=0)
+
+
+def test_kd_token_loss_sums_the_masked_tokens():
+    from bert.distillation import kd_classification_loss, kd_token_loss
+
+    g = torch.Generator().manual_seed(3)
+    student, teacher = torch.randn(2, 5, 3, generator=g), torch.randn(2, 5, 3, generator=g)
+    mask = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]])
+    got = kd_token_loss(student, teacher, mask, 2.0)
+    for b in range(2):
+        keep = mask[b].bool()
+        expected = kd_classification_loss(student[b][keep], teacher[b][keep], 2.0).sum()
+        torch.testing.assert_close(got[b], expected, atol=1e-6, rtol=0)

@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bert.flags import MaskingArgs, ModelArgs, TrainingArgs, same_as
+from bert.flags import MaskingArgs, ModelArgs, TeacherArgs, TrainingArgs, same_as
 
 
 @dataclass(kw_only=True)
-class PretrainArgs(MaskingArgs, TrainingArgs):
+class PretrainArgs(MaskingArgs, TrainingArgs, TeacherArgs):
     """Pre-train BERT with the masked-LM and next-sentence objectives (run_pretraining.py).
 
     Resumes from the newest checkpoint in --output_dir when there is one. Under

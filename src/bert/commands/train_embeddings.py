@@ -20,11 +20,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bert.flags import EMBEDDING_LOSSES, DistillArgs, FinetuneArgs, ModelArgs, OptimizerArgs, TrainingArgs, same_as
+from bert.flags import (
+    EMBEDDING_LOSSES,
+    DistillArgs,
+    FinetuneArgs,
+    ModelArgs,
+    OptimizerArgs,
+    TrainingArgs,
+    same_as,
+)
 
 
 @dataclass(kw_only=True)
-class SentenceTrainingArgs(ModelArgs, TrainingArgs):
+class SentenceTrainingArgs(ModelArgs, TrainingArgs, DistillArgs):
     """The flags `bert train-embeddings` and `bert train-reranker` share."""
 
     train_file: str | None = field(
@@ -54,9 +62,9 @@ class SentenceTrainingArgs(ModelArgs, TrainingArgs):
     # to it from all-MiniLM-L6-v2 (bench/RESULTS.md).
     optimizer: str = same_as(OptimizerArgs, "optimizer", default="adamw")
     weight_decay: float = same_as(OptimizerArgs, "weight_decay", default=0.0)
-    teacher: str | None = same_as(DistillArgs, "teacher")
-    temperature: float | None = same_as(DistillArgs, "temperature")
-    teacher_cache_dir: str | None = same_as(DistillArgs, "teacher_cache_dir")
+    # The sentence distillation losses are sentence-transformers' (MSELoss, MarginMSELoss, DistillKLDivLoss):
+    # the teacher's outputs alone, no label term.
+    distill_alpha: float = same_as(DistillArgs, "distill_alpha", default=1.0)
 
 
 @dataclass(kw_only=True)
@@ -101,7 +109,6 @@ class TrainEmbeddingsArgs(SentenceTrainingArgs):
             "384,256,128,64), and evaluation reports each.",
         },
     )
-    transfer_file: str | None = same_as(DistillArgs, "transfer_file")
     mini_batch_size: int = field(
         default=32,
         metadata={"min": 1, "help": "cached_mnrl: sequences per forward/backward pass (the memory it needs)."},

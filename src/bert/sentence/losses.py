@@ -41,7 +41,6 @@ import torch.nn.functional as F
 MNRL_SCALE = 20.0
 COSENT_SCALE = 20.0
 LISTWISE_SCALE = 10.0
-KL_TEMPERATURE = 1.0  # DistillKLDivLoss's default
 
 
 def cos_sim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -117,7 +116,7 @@ def margin_mse(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(student[:, :1] - student[:, 1:], teacher[:, :1] - teacher[:, 1:])
 
 
-def distill_kl(student: torch.Tensor, teacher: torch.Tensor, temperature: float = KL_TEMPERATURE) -> torch.Tensor:
+def distill_kl(student: torch.Tensor, teacher: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """student, teacher [B, 1 + k] scores."""
     log_q = torch.log_softmax(student.float() / temperature, dim=1)
     p = torch.softmax(teacher.float() / temperature, dim=1)

@@ -22,6 +22,7 @@ with one label), which `sentence_transformers.CrossEncoder` loads.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Callable, Iterator
@@ -46,7 +47,6 @@ from bert.modeling import (
     release_packed_weights,
 )
 from bert.plotting import CURVES_NAME, try_plot
-from bert.retrieval import read_texts
 from bert.sentence import evaluation, losses, teachers
 from bert.sentence.data import (
     PAIRS,
@@ -96,10 +96,6 @@ class LossSpec:
     cached: bool = False
 
 
-def _temperature(args: Any) -> float:
-    return args.temperature if args.temperature is not None else losses.KL_TEMPERATURE
-
-
 EMBEDDING_LOSS_TABLE: dict[str, LossSpec] = {
     "mnrl": LossSpec((PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e), in_batch=True),
     "mnrl_symmetric": LossSpec((PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e, symmetric=True), in_batch=True),
@@ -116,7 +112,7 @@ EMBEDDING_LOSS_TABLE: dict[str, LossSpec] = {
     ),
     "distill_kl": LossSpec(
         (TUPLES,),
-        lambda e, b, a: losses.distill_kl(losses.dot_scores(e), b["teacher"], _temperature(a)),
+        lambda e, b, a: losses.distill_kl(losses.dot_scores(e), b["teacher"], a.temperature),
         teacher="scores",
     ),
 }
@@ -126,7 +122,7 @@ RERANKER_LOSS_TABLE: dict[str, LossSpec] = {
     "listwise": LossSpec((PAIRS, TUPLES), lambda g, b, a: losses.listwise_ce(g)),
     "margin_mse": LossSpec((PAIRS, TUPLES), lambda g, b, a: losses.margin_mse(g, b["teacher"]), teacher="scores"),
     "distill_kl": LossSpec(
-        (PAIRS, TUPLES), lambda g, b, a: losses.distill_kl(g, b["teacher"], _temperature(a)), teacher="scores"
+        (PAIRS, TUPLES), lambda g, b, a: losses.distill_kl(g, b["teacher"], a.temperature), teacher="scores"
     ),
 }
 _HOLDS = {
@@ -137,27 +133,65 @@ _HOLDS = {
 }
 
 
-def _check_loss(
-    name: str, table: dict[str, LossSpec], args: Any, data: TrainingData | None, scored_losses: str
-) -> LossSpec:
-    """`table[name]`, with the training data and the distillation flags it needs; flags it would ignore are
-    errors. `scored_losses`: the losses to suggest for scored pairs."""
+def _default(args: Any, flag: str) -> Any:
+    return next(f.default for f in dataclasses.fields(args) if f.name == flag)
+
+
+def _check_loss(name: str, table: dict[str, LossSpec], args: Any) -> LossSpec:
+    """`table[name]`, with the distillation flags it needs; flags it would ignore are errors."""
     spec = table[name]
-    if data is not None and data.kind not in spec.needs:
-        needs = " or ".join(_HOLDS[k] for k in spec.needs)
-        hint = f" (use --loss={scored_losses})" if data.kind == SCORED else ""
-        raise InputError(f"--loss={name} needs {needs}; {data.source} holds {_HOLDS[data.kind]}{hint}")
     if spec.teacher and not args.teacher:
         model = "an embedding model" if spec.teacher == "embeddings" else "a cross-encoder"
         raise InputError(f"--loss={name} learns a teacher's outputs: pass --teacher=MODEL ({model} directory)")
-    if args.teacher and not spec.teacher:
+    if not spec.teacher:
+        # Without a distillation loss a teacher only gives the starting layers (--init_from_teacher_layers).
         distill = ", ".join(n for n, s in table.items() if s.teacher)
-        raise InputError(f"--teacher={args.teacher} is for the distillation losses (--loss={distill}), not {name}")
-    if args.temperature is not None and name != "distill_kl":
+        if args.teacher and not args.init_from_teacher_layers:
+            raise InputError(
+                f"--teacher={args.teacher} is for the distillation losses (--loss={distill}) or "
+                f"--init_from_teacher_layers, not --loss={name} alone"
+            )
+        for flag in ("transfer_file", "temperature", "teacher_cache_dir"):
+            if getattr(args, flag) != _default(args, flag):
+                raise InputError(f"--{flag}={getattr(args, flag)} is for the distillation losses (--loss={distill})")
+    if name != "distill_kl" and args.temperature != _default(args, "temperature"):
         raise InputError(f"--temperature={args.temperature} is for --loss=distill_kl; remove it or change --loss")
-    if getattr(args, "transfer_file", None) and spec.teacher != "embeddings":
-        raise InputError(f"--transfer_file={args.transfer_file} holds texts for --loss=mse, not {name}")
+    if args.distill_alpha != _default(args, "distill_alpha"):
+        raise InputError(
+            f"--distill_alpha={args.distill_alpha}: these losses learn the teacher's outputs alone, as "
+            "sentence-transformers' do; leave it at 1"
+        )
     return spec
+
+
+def _check_data(name: str, spec: LossSpec, data: TrainingData, scored_losses: str) -> None:
+    """The training data `--loss=name` reads; `scored_losses`: the losses to suggest for scored pairs."""
+    if data.kind not in spec.needs:
+        needs = " or ".join(_HOLDS[k] for k in spec.needs)
+        hint = f" (use --loss={scored_losses})" if data.kind == SCORED else ""
+        raise InputError(f"--loss={name} needs {needs}; {data.source} holds {_HOLDS[data.kind]}{hint}")
+
+
+def with_transfer(data: TrainingData | None, transfer_file: str | None, texts: bool) -> TrainingData:
+    """The examples a distillation run trains on: the training file's and `--transfer_file`'s (read as training
+    files are; the teacher labels both). `texts`: every distinct text of both, one column (for a loss on
+    texts); else the examples of both, of one shape."""
+    transfer = read_training_data(transfer_file) if transfer_file else None
+    parts = [d for d in (data, transfer) if d is not None]
+    if not parts:
+        raise InputError("distillation needs examples: pass --train_file and/or --transfer_file")
+    source = " and ".join(d.source for d in parts)
+    if texts:
+        return TrainingData(source, [list(dict.fromkeys(t for d in parts for column in d.columns for t in column))])
+    if data is None or transfer is None:
+        return parts[0]
+    if (transfer.kind, len(transfer.columns)) != (data.kind, len(data.columns)):
+        raise InputError(
+            f"--transfer_file={transfer_file} holds {_HOLDS[transfer.kind]} of {len(transfer.columns)} texts, "
+            f"--train_file={data.source} {_HOLDS[data.kind]} of {len(data.columns)}: give both the same shape"
+        )
+    scores = data.scores + transfer.scores if data.scores is not None and transfer.scores is not None else None
+    return TrainingData(source, [a + b for a, b in zip(data.columns, transfer.columns)], scores)
 
 
 # ------------------------------------------------------------------------------------------- checks
@@ -172,9 +206,9 @@ def _check_common(args: Any) -> None:
             "with the whole batch, so it must be 1 (for large batches in little memory use --loss=cached_mnrl "
             "with --mini_batch_size)"
         )
-    if args.do_train and args.train_file is None and not getattr(args, "transfer_file", None):
+    if args.do_train and args.train_file is None and not args.transfer_file:
         raise InputError("--do_train needs --train_file=PATH (.jsonl, .tsv or a BEIR directory)")
-    if args.teacher and not args.do_train:
+    if args.teacher and not args.do_train and not args.init_from_teacher_layers:
         raise InputError(f"--teacher={args.teacher} teaches a training run: add --do_train=true or remove it")
     if (args.do_eval or args.eval_every_steps) and args.eval_file is None:
         raise InputError("evaluation needs --eval_file=PATH (scored pairs, or a BEIR directory)")
@@ -398,29 +432,26 @@ class EmbeddingRun(_Run):
         self.data = read_training_data(args.train_file) if args.do_train and args.train_file else None
         self.scores: np.ndarray | None = None
         self.teacher_outputs: np.ndarray | None = None
+        self.teacher: Predictor | None = None
         if not args.do_train:
             self.loss = args.loss
             self.setup_training(0)
             return
         kind = self.data.kind if self.data is not None else TEXTS
         self.loss = args.loss or ("mse" if args.teacher else "cosent" if kind == SCORED else "mnrl")
-        self.spec = _check_loss(self.loss, EMBEDDING_LOSS_TABLE, args, self.data, "cosent or cosine_mse")
+        self.spec = _check_loss(self.loss, EMBEDDING_LOSS_TABLE, args)
+        if self.spec.teacher:
+            self.data = with_transfer(self.data, args.transfer_file, texts=self.spec.teacher == "embeddings")
+        assert self.data is not None  # --do_train needs a --train_file, or a --transfer_file to distil on
+        _check_data(self.loss, self.spec, self.data, "cosent or cosine_mse")
         if self.spec.cached and args.precision == "fp16":
             raise InputError(f"--loss={self.loss} computes its own backward pass: use --precision=bf16 or fp32")
-        self.teacher: Predictor | None = None
         if self.spec.teacher == "embeddings":
-            # Distillation on texts alone: every distinct text of the file's columns and of --transfer_file.
-            texts = [t for column in self.data.columns for t in column] if self.data is not None else []
-            if args.transfer_file:
-                texts += [text for _, text in read_texts(args.transfer_file, f"--transfer_file={args.transfer_file}")]
-            source = " and ".join(f for f in (args.train_file, args.transfer_file) if f)
-            self.data = TrainingData(source, [list(dict.fromkeys(texts))])
             self.teacher = teachers.load_teacher(
                 args.teacher, "embeddings", args.device, args.eval_batch_size, self.files.config.hidden_size
             )
         elif self.spec.teacher == "scores":
             self.teacher = teachers.load_teacher(args.teacher, "scores", args.device, args.eval_batch_size)
-        assert self.data is not None  # a training file, or texts for mse
         if self.data.kind == SCORED:
             self.scores = np.asarray(self.data.scores, dtype=np.float32) / args.score_scale
         self.plan = BatchPlan(self.data, args.train_batch_size, args.seed, no_duplicates=self.spec.in_batch)
@@ -595,6 +626,7 @@ def train_embeddings(args: Any) -> dict[str, Any]:
 def _run(cls: type[_Run], args: Any) -> dict[str, Any]:
     inputs = {"--train_file": args.train_file, "--eval_file": args.eval_file, "--init_checkpoint": args.init_checkpoint}
     inputs.update({"--vocab_file": args.vocab_file, "--bert_config_file": args.bert_config_file})
+    inputs.update({"--teacher": args.teacher, "--transfer_file": args.transfer_file})
     with training.distributed(args.device) as dist:
         with training.claim_output_dir(args.output_dir, cls.command, dist, inputs):
             run = cls(args, dist)
@@ -616,18 +648,22 @@ class RerankerRun(_Run):
         _check_common(args)
         super().__init__(args, dist)
         self.loss = args.loss or "bce"
-        self.data = read_training_data(args.train_file) if args.do_train else None
+        self.data = read_training_data(args.train_file) if args.do_train and args.train_file else None
         self.teacher: Predictor | None = None
         self.teacher_outputs: np.ndarray | None = None
-        if self.data is not None:
-            self.spec = _check_loss(self.loss, RERANKER_LOSS_TABLE, args, self.data, "bce")
+        if args.do_train:
+            self.spec = _check_loss(self.loss, RERANKER_LOSS_TABLE, args)
+            if self.spec.teacher:
+                self.data = with_transfer(self.data, args.transfer_file, texts=False)
+            assert self.data is not None  # --do_train needs a --train_file, or a --transfer_file to distil on
+            _check_data(self.loss, self.spec, self.data, "bce")
             if self.data.kind == SCORED:
                 bad = [s for s in self.data.scores or [] if not 0 <= s <= 1]
                 if bad:
-                    raise InputError(f"{args.train_file}: score {bad[0]} is not between 0 and 1, as --loss=bce needs")
+                    raise InputError(f"{self.data.source}: score {bad[0]} is not between 0 and 1, as --loss=bce needs")
             elif self.data.kind == PAIRS and not args.mine_negatives:
                 raise InputError(
-                    f"{args.train_file} holds (query, positive) pairs without negatives: pass --mine_negatives=MODEL "
+                    f"{self.data.source} holds (query, positive) pairs without negatives: pass --mine_negatives=MODEL "
                     "(a bi-encoder) to mine them, or give negatives in the file"
                 )
             if self.spec.teacher:
