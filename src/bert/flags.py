@@ -508,11 +508,10 @@ class DistillArgs(TeacherArgs):
     def check_distill_flags(self, init_checkpoint: str | None = None) -> None:
         """Flags that need --teacher, and --init_from_teacher_layers (see `TeacherArgs`)."""
         if self.teacher is None:
-            own = [
-                f
-                for f in dataclasses.fields(DistillArgs)
-                if f.name not in {g.name for g in dataclasses.fields(TeacherArgs)}
-            ]
+            # This command's fields, whose defaults may differ from the group's (`same_as(..., default=...)`).
+            teacher_flags = {f.name for f in dataclasses.fields(TeacherArgs)}
+            names = {f.name for f in dataclasses.fields(DistillArgs)} - teacher_flags
+            own = [f for f in dataclasses.fields(self) if f.name in names]
             given = [f"--{f.name}={getattr(self, f.name)}" for f in own if getattr(self, f.name) != f.default]
             if given:
                 raise InputError(f"{', '.join(given)} need --teacher=MODEL, the model to distil from")
