@@ -89,16 +89,16 @@ class TrainEmbeddingsArgs(SentenceTrainingArgs):
         default=None,
         metadata={
             "run_defining": "model",
-            "help": "mean, cls or max over the last layer. Default: the --init_checkpoint sentence-transformers "
-            "directory's, else mean.",
+            "help": "mean, cls or max over the last layer. Default: the --init_checkpoint (or, with "
+            "--init_from_teacher_layers, --teacher) sentence-transformers directory's, else mean.",
         },
     )
     normalize: bool | None = field(
         default=None,
         metadata={
             "run_defining": "model",
-            "help": "Scale the embeddings to unit length. Default: as the --init_checkpoint sentence-transformers "
-            "directory, else false.",
+            "help": "Scale the embeddings to unit length. Default: as the --init_checkpoint (or, with "
+            "--init_from_teacher_layers, --teacher) sentence-transformers directory, else false.",
         },
     )
     matryoshka_dims: str | None = field(

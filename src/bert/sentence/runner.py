@@ -419,8 +419,10 @@ class EmbeddingRun(_Run):
         _check_common(args)
         super().__init__(args, dist)
         st = None
-        if args.init_checkpoint and Path(args.init_checkpoint).is_dir():
-            st = read_sentence_transformers_config(args.init_checkpoint)
+        # The model the weights come from sets the default pooling and normalisation.
+        start = args.teacher if args.init_from_teacher_layers else args.init_checkpoint
+        if start and Path(start).is_dir():
+            st = read_sentence_transformers_config(start)
         self.pooling = args.pooling or (st.pooling if st is not None and st.pooling else "mean")
         self.normalize = args.normalize if args.normalize is not None else (st.normalize if st is not None else False)
         if self.pooling not in SENTENCE_POOLINGS:
