@@ -1,6 +1,6 @@
 """`--init_from_teacher_layers` in the commands that take a teacher only to start from its layers (pretrain,
-squad, swag; train-embeddings and train-reranker also distil from it): the run starts from a student made of those layers
-(`bert.distillation.student_from_teacher_layers`, wired in `bert.starting_model`)."""
+squad, swag; train-embeddings and train-reranker also distil from it): the run starts from a student made of
+those layers (`bert.distillation.student_from_teacher_layers`, wired in `bert.starting_model`)."""
 
 from __future__ import annotations
 
