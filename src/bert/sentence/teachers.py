@@ -8,8 +8,9 @@ change its outputs), so epochs, resumed runs and later runs on the same data rea
   modules normalise gives unit vectors, and any other its raw mean-pooled vectors, as sentence-transformers'
   MSELoss recipe encodes its labels with the teacher);
 - `cross_encoder_scores`: a cross-encoder's logit for each (query, document) of each (query, positive,
-  negatives...) group, as `Predictor.rank(raw_scores=True)` gives it: the scores MarginMSE and KL
-  distillation learn, unbounded as the student's dot products and logits are.
+  negatives...) group, as `Predictor.rank(raw_scores=True)` gives it (`Predictor.classification_logits`, the
+  pairs of many queries in one call): the scores MarginMSE and KL distillation learn, unbounded as the
+  student's dot products and logits are.
 """
 
 from __future__ import annotations
@@ -96,11 +97,8 @@ def cross_encoder_scores(model: Predictor, teacher: str, groups: Sequence[Sequen
     width = len(groups[0]) - 1
 
     def compute(start: int, stop: int) -> np.ndarray:
-        out = np.empty((stop - start, width), dtype=np.float32)
-        for row, (query, *documents) in enumerate(groups[start:stop]):
-            for ranked in model.rank(query, documents, raw_scores=True):
-                out[row, ranked["index"]] = ranked["score"]
-        return out
+        pairs = [(g[0], document) for g in groups[start:stop] for document in g[1:]]
+        return model.classification_logits(pairs)[:, 0].reshape(stop - start, width)
 
     key = _key("cross-encoder logits", teacher, model, [list(g) for g in groups])
     return cached_teacher_outputs(
