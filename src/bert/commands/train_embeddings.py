@@ -6,9 +6,9 @@ tuples or scored pairs in JSON lines or TSV, or a BEIR directory (`--train_file`
 `bert.sentence.data`), with the losses of `bert.sentence.losses` (`--loss`, default mnrl for pairs and
 tuples, cosent for scored pairs; `--matryoshka_dims` wraps any of them). Distillation from a teacher
 (`--teacher`, its outputs computed once and cached, `bert.sentence.teachers`): `--loss=mse` regresses the
-embeddings on an embedding model's, on any text (the training file's texts and `--transfer_file`'s lines);
-`--loss=margin_mse` and `distill_kl` learn a cross-encoder's scores of (query, positive, negatives...)
-tuples with dot products. Evaluation (`--eval_file`): STS
+embeddings on an embedding model's, on any text (every text of the training file and of `--transfer_file`,
+which may be plain text, one text a line); `--loss=margin_mse` and `distill_kl` learn a cross-encoder's
+scores of (query, positive, negatives...) tuples with dot products. Evaluation (`--eval_file`): STS
 Pearson/Spearman of cosine on scored pairs, or retrieval on a BEIR split (MRR@10, NDCG@10, Recall@1/10/100,
 MAP@100), per Matryoshka dimension. The runner (`bert.sentence.runner`) resumes, checkpoints, logs
 `metrics.jsonl` and exports `model/`: a directory `bert embed` and `sentence_transformers.SentenceTransformer`
@@ -79,9 +79,10 @@ class TrainEmbeddingsArgs(SentenceTrainingArgs):
             "help": "mnrl (in-batch negatives, plus the file's hard negatives), mnrl_symmetric, cached_mnrl and "
             "cached_mnrl_symmetric (the same with gradient caching: large batches in the memory of "
             "--mini_batch_size), cosent or cosine_mse (scored pairs); distillation from --teacher: mse (the "
-            "embeddings regress on an embedding model's, on any text: the training file's and --transfer_file's; "
-            "the same size needed), margin_mse and distill_kl (dot products of (query, positive, negatives...) "
-            "tuples learn a cross-encoder's scores). Default: mnrl, cosent for scored pairs, mse with --teacher.",
+            "embeddings regress on an embedding model's, on any text: the training file's and --transfer_file's, "
+            "which may be one text a line; the same size needed), margin_mse and distill_kl (dot products of "
+            "(query, positive, negatives...) tuples learn a cross-encoder's scores). Default: mnrl, cosent for "
+            "scored pairs, mse with --teacher.",
             "choices": list(EMBEDDING_LOSSES),
         },
     )

@@ -105,7 +105,7 @@ EMBEDDING_LOSS_TABLE: dict[str, LossSpec] = {
     ),
     "cosent": LossSpec((SCORED,), lambda e, b, a: losses.cosent(e[0], e[1], b["scores"])),
     "cosine_mse": LossSpec((SCORED,), lambda e, b, a: losses.cosine_mse(e[0], e[1], b["scores"])),
-    # Any text: the training file's every column and --transfer_file's lines, one column of distinct texts.
+    # Any text: every column of the training file and --transfer_file, one column of distinct texts.
     "mse": LossSpec((TEXTS, PAIRS, TUPLES, SCORED), lambda e, b, a: losses.mse(e, [b["teacher"]]), "embeddings"),
     "margin_mse": LossSpec(
         (TUPLES,), lambda e, b, a: losses.margin_mse(losses.dot_scores(e), b["teacher"]), teacher="scores"
