@@ -10,6 +10,9 @@ module is the one place for it:
   without running the teacher again;
 - the soft-label losses (`kd_*`), per example, so the heads' `loss_normalizers` design still adds
   micro-batches and processes up to the loss of the global batch;
+- the teachers of the fine-tuning commands: `ClassificationTeacher` reads raw text as `bert predict` does
+  (its own tokenizer, so the student may have another vocabulary), `TokenTeacher` the student's own word
+  pieces (NER: the same vocabulary), and `distillation_loss`, the loss of a batch that carries their outputs;
 - a student made of some of the teacher's layers (`student_from_teacher_layers`, DistilBERT's start),
   which `bert.starting_model` builds for `--init_from_teacher_layers`.
 """
@@ -249,8 +252,8 @@ def student_from_teacher_layers(
 def kd_classification_loss(
     student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float
 ) -> torch.Tensor:
-    """[B]: KL(softmax(teacher / T) || softmax(student / T)) * T^2 per example, from [B, L] logits (Hinton et
-    al.'s soft targets; the T^2 keeps the gradient's scale as T changes). One term per example."""
+    """[B]: KL(softmax(teacher / T) || softmax(student / T)) * T^2 per example, from [B, L] logits (soft targets;
+    the T^2 keeps the gradient's scale as T changes). One term per example."""
     t = float(temperature)
     log_p_teacher = F.log_softmax(teacher_logits.float() / t, dim=-1)
     log_p_student = F.log_softmax(student_logits.float() / t, dim=-1)
@@ -298,12 +301,13 @@ def _teacher_base(teacher: str) -> Path:
 
 def teacher_config(teacher: str) -> BertConfig:
     """The config beside a teacher's weights (no weights are read), for the checks before a run starts."""
+    p = Path(teacher)
+    if not (p.exists() or p.with_name(p.name + ".index").exists()):  # a TF checkpoint is a prefix
+        raise InputError(f"--teacher={teacher}: no such model directory or checkpoint")
     base = _teacher_base(teacher)
     for name in (CONFIG_NAME, "bert_config.json"):
         if (base / name).is_file():
             return BertConfig.from_json_file(base / name)
-    if not Path(teacher).exists():
-        raise InputError(f"--teacher={teacher}: no such model directory or checkpoint")
     raise InputError(
         f"--teacher={teacher}: no config.json beside the weights; the teacher must be a model this project loads"
     )

@@ -38,6 +38,11 @@ every task, following run_classifier.py's `main`:
    `eval_loss`, `global_step`, `loss` plus the task's metrics) with `eval_results.json`, and the task's
    prediction files.
 
+7. Distillation (`--teacher`, classify and NER, `bert.distillation`): the teacher's outputs on the training
+   and `--transfer_file` examples are computed once (cached) and each batch carries its features' rows; the
+   loss is `distillation.distillation_loss` under the head's `loss_normalizers`, and the transfer examples
+   count in the step arithmetic.
+
 Rerunning a command with the same `--output_dir` resumes from its newest checkpoint; a finished
 training is not repeated (evaluation and prediction run again and give the same files).
 """
@@ -46,6 +51,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -381,6 +387,13 @@ class _FinetuneRun:
             return None, []
         if not args.do_train:
             raise InputError(f"--teacher={args.teacher} labels the training data: add --do_train, or drop --teacher")
+        if args.distill_alpha == 0 and not args.transfer_file:
+            if args.init_from_teacher_layers is not None:
+                return None, []  # the teacher gives its layers only: its outputs would weigh nothing
+            raise InputError(
+                f"--distill_alpha=0 without --transfer_file leaves --teacher={args.teacher} nothing to do: raise "
+                "--distill_alpha, add --transfer_file, or drop --teacher"
+            )
         teacher_labels = saved_label_list(distillation.teacher_config(args.teacher))
         teacher: distillation.Teacher
         if task.head == "BertForSequenceClassification":
@@ -394,6 +407,8 @@ class _FinetuneRun:
             )
         else:
             raise InputError(f"`bert {task.command}` does not distil: drop --teacher")
+        if args.transfer_file and not os.path.isfile(args.transfer_file):
+            raise InputError(f"--transfer_file={args.transfer_file}: no such file")
         transfer = task.read_unlabelled(args.transfer_file) if args.transfer_file else []
         return teacher, transfer
 

@@ -473,8 +473,9 @@ class DistillArgs(TeacherArgs):
         default=None,
         metadata={
             "run_defining": "data",
-            "help": "Unlabelled examples in the command's own input format (labels, if any, are ignored), labelled "
-            "by --teacher and trained on with the distillation loss alone; training steps count them.",
+            "help": "Unlabelled examples in the command's own input format, the test set's where it has one (GLUE: "
+            "test.tsv's layout; ner: CoNLL lines, the word first, tags ignored), labelled by --teacher and trained on "
+            "with the distillation loss alone; training steps count them.",
         },
     )
     temperature: float = field(
@@ -483,7 +484,7 @@ class DistillArgs(TeacherArgs):
             "run_defining": "train",
             "positive": True,
             "help": "Softmax temperature T of the distillation loss, KL(softmax(teacher/T) || softmax(student/T)) * "
-            "T^2 (Hinton et al.); above 1 shows the student more of the teacher's ranking of the wrong labels.",
+            "T^2 (soft targets); above 1 shows the student more of the teacher's ranking of the wrong labels.",
         },
     )
     distill_alpha: float = field(

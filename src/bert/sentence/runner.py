@@ -475,10 +475,14 @@ class EmbeddingRun(_Run):
         if self.teacher is not None:
             cache = teachers.cache_dir(self.args)
             if self.spec.teacher == "embeddings":
-                self.teacher_outputs = teachers.embeddings(self.teacher, self.args.teacher, self.data.columns[0], cache)
+                self.teacher_outputs = teachers.embeddings(
+                    self.teacher, self.args.teacher, self.data.columns[0], cache, self.dist
+                )
             else:
                 examples = [self.data.example(i) for i in range(len(self.data))]
-                self.teacher_outputs = teachers.cross_encoder_scores(self.teacher, self.args.teacher, examples, cache)
+                self.teacher_outputs = teachers.cross_encoder_scores(
+                    self.teacher, self.args.teacher, examples, cache, self.dist
+                )
             self.teacher = None  # its outputs are all a run needs: free its memory for training
 
     def data_state(self, step: int) -> dict[str, Any]:
@@ -713,7 +717,7 @@ class RerankerRun(_Run):
         if self.teacher is not None:
             examples = [data.example(i) for i in range(len(data))]
             self.teacher_outputs = teachers.cross_encoder_scores(
-                self.teacher, args.teacher, examples, teachers.cache_dir(args)
+                self.teacher, args.teacher, examples, teachers.cache_dir(args), self.dist
             )
             self.teacher = None  # its outputs are all a run needs: free its memory for training
 

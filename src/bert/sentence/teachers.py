@@ -1,7 +1,7 @@
 """The teachers of sentence distillation (`--teacher` of `bert train-embeddings` and `bert train-reranker`):
-what a teacher model says about the training data, computed once and cached on disk
-(`bert.distillation.cached_teacher_outputs`, keyed by the teacher's weights, the data and the settings that
-change its outputs), so epochs, resumed runs and later runs on the same data read it back.
+what a teacher model says about the training data, computed once (by rank 0 of a distributed run) and cached
+on disk (`bert.distillation.cached_teacher_outputs`, keyed by the teacher's weights, the data and the settings
+that change its outputs), so epochs, resumed runs and later runs on the same data read it back.
 
 - `embeddings`: an embedding model's vector of each text, as `bert embed` gives it (the teacher's own
   tokenizer, length, pooling and normalisation: a sentence-transformers directory's, so a teacher whose
@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from bert.distillation import cached_teacher_outputs, data_digest, weights_digest
+from bert.distillation import _cached_by_rank0, data_digest, weights_digest
 from bert.errors import InputError
 from bert.inference import Predictor
+from bert.training import DistContext
 
 logger = logging.getLogger(__name__)
 
@@ -74,26 +75,26 @@ def _key(kind: str, teacher: str, model: Predictor, data: object) -> dict[str, A
     }
 
 
-def embeddings(model: Predictor, teacher: str, texts: Sequence[str], cache: Path) -> np.ndarray:
+def embeddings(model: Predictor, teacher: str, texts: Sequence[str], cache: Path, dist: DistContext) -> np.ndarray:
     """[len(texts), H] float32 (read-only, memory-mapped): the vector of each text by `model`, the `--teacher`
-    directory `teacher`."""
+    directory `teacher` (computed by rank 0, read by the others)."""
     key = _key("sentence embeddings", teacher, model, list(texts))
     key.update(pooling=model.default_pooling, normalize=model.default_normalize)
     logger.info("teacher %s: %s pooling, normalize %s", teacher, key["pooling"], key["normalize"])
-    return cached_teacher_outputs(
-        cache,
-        key,
-        len(texts),
-        (model.config.hidden_size,),
-        lambda start, stop: model.embed(list(texts[start:stop])),
-        batch_rows=max(256, model.batch_size),
-        desc="teacher embeddings",
-    )
+
+    def compute(start: int, stop: int) -> np.ndarray:
+        return model.embed(list(texts[start:stop]))
+
+    size = model.config.hidden_size
+    return _cached_by_rank0(dist, cache, key, len(texts), (size,), compute, "teacher embeddings")
 
 
-def cross_encoder_scores(model: Predictor, teacher: str, groups: Sequence[Sequence[str]], cache: Path) -> np.ndarray:
+def cross_encoder_scores(
+    model: Predictor, teacher: str, groups: Sequence[Sequence[str]], cache: Path, dist: DistContext
+) -> np.ndarray:
     """[len(groups), group size - 1] float32 (read-only, memory-mapped): for each (query, document, ...) group,
-    the logit of each (query, document) by the cross-encoder `model`, the `--teacher` directory `teacher`."""
+    the logit of each (query, document) by the cross-encoder `model`, the `--teacher` directory `teacher`
+    (computed by rank 0, read by the others)."""
     width = len(groups[0]) - 1
 
     def compute(start: int, stop: int) -> np.ndarray:
@@ -101,6 +102,4 @@ def cross_encoder_scores(model: Predictor, teacher: str, groups: Sequence[Sequen
         return model.classification_logits(pairs)[:, 0].reshape(stop - start, width)
 
     key = _key("cross-encoder logits", teacher, model, [list(g) for g in groups])
-    return cached_teacher_outputs(
-        cache, key, len(groups), (width,), compute, batch_rows=max(64, model.batch_size), desc="teacher scores"
-    )
+    return _cached_by_rank0(dist, cache, key, len(groups), (width,), compute, "teacher scores")
