@@ -318,3 +318,36 @@ def test_two_processes_distil_as_one(model_files, sst2, teacher, tmp_path):
         np.testing.assert_allclose([m[key] for m in read_metrics(two)], [m[key] for m in read_metrics(one)], atol=1e-5)
     wa, wb = read_weights(one / "model"), read_weights(two / "model")
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-5
+
+
+def test_multi_label_student_learns_the_teachers_labels(model_files, tmp_path):
+    """Multi-label: the teacher's sigmoid probabilities are the targets. Every training example is labelled "b";
+    this teacher says "a" (and neither "b" nor "c") for every text, so with --distill_alpha=1 the student follows."""
+    from bert.modeling import BertForSequenceClassification
+
+    sentences = (shared_path("data", "glue", "SST-2") / "train.tsv").read_text().splitlines()[1:41]
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.tsv").write_text("".join(f"{s.split(chr(9))[0]}\tb\n" for s in sentences[:16]))
+    (data / "test.tsv").write_text("".join(f"{s.split(chr(9))[0]}\t\n" for s in sentences[16:]))
+    _, vocab, _ = model_files
+    torch.manual_seed(3)
+    model = BertForSequenceClassification(
+        vocab_config(vocab, max_position_embeddings=64), num_labels=3, problem_type="multi_label_classification"
+    )
+    with torch.no_grad():
+        model.classifier.bias.copy_(torch.tensor([3.0, -3.0, -3.0]))
+    labels = {"id2label": {"0": "a", "1": "b", "2": "c"}, "label2id": {"a": 0, "b": 1, "c": 2}}
+    teacher = save_model_dir(
+        model, tmp_path / "teacher", vocab, problem_type="multi_label_classification", max_seq_length=32, **labels
+    )
+    flags = dict(
+        task_name="generic", multi_label=True, labels="a,b,c", allow_empty_labels=True, data_dir=str(data),
+        do_train=True, do_predict=True, num_train_epochs=3.0, **FAST,
+    )  # fmt: skip
+    run_classify(args_for(ClassifyArgs, model_files, tmp_path / "plain", **flags))
+    distilled = dict(teacher=str(teacher), transfer_file=str(data / "test.tsv"), distill_alpha=1.0)
+    run_classify(args_for(ClassifyArgs, model_files, tmp_path / "distilled", **flags, **distilled))
+    plain, after = (read_tsv(tmp_path / n / "test_results.tsv").mean(0) for n in ("plain", "distilled"))
+    assert plain[1] > plain[0], plain  # the labels say "b"
+    assert after[0] > 0.7 > 0.3 > after[1], after  # the teacher says "a"
