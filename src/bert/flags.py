@@ -40,8 +40,18 @@ BACKENDS = ("torch", "onnx")
 INFERENCE_DTYPES = ("float32", "bfloat16", "float16")
 POOLINGS = ("cls", "mean", "max", "pooler")  # bert embed --pooling, bert.inference
 # bert train-embeddings / train-reranker --loss: sentence-transformers' losses of these names (bert.sentence.losses).
-EMBEDDING_LOSSES = ("mnrl", "mnrl_symmetric", "cached_mnrl", "cached_mnrl_symmetric", "cosent", "cosine_mse")
-RERANKER_LOSSES = ("bce", "listwise")
+EMBEDDING_LOSSES = (
+    "mnrl",
+    "mnrl_symmetric",
+    "cached_mnrl",
+    "cached_mnrl_symmetric",
+    "cosent",
+    "cosine_mse",
+    "mse",
+    "margin_mse",
+    "distill_kl",
+)
+RERANKER_LOSSES = ("bce", "listwise", "margin_mse", "distill_kl")
 # bert embed --precision, bert.retrieval.quantize_embeddings: sentence-transformers' number formats.
 # adamw_bert: the original's AdamWeightDecayOptimizer (no bias correction); adamw: torch.optim.AdamW's update
 # (bias correction, eps 1e-8), which transformers' and sentence-transformers' trainers use; lamb: large batches.
@@ -529,11 +539,10 @@ class DistillArgs(TeacherArgs):
     def check_distill_flags(self, init_checkpoint: str | None = None) -> None:
         """Flags that need --teacher, and --init_from_teacher_layers (see `TeacherArgs`)."""
         if self.teacher is None:
-            own = [
-                f
-                for f in dataclasses.fields(DistillArgs)
-                if f.name not in {g.name for g in dataclasses.fields(TeacherArgs)}
-            ]
+            # This command's fields, whose defaults may differ from the group's (`same_as(..., default=...)`).
+            teacher_flags = {f.name for f in dataclasses.fields(TeacherArgs)}
+            names = {f.name for f in dataclasses.fields(DistillArgs)} - teacher_flags
+            own = [f for f in dataclasses.fields(self) if f.name in names]
             given = [f"--{f.name}={getattr(self, f.name)}" for f in own if getattr(self, f.name) != f.default]
             if given:
                 raise InputError(f"{', '.join(given)} need --teacher=MODEL, the model to distil from")

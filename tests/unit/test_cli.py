@@ -190,6 +190,10 @@ DIFFERENT_ON_PURPOSE = {
     ),
     "optimizer": ({"default"}, "train-embeddings/train-reranker default to sentence-transformers' AdamW"),
     "weight_decay": ({"default"}, "train-embeddings/train-reranker default to sentence-transformers' 0.0"),
+    "distill_alpha": (
+        {"default"},
+        "train-embeddings/train-reranker distil with sentence-transformers' losses: the teacher's outputs alone",
+    ),
     "pooling": ({"help", "choices"}, "embed also offers the pre-training pooler, which training leaves untrained"),
 }
 

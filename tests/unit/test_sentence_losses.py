@@ -194,3 +194,86 @@ def test_reranker_losses(models):
     ]
     expected = ce_losses.MultipleNegativesRankingLoss(ce).calculate_loss(their_scores, 4)
     assert abs(float(losses.listwise_ce(grouped)) - float(expected)) <= 1e-5
+
+
+# --------------------------------------------------------------------------------------- distillation
+NEGATIVES_2 = ["a bird sings", "the train is late", "snow covers the hills", "the soup is cold"]
+
+
+def _teacher(*shape: int, seed: int = 3) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_mse_equals_mse_loss(models):
+    """One column against its teacher's vectors, and two columns each against its own (3-D labels)."""
+    teacher = _teacher(4, 32)
+    (a,) = our_embeddings(models, ANCHORS)
+    expected = their_loss(models, st_losses.MSELoss(models[2]), ANCHORS, labels=teacher)
+    assert abs(float(losses.mse([a], [teacher])) - expected) <= 1e-5
+    columns = _teacher(4, 2, 32, seed=4)
+    a, b = our_embeddings(models, ANCHORS, POSITIVES)
+    ours = losses.mse([a, b], [columns[:, 0], columns[:, 1]])
+    expected = their_loss(models, st_losses.MSELoss(models[2]), ANCHORS, POSITIVES, labels=columns)
+    assert abs(float(ours) - expected) <= 1e-5
+
+
+def test_matryoshka_mse(models):
+    """The student's vectors cut and re-normalised, the teacher's only cut, as MatryoshkaLoss does."""
+    dims = [32, 16, 8]
+    teacher = _teacher(4, 32)
+    ours = losses.matryoshka(lambda e: losses.mse(e, [teacher]), our_embeddings(models, ANCHORS), dims)
+    loss = st_losses.MatryoshkaLoss(models[2], st_losses.MSELoss(models[2]), dims)
+    assert abs(float(ours) - their_loss(models, loss, ANCHORS, labels=teacher)) <= 1e-5
+
+
+@pytest.mark.parametrize("negatives", [1, 2])
+def test_margin_mse_equals_margin_mse_loss(models, negatives):
+    columns = [ANCHORS, POSITIVES, NEGATIVES, NEGATIVES_2][: 2 + negatives]
+    teacher = _teacher(4, 1 + negatives) * 5  # a cross-encoder's logits: the positive's and each negative's
+    ours = losses.margin_mse(losses.dot_scores(our_embeddings(models, *columns)), teacher)
+    expected = their_loss(models, st_losses.MarginMSELoss(models[2]), *columns, labels=teacher)
+    assert abs(float(ours) - expected) <= 1e-5
+
+
+@pytest.mark.parametrize("temperature", [1.0, 3.0])
+def test_distill_kl_equals_distill_kl_div_loss(models, temperature):
+    columns = [ANCHORS, POSITIVES, NEGATIVES, NEGATIVES_2]
+    teacher = _teacher(4, 3) * 4
+    ours = losses.distill_kl(losses.dot_scores(our_embeddings(models, *columns)), teacher, temperature)
+    loss = st_losses.DistillKLDivLoss(models[2], temperature=temperature)
+    assert abs(float(ours) - their_loss(models, loss, *columns, labels=teacher)) <= 1e-5
+
+
+def test_reranker_distillation_losses(models):
+    """A cross-encoder student on (query, positive, negative, negative) groups: `margin_mse` of its logits equals
+    CrossEncoder MarginMSELoss; `distill_kl` (temperature 1) equals ListNetLoss, the cross-entropy to the
+    teacher's softmax, less the teacher distribution's entropy (KL = cross-entropy - entropy)."""
+    tokenizer, directory = models[1], models[3]
+    torch.manual_seed(2)
+    config = read_checkpoint(directory).config
+    config.extra.update(id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
+    model = BertForSequenceClassification(config, num_labels=1).eval()
+    save_pretrained(model, directory.parent / "ce_student", directory / "vocab.txt", do_lower_case=True)
+    ce = st.CrossEncoder(str(directory.parent / "ce_student"), device="cpu")
+    ce.eval()
+    documents = [POSITIVES, NEGATIVES, NEGATIVES_2]
+    pairs = [(a, d[i]) for i, a in enumerate(ANCHORS) for d in documents]  # query-major, as the runner's batches
+    batch = pair_sequences(tokenizer, pairs, 64).collate(np.arange(len(pairs)))
+    logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits[:, 0].view(4, 3)
+    teacher = _teacher(4, 3) * 4
+    expected = float(ce_losses.MarginMSELoss(ce)([ANCHORS, *documents], teacher))
+    assert abs(float(losses.margin_mse(logits, teacher)) - expected) <= 1e-5
+    listnet = ce_losses.ListNetLoss(ce)([ANCHORS, [list(d) for d in zip(*documents)]], list(teacher))
+    p = torch.softmax(teacher, dim=1)
+    entropy = float(-(p * p.log()).sum(1).mean())
+    assert abs(float(losses.distill_kl(logits, teacher)) - (float(listnet) - entropy)) <= 1e-5
+
+
+def test_every_loss_choice_is_in_the_runners_table():
+    """--loss's choices (flags, torch-free) and the runner's table of what each needs are the same names."""
+    from bert.flags import EMBEDDING_LOSSES, RERANKER_LOSSES
+    from bert.sentence.runner import EMBEDDING_LOSS_TABLE, RERANKER_LOSS_TABLE
+
+    assert tuple(EMBEDDING_LOSS_TABLE) == EMBEDDING_LOSSES and tuple(RERANKER_LOSS_TABLE) == RERANKER_LOSSES
+    distill = {name for name, spec in {**EMBEDDING_LOSS_TABLE, **RERANKER_LOSS_TABLE}.items() if spec.teacher}
+    assert distill == {"mse", "margin_mse", "distill_kl"}

@@ -4,7 +4,11 @@ From any BERT this project loads (`--init_checkpoint`: TF, transformers, native 
 directory, whose pooling and normalisation are the defaults), on pairs, (anchor, positive, negatives...)
 tuples or scored pairs in JSON lines or TSV, or a BEIR directory (`--train_file`; formats in
 `bert.sentence.data`), with the losses of `bert.sentence.losses` (`--loss`, default mnrl for pairs and
-tuples, cosent for scored pairs; `--matryoshka_dims` wraps any of them). Evaluation (`--eval_file`): STS
+tuples, cosent for scored pairs; `--matryoshka_dims` wraps any of them). Distillation from a teacher
+(`--teacher`, its outputs computed once and cached, `bert.sentence.teachers`): `--loss=mse` regresses the
+embeddings on an embedding model's, on any text (every text of the training file and of `--transfer_file`,
+which may be plain text, one text a line); `--loss=margin_mse` and `distill_kl` learn a cross-encoder's
+scores of (query, positive, negatives...) tuples with dot products. Evaluation (`--eval_file`): STS
 Pearson/Spearman of cosine on scored pairs, or retrieval on a BEIR split (MRR@10, NDCG@10, Recall@1/10/100,
 MAP@100), per Matryoshka dimension. The runner (`bert.sentence.runner`) resumes, checkpoints, logs
 `metrics.jsonl` and exports `model/`: a directory `bert embed` and `sentence_transformers.SentenceTransformer`
@@ -18,17 +22,17 @@ from typing import Any
 
 from bert.flags import (
     EMBEDDING_LOSSES,
+    DistillArgs,
     FinetuneArgs,
     ModelArgs,
     OptimizerArgs,
-    TeacherArgs,
     TrainingArgs,
     same_as,
 )
 
 
 @dataclass(kw_only=True)
-class SentenceTrainingArgs(ModelArgs, TrainingArgs, TeacherArgs):
+class SentenceTrainingArgs(ModelArgs, TrainingArgs, DistillArgs):
     """The flags `bert train-embeddings` and `bert train-reranker` share."""
 
     train_file: str | None = field(
@@ -58,6 +62,9 @@ class SentenceTrainingArgs(ModelArgs, TrainingArgs, TeacherArgs):
     # to it from all-MiniLM-L6-v2 (bench/RESULTS.md).
     optimizer: str = same_as(OptimizerArgs, "optimizer", default="adamw")
     weight_decay: float = same_as(OptimizerArgs, "weight_decay", default=0.0)
+    # The sentence distillation losses are sentence-transformers' (MSELoss, MarginMSELoss, DistillKLDivLoss):
+    # the teacher's outputs alone, no label term.
+    distill_alpha: float = same_as(DistillArgs, "distill_alpha", default=1.0)
 
 
 @dataclass(kw_only=True)
@@ -71,7 +78,11 @@ class TrainEmbeddingsArgs(SentenceTrainingArgs):
             "run_defining": "train",
             "help": "mnrl (in-batch negatives, plus the file's hard negatives), mnrl_symmetric, cached_mnrl and "
             "cached_mnrl_symmetric (the same with gradient caching: large batches in the memory of "
-            "--mini_batch_size), cosent or cosine_mse (scored pairs). Default: mnrl, or cosent for scored pairs.",
+            "--mini_batch_size), cosent or cosine_mse (scored pairs); distillation from --teacher: mse (the "
+            "embeddings regress on an embedding model's, on any text: the training file's and --transfer_file's, "
+            "which may be one text a line; the same size needed), margin_mse and distill_kl (dot products of "
+            "(query, positive, negatives...) tuples learn a cross-encoder's scores). Default: mnrl, cosent for "
+            "scored pairs, mse with --teacher.",
             "choices": list(EMBEDDING_LOSSES),
         },
     )
@@ -79,16 +90,16 @@ class TrainEmbeddingsArgs(SentenceTrainingArgs):
         default=None,
         metadata={
             "run_defining": "model",
-            "help": "mean, cls or max over the last layer. Default: the --init_checkpoint sentence-transformers "
-            "directory's, else mean.",
+            "help": "mean, cls or max over the last layer. Default: the --init_checkpoint (or, with "
+            "--init_from_teacher_layers, --teacher) sentence-transformers directory's, else mean.",
         },
     )
     normalize: bool | None = field(
         default=None,
         metadata={
             "run_defining": "model",
-            "help": "Scale the embeddings to unit length. Default: as the --init_checkpoint sentence-transformers "
-            "directory, else false.",
+            "help": "Scale the embeddings to unit length. Default: as the --init_checkpoint (or, with "
+            "--init_from_teacher_layers, --teacher) sentence-transformers directory, else false.",
         },
     )
     matryoshka_dims: str | None = field(

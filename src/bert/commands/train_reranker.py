@@ -4,7 +4,9 @@ The data are (query, positive, negatives...) tuples, (query, positive) pairs who
 mines from the data's documents (`--mine_negatives=MODEL`, skipping the query's own positives), or scored
 pairs (scores in 0..1); a BEIR directory gives pairs. Losses (`bert.sentence.losses`): pointwise binary
 cross-entropy (`--loss=bce`, every pair labelled 1 for the positive, 0 for a negative, or its score) or
-listwise softmax cross-entropy over each query's positive and negatives (`--loss=listwise`). Evaluation on a
+listwise softmax cross-entropy over each query's positive and negatives (`--loss=listwise`), or distillation
+from a larger cross-encoder (`--teacher`; its scores of the same groups computed once and cached): its
+margins (`--loss=margin_mse`) or its softmax over each query's pairs (`--loss=distill_kl`). Evaluation on a
 BEIR split reranks the top `--rerank_top_k` documents of a bi-encoder (`--eval_retriever`) and reports
 MRR@10, NDCG@10, Recall@1/10/100 and MAP@100, with the retriever's own beside them (`eval_retriever_*`).
 The model is saved in transformers' layout (BertForSequenceClassification, one label), which
@@ -30,7 +32,9 @@ class TrainRerankerArgs(SentenceTrainingArgs):
         metadata={
             "run_defining": "train",
             "help": "bce (pointwise binary cross-entropy) or listwise (softmax cross-entropy over a query's "
-            "positive and negatives). Default: bce.",
+            "positive and negatives); distillation from a larger cross-encoder (--teacher): margin_mse (the "
+            "positive's logit less each negative's learns the teacher's margins) or distill_kl (the softmax over "
+            "a query's pairs learns the teacher's). Default: bce.",
             "choices": list(RERANKER_LOSSES),
         },
     )

@@ -28,7 +28,7 @@ import numpy as np
 from bert.errors import InputError
 from bert.utils import iter_lines
 
-PAIRS, TUPLES, SCORED = "pairs", "tuples", "scored pairs"
+PAIRS, TUPLES, SCORED, TEXTS = "pairs", "tuples", "scored pairs", "texts"  # TEXTS: one column
 
 
 @dataclass
@@ -44,7 +44,7 @@ class TrainingData:
     def kind(self) -> str:
         if self.scores is not None:
             return SCORED
-        return PAIRS if len(self.columns) == 2 else TUPLES
+        return {1: TEXTS, 2: PAIRS}.get(len(self.columns), TUPLES)
 
     def __len__(self) -> int:
         return len(self.columns[0])

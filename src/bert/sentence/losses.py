@@ -17,6 +17,17 @@ Each equals sentence-transformers' loss of the same name on the same batch (test
 - reranker: `pointwise_bce` (BinaryCrossEntropyLoss: BCE with logits against 0/1 or soft labels) and
   `listwise_ce` (CrossEncoder MultipleNegativesRankingLoss on its hard negatives: softmax cross-entropy over
   the positive and k negatives of each query, of scale * sigmoid(logit)).
+
+Distillation, a student learning a teacher's outputs (computed beforehand, `bert.distillation`):
+- `mse` (MSELoss): the mean squared error between the student's embeddings and the teacher's, averaged over
+  the columns; under `matryoshka` the teacher's vectors are cut to each size, not re-normalised, as
+  MatryoshkaLoss cuts embedding labels;
+- on scores of (query, positive, negatives...) groups, [B, 1 + k], the positive first: the bi-encoder's are
+  `dot_scores` (the dot product, sentence-transformers' default similarity for these losses), the
+  cross-encoder's its logits: `margin_mse` (MarginMSELoss, for both): the mean squared error between the
+  student's margins s(q, p) - s(q, n) and the teacher's; `distill_kl` (DistillKLDivLoss): the KL divergence
+  from the softmax of the teacher's scores to the student's, both divided by the temperature, averaged over
+  queries and multiplied by the temperature squared.
 """
 
 from __future__ import annotations
@@ -82,6 +93,34 @@ def matryoshka(
     for dim, weight in zip(dims, weights):
         total = total + weight * loss([shrink(e, dim) for e in embeddings])
     return total
+
+
+# -------------------------------------------------------------------------------------- distillation
+def mse(student: Sequence[torch.Tensor], teacher: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per column, the student's [B, H] and the teacher's [B, >= H] embeddings (the teacher's cut to the
+    student's size: a Matryoshka size under `matryoshka`)."""
+    terms = [F.mse_loss(s.float(), t[..., : s.shape[-1]].float()) for s, t in zip(student, teacher, strict=True)]
+    return torch.stack(terms).mean()
+
+
+def dot_scores(embeddings: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Queries [B, H], then the candidates' columns [B, H] each -> [B, columns - 1]: each query's dot
+    product with its own candidates."""
+    query = embeddings[0].float()
+    return torch.stack([(query * c.float()).sum(-1) for c in embeddings[1:]], dim=1)
+
+
+def margin_mse(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """student, teacher [B, 1 + k] scores, the positive first."""
+    student, teacher = student.float(), teacher.float()
+    return F.mse_loss(student[:, :1] - student[:, 1:], teacher[:, :1] - teacher[:, 1:])
+
+
+def distill_kl(student: torch.Tensor, teacher: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """student, teacher [B, 1 + k] scores."""
+    log_q = torch.log_softmax(student.float() / temperature, dim=1)
+    p = torch.softmax(teacher.float() / temperature, dim=1)
+    return F.kl_div(log_q, p, reduction="batchmean") * temperature**2
 
 
 # ------------------------------------------------------------------------------------ gradient caching

@@ -22,6 +22,7 @@ with one label), which `sentence_transformers.CrossEncoder` loads.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Callable, Iterator
@@ -46,10 +47,12 @@ from bert.modeling import (
     release_packed_weights,
 )
 from bert.plotting import CURVES_NAME, try_plot
-from bert.sentence import evaluation, losses
+from bert.sentence import evaluation, losses, teachers
 from bert.sentence.data import (
     PAIRS,
     SCORED,
+    TEXTS,
+    TUPLES,
     BatchPlan,
     Corpus,
     TrainingData,
@@ -70,6 +73,127 @@ logger = logging.getLogger(__name__)
 STATE_NAME = "sentence_state.json"  # in model/: the step its weights come from
 
 
+# -------------------------------------------------------------------------------------------- losses
+@dataclass(frozen=True)
+class LossSpec:
+    """A `--loss`: what it trains on and its value on a batch.
+
+    needs: the kinds of training data it reads (`bert.sentence.data`: PAIRS, TUPLES, SCORED, TEXTS).
+    value: `(outputs, batch, args) -> loss`, the outputs being the columns' embeddings ([B, H] each) of
+        `bert train-embeddings`, or the logits of each query's pairs ([B, group]) of `bert train-reranker`;
+        `batch["scores"]` holds scored pairs' scores, `batch["labels"]` the reranker's 0/1 or soft labels,
+        `batch["teacher"]` the teacher's outputs.
+    teacher: None, or what `--teacher` gives for each example: "embeddings" (an embedding model's vector of
+        the text) or "scores" (a cross-encoder's logit of each (query, document) of the group).
+    in_batch: each example is compared with the whole batch, so no text may appear twice in one.
+    cached: gradient caching (`losses.cached_mnrl_backward`).
+    """
+
+    needs: tuple[str, ...]
+    value: Callable[[Any, dict[str, torch.Tensor], Any], torch.Tensor]
+    teacher: str | None = None
+    in_batch: bool = False
+    cached: bool = False
+
+
+EMBEDDING_LOSS_TABLE: dict[str, LossSpec] = {
+    "mnrl": LossSpec((PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e), in_batch=True),
+    "mnrl_symmetric": LossSpec((PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e, symmetric=True), in_batch=True),
+    "cached_mnrl": LossSpec((PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e), in_batch=True, cached=True),
+    "cached_mnrl_symmetric": LossSpec(
+        (PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e, symmetric=True), in_batch=True, cached=True
+    ),
+    "cosent": LossSpec((SCORED,), lambda e, b, a: losses.cosent(e[0], e[1], b["scores"])),
+    "cosine_mse": LossSpec((SCORED,), lambda e, b, a: losses.cosine_mse(e[0], e[1], b["scores"])),
+    # Any text: every column of the training file and --transfer_file, one column of distinct texts.
+    "mse": LossSpec((TEXTS, PAIRS, TUPLES, SCORED), lambda e, b, a: losses.mse(e, [b["teacher"]]), "embeddings"),
+    "margin_mse": LossSpec(
+        (TUPLES,), lambda e, b, a: losses.margin_mse(losses.dot_scores(e), b["teacher"]), teacher="scores"
+    ),
+    "distill_kl": LossSpec(
+        (TUPLES,),
+        lambda e, b, a: losses.distill_kl(losses.dot_scores(e), b["teacher"], a.temperature),
+        teacher="scores",
+    ),
+}
+# Pairs are groups once --mine_negatives has mined their negatives.
+RERANKER_LOSS_TABLE: dict[str, LossSpec] = {
+    "bce": LossSpec((PAIRS, TUPLES, SCORED), lambda g, b, a: losses.pointwise_bce(g.reshape(-1), b["labels"])),
+    "listwise": LossSpec((PAIRS, TUPLES), lambda g, b, a: losses.listwise_ce(g)),
+    "margin_mse": LossSpec((PAIRS, TUPLES), lambda g, b, a: losses.margin_mse(g, b["teacher"]), teacher="scores"),
+    "distill_kl": LossSpec(
+        (PAIRS, TUPLES), lambda g, b, a: losses.distill_kl(g, b["teacher"], a.temperature), teacher="scores"
+    ),
+}
+_HOLDS = {
+    PAIRS: "(anchor, positive) pairs",
+    TUPLES: "(anchor, positive, negatives...) tuples",
+    SCORED: "scored pairs",
+    TEXTS: "texts",
+}
+
+
+def _default(args: Any, flag: str) -> Any:
+    return next(f.default for f in dataclasses.fields(args) if f.name == flag)
+
+
+def _check_loss(name: str, table: dict[str, LossSpec], args: Any) -> LossSpec:
+    """`table[name]`, with the distillation flags it needs; flags it would ignore are errors."""
+    spec = table[name]
+    if spec.teacher and not args.teacher:
+        model = "an embedding model" if spec.teacher == "embeddings" else "a cross-encoder"
+        raise InputError(f"--loss={name} learns a teacher's outputs: pass --teacher=MODEL ({model} directory)")
+    if not spec.teacher:
+        # Without a distillation loss a teacher only gives the starting layers (--init_from_teacher_layers).
+        distill = ", ".join(n for n, s in table.items() if s.teacher)
+        if args.teacher and not args.init_from_teacher_layers:
+            raise InputError(
+                f"--teacher={args.teacher} is for the distillation losses (--loss={distill}) or "
+                f"--init_from_teacher_layers, not --loss={name} alone"
+            )
+        for flag in ("transfer_file", "temperature", "teacher_cache_dir"):
+            if getattr(args, flag) != _default(args, flag):
+                raise InputError(f"--{flag}={getattr(args, flag)} is for the distillation losses (--loss={distill})")
+    if name != "distill_kl" and args.temperature != _default(args, "temperature"):
+        raise InputError(f"--temperature={args.temperature} is for --loss=distill_kl; remove it or change --loss")
+    if args.distill_alpha != _default(args, "distill_alpha"):
+        raise InputError(
+            f"--distill_alpha={args.distill_alpha}: these losses learn the teacher's outputs alone, as "
+            "sentence-transformers' do; leave it at 1"
+        )
+    return spec
+
+
+def _check_data(name: str, spec: LossSpec, data: TrainingData, scored_losses: str) -> None:
+    """The training data `--loss=name` reads; `scored_losses`: the losses to suggest for scored pairs."""
+    if data.kind not in spec.needs:
+        needs = " or ".join(_HOLDS[k] for k in spec.needs)
+        hint = f" (use --loss={scored_losses})" if data.kind == SCORED else ""
+        raise InputError(f"--loss={name} needs {needs}; {data.source} holds {_HOLDS[data.kind]}{hint}")
+
+
+def with_transfer(data: TrainingData | None, transfer_file: str | None, texts: bool) -> TrainingData:
+    """The examples a distillation run trains on: the training file's and `--transfer_file`'s (read as training
+    files are; the teacher labels both). `texts`: every distinct text of both, one column (for a loss on
+    texts); else the examples of both, of one shape."""
+    transfer = read_training_data(transfer_file) if transfer_file else None
+    parts = [d for d in (data, transfer) if d is not None]
+    if not parts:
+        raise InputError("distillation needs examples: pass --train_file and/or --transfer_file")
+    source = " and ".join(d.source for d in parts)
+    if texts:
+        return TrainingData(source, [list(dict.fromkeys(t for d in parts for column in d.columns for t in column))])
+    if data is None or transfer is None:
+        return parts[0]
+    if (transfer.kind, len(transfer.columns)) != (data.kind, len(data.columns)):
+        raise InputError(
+            f"--transfer_file={transfer_file} holds {_HOLDS[transfer.kind]} of {len(transfer.columns)} texts, "
+            f"--train_file={data.source} {_HOLDS[data.kind]} of {len(data.columns)}: give both the same shape"
+        )
+    scores = data.scores + transfer.scores if data.scores is not None and transfer.scores is not None else None
+    return TrainingData(source, [a + b for a, b in zip(data.columns, transfer.columns)], scores)
+
+
 # ------------------------------------------------------------------------------------------- checks
 def _check_common(args: Any) -> None:
     if not (args.do_train or args.do_eval):
@@ -82,9 +206,10 @@ def _check_common(args: Any) -> None:
             "with the whole batch, so it must be 1 (for large batches in little memory use --loss=cached_mnrl "
             "with --mini_batch_size)"
         )
-    if args.do_train:
-        if args.train_file is None:
-            raise InputError("--do_train needs --train_file=PATH (.jsonl, .tsv or a BEIR directory)")
+    if args.do_train and args.train_file is None and not args.transfer_file:
+        raise InputError("--do_train needs --train_file=PATH (.jsonl, .tsv or a BEIR directory)")
+    if args.teacher and not args.do_train and not args.init_from_teacher_layers:
+        raise InputError(f"--teacher={args.teacher} teaches a training run: add --do_train=true or remove it")
     if (args.do_eval or args.eval_every_steps) and args.eval_file is None:
         raise InputError("evaluation needs --eval_file=PATH (scored pairs, or a BEIR directory)")
     training.check_early_stopping(args)
@@ -294,8 +419,10 @@ class EmbeddingRun(_Run):
         _check_common(args)
         super().__init__(args, dist)
         st = None
-        if args.init_checkpoint and Path(args.init_checkpoint).is_dir():
-            st = read_sentence_transformers_config(args.init_checkpoint)
+        # The model the weights come from sets the default pooling and normalisation.
+        start = args.teacher if args.init_from_teacher_layers else args.init_checkpoint
+        if start and Path(start).is_dir():
+            st = read_sentence_transformers_config(start)
         self.pooling = args.pooling or (st.pooling if st is not None and st.pooling else "mean")
         self.normalize = args.normalize if args.normalize is not None else (st.normalize if st is not None else False)
         if self.pooling not in SENTENCE_POOLINGS:
@@ -304,27 +431,32 @@ class EmbeddingRun(_Run):
         self.files.config.extra["max_seq_length"] = args.max_seq_length
         self.eval_data = _read_eval(args.eval_file, args.eval_split) if args.eval_file else None
         self.default_metric = "eval_spearman" if isinstance(self.eval_data, TrainingData) else "eval_ndcg@10"
-        self.data = read_training_data(args.train_file) if args.do_train else None
-        self.loss = args.loss
-        self.scores = None
-        if self.data is None:
+        self.data = read_training_data(args.train_file) if args.do_train and args.train_file else None
+        self.scores: np.ndarray | None = None
+        self.teacher_outputs: np.ndarray | None = None
+        self.teacher: Predictor | None = None
+        if not args.do_train:
+            self.loss = args.loss
             self.setup_training(0)
             return
-        kind = self.data.kind
-        self.loss = self.loss or ("cosent" if kind == SCORED else "mnrl")
-        scored_loss = self.loss in ("cosent", "cosine_mse")
-        if scored_loss and kind != SCORED:
-            raise InputError(f"--loss={self.loss} needs scored pairs; {args.train_file} holds {kind}")
-        if not scored_loss and kind == SCORED:
-            raise InputError(
-                f"--loss={self.loss} needs (anchor, positive[, negatives]) examples; {args.train_file} holds "
-                "scored pairs (use --loss=cosent or cosine_mse)"
-            )
-        if self.loss.startswith("cached") and args.precision == "fp16":
+        kind = self.data.kind if self.data is not None else TEXTS
+        self.loss = args.loss or ("mse" if args.teacher else "cosent" if kind == SCORED else "mnrl")
+        self.spec = _check_loss(self.loss, EMBEDDING_LOSS_TABLE, args)
+        if self.spec.teacher:
+            self.data = with_transfer(self.data, args.transfer_file, texts=self.spec.teacher == "embeddings")
+        assert self.data is not None  # --do_train needs a --train_file, or a --transfer_file to distil on
+        _check_data(self.loss, self.spec, self.data, "cosent or cosine_mse")
+        if self.spec.cached and args.precision == "fp16":
             raise InputError(f"--loss={self.loss} computes its own backward pass: use --precision=bf16 or fp32")
-        if kind == SCORED:
+        if self.spec.teacher == "embeddings":
+            self.teacher = teachers.load_teacher(
+                args.teacher, "embeddings", args.device, args.eval_batch_size, self.files.config.hidden_size
+            )
+        elif self.spec.teacher == "scores":
+            self.teacher = teachers.load_teacher(args.teacher, "scores", args.device, args.eval_batch_size)
+        if self.data.kind == SCORED:
             self.scores = np.asarray(self.data.scores, dtype=np.float32) / args.score_scale
-        self.plan = BatchPlan(self.data, args.train_batch_size, args.seed, no_duplicates=not scored_loss)
+        self.plan = BatchPlan(self.data, args.train_batch_size, args.seed, no_duplicates=self.spec.in_batch)
         self.setup_training(self.plan.batches_per_epoch())
 
     def metric_names(self) -> list[str]:
@@ -340,6 +472,18 @@ class EmbeddingRun(_Run):
         logger.info(
             "%d examples (%s), %d distinct texts, loss %s", len(self.data), self.data.kind, len(texts), self.loss
         )
+        if self.teacher is not None:
+            cache = teachers.cache_dir(self.args)
+            if self.spec.teacher == "embeddings":
+                self.teacher_outputs = teachers.embeddings(
+                    self.teacher, self.args.teacher, self.data.columns[0], cache, self.dist
+                )
+            else:
+                examples = [self.data.example(i) for i in range(len(self.data))]
+                self.teacher_outputs = teachers.cross_encoder_scores(
+                    self.teacher, self.args.teacher, examples, cache, self.dist
+                )
+            self.teacher = None  # its outputs are all a run needs: free its memory for training
 
     def data_state(self, step: int) -> dict[str, Any]:
         return self.plan.state(step)
@@ -353,11 +497,13 @@ class EmbeddingRun(_Run):
                 batch.update({f"{k}_{c}": v for k, v in self.sequences.collate(rows[idx]).items()})
             if self.scores is not None:
                 batch["scores"] = torch.from_numpy(self.scores[idx])
+            if self.teacher_outputs is not None:
+                batch["teacher"] = torch.from_numpy(self.teacher_outputs[idx])  # a copy of the memory-mapped rows
             yield [batch]
             step += 1
 
     def loss_fn(self) -> Callable:
-        loss_name, dims, pooling, normalize = self.loss, self.dims, self.pooling, self.normalize
+        args, spec, dims, pooling, normalize = self.args, self.spec, self.dims, self.pooling, self.normalize
         num_columns = len(self.rows)
         world = self.dist.world_size
         device = self.dist.device
@@ -369,22 +515,17 @@ class EmbeddingRun(_Run):
             return torch.nn.functional.normalize(vectors, p=2, dim=-1) if normalize else vectors
 
         def of_embeddings(embeddings: list[torch.Tensor], batch) -> torch.Tensor:
-            if loss_name == "cosent":
-                return losses.matryoshka(lambda e: losses.cosent(e[0], e[1], batch["scores"]), embeddings, dims)
-            if loss_name == "cosine_mse":
-                return losses.matryoshka(lambda e: losses.cosine_mse(e[0], e[1], batch["scores"]), embeddings, dims)
-            symmetric = loss_name.endswith("symmetric")
-            return losses.matryoshka(lambda e: losses.mnrl(e, symmetric=symmetric), embeddings, dims)
+            return losses.matryoshka(lambda e: spec.value(e, batch, args), embeddings, dims)
 
         def fn(model, batch, totals):
-            if loss_name.startswith("cached"):
+            if spec.cached:
                 n = batch["input_ids_0"].shape[0]
                 no_sync = getattr(model, "no_sync", None)
                 value = losses.cached_mnrl_backward(
                     lambda c, rows: embed(model, batch, c, rows),
                     n,
                     num_columns,
-                    self.args.mini_batch_size,
+                    args.mini_batch_size,
                     lambda e: of_embeddings(e, batch),
                     device,
                     grad_scale=world,
@@ -491,6 +632,7 @@ def train_embeddings(args: Any) -> dict[str, Any]:
 def _run(cls: type[_Run], args: Any) -> dict[str, Any]:
     inputs = {"--train_file": args.train_file, "--eval_file": args.eval_file, "--init_checkpoint": args.init_checkpoint}
     inputs.update({"--vocab_file": args.vocab_file, "--bert_config_file": args.bert_config_file})
+    inputs.update({"--teacher": args.teacher, "--transfer_file": args.transfer_file})
     with training.distributed(args.device) as dist:
         with training.claim_output_dir(args.output_dir, cls.command, dist, inputs):
             run = cls(args, dist)
@@ -512,22 +654,26 @@ class RerankerRun(_Run):
         _check_common(args)
         super().__init__(args, dist)
         self.loss = args.loss or "bce"
-        self.data = read_training_data(args.train_file) if args.do_train else None
-        if self.data is not None:
+        self.data = read_training_data(args.train_file) if args.do_train and args.train_file else None
+        self.teacher: Predictor | None = None
+        self.teacher_outputs: np.ndarray | None = None
+        if args.do_train:
+            self.spec = _check_loss(self.loss, RERANKER_LOSS_TABLE, args)
+            if self.spec.teacher:
+                self.data = with_transfer(self.data, args.transfer_file, texts=False)
+            assert self.data is not None  # --do_train needs a --train_file, or a --transfer_file to distil on
+            _check_data(self.loss, self.spec, self.data, "bce")
             if self.data.kind == SCORED:
-                if self.loss != "bce":
-                    raise InputError(
-                        f"--loss={self.loss} needs (query, positive, negatives...): {args.train_file} "
-                        "holds scored pairs (use --loss=bce)"
-                    )
                 bad = [s for s in self.data.scores or [] if not 0 <= s <= 1]
                 if bad:
-                    raise InputError(f"{args.train_file}: score {bad[0]} is not between 0 and 1, as --loss=bce needs")
+                    raise InputError(f"{self.data.source}: score {bad[0]} is not between 0 and 1, as --loss=bce needs")
             elif self.data.kind == PAIRS and not args.mine_negatives:
                 raise InputError(
-                    f"{args.train_file} holds (query, positive) pairs without negatives: pass --mine_negatives=MODEL "
+                    f"{self.data.source} holds (query, positive) pairs without negatives: pass --mine_negatives=MODEL "
                     "(a bi-encoder) to mine them, or give negatives in the file"
                 )
+            if self.spec.teacher:
+                self.teacher = teachers.load_teacher(args.teacher, "scores", args.device, args.eval_batch_size)
             self.plan = BatchPlan(self.data, args.train_batch_size, args.seed, no_duplicates=False)
             self.setup_training(self.plan.batches_per_epoch())
         else:
@@ -568,6 +714,12 @@ class RerankerRun(_Run):
         pairs = [p for g in groups for p in g]
         self.sequences = pair_sequences(self.tokenizer, pairs, args.max_seq_length)
         logger.info("%d queries x %d pairs, loss %s", len(data), self.group_size, self.loss)
+        if self.teacher is not None:
+            examples = [data.example(i) for i in range(len(data))]
+            self.teacher_outputs = teachers.cross_encoder_scores(
+                self.teacher, args.teacher, examples, teachers.cache_dir(args), self.dist
+            )
+            self.teacher = None  # its outputs are all a run needs: free its memory for training
 
     def data_state(self, step: int) -> dict[str, Any]:
         return self.plan.state(step)
@@ -579,18 +731,17 @@ class RerankerRun(_Run):
             rows = (idx[:, None] * k + np.arange(k)[None, :]).reshape(-1)  # [B * k], query-major
             batch = self.sequences.collate(rows)
             batch["labels"] = torch.from_numpy(self.labels[idx].reshape(-1))
+            if self.teacher_outputs is not None:
+                batch["teacher"] = torch.from_numpy(self.teacher_outputs[idx])  # [B, k], a copy of the mapped rows
             yield [batch]
             step += 1
 
     def loss_fn(self) -> Callable:
-        listwise, k = self.loss == "listwise", self.group_size
+        args, spec, k = self.args, self.spec, self.group_size
 
         def fn(model, batch, totals):
             logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits[:, 0]
-            if listwise:
-                value = losses.listwise_ce(logits.view(-1, k))  # [B, 1 + k]
-            else:
-                value = losses.pointwise_bce(logits, batch["labels"])
+            value = spec.value(logits.view(-1, k), batch, args)  # [B, k]: each query's pairs
             return value, {"loss": value.detach()}
 
         return fn

