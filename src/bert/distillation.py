@@ -392,7 +392,7 @@ class ClassificationTeacher:
             return predictor[0].classification_logits(pairs[start:stop])
 
         width = len(self.columns)
-        cached = _cached_by_rank0(dist, cache_dir, key, len(pairs), (width,), compute, desc)
+        cached = cached_by_rank0(dist, cache_dir, key, len(pairs), (width,), compute, desc)
         return cached, example_rows
 
 
@@ -476,7 +476,7 @@ class TokenTeacher:
             return out
 
         shape = (self.max_seq_length, len(self.columns))
-        cached = _cached_by_rank0(dist, cache_dir, key, len(features), shape, compute, desc)
+        cached = cached_by_rank0(dist, cache_dir, key, len(features), shape, compute, desc)
         return cached, np.arange(len(features))
 
 
@@ -490,7 +490,7 @@ def _read_tokenizer_casing(base: Path) -> bool | None:
 Teacher = ClassificationTeacher | TokenTeacher
 
 
-def _cached_by_rank0(
+def cached_by_rank0(
     dist: DistContext,
     cache_dir: str | os.PathLike,
     key: Mapping[str, object],

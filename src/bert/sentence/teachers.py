@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from bert.distillation import _cached_by_rank0, data_digest, weights_digest
+from bert.distillation import cached_by_rank0, data_digest, weights_digest
 from bert.errors import InputError
 from bert.inference import Predictor
 from bert.training import DistContext
@@ -86,7 +86,7 @@ def embeddings(model: Predictor, teacher: str, texts: Sequence[str], cache: Path
         return model.embed(list(texts[start:stop]))
 
     size = model.config.hidden_size
-    return _cached_by_rank0(dist, cache, key, len(texts), (size,), compute, "teacher embeddings")
+    return cached_by_rank0(dist, cache, key, len(texts), (size,), compute, "teacher embeddings")
 
 
 def cross_encoder_scores(
@@ -102,4 +102,4 @@ def cross_encoder_scores(
         return model.classification_logits(pairs)[:, 0].reshape(stop - start, width)
 
     key = _key("cross-encoder logits", teacher, model, [list(g) for g in groups])
-    return _cached_by_rank0(dist, cache, key, len(groups), (width,), compute, "teacher scores")
+    return cached_by_rank0(dist, cache, key, len(groups), (width,), compute, "teacher scores")
