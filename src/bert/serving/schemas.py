@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bert.inference import TRUNCATION_DIRECTIONS
 from bert.serving.errors import BACKEND, EMPTY, OVERLOADED, UNHEALTHY, VALIDATION
@@ -29,7 +29,7 @@ _TEXTS = {"anyOf": [_STRING, {"type": "array", "items": _STRING}]}
 _NULLABLE_STRING = {"type": "string", "nullable": True}
 # The Predictor's truncation directions, and TEI's spelling of them ("Left", "Right"): the one list the
 # server checks a request's value against and publishes.
-DIRECTION = {
+DIRECTION: dict[str, Any] = {
     "type": "string",
     "enum": [*sorted(TRUNCATION_DIRECTIONS), *(d.title() for d in sorted(TRUNCATION_DIRECTIONS))],
     "default": "right",
@@ -211,7 +211,7 @@ def no_model(p: Predictor) -> bool:
 
 
 def embeds(p: Predictor) -> bool:
-    return p.can_embed
+    return p.can_embed  # a head's ONNX graph has no encoder outputs to embed with
 
 
 def classifies(p: Predictor) -> bool:
@@ -296,7 +296,7 @@ class Endpoint:
 
     method: str
     path: str
-    handler: str  # the `routes.Api` method
+    handler: str  # the `routes.Api` method (and the operationId)
     summary: str
     fields: dict[str, Field] = field(default_factory=dict)  # a POST body's fields
     answer: dict = field(default_factory=dict)  # the 200 body's schema
