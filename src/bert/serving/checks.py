@@ -75,6 +75,23 @@ def text_inputs(value: Any, name: str, limit: int, ids: bool = True) -> tuple[li
     return items, single
 
 
+def one_text(value: Any, name: str) -> str:
+    """A field that is one non-empty text."""
+    if not isinstance(value, str):
+        raise ApiError(422, f'"{name}" must be a string, got {kind_name(value)}')
+    if not value.strip():
+        raise ApiError(400, f'"{name}" is empty; give some text', EMPTY)
+    check_encodable(value, f'"{name}"')
+    return value
+
+
+def text_list(value: Any, name: str, limit: int) -> list[str]:
+    """A field that is a list of texts (not one text)."""
+    if not isinstance(value, list):
+        raise ApiError(422, f'"{name}" must be a list of strings, got {kind_name(value)}')
+    return text_inputs(value, name, limit, ids=False)[0]
+
+
 def pair_inputs(value: Any, limit: int) -> tuple[list[tuple[str, str | None]], bool]:
     """TEI's /predict inputs: a text, a pair [text, text_pair], or a batch [[text] | [text, text_pair], ...]."""
     shape = "a string, a pair [text, text_pair], or a batch [[text], [text, text_pair], ...]"

@@ -25,10 +25,12 @@ from bert.serving.checks import (
     check_fields,
     is_ids,
     kind_name,
+    one_text,
     pair_inputs,
     text_inputs,
+    text_list,
 )
-from bert.serving.errors import EMPTY, UNHEALTHY, ApiError
+from bert.serving.errors import UNHEALTHY, ApiError
 from bert.serving.metrics import Metrics
 from bert.serving.openapi import docs_page, openapi_document
 from bert.serving.schemas import DIRECTION, dispatch_targets
@@ -129,15 +131,8 @@ class Api:
         return JSONResponse(out[0] if single else out)
 
     async def rerank(self, request: Request, body: dict) -> Response:
-        query = body.get("query")
-        if not isinstance(query, str):
-            raise ApiError(422, f'"query" must be a string, got {kind_name(query)}')
-        if not query.strip():
-            raise ApiError(400, '"query" is empty; give some text', EMPTY)
-        check_encodable(query, '"query"')
-        if not isinstance(body.get("texts"), list):
-            raise ApiError(422, f'"texts" must be a list of strings, got {kind_name(body.get("texts"))}')
-        texts, _ = text_inputs(body["texts"], "texts", self.settings.max_client_batch_size, ids=False)
+        query = one_text(body.get("query"), "query")
+        texts = text_list(body.get("texts"), "texts", self.settings.max_client_batch_size)
         request.state.inputs = len(texts)
         options = dict(
             query=query, pooling=self.settings.pooling, raw_scores=body["raw_scores"], **self._truncation(body)
@@ -152,17 +147,8 @@ class Api:
         if not isinstance(inputs, dict):
             raise ApiError(422, f'"inputs" must be an object {{source_sentence, sentences}}, got {kind_name(inputs)}')
         check_fields(inputs, ("source_sentence", "sentences"), '"inputs"')
-        source = inputs.get("source_sentence")
-        if not isinstance(source, str):
-            raise ApiError(422, f'"inputs.source_sentence" must be a string, got {kind_name(source)}')
-        if not source.strip():
-            raise ApiError(400, '"inputs.source_sentence" is empty; give some text', EMPTY)
-        check_encodable(source, '"inputs.source_sentence"')
-        if not isinstance(inputs.get("sentences"), list):
-            raise ApiError(
-                422, f'"inputs.sentences" must be a list of strings, got {kind_name(inputs.get("sentences"))}'
-            )
-        sentences, _ = text_inputs(inputs["sentences"], "inputs.sentences", self.settings.max_client_batch_size, False)
+        source = one_text(inputs.get("source_sentence"), "inputs.source_sentence")
+        sentences = text_list(inputs.get("sentences"), "inputs.sentences", self.settings.max_client_batch_size)
         parameters = body["parameters"]
         request.state.inputs = len(sentences) + 1
         options = dict(

@@ -506,29 +506,23 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         (400, 401, 413, 422),
         example=lambda p: {"ids": p.tokenizer.encode(EXAMPLE_TEXT)},
     ),
-    Endpoint(
-        "POST",
-        "/v1/embeddings",
-        "openai_embeddings",
-        "OpenAI's embeddings API; normalized vectors.",
-        _OPENAI_FIELDS,
-        _OPENAI_ANSWER,
-        openai=True,
-        serves=embeds,
-        needs=_EMBEDDING_MODEL,
-        example={"input": EXAMPLE_TEXT, "truncate": True},
-    ),
-    Endpoint(
-        "POST",
-        "/embeddings",
-        "openai_embeddings",
-        "The same as /v1/embeddings.",
-        _OPENAI_FIELDS,
-        _OPENAI_ANSWER,
-        openai=True,
-        serves=embeds,
-        needs=_EMBEDDING_MODEL,
-        example={"input": EXAMPLE_TEXT, "truncate": True},
+    *(
+        Endpoint(
+            "POST",
+            path,
+            "openai_embeddings",
+            summary,
+            _OPENAI_FIELDS,
+            _OPENAI_ANSWER,
+            openai=True,
+            serves=embeds,
+            needs=_EMBEDDING_MODEL,
+            example={"input": EXAMPLE_TEXT, "truncate": True},
+        )
+        for path, summary in [
+            ("/v1/embeddings", "OpenAI's embeddings API; normalized vectors."),
+            ("/embeddings", "The same as /v1/embeddings."),
+        ]
     ),
     Endpoint(
         "POST",
