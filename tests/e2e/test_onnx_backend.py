@@ -233,3 +233,20 @@ def test_serve_check_backend_onnx_asks_a_head_graph_only_its_routes(exported, ca
     assert main(["serve", f"--model={onnx_dir}", "--backend=onnx", "--check", "--threads=1"]) == 0
     routes = [line.split(" -> ")[0] for line in capsys.readouterr().out.splitlines() if " -> " in line]
     assert "POST /predict" in routes and "GET /info" in routes and "POST /embed" not in routes
+
+
+def test_serve_backend_onnx_head_graph_answers_424_on_the_embedding_routes(exported):
+    # What --check skips is what the server refuses: the table's one rule of which models a route serves.
+    pytest.importorskip("uvicorn", reason="bert serve needs the serve extra (pip install '.[serve]')")
+    from test_serve import call, inprocess_server
+
+    from bert.commands.serve import ServeArgs, build_app
+
+    _, onnx_dir = exported["BertForSequenceClassification"]
+    app = build_app(ServeArgs(model=str(onnx_dir), backend="onnx", threads=1))
+    with inprocess_server(app=app) as port:
+        for path, body in [("/embed", {"inputs": TEXTS[0]}), ("/v1/embeddings", {"input": TEXTS[0]})]:
+            status, _, error = call(port, path, body)
+            message = error["error"]["message"] if path.startswith("/v1/") else error["error"]
+            assert status == 424 and f"{path} needs an embedding model" in message, error
+        assert call(port, "/predict", {"inputs": TEXTS[0]})[0] == 200

@@ -6,7 +6,9 @@ all-MiniLM-L6-v2 equal to `bert embed`."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import dataclasses
 import http.client
 import json
 import os
@@ -30,7 +32,7 @@ uvicorn = pytest.importorskip("uvicorn", reason="bert serve needs the serve extr
 
 from bert.commands.embed import EmbedArgs, run_embed  # noqa: E402
 from bert.commands.predict import PredictArgs, run_predict  # noqa: E402
-from bert.commands.serve import ServeArgs, run_serve  # noqa: E402
+from bert.commands.serve import ServeArgs, check_requests, run_serve  # noqa: E402
 from bert.inference import Predictor  # noqa: E402
 from bert.modeling import (  # noqa: E402
     BertForPreTraining,
@@ -38,7 +40,8 @@ from bert.modeling import (  # noqa: E402
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from bert.serving import ENDPOINTS, ServeSettings, create_app  # noqa: E402
+from bert.serving import ENDPOINTS, ApiError, Batcher, Metrics, ServeSettings, create_app  # noqa: E402
+from bert.serving.batcher import CLASSIFY  # noqa: E402
 from conftest import save_model_dir, uncased_vocab, vocab_config  # noqa: E402
 
 SENTENCES = [
@@ -331,6 +334,79 @@ def test_check_answers_each_route_once_and_exits(classifier, predictor, capsys):
     assert_predictions(json.loads(printed[routes.index("POST /predict")].split(" 200 ", 1)[1]), expected["scores"])
 
 
+def test_truncation_direction_is_checked_against_its_published_enum(predictor):
+    # The server once lower-cased any spelling ("RIGHT") that its published schema forbids.
+    with inprocess_server(predictor) as port:
+        document = call(port, "/openapi.json")[2]
+        schema = document["paths"]["/embed"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        published = schema["properties"]["truncation_direction"]["enum"]
+        assert {"left", "right", "Left", "Right"} == set(published)
+        for value in published:
+            body = {"inputs": LONG, "truncate": True, "truncation_direction": value}
+            assert call(port, "/embed", body)[0] == 200, value
+        for path, body in [
+            ("/embed", {"inputs": "x", "truncation_direction": "RIGHT"}),
+            ("/predict", {"inputs": "x", "truncation_direction": "lEFT"}),
+            (
+                "/similarity",
+                {
+                    "inputs": {"source_sentence": "x", "sentences": ["y"]},
+                    "parameters": {"truncation_direction": "RIGHT"},
+                },
+            ),
+        ]:
+            status, _, error = call(port, path, body)
+            assert status == 422 and 'must be "left" or "right" or "Left" or "Right"' in error["error"], (path, error)
+
+
+def test_options_are_checked_as_their_schemas_declare(predictor):
+    """Every option of every route this model serves: a value of another JSON type, a value outside its enum
+    and one under its minimum are refused (422 naming the field), as /openapi.json documents them."""
+    p = predictor
+    with inprocess_server(p) as port:
+        sent = 0
+        for e in ENDPOINTS:
+            if e.method != "POST" or not e.serves(p):
+                continue
+            for name, f in e.fields.items():
+                if not f.option:
+                    continue
+                example = e.example_body(p) or {}
+                values = [["a list"]]
+                values += [v.swapcase() for v in f.schema.get("enum", ()) if v.swapcase() not in f.schema["enum"]]
+                values += [f.schema["minimum"] - 1] if "minimum" in f.schema else []
+                for value in values:
+                    status, _, error = call(port, e.path, {**example, name: value})
+                    message = error["error"]["message"] if e.openai else error["error"]
+                    assert status == 422 and f'"{name}' in message, (e.path, name, value, error)
+                    sent += 1
+        assert sent >= 30
+
+
+def test_routes_a_model_does_not_serve_answer_424_and_check_asks_the_others(predictor):
+    # One table says which models a route serves: the server's 424, --check's requests and POST / agree.
+    served = {e.path for e in ENDPOINTS if e.method == "POST" and e.serves(predictor)}
+    assert served == {e.path for e in ENDPOINTS if e.method == "POST"} - {
+        "/rerank",
+        "/ner",
+        "/qa",
+        "/fill-mask",
+        "/embed_sparse",
+    }
+    checked = {path for method, path, _ in check_requests(predictor) if method == "POST"}
+    assert checked == served | {"/", "/invocations"}
+    with inprocess_server(predictor) as port:
+        for e in ENDPOINTS:
+            if e.method != "POST":
+                continue
+            status, _, error = call(port, e.path, e.example_body(predictor) or {"inputs": "x"})
+            if e.path in served:
+                assert status == 200, (e.path, error)
+            else:
+                assert status == 424 and f"{e.path} needs {e.needs}" in error["error"], (e.path, error)
+        assert call(port, "/", {"inputs": "x"})[0] == 200  # a 3-label classifier's POST /: /predict
+
+
 # ------------------------------------------------------------------------------------ other heads, in-process
 def test_ner_qa_and_fill_mask_routes_equal_the_predictor(vocab, tmp_path):
     torch.manual_seed(3)
@@ -392,6 +468,22 @@ def test_full_queue_gives_429_with_retry_after(predictor):
         thread.join(30)
         assert first[0][0] == 200
         assert call(port, "/predict", {"inputs": "third"})[0] == 200
+
+
+def test_max_queue_size_help_says_what_a_full_queue_answers(predictor):
+    # The help once said 503 where the server answers 429.
+    batcher = Batcher(predictor, ServeSettings(model_id="test", max_queue_size=1), Metrics())  # no model thread
+
+    async def overflow() -> ApiError:
+        batcher.submit(CLASSIFY, [("first", None)])
+        with pytest.raises(ApiError) as refused:
+            batcher.submit(CLASSIFY, [("second", None)])
+        return refused.value
+
+    error = asyncio.run(overflow())
+    [help_text] = [f.metadata["help"] for f in dataclasses.fields(ServeArgs) if f.name == "max_queue_size"]
+    assert error.headers is not None
+    assert f"beyond: {error.status} with Retry-After: {error.headers['Retry-After']}" in help_text
 
 
 # ---------------------------------------------------------------------------------------------- SIGTERM

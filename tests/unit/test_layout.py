@@ -7,6 +7,8 @@
 - `bert.formats` imports nothing of the package above `bert.errors` and `bert.utils`;
 - `bert.modeling` imports no command, task, loop or format code (`bert.checkpoint` loads and saves it);
 - no import cycle anywhere in `bert`;
+- `bert.serving` is imported only by `bert serve`, and its modules import one another downwards only
+  (`SERVING_LAYERS`: the route table below the handlers, the handlers below the app);
 - imports sit at the top of a module; an import inside a function is an optional dependency (inside a
   `try` that catches ImportError) or carries a comment saying why it is there.
 """
@@ -148,6 +150,29 @@ def test_formats_import_nothing_above_them():
 
 def test_modeling_imports_no_command_task_loop_or_format():
     assert GRAPH["bert.modeling"] <= {"bert.checkpoint", "bert.config", "bert.errors"}
+
+
+# bert.serving's modules, bottom up: each imports only modules of the package in the layers below it.
+SERVING_LAYERS = [
+    {"bert.serving.settings", "bert.serving.errors", "bert.serving.metrics"},
+    {"bert.serving.schemas"},  # the route table: fields, answers, the models each route serves
+    {"bert.serving.openapi", "bert.serving.checks", "bert.serving.batcher"},
+    {"bert.serving.routes"},  # one handler per route
+    {"bert.serving.app"},  # create_app: the checks every request goes through
+    {"bert.serving"},
+]
+
+
+def test_serving_modules_import_downwards_and_only_bert_serve_imports_them():
+    layered = set().union(*SERVING_LAYERS)
+    assert layered == {m for m in MODULES if m == "bert.serving" or m.startswith("bert.serving.")}
+    below: set[str] = set()
+    for layer in SERVING_LAYERS:
+        for name in layer:
+            assert {m for m in GRAPH[name] if m in layered} <= below, name
+        below |= layer
+    importers = {name for name in MODULES if GRAPH[name] & layered} - layered
+    assert importers == {"bert.commands.serve"}
 
 
 def test_no_import_cycle():

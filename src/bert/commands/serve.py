@@ -27,15 +27,16 @@ from typing import TYPE_CHECKING, Any
 from bert.commands.embed import EmbedArgs
 from bert.errors import InputError
 from bert.flags import InferenceArgs, check_backend, check_dtype, same_as
-from bert.tasks.common import CLASSIFICATION, FILL_MASK, NER, QUESTION_ANSWERING
 from bert.utils import LOG_FORMAT, exit_with_parent
 
-try:  # the `serve` extra; without it `bert --help` still lists the command and `bert serve` says what to install
+# The `serve` extra's package that is missing, if one is: without the extra `bert --help` still lists the
+# command and `bert serve` says what to install.
+_MISSING: str | None = None
+try:
     import uvicorn
     from starlette.applications import Starlette
 except ImportError as e:
-    uvicorn = None
-    _MISSING = e.name
+    _MISSING = e.name or "uvicorn"
 
 if TYPE_CHECKING:
     from bert.inference import Predictor
@@ -75,7 +76,7 @@ class ServeArgs:
         },
     )
     max_queue_size: int = field(
-        default=1024, metadata={"help": "Inputs waiting for the model at most; beyond: 503 with Retry-After."}
+        default=1024, metadata={"help": "Inputs waiting for the model at most; beyond: 429 with Retry-After: 1."}
     )
     max_client_batch_size: int = field(default=32, metadata={"help": "Inputs per request at most (413 beyond)."})
     auto_truncate: bool = field(
@@ -258,48 +259,18 @@ def app_from_environment() -> Starlette:
     return build_app(ServeArgs(**json.loads(os.environ[ARGS_ENVIRONMENT])))
 
 
-CHECK_TEXT = "This is a fine test."
-
-
 def check_requests(predictor: Predictor) -> list[tuple[str, str, dict | None]]:
-    """(method, path, body) of one request to each route of `bert.serving.ENDPOINTS` this model answers (the
-    head routes only for their head, the embedding routes where it embeds; /embed_sparse never), then POST / and
-    GET /metrics last."""
+    """(method, path, body) of one request to each route of `bert.serving.ENDPOINTS` that serves this model,
+    with the table's example body, then POST / and GET /metrics last."""
     # Imported here, not at the top: bert.serving loads torch, and a flag error must come before it.
     from bert.serving import DISPATCH_PATHS, ENDPOINTS, dispatch_targets
+    from bert.serving.schemas import ENDPOINT
 
-    context = "John Smith lives in New York."
-    bodies: dict[str, dict] = {
-        "/embed": {"inputs": CHECK_TEXT, "truncate": True},
-        "/embed_all": {"inputs": CHECK_TEXT, "truncate": True},
-        "/predict": {"inputs": CHECK_TEXT, "truncate": True},
-        "/rerank": {"query": "What is this?", "texts": [CHECK_TEXT, context], "truncate": True},
-        "/similarity": {"inputs": {"source_sentence": CHECK_TEXT, "sentences": [context]}},
-        "/tokenize": {"inputs": CHECK_TEXT},
-        "/decode": {"ids": predictor.tokenizer.encode(CHECK_TEXT)},
-        "/v1/embeddings": {"input": CHECK_TEXT, "truncate": True},
-        "/embeddings": {"input": CHECK_TEXT, "truncate": True},
-        "/ner": {"inputs": context},
-        "/qa": {"question": "Where does he live?", "context": context},
-        "/fill-mask": {"inputs": "Paris is the [MASK] of France.", "top_k": 3},
-    }
-    # A head's ONNX graph has no encoder outputs to embed with.
-    answers = dict.fromkeys(
-        ("/embed", "/embed_all", "/similarity", "/v1/embeddings", "/embeddings"), predictor.can_embed
-    )
-    answers |= {
-        "/predict": predictor.task == CLASSIFICATION,
-        "/rerank": predictor.is_cross_encoder or (predictor.task != CLASSIFICATION and predictor.can_embed),
-        "/ner": predictor.task == NER,
-        "/qa": predictor.task == QUESTION_ANSWERING,
-        "/fill-mask": predictor.task == FILL_MASK and predictor.has_mlm_head,
-        "/embed_sparse": False,
-    }
     requests = [
-        (e.method, e.path, bodies.get(e.path)) for e in ENDPOINTS if answers.get(e.path, True) and e.path != "/metrics"
+        (e.method, e.path, e.example_body(predictor)) for e in ENDPOINTS if e.serves(predictor) and e.path != "/metrics"
     ]
-    dispatched = dispatch_targets(predictor)[0]
-    requests += [("POST", path, bodies[dispatched]) for path in DISPATCH_PATHS]
+    dispatched = ENDPOINT[dispatch_targets(predictor)[0]].example_body(predictor)
+    requests += [("POST", path, dispatched) for path in DISPATCH_PATHS]
     return [*requests, ("GET", "/metrics", None)]
 
 
@@ -343,7 +314,7 @@ def check_routes(app: Starlette, api_key: str | None = None) -> dict[str, int]:
 def run_serve(args: ServeArgs) -> dict[str, Any]:
     """Serve until SIGTERM or Ctrl-C; returns {"host", "port", "workers"} once every request has been answered
     (with --check: {"check": {route: status}})."""
-    if uvicorn is None:
+    if _MISSING is not None:
         raise InputError(f"bert serve needs {_MISSING}, which is not installed; pip install 'bert[serve]'")
     _check(args)
     _check_address(args)
@@ -361,7 +332,7 @@ def _serve(args: ServeArgs) -> dict[str, Any]:
     # uvicorn re-raises the signal that stopped it once it has shut down; a handler of our own turns SIGTERM
     # into a normal return (exit code 0) after the graceful shutdown.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: logger.info("stopped by SIGTERM"))
-    options = dict(host=args.host, port=args.port, access_log=False, log_level="info")
+    options: dict[str, Any] = dict(host=args.host, port=args.port, access_log=False, log_level="info")
     try:
         if args.workers == 1:
             server = uvicorn.Server(uvicorn.Config(build_app(args), **options))

@@ -1,0 +1,288 @@
+"""The request queue: `Batcher`, a bounded queue of requests and the one model thread that runs them, batch
+after batch, each kind of request with equal options as one `Predictor` call.
+
+A handler checks its request, then hands it to the `Batcher` and awaits a future; the model thread takes
+queued requests in arrival order while their tokens fit `max_batch_tokens`, waiting up to `max_wait_ms`
+after the oldest one's arrival for more (when the previous batch held several requests: a lone client is
+never kept waiting). The Predictor sorts a call's inputs by length and pads each forward pass to its
+longest. The event loop never waits for the model: results come back through `loop.call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from bert.errors import InputError
+from bert.inference import InputItemError, Predictor
+from bert.serving.errors import BACKEND, OVERLOADED, UNHEALTHY, ApiError
+from bert.serving.metrics import Metrics
+from bert.serving.settings import ServeSettings
+
+# The server's one log, which `bert serve` sends to stderr (`commands.serve.log_requests`).
+logger = logging.getLogger("bert.serving")
+
+# What a job asks of the Predictor.
+EMBED, EMBED_ALL, CLASSIFY, RANK, SIMILAR = "embed", "embed_all", "classify", "rank", "similarity"
+TAG, ANSWER, FILL = "ner", "answer", "fill-mask"
+
+
+@dataclass(eq=False)
+class _Job:
+    kind: str
+    options: tuple  # the Predictor call's keyword arguments, sorted: only jobs with equal ones share a call
+    inputs: list
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    enqueued: float
+    tokens: int | None = None  # counted by the model thread
+    error: ApiError | None = None
+
+
+def _resolve(future: asyncio.Future, value: Any, error: BaseException | None) -> None:
+    if future.done():  # the client went away and the handler was cancelled
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
+
+
+class Batcher:
+    """A bounded queue of requests and the one thread that runs them on the model, batch after batch.
+
+    `submit` (from the event loop) returns a future of (results, tokens); it raises `ApiError` 429 when
+    the inputs waiting would exceed `max_queue_size` (a request to an empty queue is always taken).
+    Inputs count as waiting until their batch starts. `close` lets the thread finish every accepted
+    request, then stops it.
+    """
+
+    def __init__(self, predictor: Predictor, settings: ServeSettings, metrics: Metrics):
+        self.predictor = predictor
+        self.settings = settings
+        self.metrics = metrics
+        self._queue: deque[_Job] = deque()
+        self._depth = 0
+        self._cond = threading.Condition()
+        self._closing = False
+        # Whether the next batch waits for company: only after a batch of several requests. A lone client
+        # then never waits (nobody else is coming), while concurrent clients, whose next requests arrive a
+        # few milliseconds apart once a batch is answered, fill the next batch instead of splitting it.
+        self._gather = True
+        self._thread = threading.Thread(target=self._work, name="bert-model", daemon=True)
+
+    @property
+    def depth(self) -> int:
+        return self._depth
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._closing
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def submit(self, kind: str, inputs: list, **options: Any) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        job = _Job(kind, tuple(sorted(options.items())), inputs, loop, loop.create_future(), time.monotonic())
+        with self._cond:
+            if self._closing:
+                raise ApiError(503, "the server is shutting down", UNHEALTHY)
+            if self._depth and self._depth + len(inputs) > self.settings.max_queue_size:
+                raise ApiError(
+                    429,
+                    f"the queue is full ({self._depth} inputs waiting, max_queue_size={self.settings.max_queue_size}); "
+                    "retry in a second",
+                    OVERLOADED,
+                    {"Retry-After": "1"},
+                )
+            self._queue.append(job)
+            self._depth += len(inputs)
+            self._cond.notify()
+        return job.future
+
+    # ------------------------------------------------------------------------------ the model thread
+    def _work(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            try:
+                self._run_batch(batch)
+            except Exception as e:  # a bug, not bad input: the batch fails, the server goes on
+                logger.exception("batch failed")
+                for job in batch:
+                    self._finish(job, error=ApiError(500, f"internal error: {type(e).__name__}: {e}", BACKEND))
+
+    def _drop_gone(self) -> None:
+        """Drop the queued jobs whose client has gone (its handler was cancelled, and with it the job's
+        future), before the model sees them or their tokens are counted. Called holding the lock."""
+        gone = [job for job in self._queue if job.future.cancelled()]
+        if gone:
+            self._queue = deque(job for job in self._queue if not job.future.cancelled())
+            self._depth -= sum(len(job.inputs) for job in gone)
+
+    def _next_batch(self) -> list[_Job] | None:
+        with self._cond:
+            self._drop_gone()
+            while not self._queue:
+                if self._closing:
+                    return None
+                self._cond.wait()
+                self._drop_gone()
+            wait = self.settings.max_wait_ms / 1000 if self._gather else 0.0
+            deadline = self._queue[0].enqueued + wait
+        while True:
+            # Only this thread removes jobs, so the snapshot's head stays the queue's head; tokens are counted
+            # outside the lock, which `submit` takes on the event loop.
+            with self._cond:
+                self._drop_gone()
+                queued = list(self._queue)
+                closing = self._closing
+            if not queued:
+                return self._next_batch()
+            count, full = self._fit(queued)
+            remaining = deadline - time.monotonic()
+            if full or closing or remaining <= 0:
+                break
+            with self._cond:
+                if len(self._queue) == len(queued):
+                    self._cond.wait(remaining)
+        with self._cond:
+            batch = [self._queue.popleft() for _ in range(count)]
+            self._depth -= sum(len(job.inputs) for job in batch)
+        self._gather = len(batch) > 1
+        return batch
+
+    def _fit(self, queued: list[_Job]) -> tuple[int, bool]:
+        """How many jobs from the head fit `max_batch_tokens` (at least one), and whether the next does not."""
+        total = 0
+        for n, job in enumerate(queued):
+            tokens = self._measure(job) if job.tokens is None else job.tokens
+            if n and total + tokens > self.settings.max_batch_tokens:
+                return n, True
+            total += tokens
+        return len(queued), total >= self.settings.max_batch_tokens
+
+    def _measure(self, job: _Job) -> int:
+        """Count the job's tokens ([CLS] and [SEP] included) and refuse an input too long to run whole."""
+        p = self.predictor
+        encode = p.tokenizer.encode_batch
+        limit = p.max_seq_length
+        options = dict(job.options)
+        truncate = options.get("truncate", True)
+        lengths: list[int] = []
+        try:
+            if job.kind in (EMBED, EMBED_ALL, SIMILAR):
+                texts = [options["source"], *job.inputs] if job.kind == SIMILAR else job.inputs
+                sequences, _ = p.embedding_sequences(
+                    texts,
+                    truncate=truncate,
+                    truncation_direction=options["truncation_direction"],
+                    prompt=p.resolve_prompt(options.get("prompt_name")),
+                )
+                lengths = [len(ids) for ids, _ in sequences]
+            elif job.kind in (CLASSIFY, RANK):
+                pairs = [(options["query"], d) for d in job.inputs] if job.kind == RANK else job.inputs
+                firsts = encode([a for a, _ in pairs])
+                seconds = encode([b or "" for _, b in pairs])
+                lengths = [len(a) + 2 + (len(b) + 1 if b else 0) for a, b in zip(firsts, seconds)]
+                # A classifier fine-tuned on windows (config.json `long_document`) reads long inputs whole.
+                if job.kind == RANK or p.long_document == "truncate":
+                    if not truncate:
+                        for i, n in enumerate(lengths):
+                            if n > limit:
+                                raise InputItemError(
+                                    i, f"{n} tokens with [CLS] and [SEP], more than max_seq_length={limit}"
+                                )
+                    # Longer pairs are cut to max_seq_length.
+                    lengths = [min(n, limit) for n in lengths]
+            elif job.kind == ANSWER:
+                questions, contexts = encode([q for q, _ in job.inputs]), encode([c for _, c in job.inputs])
+                lengths = [len(q) + len(c) + 3 for q, c in zip(questions, contexts)]
+            else:
+                lengths = [len(ids) + 2 for ids in encode(job.inputs)]
+        except InputItemError as e:
+            where = (
+                ('"source_sentence"' if e.index == 0 else f"sentence {e.index - 1}") if job.kind == SIMILAR else None
+            )
+            hint = '; shorten it or send "truncate": true' if "more than max_seq_length" in e.reason else ""
+            job.error = ApiError(422, f"{where or f'input {e.index}'}: {e.reason.split('; ')[0]}{hint}")
+        except InputError as e:
+            job.error = ApiError(422, str(e))
+        job.tokens = 0 if job.error is not None else sum(lengths)
+        return job.tokens
+
+    def _run_batch(self, batch: list[_Job]) -> None:
+        groups: dict[tuple, list[_Job]] = {}
+        for job in batch:
+            if job.error is not None:
+                self._finish(job, error=job.error)
+            else:
+                groups.setdefault((job.kind, job.options), []).append(job)
+        ready = [job for jobs in groups.values() for job in jobs]
+        self.metrics.batch(sum(len(j.inputs) for j in ready), sum(j.tokens or 0 for j in ready))
+        for (kind, options), jobs in groups.items():
+            self._run_group(kind, dict(options), jobs)
+
+    def _run_group(self, kind: str, options: dict, jobs: list[_Job]) -> None:
+        while jobs:
+            items = [x for job in jobs for x in job.inputs]
+            try:
+                results = self._call(kind, options, items)
+            except InputItemError as e:
+                # That input's request fails alone; the others run again without it.
+                start = 0
+                for job in jobs:
+                    if start <= e.index < start + len(job.inputs):
+                        self._finish(job, error=ApiError(422, f"input {e.index - start}: {e.reason}"))
+                        break
+                    start += len(job.inputs)
+                jobs = [j for j in jobs if j is not job]
+                continue
+            except InputError as e:
+                for job in jobs:
+                    self._finish(job, error=ApiError(422, str(e)))
+                return
+            start = 0
+            for job in jobs:
+                self._finish(job, (results[start : start + len(job.inputs)], job.tokens))
+                start += len(job.inputs)
+            return
+
+    def _call(self, kind: str, options: dict, items: list) -> list:
+        p = self.predictor
+        options = dict(options)  # a group that loses a request calls again with the same options
+        if kind == EMBED:
+            return list(p.embed(items, **options))
+        if kind == EMBED_ALL:
+            return p.token_embeddings(items, **options)
+        if kind == CLASSIFY:
+            return p.classify(items, top_k=0, **options)
+        if kind == RANK:
+            scores = [0.0] * len(items)
+            for r in p.rank(options.pop("query"), items, **options):
+                scores[r["index"]] = r["score"]
+            return scores
+        if kind == SIMILAR:
+            return p.similarity(options.pop("source"), items, **options)
+        if kind == TAG:
+            return p.ner(items)
+        if kind == ANSWER:
+            return p.answer([q for q, _ in items], [c for _, c in items])
+        return p.fill_mask(items, **options)
+
+    def _finish(self, job: _Job, value: Any = None, error: BaseException | None = None) -> None:
+        job.loop.call_soon_threadsafe(_resolve, job.future, value, error)

@@ -1,0 +1,22 @@
+"""`ServeSettings`: the server's limits and defaults, as `bert serve`'s flags give them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ServeSettings:
+    """The server's limits and defaults (the `bert serve` flags of the same names)."""
+
+    model_id: str
+    max_batch_tokens: int = 16384
+    max_wait_ms: float = 5.0
+    max_queue_size: int = 1024
+    max_client_batch_size: int = 32
+    max_request_bytes: int = 2_000_000
+    quantize: str = "none"
+    auto_truncate: bool = False  # the default of "truncate" (TEI's --auto-truncate)
+    pooling: str | None = None  # the embedding routes' pooling; None: the model's (`Predictor.default_pooling`)
+    api_key: str | None = None  # required as `Authorization: Bearer <key>` on every route but the health checks
+    served_model_name: str | None = None  # the name /info and /v1/embeddings give; default: model_id
