@@ -137,6 +137,7 @@ def test_a_rerun_runs_an_unfinished_cell_only_and_it_resumes(two_at_once, model_
     assert "training already finished" in (cell / "log.txt").read_text()
 
 
+@pytest.mark.slow  # a grid of its own, a process per run: 20-30 s
 def test_one_cell_at_a_time_gives_the_results_of_two(two_at_once, model_files, data, tmp_path):
     """Two of the 2x2 grid's cells run one at a time (--grid_jobs=1, the default) equal the same cells run two at
     a time: the same scores and the same weights, bit for bit."""
@@ -151,6 +152,7 @@ def test_one_cell_at_a_time_gives_the_results_of_two(two_at_once, model_files, d
         assert_same_weights(read_weights(one / "grid" / cell / "model"), read_weights(out / "grid" / cell / "model"))
 
 
+@pytest.mark.slow  # a grid of its own, a process per run: 20-30 s
 def test_failed_cells_are_reported_and_the_rest_win(model_files, data, tmp_path, capsys):
     """A batch larger than the data gives no training step: that cell fails, the other wins (exit 0); when every
     cell fails the command does (exit 2)."""
@@ -172,6 +174,7 @@ def test_failed_cells_are_reported_and_the_rest_win(model_files, data, tmp_path,
     assert not (out / "model").exists()
 
 
+@pytest.mark.slow  # a grid of its own, a process per run: 20-30 s
 def test_a_squad_grid_ranks_its_runs_by_the_f1_of_their_predictions(model_files, tmp_path):
     """`bert squad` scores the dev set by predicting a file with answers (`--do_predict`): its grid ranks by f1 and
     exports the best run's predictions with its model."""
