@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bert.flags import MaskingArgs, ModelArgs, TrainingArgs, same_as
+from bert.flags import INFERENCE_DTYPES, MaskingArgs, ModelArgs, TrainingArgs, same_as
 
 
 @dataclass(kw_only=True)
@@ -46,6 +46,58 @@ class PretrainArgs(MaskingArgs, TrainingArgs):
     )
     fsdp: bool = field(
         default=False, metadata={"help": "Under torchrun, shard the model with FSDP instead of replicating it (DDP)."}
+    )
+    teacher: str | None = field(
+        default=None,
+        metadata={
+            "run_defining": "train",
+            "help": "Distil this pre-trained BERT with its masked-LM head (any format; the same vocabulary as the "
+            "student): the student's masked-LM distribution is trained towards the teacher's at the masked "
+            "positions. The teacher runs frozen on every batch, on-line: its outputs are not cached.",
+        },
+    )
+    temperature: float = field(
+        default=1.0,
+        metadata={
+            "run_defining": "train",
+            "positive": True,
+            "help": "The softmax temperature T of the distillation loss KL(softmax(t/T) || softmax(s/T)) * T^2.",
+        },
+    )
+    distill_alpha: float = field(
+        default=0.5,
+        metadata={
+            "run_defining": "train",
+            "min": 0.0,
+            "max": 1.0,
+            "help": "The weight of the distillation loss; the label loss gets 1 - alpha.",
+        },
+    )
+    teacher_dtype: str = field(
+        default="float32",
+        metadata={
+            "run_defining": "train",
+            "choices": list(INFERENCE_DTYPES),
+            "help": "Run the --teacher's Transformer blocks in this dtype (bfloat16: faster on a CPU with bfloat16 "
+            "instructions and on GPUs; float16: CUDA only).",
+        },
+    )
+    distill_attention: bool = field(
+        default=False,
+        metadata={
+            "run_defining": "train",
+            "help": "Add MiniLM's losses (needs --teacher): the KL between the teacher's and the student's last-layer "
+            "self-attention distributions and value relations softmax(V V^T / sqrt(d)), over real tokens.",
+        },
+    )
+    relation_heads: int = field(
+        default=0,
+        metadata={
+            "run_defining": "train",
+            "min": 0,
+            "help": "The heads --distill_attention splits both models' queries, keys and values into (0: the "
+            "student's attention heads); it must divide both hidden sizes, which may differ.",
+        },
     )
     plan: bool = field(
         default=False,
