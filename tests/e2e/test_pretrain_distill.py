@@ -118,6 +118,13 @@ def test_teacher_errors(tmp_path, setup, capsys):
     err = cli_error(capsys, "pretrain", *base, f"--output_dir={tmp_path / 'a'}", f"--teacher={wider}")
     assert "vocab_size=100" in err and "vocab_size=99" in err and str(wider / "vocab.txt") in err
 
+    renamed = tmp_path / "renamed_vocab.txt"
+    renamed.write_text(setup["vocab"].read_text().replace("w98", "w98x"))
+    err = cli_error(
+        capsys, "pretrain", *base, f"--output_dir={tmp_path / 'd'}", f"--teacher={_teacher(tmp_path / 'tr', renamed)}"
+    )
+    assert "vocabulary" in err and "differs from the student's" in err and "(both 99 entries)" in err
+
     err = cli_error(capsys, "pretrain", *base, f"--output_dir={tmp_path / 'b'}", "--distill_attention")
     assert "--distill_attention applies to distillation only: add --teacher" in err
     bad = f"--teacher={setup['teacher']}"

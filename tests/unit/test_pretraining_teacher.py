@@ -173,3 +173,27 @@ def test_micro_batches_add_up_to_the_batch():
     totals = {k: sum(n[k] for n in norms) for k in norms[0]}
     summed = sum(float(fn(student, p, totals)[0].detach()) for p in parts)
     assert summed == pytest.approx(float(whole.detach()), rel=1e-5)
+
+
+def test_bfloat16_teacher_gives_the_float32_teacher_loss(tmp_path):
+    from types import SimpleNamespace
+
+    from bert.checkpoint import save_pretrained
+    from bert.pretraining.teacher import load_teacher
+
+    torch.manual_seed(0)
+    save_pretrained(BertForPreTraining(_config(initializer_range=0.3)), tmp_path / "teacher")
+    student = BertForPreTraining(_config(hidden_size=16, num_attention_heads=2)).eval()
+    batch = _batch()
+    losses = {}
+    for dtype in ("float32", "bfloat16"):
+        args = SimpleNamespace(
+            teacher=str(tmp_path / "teacher"), teacher_dtype=dtype, max_seq_length=7, ignore_checkpoint_digest=False
+        )
+        teacher = load_teacher(args, student.config, None, torch.device("cpu"))
+        weight = teacher.bert.encoder.layer[0].attention.self.query.weight
+        assert weight.dtype == getattr(torch, dtype) and not weight.requires_grad and not teacher.training
+        losses[dtype] = {k: float(v) for k, v in _loss(student, teacher, batch, heads=2)[1].items()}
+    for name in ("masked_lm_kl", "attention_relation_loss", "value_relation_loss"):
+        assert losses["bfloat16"][name] == pytest.approx(losses["float32"][name], rel=0.05), name
+        assert losses["bfloat16"][name] != losses["float32"][name]  # the teacher did run in bfloat16
