@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from bert.errors import InputError
 from bert.utils import DECODE_ERRORS
@@ -393,6 +393,126 @@ class FinetuneArgs(ModelArgs, TrainingArgs):
     # hundreds of steps long, not hundreds of thousands.
     keep_checkpoint_max: int = same_as(TrainingArgs, "keep_checkpoint_max", default=1)
     log_every: int = same_as(TrainingArgs, "log_every", default=50)
+
+
+LAYERS_FLAG = "--init_from_teacher_layers"
+
+
+def parse_layer_list(value: str, flag: str = LAYERS_FLAG) -> list[int]:
+    """`"0,2,4"` -> [0, 2, 4] (order and repeats are checked against the teacher, `bert.distillation`)."""
+    try:
+        return [int(x) for x in value.split(",")]
+    except ValueError:
+        raise InputError(
+            f"{flag}={value!r}: give the teacher's layer indices separated by commas, e.g. 0,2,4"
+        ) from None
+
+
+@dataclass(kw_only=True)
+class TeacherArgs:
+    """A larger model a training run learns from (`bert.distillation`): every training command that starts
+    from a model (`bert.starting_model`) can start from some of its layers; the commands that distil take
+    `DistillArgs`, the others these two flags alone."""
+
+    # Whether the command learns from the teacher's outputs, not only its layers: DistillArgs' commands, and
+    # pretrain, which distils on-line with its own flags.
+    distils: ClassVar[bool] = False
+
+    teacher: str | None = field(
+        default=None,
+        metadata={
+            "run_defining": "data",
+            "help": "A larger model to learn from (a model directory or checkpoint; for classify and ner a "
+            "fine-tuned one, such as OUTPUT/model of `bert classify`): its outputs are soft labels where the "
+            "command distils (see --distill_alpha), and --init_from_teacher_layers starts the student from its "
+            "layers.",
+        },
+    )
+    init_from_teacher_layers: str | None = field(
+        default=None,
+        metadata={
+            "run_defining": "train",
+            "help": "Start the student from these layers of --teacher (comma separated, e.g. 0,2,4: DistilBERT's "
+            "every other layer): the teacher's config with that many layers, its embeddings, pooler and heads, "
+            "and block i from the teacher's block layers[i]. Instead of --init_checkpoint.",
+        },
+    )
+
+    def teacher_layers(self) -> list[int] | None:
+        """--init_from_teacher_layers as indices (None when unset)."""
+        if self.init_from_teacher_layers is None:
+            return None
+        return parse_layer_list(self.init_from_teacher_layers)
+
+    def check_teacher_flags(self, init_checkpoint: str | None = None) -> None:
+        """What metadata cannot say: a teacher's layers need the teacher and replace --init_checkpoint."""
+        if self.init_from_teacher_layers is None:
+            return
+        if self.teacher is None:
+            raise InputError(
+                f"{LAYERS_FLAG}={self.init_from_teacher_layers} needs --teacher=MODEL, the model to take them from"
+            )
+        if init_checkpoint:
+            raise InputError(
+                f"{LAYERS_FLAG} and --init_checkpoint={init_checkpoint} both choose the starting weights: drop one"
+            )
+        self.teacher_layers()
+
+
+@dataclass(kw_only=True)
+class DistillArgs(TeacherArgs):
+    """Knowledge distillation (`bert.distillation`): the training commands that learn from a teacher's outputs."""
+
+    distils: ClassVar[bool] = True
+
+    transfer_file: str | None = field(
+        default=None,
+        metadata={
+            "run_defining": "data",
+            "help": "Unlabelled examples in the command's own input format (labels, if any, are ignored), labelled "
+            "by --teacher and trained on with the distillation loss alone; training steps count them.",
+        },
+    )
+    temperature: float = field(
+        default=1.0,
+        metadata={
+            "run_defining": "train",
+            "positive": True,
+            "help": "Softmax temperature T of the distillation loss, KL(softmax(teacher/T) || softmax(student/T)) * "
+            "T^2 (Hinton et al.); above 1 shows the student more of the teacher's ranking of the wrong labels.",
+        },
+    )
+    distill_alpha: float = field(
+        default=0.5,
+        metadata={
+            "run_defining": "train",
+            "min": 0,
+            "max": 1,
+            "help": "Weight of the distillation term on labelled examples: loss = alpha * KD + (1 - alpha) * label "
+            "loss (0.5: both equally, at T=1 on the same scale; 1: the teacher's soft labels alone, as the small "
+            "BERT models' distillation). Transfer examples have no label: KD only.",
+        },
+    )
+    teacher_cache_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Where the teacher's outputs are cached (computed once, reused every epoch and on resume). "
+            "Default: OUTPUT_DIR/teacher_cache."
+        },
+    )
+
+    def check_distill_flags(self, init_checkpoint: str | None = None) -> None:
+        """Flags that need --teacher, and --init_from_teacher_layers (see `TeacherArgs`)."""
+        if self.teacher is None:
+            own = [
+                f
+                for f in dataclasses.fields(DistillArgs)
+                if f.name not in {g.name for g in dataclasses.fields(TeacherArgs)}
+            ]
+            given = [f"--{f.name}={getattr(self, f.name)}" for f in own if getattr(self, f.name) != f.default]
+            if given:
+                raise InputError(f"{', '.join(given)} need --teacher=MODEL, the model to distil from")
+        self.check_teacher_flags(init_checkpoint)
 
 
 @dataclass(kw_only=True)

@@ -7,6 +7,11 @@ ignored), else starts from `--init_checkpoint`, else from random weights. `--voc
 its `vocab_size` from the vocabulary (or, for pre-training without one, from the data's manifests). The
 config is checked against the vocabulary and `--max_seq_length`, the casing against the checkpoint's
 name and saved tokenizer settings, and a checkpoint to resume against the config.
+
+With `--init_from_teacher_layers` (`bert.flags.TeacherArgs`) the run starts instead from some of
+`--teacher`'s blocks (`bert.distillation.student_from_teacher_layers`): the teacher's config with that many
+layers, its vocabulary and tokenizer settings, and its weights for everything else, so every command that
+starts here (fine-tuning, pre-training, the sentence runners) can begin as DistilBERT does.
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from typing import Any
 
 from bert.checkpoint import Checkpoint, load_into, read_checkpoint
 from bert.config import BertConfig, resolve_config
+from bert.distillation import student_from_teacher_layers
 from bert.errors import InputError
-from bert.flags import SHAPE_NAMES
+from bert.flags import LAYERS_FLAG, SHAPE_NAMES, DistillArgs, TeacherArgs
 from bert.tokenization import load_vocab, validate_case_matches_checkpoint
 from bert.training import CHECKPOINT_PREFIX, check_checkpoint_config, latest_checkpoint, load_training_state
 
@@ -87,9 +93,14 @@ def resolve_starting_model(
     """
     verify = not args.ignore_checkpoint_digest
     resume_dir = latest_checkpoint(args.output_dir)
+    layers = _check_teacher_flags(args)
     if do_lower_case is not None:
         validate_case_matches_checkpoint(do_lower_case, args.init_checkpoint)
     init = read_checkpoint(args.init_checkpoint, verify=verify) if args.init_checkpoint and not resume_dir else None
+    init_flag = f"--init_checkpoint={args.init_checkpoint}"
+    if layers is not None and not resume_dir:
+        init = _from_teacher_layers(args.teacher, layers, verify)
+        init_flag = f"--teacher={args.teacher}"
     source = init
     if resume_dir is not None and not (args.bert_config_file and args.vocab_file):
         source = read_checkpoint(resume_dir, verify=verify)
@@ -116,12 +127,49 @@ def resolve_starting_model(
         saved = init.tokenizer_settings.get("do_lower_case")
         if saved is not None and bool(saved) != do_lower_case:
             raise InputError(
-                f"--do_lower_case={do_lower_case} does not match --init_checkpoint={args.init_checkpoint}, "
+                f"--do_lower_case={do_lower_case} does not match {init_flag}, "
                 f"whose tokenizer_config.json says do_lower_case={bool(saved)}; pass --do_lower_case={bool(saved)}"
             )
     if resume_dir is not None:
         check_checkpoint_config(resume_dir, config)
     return StartingModel(config, vocab_file, vocab, resume_dir, init)
+
+
+def _check_teacher_flags(args: Any) -> list[int] | None:
+    """The teacher flags of a command that takes them (`TeacherArgs`; `DistillArgs` where it distils): checked
+    here, where every training command resolves its model; returns --init_from_teacher_layers' indices."""
+    if not isinstance(args, TeacherArgs):
+        return None
+    # ModelArgs' flags, which every command with TeacherArgs has (pretrain takes them one by one).
+    init_checkpoint: str | None = getattr(args, "init_checkpoint", None)
+    bert_config_file: str | None = getattr(args, "bert_config_file", None)
+    if isinstance(args, DistillArgs):
+        args.check_distill_flags(init_checkpoint)
+    else:
+        args.check_teacher_flags(init_checkpoint)
+        if args.teacher is not None and args.init_from_teacher_layers is None and not args.distils:
+            raise InputError(
+                f"--teacher={args.teacher}: this command takes a teacher only to start from its layers; add "
+                f"{LAYERS_FLAG}=0,2,... or drop --teacher"
+            )
+    layers = args.teacher_layers()
+    if layers is not None and bert_config_file:
+        raise InputError(
+            f"{LAYERS_FLAG}: the student's config is --teacher's with {len(layers)} layers; drop "
+            f"--bert_config_file={bert_config_file}"
+        )
+    return layers
+
+
+def _from_teacher_layers(teacher: str, layers: list[int], verify: bool) -> Checkpoint:
+    """The checkpoint of a student made of `layers` of `teacher` (see the module docstring)."""
+    ckpt = read_checkpoint(teacher, verify=verify)
+    if ckpt.config is None:
+        raise InputError(f"--teacher={teacher}: no config.json beside the weights; {LAYERS_FLAG} needs the teacher's")
+    config, state = student_from_teacher_layers(ckpt.state_dict, ckpt.config, layers)
+    logger.info("starting from layers %s of the teacher %s", ",".join(map(str, layers)), teacher)
+    source = f"{teacher} ({LAYERS_FLAG}={','.join(map(str, layers))})"
+    return Checkpoint(state, source, ckpt.format, config, ckpt.vocab_file, dict(ckpt.tokenizer_settings))
 
 
 def _config(

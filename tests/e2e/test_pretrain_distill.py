@@ -13,7 +13,6 @@ import torch
 from bert.checkpoint import save_pretrained
 from bert.commands.pretrain import PretrainArgs, run_pretrain
 from bert.config import BertConfig
-from bert.distillation import soft_label_kl
 from bert.modeling import BertForPreTraining
 from bert.pretraining.inputs import features_to_model_inputs, open_pretraining_data
 from conftest import assert_same_weights, cli_error, read_metrics, read_weights, save_tiny_model, synthetic_data
@@ -36,7 +35,8 @@ def _held_out_kl(model_dir: Path, teacher_dir: Path, data: Path) -> float:
     source = open_pretraining_data(str(data), 32, 5, None)
     batch = features_to_model_inputs(source.get_batch(np.arange(len(source))))
     with torch.no_grad():
-        kl = soft_label_kl(student(**batch).mlm_logits, teacher(**batch).mlm_logits, 1.0)
+        s, t = student(**batch).mlm_logits.double(), teacher(**batch).mlm_logits.double()  # [B, P, V]
+    kl = (t.softmax(-1) * (t.log_softmax(-1) - s.log_softmax(-1))).sum(-1)  # [B, P]
     w = batch["masked_lm_weights"]
     return float((w * kl).sum() / w.sum())
 
@@ -132,3 +132,32 @@ def test_teacher_errors(tmp_path, setup, capsys):
         capsys, "pretrain", *base, f"--output_dir={tmp_path / 'c'}", bad, "--distill_attention", "--relation_heads=3"
     )
     assert "hidden_size=32 does not split into --relation_heads=3" in err
+
+
+def test_student_from_the_teachers_layers(tmp_path, setup):
+    """--init_from_teacher_layers starts the distilled student from the teacher's block 1 (a 1-layer student,
+    whose relation losses read the embeddings as the last block's input); one warm-up step at learning rate 0
+    leaves those weights as they were."""
+    out = tmp_path / "run"
+    args = PretrainArgs(
+        input_file=str(setup["data"]),
+        output_dir=str(out),
+        teacher=str(setup["teacher"]),
+        init_from_teacher_layers="1",
+        distill_attention=True,
+        do_train=True,
+        train_batch_size=8,
+        max_seq_length=32,
+        max_predictions_per_seq=5,
+        num_train_steps=1,
+        num_warmup_steps=1,
+        log_every=1,
+        device="cpu",
+    )
+    run_pretrain(args)
+    teacher, student = read_weights(setup["teacher"]), read_weights(out / "model")
+    assert student.keys() == {k for k in teacher if ".layer.1." not in k}
+    for key, value in student.items():
+        assert torch.equal(value, teacher[key.replace(".layer.0.", ".layer.1.")]), key
+    (m,) = read_metrics(out)
+    assert m["attention_relation_loss"] > 0 and m["value_relation_loss"] > 0 and m["masked_lm_kl"] > 0

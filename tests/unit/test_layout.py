@@ -112,6 +112,7 @@ def test_no_library_module_defines_a_command():
         "OptimizerArgs",
     }
     shared_flag_groups |= {"ModelArgs", "MaskingArgs", "CorpusArgs", "InferenceArgs", "ShardArgs"}
+    shared_flag_groups |= {"TeacherArgs", "DistillArgs"}
     for name, path in MODULES.items():
         if name.startswith("bert.commands"):
             continue

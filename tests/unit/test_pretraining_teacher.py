@@ -143,7 +143,7 @@ def test_distillation_loss_is_zero_for_the_teacher_itself_and_positive_otherwise
     assert all(p.grad is None for p in teacher.parameters())
 
 
-def test_masked_lm_kl_is_the_weighted_mean_of_the_soft_label_kl():
+def test_masked_lm_kl_is_the_weighted_mean_of_the_kl_at_the_masked_positions():
     torch.manual_seed(0)
     teacher = BertForPreTraining(_config()).eval().requires_grad_(False)
     student = BertForPreTraining(_config(hidden_size=16, num_attention_heads=2)).eval()

@@ -53,12 +53,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bert.flags import FinetuneArgs
+from bert.flags import DistillArgs, FinetuneArgs
 from bert.tasks.glue import ClassificationTask
 
 
 @dataclass(kw_only=True)
-class ClassifyArgs(FinetuneArgs):
+class ClassifyArgs(FinetuneArgs, DistillArgs):
     """Fine-tune and evaluate BERT on sentence (pair) classification (run_classifier.py).
 
     Resumes from the newest checkpoint in --output_dir when there is one.

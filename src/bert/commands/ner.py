@@ -24,12 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bert.flags import FinetuneArgs
+from bert.flags import FinetuneArgs, TeacherArgs
 from bert.tasks.ner import NerTask
 
 
 @dataclass(kw_only=True)
-class NerArgs(FinetuneArgs):
+class NerArgs(FinetuneArgs, TeacherArgs):
     """Fine-tune and evaluate BERT on named-entity recognition (CoNLL-2003 files).
 
     Resumes from the newest checkpoint in --output_dir when there is one.

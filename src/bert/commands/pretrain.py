@@ -6,18 +6,25 @@ The runner is `bert.pretraining.run`; its docstring says what the run does (data
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from bert.flags import INFERENCE_DTYPES, MaskingArgs, ModelArgs, TrainingArgs, same_as
+from bert.flags import INFERENCE_DTYPES, DistillArgs, MaskingArgs, ModelArgs, TeacherArgs, TrainingArgs, same_as
 
 
 @dataclass(kw_only=True)
-class PretrainArgs(MaskingArgs, TrainingArgs):
+class PretrainArgs(MaskingArgs, TrainingArgs, TeacherArgs):
     """Pre-train BERT with the masked-LM and next-sentence objectives (run_pretraining.py).
 
     Resumes from the newest checkpoint in --output_dir when there is one. Under
     `torchrun --nproc_per_node=N bert pretrain ...` the processes share the global batch.
+
+    With --teacher, the student is distilled from it (task-agnostic distillation): its masked-LM distribution
+    is trained towards the teacher's, and with --distill_attention its last layer's self-attention too
+    (MiniLM). The teacher runs on every batch, on-line: its outputs are not cached, as pre-training data is
+    streamed and too large to keep them for.
     """
+
+    distils: ClassVar[bool] = True
 
     input_file: str = field(
         metadata={
@@ -47,32 +54,10 @@ class PretrainArgs(MaskingArgs, TrainingArgs):
     fsdp: bool = field(
         default=False, metadata={"help": "Under torchrun, shard the model with FSDP instead of replicating it (DDP)."}
     )
-    teacher: str | None = field(
-        default=None,
-        metadata={
-            "run_defining": "train",
-            "help": "Distil this pre-trained BERT with its masked-LM head (any format; the same vocabulary as the "
-            "student): the student's masked-LM distribution is trained towards the teacher's at the masked "
-            "positions. The teacher runs frozen on every batch, on-line: its outputs are not cached.",
-        },
-    )
-    temperature: float = field(
-        default=1.0,
-        metadata={
-            "run_defining": "train",
-            "positive": True,
-            "help": "The softmax temperature T of the distillation loss KL(softmax(t/T) || softmax(s/T)) * T^2.",
-        },
-    )
-    distill_alpha: float = field(
-        default=0.5,
-        metadata={
-            "run_defining": "train",
-            "min": 0.0,
-            "max": 1.0,
-            "help": "The weight of the distillation loss; the label loss gets 1 - alpha.",
-        },
-    )
+    # --teacher (TeacherArgs): distilled on-line, its outputs computed for every batch and not cached, since
+    # pre-training data is streamed and too large to hold them (DistillArgs' cache serves fine-tuning data).
+    temperature: float = same_as(DistillArgs, "temperature")
+    distill_alpha: float = same_as(DistillArgs, "distill_alpha")
     teacher_dtype: str = field(
         default="float32",
         metadata={

@@ -41,12 +41,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert.errors import InputError
-from bert.flags import FinetuneArgs, ModelArgs, same_as
+from bert.flags import FinetuneArgs, ModelArgs, TeacherArgs, same_as
 from bert.tasks.squad import NO_EVAL, SquadTask
 
 
 @dataclass(kw_only=True)
-class SquadArgs(FinetuneArgs):
+class SquadArgs(FinetuneArgs, TeacherArgs):
     """Fine-tune BERT on SQuAD v1.1 / v2.0 and predict answers (run_squad.py).
 
     Predicting on a file with gold answers also runs the official evaluation. Resumes from the newest

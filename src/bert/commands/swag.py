@@ -17,12 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bert.flags import FinetuneArgs
+from bert.flags import FinetuneArgs, TeacherArgs
 from bert.tasks.swag import SwagTask
 
 
 @dataclass(kw_only=True)
-class SwagArgs(FinetuneArgs):
+class SwagArgs(FinetuneArgs, TeacherArgs):
     """Fine-tune and evaluate BERT on SWAG multiple choice.
 
     Resumes from the newest checkpoint in --output_dir when there is one.

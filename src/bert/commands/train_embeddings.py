@@ -16,11 +16,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bert.flags import EMBEDDING_LOSSES, FinetuneArgs, ModelArgs, OptimizerArgs, TrainingArgs, same_as
+from bert.flags import (
+    EMBEDDING_LOSSES,
+    FinetuneArgs,
+    ModelArgs,
+    OptimizerArgs,
+    TeacherArgs,
+    TrainingArgs,
+    same_as,
+)
 
 
 @dataclass(kw_only=True)
-class SentenceTrainingArgs(ModelArgs, TrainingArgs):
+class SentenceTrainingArgs(ModelArgs, TrainingArgs, TeacherArgs):
     """The flags `bert train-embeddings` and `bert train-reranker` share."""
 
     train_file: str | None = field(

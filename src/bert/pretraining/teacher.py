@@ -26,7 +26,7 @@ import torch
 
 from bert.checkpoint import load_into, read_checkpoint
 from bert.config import BertConfig
-from bert.distillation import minilm_losses, soft_label_kl
+from bert.distillation import kd_classification_loss, minilm_losses
 from bert.errors import InputError
 from bert.flags import check_dtype
 from bert.modeling import BertForPreTraining, bf16_in_hardware
@@ -128,7 +128,9 @@ class DistillationLoss:
             target = self.teacher(**inputs)
         out = model(**batch, loss_normalizers=totals)
         weights = batch["masked_lm_weights"].float()  # [B, P]
-        kl = soft_label_kl(out.mlm_logits, target.mlm_logits, self.temperature)  # [B, P]
+        B, P, V = out.mlm_logits.shape
+        student_logits, teacher_logits = out.mlm_logits.reshape(B * P, V), target.mlm_logits.reshape(B * P, V)
+        kl = kd_classification_loss(student_logits, teacher_logits, self.temperature).view(B, P)
         masked_lm_kl = (weights * kl).sum() / (totals["masked_lm_weight"] + 1e-5)
         loss = self.alpha * masked_lm_kl + (1.0 - self.alpha) * out.masked_lm_loss + out.next_sentence_loss
         metrics = pretraining_metrics(out, batch, totals)
