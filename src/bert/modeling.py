@@ -574,9 +574,10 @@ class BertModel(BertPreTrainedModel):
         attention = self.encoder.layer[-1].attention.self
         if self.encoder_dtype is not None:
             inputs = inputs.to(self.encoder_dtype)
-        return tuple(  # type: ignore[return-value]
+        q, k, v = (
             _linear(p, inputs).to(out.sequence_output.dtype) for p in (attention.query, attention.key, attention.value)
         )
+        return q, k, v
 
 
 # --------------------------------------------------------------------------------- pre-training heads

@@ -128,7 +128,7 @@ def run_pretraining(args: Any) -> dict[str, Any]:
             source.check_ids(config.vocab_size, config.type_vocab_size)
         loss_fn: training.LossFn = pretraining_loss
         totals_fn: training.TotalsFn = BertForPreTraining.loss_normalizers
-        if args.teacher and args.do_train:
+        if args.teacher and args.do_train and (args.distill_alpha > 0 or args.distill_attention):
             teacher = load_teacher(args, config, args.vocab_file, dist.device)
             train_source.check_ids(teacher.config.vocab_size, teacher.config.type_vocab_size)
             heads = relation_heads(args, config, teacher.config)

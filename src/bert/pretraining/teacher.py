@@ -15,6 +15,8 @@ masked_lm_kl is KL(softmax(t / T) || softmax(s / T)) * T^2 at the masked positio
 masked_lm_weights as the label loss is (Turc et al.'s pre-trained distillation, with the masked-LM labels
 mixed in); the next-sentence head learns from the labels only. The relation losses are MiniLM's
 (`bert.distillation.minilm_losses`), means over relation heads and the real tokens of the global batch.
+With --distill_alpha=0 and no --distill_attention the teacher is not run: --init_from_teacher_layers then
+only gives the student's starting weights.
 """
 
 from __future__ import annotations
