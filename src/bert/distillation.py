@@ -10,6 +10,9 @@ module is the one place for it:
   without running the teacher again;
 - the soft-label losses (`kd_*`), per example, so the heads' `loss_normalizers` design still adds
   micro-batches and processes up to the loss of the global batch;
+- the teachers of the fine-tuning commands: `ClassificationTeacher` reads raw text as `bert predict` does
+  (its own tokenizer, so the student may have another vocabulary), `TokenTeacher` the student's own word
+  pieces (NER: the same vocabulary), and `distillation_loss`, the loss of a batch that carries their outputs;
 - a student made of some of the teacher's layers (`student_from_teacher_layers`, DistilBERT's start),
   which `bert.starting_model` builds for `--init_from_teacher_layers`;
 - MiniLM's relation losses between the last layers' self-attention (`minilm_losses`), which
@@ -35,11 +38,23 @@ import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 
-from bert.checkpoint import DIGEST_KEY, WEIGHTS_NAME, read_checkpoint, tensors_digest
+from bert.checkpoint import (
+    CONFIG_NAME,
+    DIGEST_KEY,
+    TOKENIZER_CONFIG_NAME,
+    VOCAB_NAME,
+    WEIGHTS_NAME,
+    read_checkpoint,
+    tensors_digest,
+)
 from bert.config import BertConfig
 from bert.errors import InputError
 from bert.flags import LAYERS_FLAG
+from bert.inference import Predictor
+from bert.modeling import IGNORE_INDEX
 from bert.outputs import remove_temporaries
+from bert.tokenization import load_vocab
+from bert.training import DistContext, LossFn
 from bert.utils import atomic_write, load_json_file, progress
 
 logger = logging.getLogger(__name__)
@@ -239,8 +254,8 @@ def student_from_teacher_layers(
 def kd_classification_loss(
     student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float
 ) -> torch.Tensor:
-    """[B]: KL(softmax(teacher / T) || softmax(student / T)) * T^2 per example, from [B, L] logits (Hinton et
-    al.'s soft targets; the T^2 keeps the gradient's scale as T changes). One term per example."""
+    """[B]: KL(softmax(teacher / T) || softmax(student / T)) * T^2 per example, from [B, L] logits (soft targets;
+    the T^2 keeps the gradient's scale as T changes). One term per example."""
     t = float(temperature)
     log_p_teacher = F.log_softmax(teacher_logits.float() / t, dim=-1)
     log_p_student = F.log_softmax(student_logits.float() / t, dim=-1)
@@ -271,6 +286,266 @@ def kd_token_loss(
     B, T, L = student_logits.shape
     per_token = kd_classification_loss(student_logits.reshape(B * T, L), teacher_logits.reshape(B * T, L), temperature)
     return (per_token.view(B, T) * mask.float()).sum(-1)
+
+
+# ------------------------------------------------------------------------------- fine-tuning students
+CACHE_DIR = "teacher_cache"  # in --output_dir unless --teacher_cache_dir says
+TEACHER_KEY = "teacher_logits"  # a batch's teacher outputs, beside the head's inputs
+LABELLED_KEY = "labelled"  # 1 for an example with a label, 0 for a transfer example (the teacher's label only)
+# The loss of each kind of head's outputs; a kind is the head's problem type, or "token" (NER).
+KINDS = ("single_label_classification", "regression", "multi_label_classification", "token")
+
+
+def _teacher_base(teacher: str) -> Path:
+    p = Path(teacher)
+    return p if p.is_dir() else p.parent
+
+
+def teacher_config(teacher: str) -> BertConfig:
+    """The config beside a teacher's weights (no weights are read), for the checks before a run starts."""
+    base = _teacher_base(teacher)
+    for name in (CONFIG_NAME, "bert_config.json"):
+        if (base / name).is_file():
+            return BertConfig.from_json_file(base / name)
+    if not Path(teacher).exists():
+        raise InputError(f"--teacher={teacher}: no such model directory or checkpoint")
+    raise InputError(
+        f"--teacher={teacher}: no config.json beside the weights; the teacher must be a model this project loads"
+    )
+
+
+def teacher_files_digest(teacher: str) -> str:
+    """The digest of what besides the weights decides a teacher's outputs: its config (labels, fine-tuning
+    length, long-document settings), vocabulary and tokenizer settings."""
+    base = _teacher_base(teacher)
+    names = (CONFIG_NAME, "bert_config.json", VOCAB_NAME, TOKENIZER_CONFIG_NAME)
+    return data_digest(*[x for n in names if (base / n).is_file() for x in (n, base / n)])
+
+
+def label_order(teacher: str, teacher_labels: Sequence[str] | None, student_labels: Sequence[str] | None) -> list[int]:
+    """The teacher's output column of each student label: the teacher must know the student's labels, in any
+    order (`InputError` naming both lists otherwise)."""
+    if teacher_labels is None or student_labels is None or sorted(teacher_labels) != sorted(map(str, student_labels)):
+        raise InputError(
+            f"--teacher={teacher} has the labels {list(teacher_labels) if teacher_labels else 'none saved'}, the "
+            f"student's data {list(student_labels) if student_labels else 'none'}; distil from a teacher fine-tuned "
+            "on the same label set"
+        )
+    return [list(teacher_labels).index(str(label)) for label in student_labels]
+
+
+class ClassificationTeacher:
+    """A fine-tuned classifier (`bert classify`'s OUTPUT/model) run on raw text as `bert predict` runs it: its
+    own tokenizer, casing, length and long-document settings, so the student may have another vocabulary.
+
+    Args:
+        teacher: the --teacher path.
+        problem_type: the student's (`single_label_classification`, `regression`, `multi_label_classification`).
+        labels: the student's label list (None for regression).
+        teacher_labels: the label list saved in the teacher's config (`finetune.saved_label_list`).
+    """
+
+    def __init__(self, teacher: str, problem_type: str, labels: Sequence[str] | None, teacher_labels: list[str] | None):
+        self.teacher = teacher
+        config = teacher_config(teacher)
+        own = config.extra.get("problem_type") or (
+            "regression" if not teacher_labels else "single_label_classification"
+        )
+        if own != problem_type:
+            raise InputError(
+                f"--teacher={teacher} is a {own} model, the student's task is {problem_type}; distil from a teacher of "
+                "the same kind"
+            )
+        self.problem_type = problem_type
+        self.columns = [0] if problem_type == "regression" else label_order(teacher, teacher_labels, labels)
+
+    @property
+    def kind(self) -> str:
+        """The distillation loss's kind (`KINDS`)."""
+        return self.problem_type
+
+    def outputs(
+        self,
+        examples: Sequence[Any],
+        features: Sequence[Any],
+        example_rows: np.ndarray,
+        collate: Callable[[Sequence[Any]], dict[str, np.ndarray]],
+        cache_dir: str | os.PathLike,
+        dist: DistContext,
+        batch_size: int,
+        desc: str = "teacher",
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The teacher's logits of `examples` (`text_a`, `text_b`), [N, L] in the teacher's label order, through
+        the cache (computed by rank 0 once; every rank reads the file), and each feature's row: its example's
+        (`example_rows`; the windows of a long document share their example's)."""
+        pairs = [(e.text_a, e.text_b) for e in examples]
+        key = {
+            "outputs": "classification_logits",
+            "teacher": weights_digest(self.teacher),
+            "teacher_files": teacher_files_digest(self.teacher),
+            "texts": data_digest(pairs),
+        }
+        predictor: list[Predictor] = []
+
+        def compute(start: int, stop: int) -> np.ndarray:
+            if not predictor:  # loaded only when the cache misses
+                predictor.append(Predictor.from_pretrained(self.teacher, device=dist.device, batch_size=batch_size))
+            return predictor[0].classification_logits(pairs[start:stop])
+
+        width = len(self.columns)
+        cached = _cached_by_rank0(dist, cache_dir, key, len(pairs), (width,), compute, desc)
+        return cached, example_rows
+
+
+class TokenTeacher:
+    """A fine-tuned token classifier (`bert ner`'s OUTPUT/model) run on the student's own features: its logits
+    at every word piece, so it must read the text as the student does (the same vocabulary and casing).
+
+    Args:
+        teacher: the --teacher path.
+        labels: the student's label list.
+        teacher_labels: the label list saved in the teacher's config.
+        vocab_file, do_lower_case, max_seq_length: the student's.
+    """
+
+    kind = "token"
+
+    def __init__(
+        self,
+        teacher: str,
+        labels: Sequence[str],
+        teacher_labels: list[str] | None,
+        vocab_file: str,
+        do_lower_case: bool,
+        max_seq_length: int,
+    ):
+        self.teacher = teacher
+        config = teacher_config(teacher)
+        base = _teacher_base(teacher)
+        if not (base / VOCAB_NAME).is_file() or load_vocab(base / VOCAB_NAME) != load_vocab(vocab_file):
+            raise InputError(
+                f"--teacher={teacher}: its vocab.txt is not the student's --vocab_file={vocab_file}; token-level "
+                "distillation pairs the teacher's and the student's word pieces, so both must use one vocabulary"
+            )
+        casing = _read_tokenizer_casing(base)
+        if casing is not None and casing != do_lower_case:
+            raise InputError(
+                f"--teacher={teacher} lower-cases {'its' if casing else 'no'} input (tokenizer_config.json), the "
+                f"student --do_lower_case={do_lower_case}; token-level distillation needs the same word pieces"
+            )
+        if max_seq_length > config.max_position_embeddings:
+            raise InputError(
+                f"--max_seq_length={max_seq_length} exceeds --teacher={teacher}'s max_position_embeddings="
+                f"{config.max_position_embeddings}"
+            )
+        self.max_seq_length = max_seq_length
+        self.columns = label_order(teacher, teacher_labels, labels)
+
+    def outputs(
+        self,
+        examples: Sequence[Any],
+        features: Sequence[Any],
+        example_rows: np.ndarray,
+        collate: Callable[[Sequence[Any]], dict[str, np.ndarray]],
+        cache_dir: str | os.PathLike,
+        dist: DistContext,
+        batch_size: int,
+        desc: str = "teacher",
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """[F, max_seq_length, L] the teacher's logits at each feature's positions (zero past its end), in the
+        teacher's label order, through the cache; each feature's row is its own."""
+        key = {
+            "outputs": "token_logits",
+            "teacher": weights_digest(self.teacher),
+            "teacher_files": teacher_files_digest(self.teacher),
+            "inputs": data_digest([[list(f.input_ids), list(f.segment_ids)] for f in features]),
+        }
+        predictor: list[Predictor] = []
+
+        def compute(start: int, stop: int) -> np.ndarray:
+            if not predictor:  # loaded only when the cache misses
+                predictor.append(Predictor.from_pretrained(self.teacher, device=dist.device, batch_size=batch_size))
+            model, device = predictor[0].model, predictor[0].device
+            out = np.zeros((stop - start, self.max_seq_length, len(self.columns)), dtype=np.float32)
+            for i in range(start, stop, batch_size):
+                arrays = collate(features[i : min(i + batch_size, stop)])
+                ids, mask, types = (
+                    torch.from_numpy(arrays[k]).to(device) for k in ("input_ids", "attention_mask", "token_type_ids")
+                )
+                logits = model(ids, mask, types).logits.float().cpu().numpy()  # [B, T, L]
+                out[i - start : i - start + len(logits), : logits.shape[1]] = logits
+            return out
+
+        shape = (self.max_seq_length, len(self.columns))
+        cached = _cached_by_rank0(dist, cache_dir, key, len(features), shape, compute, desc)
+        return cached, np.arange(len(features))
+
+
+def _read_tokenizer_casing(base: Path) -> bool | None:
+    """do_lower_case of the tokenizer_config.json in `base` (None when it says nothing)."""
+    settings = load_json_file(base / TOKENIZER_CONFIG_NAME, "tokenizer_config.json", missing_ok=True)
+    value = settings.get("do_lower_case") if isinstance(settings, dict) else None
+    return None if value is None else bool(value)
+
+
+Teacher = ClassificationTeacher | TokenTeacher
+
+
+def _cached_by_rank0(
+    dist: DistContext,
+    cache_dir: str | os.PathLike,
+    key: Mapping[str, object],
+    num_rows: int,
+    row_shape: tuple[int, ...],
+    compute: Callable[[int, int], np.ndarray],
+    desc: str,
+) -> np.ndarray:
+    """`cached_teacher_outputs` computed by rank 0, then read by the other ranks; an error on rank 0 stops all."""
+    error: BaseException | None = None
+    result = None
+    if dist.is_main:
+        try:
+            result = cached_teacher_outputs(cache_dir, key, num_rows, row_shape, compute, desc=desc)
+        except (InputError, OSError) as e:
+            error = e
+    message = dist.gather_object(None if error is None else str(error))[0]
+    if error is not None:
+        raise error
+    if message is not None:
+        raise InputError(message)
+    if result is None:
+        result = cached_teacher_outputs(cache_dir, key, num_rows, row_shape, compute, desc=desc)
+    return result
+
+
+def distillation_loss(kind: str, alpha: float, temperature: float) -> LossFn:
+    """A `training.LossFn` for a fine-tuning head with the teacher's outputs in its batch (`TEACHER_KEY`,
+    `LABELLED_KEY`): per example `alpha * KD + (1 - alpha) * label loss`, or KD alone for a transfer example,
+    divided by the head's `loss_normalizers` count of the global batch, so micro-batches and processes add up."""
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r} must be one of {', '.join(KINDS)}")
+
+    def loss_fn(model: torch.nn.Module, batch: dict, totals: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        inputs = {k: v for k, v in batch.items() if k not in (TEACHER_KEY, LABELLED_KEY)}
+        out = model(**inputs)
+        teacher = batch[TEACHER_KEY]
+        if kind == "token":  # cached at --max_seq_length; the batch is padded to its longest feature
+            teacher = teacher[:, : out.logits.shape[1]]
+        if kind == "regression":
+            kd = kd_regression_loss(out.logits, teacher)
+        elif kind == "multi_label_classification":
+            kd = kd_multi_label_loss(out.logits, teacher, temperature)
+        elif kind == "token":
+            kd = kd_token_loss(out.logits, teacher, inputs["labels"] != IGNORE_INDEX, temperature)
+        else:
+            kd = kd_classification_loss(out.logits, teacher, temperature)
+        labelled = batch[LABELLED_KEY].float()
+        example = labelled * (alpha * kd + (1.0 - alpha) * out.example_loss) + (1.0 - labelled) * kd
+        count = totals["count"].clamp(min=1.0)
+        loss = example.sum() / count
+        return loss, {"loss": loss.detach(), "kd_loss": (kd.sum() / count).detach()}
+
+    return loss_fn
 
 
 # ------------------------------------------------------------------------------- MiniLM relation losses

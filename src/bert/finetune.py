@@ -38,6 +38,11 @@ every task, following run_classifier.py's `main`:
    `eval_loss`, `global_step`, `loss` plus the task's metrics) with `eval_results.json`, and the task's
    prediction files.
 
+7. Distillation (`--teacher`, classify and NER, `bert.distillation`): the teacher's outputs on the training
+   and `--transfer_file` examples are computed once (cached) and each batch carries its features' rows; the
+   loss is `distillation.distillation_loss` under the head's `loss_normalizers`, and the transfer examples
+   count in the step arithmetic.
+
 Rerunning a command with the same `--output_dir` resumes from its newest checkpoint; a finished
 training is not repeated (evaluation and prediction run again and give the same files).
 """
@@ -46,7 +51,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,10 +59,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from bert import training
+from bert import distillation, training
 from bert.config import BertConfig
 from bert.errors import InputError
 from bert.flags import (
+    DistillArgs,
     FinetuneArgs,
     check_batch_division,
     check_flag_values,
@@ -94,6 +100,12 @@ def saved_label_list(config) -> list[str] | None:
     if labels == [f"LABEL_{i}" for i in range(len(labels))]:
         return None
     return labels
+
+
+def _example_rows(features: Sequence) -> list[int]:
+    """Each feature's example: its `example_index` (a window of a long document), else its position (one
+    feature per example)."""
+    return [i if getattr(f, "example_index", None) is None else int(f.example_index) for i, f in enumerate(features)]
 
 
 # ---------------------------------------------------------------------------------------------- batches
@@ -163,14 +175,16 @@ def train_batches(
     world_size: int,
     accumulation: int,
     pad_to: int | None,
+    extra: Callable[[np.ndarray], dict[str, np.ndarray]] | None = None,
 ) -> Iterator[list[dict[str, torch.Tensor]]]:
     """Per step from `start_step`: this rank's micro-batches, each padded to its own longest feature
-    (or to `pad_to`). The global batch is cut into `world_size * accumulation` equal parts, in order."""
+    (or to `pad_to`). The global batch is cut into `world_size * accumulation` equal parts, in order.
+    `extra(indices)`: more arrays of those features for the loss (a teacher's outputs)."""
     step = start_step
     while True:
         parts = np.array_split(plan.batch(step), world_size * accumulation)
         yield [
-            to_tensors(task.collate([features[i] for i in part], pad_to))
+            to_tensors({**task.collate([features[i] for i in part], pad_to), **(extra(part) if extra else {})})
             for part in parts[rank * accumulation : (rank + 1) * accumulation]
         ]
         step += 1
@@ -284,6 +298,9 @@ def run_finetune(args: FinetuneArgs, task: FinetuneTask) -> dict[str, Any]:
     """Train, evaluate and/or predict as the flags say; returns
     `{"output_dir", "global_step", "num_train_steps", "train", "eval", "predict"}`."""
     inputs = {"--data_dir": args.data_dir, "--init_checkpoint": args.init_checkpoint}
+    inputs.update(
+        {"--teacher": getattr(args, "teacher", None), "--transfer_file": getattr(args, "transfer_file", None)}
+    )
     inputs.update({"--vocab_file": args.vocab_file, "--bert_config_file": args.bert_config_file})
     with training.distributed(args.device) as dist:
         with training.claim_output_dir(args.output_dir, task.command, dist, inputs):
@@ -345,9 +362,10 @@ class _FinetuneRun:
             config.extra["id2label"] = {str(i): str(label) for i, label in enumerate(labels)}
             config.extra["label2id"] = {str(label): i for i, label in enumerate(labels)}
         config.extra.update(task.inference_config(), max_seq_length=args.max_seq_length)
+        self.teacher, self.transfer_examples = self.distillation_setup(labels)
         self.total_steps = self.warmup_steps = 0
         if args.do_train:
-            n = len(self.train_examples)
+            n = len(self.train_examples) + len(self.transfer_examples)
             self.total_steps = num_train_steps(n, args.train_batch_size, args.num_train_epochs)
             self.warmup_steps = num_warmup_steps(self.total_steps, args.warmup_proportion)
             if self.total_steps < 1:
@@ -359,6 +377,72 @@ class _FinetuneRun:
         self.metric = args.metric_for_best_model or task.default_metric
         self.history = EvalHistory(self.output_dir / EVAL_HISTORY_NAME, self.metric, args.early_stopping_patience)
         self.pad_to = args.max_seq_length if args.pad_to_max_seq_length else None
+
+    def distillation_setup(self, labels: list | None) -> tuple[distillation.Teacher | None, list]:
+        """The teacher of a distillation run (`bert.distillation`, checked against the student's task) and the
+        transfer examples; (None, []) without --teacher."""
+        args, task = self.args, self.task
+        if not isinstance(args, DistillArgs) or args.teacher is None:
+            return None, []
+        if not args.do_train:
+            raise InputError(f"--teacher={args.teacher} labels the training data: add --do_train, or drop --teacher")
+        if args.distill_alpha == 0 and not args.transfer_file:
+            if args.init_from_teacher_layers is not None:
+                return None, []  # the teacher gives its layers only: its outputs would weigh nothing
+            raise InputError(
+                f"--distill_alpha=0 without --transfer_file leaves --teacher={args.teacher} nothing to do: raise "
+                "--distill_alpha, add --transfer_file, or drop --teacher"
+            )
+        teacher_labels = saved_label_list(distillation.teacher_config(args.teacher))
+        teacher: distillation.Teacher
+        if task.head == "BertForSequenceClassification":
+            problem_type = task.inference_config()["problem_type"]
+            teacher = distillation.ClassificationTeacher(args.teacher, problem_type, labels, teacher_labels)
+        elif task.head == "BertForTokenClassification":
+            vocab_file = self.files.start.vocab_file
+            assert labels is not None and vocab_file is not None  # NER has labels; fine-tuning needs a vocab
+            teacher = distillation.TokenTeacher(
+                args.teacher, labels, teacher_labels, vocab_file, args.do_lower_case, args.max_seq_length
+            )
+        else:
+            raise InputError(f"`bert {task.command}` does not distil: drop --teacher")
+        transfer = task.read_unlabelled(args.transfer_file) if args.transfer_file else []
+        return teacher, transfer
+
+    def distillation_inputs(self, features: list) -> tuple[list, Callable[[np.ndarray], dict[str, np.ndarray]]]:
+        """The training features with the transfer set's after them, and the arrays each batch adds for the
+        distillation loss: the teacher's outputs of each feature's example (cached) and whether it has a label."""
+        args, task, teacher = self.args, self.task, self.teacher
+        assert isinstance(args, DistillArgs) and teacher is not None
+        n_train = len(self.train_examples)
+        transfer_features = self.features_of(self.transfer_examples) if self.transfer_examples else []
+        all_features = features + transfer_features
+        example_rows = np.array(_example_rows(features) + [n_train + r for r in _example_rows(transfer_features)])
+        outputs, rows = teacher.outputs(
+            self.train_examples + self.transfer_examples,
+            all_features,
+            example_rows,
+            lambda part: task.collate(part, None),
+            args.teacher_cache_dir or self.output_dir / distillation.CACHE_DIR,
+            self.dist,
+            args.eval_batch_size,
+            desc=f"{task.command} teacher",
+        )
+        labelled = np.concatenate([np.ones(len(features)), np.zeros(len(transfer_features))]).astype(np.float32)
+        columns = np.array(teacher.columns)
+        logger.info(
+            "  Transfer examples = %d (%d features, the teacher's labels only)",
+            len(self.transfer_examples),
+            len(transfer_features),
+        )
+
+        def extra(indices: np.ndarray) -> dict[str, np.ndarray]:
+            return {
+                distillation.TEACHER_KEY: np.asarray(outputs[rows[indices]][..., columns], dtype=np.float32),
+                distillation.LABELLED_KEY: labelled[indices],
+            }
+
+        return all_features, extra
 
     def run(self) -> dict[str, Any]:
         args = self.args
@@ -462,6 +546,12 @@ class _FinetuneRun:
         Returns the last logged training metrics, None when no step was left to run."""
         args, task, dist = self.args, self.task, self.dist
         features = self.features_of(self.train_examples)
+        extra = None
+        loss_fn: training.LossFn = training.head_loss
+        if self.teacher is not None:
+            assert isinstance(args, DistillArgs)
+            features, extra = self.distillation_inputs(features)
+            loss_fn = distillation.distillation_loss(self.teacher.kind, args.distill_alpha, args.temperature)
         trainer = training.make_trainer(
             self.model,
             self.wrapped,
@@ -481,7 +571,7 @@ class _FinetuneRun:
             [task.feature_length(f) for f in features], args.train_batch_size, args.seed, args.group_by_length
         )
         logger.info("***** Running training *****")
-        logger.info("  Num examples = %d", len(self.train_examples))
+        logger.info("  Num examples = %d", len(self.train_examples) + len(self.transfer_examples))
         logger.info("  Batch size = %d", args.train_batch_size)
         logger.info("  Num steps = %d", self.total_steps)
         logger.info("  Warmup steps = %d", self.warmup_steps)
@@ -490,12 +580,14 @@ class _FinetuneRun:
         accumulation = args.gradient_accumulation_steps
 
         def batches(step: int) -> Iterator[list[dict[str, torch.Tensor]]]:
-            return train_batches(plan, task, features, step, dist.rank, dist.world_size, accumulation, self.pad_to)
+            return train_batches(
+                plan, task, features, step, dist.rank, dist.world_size, accumulation, self.pad_to, extra
+            )
 
         last = training.train_with_evaluations(
             trainer,
             batches,
-            training.head_loss,
+            loss_fn,
             self.total_steps,
             plan.state,
             history=self.history if self.evaluate_during_training else None,

@@ -479,7 +479,7 @@ class DistillArgs(TeacherArgs):
             "run_defining": "train",
             "positive": True,
             "help": "Softmax temperature T of the distillation loss, KL(softmax(teacher/T) || softmax(student/T)) * "
-            "T^2 (Hinton et al.); above 1 shows the student more of the teacher's ranking of the wrong labels.",
+            "T^2 (soft targets); above 1 shows the student more of the teacher's ranking of the wrong labels.",
         },
     )
     distill_alpha: float = field(

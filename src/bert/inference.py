@@ -686,10 +686,25 @@ class Predictor:
         threshold, best first; regression {"score"} (the model's output). With `top_k` != 1, also
         "scores": [{"label", "score"}, ...], best first.
         """
+        pooled = self.classification_logits(
+            inputs, batch_size, truncate=truncate, truncation_direction=truncation_direction
+        )
+        return [self._classification_result(row, top_k, raw_scores) for row in pooled]
+
+    def classification_logits(
+        self,
+        inputs: Sequence[str | tuple[str, str | None]],
+        batch_size: int | None = None,
+        *,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+    ) -> np.ndarray:
+        """The float32 logits [N, L] (label-list order) `classify` turns into its results, long inputs read as
+        `classify` reads them (a teacher's soft labels, `bert.distillation`, are these)."""
         self._require(CLASSIFICATION)
         pairs = self._checked_pairs(inputs)
         if not pairs:
-            return []
+            return np.zeros((0, self.model.num_labels), dtype=np.float32)
         with self._lock, _quiet_task_logs():
             if self.long_document == "truncate":
                 sequences = self._pair_sequences(pairs, truncate, truncation_direction)
@@ -704,10 +719,8 @@ class Predictor:
 
             logits = self._run(sequences, head, batch_size)
         if self.long_document == "truncate":
-            pooled = np.stack(logits).astype(np.float32)  # [N, L]
-        else:
-            pooled = pool_windows(logits, features, len(pairs), self.window_pooling)  # [N, L]
-        return [self._classification_result(row, top_k, raw_scores) for row in pooled]
+            return np.stack(logits).astype(np.float32)  # [N, L]
+        return pool_windows(logits, features, len(pairs), self.window_pooling).astype(np.float32)  # [N, L]
 
     @staticmethod
     def _checked_pairs(inputs: Sequence[str | tuple[str, str | None]]) -> list[tuple[str, str | None]]:

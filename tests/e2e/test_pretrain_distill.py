@@ -132,6 +132,8 @@ def test_teacher_errors(tmp_path, setup, capsys):
         capsys, "pretrain", *base, f"--output_dir={tmp_path / 'c'}", bad, "--distill_attention", "--relation_heads=3"
     )
     assert "hidden_size=32 does not split into --relation_heads=3" in err
+    err = cli_error(capsys, "pretrain", *base, f"--output_dir={tmp_path / 'e'}", bad, "--distill_alpha=0")
+    assert "--distill_alpha=0 and no --distill_attention is not learnt from" in err
 
 
 def test_student_from_the_teachers_layers(tmp_path, setup):

@@ -39,6 +39,17 @@ example, its predicted labels joined by the separator. The exported config.json 
 `id2label`, `label2id` and `label_thresholds`, plus `long_document`, `doc_stride` and `window_pooling` for
 every classifier, so `bert predict` does the same.
 
+Distillation (`--teacher=OUTPUT/model`, a larger classifier `bert classify` fine-tuned on the same labels,
+`bert.distillation`): the teacher reads every training example and every example of `--transfer_file`
+(unlabelled text in the test set's layout, e.g. GLUE's test.tsv) through its own tokenizer, length and
+window settings, as `bert predict` does, so its vocabulary and casing may differ from the student's; its
+logits are computed once and cached (`--teacher_cache_dir`, default OUTPUT_DIR/teacher_cache), so every
+epoch and a resumed run reuse them. A training example's loss is `--distill_alpha` x KD + (1 - alpha) x the
+label loss, a transfer example's KD alone; KD is KL(softmax(teacher/T) || softmax(student/T)) x T^2
+(`--temperature`), the squared difference for regression, the sigmoid cross-entropy against the teacher's
+probabilities for multi-label. Steps count the transfer examples. `--init_from_teacher_layers=0,2,4` also
+starts the student from those of the teacher's layers (DistilBERT's start) instead of `--init_checkpoint`.
+
 Outputs: `eval_results.txt` with the original's keys `eval_accuracy`, `eval_loss` (the mean loss per
 example; the mean squared error for regression, which has no `eval_accuracy`), `global_step`, `loss`
 (the mean over batches of `--eval_batch_size` of the batch loss, as the Estimator reports it), plus the

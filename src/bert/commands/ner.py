@@ -17,6 +17,12 @@ the word-level tag accuracy `eval_accuracy`, `eval_loss` (mean cross-entropy per
 `loss` and `global_step`; `eval_predictions.txt` (the dev set); and with `--do_predict`
 `test_predictions.txt` (`token gold pred` per line, a blank line after each sentence: conlleval's
 input) and `test_results.txt` with the same scores on the test set (`test_f1`, ...).
+
+Distillation (`--teacher=OUTPUT/model` of a larger `bert ner` run, `bert.distillation`): the teacher's
+logits at each word's first sub-token are soft labels (per-token KL at `--temperature`, weighted by
+`--distill_alpha` against the gold tags); `--transfer_file` adds sentences in the same layout (the word
+first; tags, if any, ignored) labelled by the teacher alone. The teacher reads the student's word pieces,
+so it must share the student's vocabulary and casing.
 """
 
 from __future__ import annotations
@@ -24,12 +30,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bert.flags import FinetuneArgs, TeacherArgs
+from bert.flags import DistillArgs, FinetuneArgs
 from bert.tasks.ner import NerTask
 
 
 @dataclass(kw_only=True)
-class NerArgs(FinetuneArgs, TeacherArgs):
+class NerArgs(FinetuneArgs, DistillArgs):
     """Fine-tune and evaluate BERT on named-entity recognition (CoNLL-2003 files).
 
     Resumes from the newest checkpoint in --output_dir when there is one.

@@ -78,8 +78,14 @@ def _check_flags(args: Any, world_size: int) -> None:
             "--do_whole_word_mask applies to --dynamic_masking only (static records keep the masks "
             "create-pretraining-data drew): add --dynamic_masking=true"
         )
-    if args.teacher and not args.do_train:
-        raise InputError("--teacher trains the student against it: add --do_train, or drop --teacher")
+    if args.teacher and args.init_from_teacher_layers is None:
+        if not args.do_train:
+            raise InputError("--teacher trains the student against it: add --do_train, or drop --teacher")
+        if args.distill_alpha == 0 and not args.distill_attention:
+            raise InputError(
+                f"--teacher={args.teacher} with --distill_alpha=0 and no --distill_attention is not learnt from: "
+                "raise --distill_alpha, add --distill_attention or --init_from_teacher_layers, or drop --teacher"
+            )
     if not args.teacher:
         defaults = {f.name: f.default for f in dataclasses.fields(args)}
         for flag in ("temperature", "distill_alpha", "teacher_dtype", "distill_attention", "relation_heads"):

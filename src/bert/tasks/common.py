@@ -65,6 +65,11 @@ class FinetuneTask:
         """The examples of `split` ("train", "dev" or "test"); raises InputError on bad data."""
         raise NotImplementedError
 
+    def read_unlabelled(self, path: str) -> list:
+        """The examples of a distillation transfer file (`--transfer_file`): the task's own input format, the
+        test set's where it has one; their labels are placeholders, the teacher's outputs replace them."""
+        raise InputError(f"`bert {self.command}` reads no --transfer_file")
+
     def labels(self) -> list | None:
         """The label list saved with the model as id2label (None: nothing to save)."""
         return None

@@ -236,6 +236,11 @@ class DataProcessor:
         """Gets the list of labels for this data set."""
         raise NotImplementedError()
 
+    def get_unlabelled_examples(self, path: str | os.PathLike) -> list[InputExample]:
+        """The examples of a file in the test set's format (texts only, each with the placeholder label): a
+        distillation transfer set, which the teacher labels."""
+        raise NotImplementedError()
+
     @classmethod
     def _read_tsv(cls, input_file: str | os.PathLike, quotechar: str | None = None) -> list[list[str]]:
         """Reads a tab separated value file (quoting off unless `quotechar` is given), as the original."""
@@ -277,6 +282,10 @@ class _TsvProcessor(DataProcessor):
     def get_test_examples(self, data_dir: str | os.PathLike) -> list[InputExample]:
         """See base class."""
         return self._create_examples(os.path.join(data_dir, self.test_file), "test")
+
+    def get_unlabelled_examples(self, path: str | os.PathLike) -> list[InputExample]:
+        """See base class."""
+        return self._create_examples(str(path), "test")
 
     def get_labels(self) -> list[Any]:
         """See base class."""
@@ -497,6 +506,10 @@ class XnliProcessor(DataProcessor):
         """See base class."""
         return self._create_xnli_examples(os.path.join(data_dir, "xnli.test.tsv"), "test")
 
+    def get_unlabelled_examples(self, path: str | os.PathLike) -> list[InputExample]:
+        """See base class."""
+        return self._create_xnli_examples(str(path), "test")
+
     def get_labels(self) -> list[Any]:
         """See base class."""
         return list(self.labels)
@@ -611,6 +624,10 @@ class GenericProcessor(DataProcessor):
         """See base class."""
         self._data_dir = data_dir
         return self._examples(os.path.join(data_dir, self.test_file), "test")
+
+    def get_unlabelled_examples(self, path: str | os.PathLike) -> list[InputExample]:
+        """See base class (the label cells of the test file's layout are read as the test file's are)."""
+        return self._examples(str(path), "test")
 
     def get_labels(self) -> list[Any]:
         """The given label list, or the labels of the training file of the last `data_dir` read."""
@@ -1247,6 +1264,9 @@ class ClassificationTask(FinetuneTask):
             return get(data_dir)
         except NotImplementedError:
             raise InputError(f"--task_name={self.args.task_name} has no {split} set") from None
+
+    def read_unlabelled(self, path: str) -> list:
+        return self.processor.get_unlabelled_examples(path)
 
     def labels(self) -> list | None:
         if self.is_regression:

@@ -110,6 +110,7 @@ def read_conll(
     set_type: str | None = None,
     num_columns: int | None = 4,
     label_list: Sequence[str] | None = None,
+    placeholder: str | None = None,
 ) -> list[NerExample]:
     """The sentences of a CoNLL file.
 
@@ -119,6 +120,8 @@ def read_conll(
         num_columns: columns every token line must have (4 for CoNLL-2003); None for whatever the first
             token line has. The word is the first column, the label the last.
         label_list: when given, a label outside it is an error naming the line.
+        placeholder: unlabelled text (a distillation transfer set): every word gets this label, and lines
+            may hold the word alone.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -145,19 +148,19 @@ def read_conll(
             continue
         if num_columns is None:
             num_columns = len(parts)
-        if len(parts) != num_columns or len(parts) < 2:
+        if len(parts) != num_columns or len(parts) < (2 if placeholder is None else 1):
             raise InputError(
                 f"{path}:{line_no}: expected {max(num_columns, 2)} whitespace-separated columns "
                 f"(token POS chunk NER for CoNLL-2003), found {len(parts)}; fix this line, or leave a blank "
                 f"line between sentences"
             )
-        if allowed is not None and parts[-1] not in allowed:
+        if placeholder is None and allowed is not None and parts[-1] not in allowed:
             raise InputError(
                 f"{path}:{line_no}: label {parts[-1]!r} is not one of {list(label_list or ())}; fix the label "
                 f"or use a label list that has it"
             )
         words.append(parts[0])
-        labels.append(parts[-1])
+        labels.append(parts[-1] if placeholder is None else placeholder)
     end_sentence()
     if not examples:
         raise InputError(f"{path} holds no sentences; expected 'token POS chunk NER' lines (CoNLL-2003 layout)")
@@ -388,6 +391,10 @@ class NerTask(FinetuneTask):
         if not os.path.isdir(self.args.data_dir):
             raise InputError(f"--data_dir={self.args.data_dir}: no such directory")
         return read_conll(os.path.join(self.args.data_dir, name), num_columns=None, label_list=self.label_list)
+
+    def read_unlabelled(self, path: str) -> list:
+        # The first label stands in for the teacher's: the features need one on each word's first piece.
+        return read_conll(path, set_type="transfer", num_columns=None, placeholder=self.label_list[0])
 
     def labels(self) -> list | None:
         return self.label_list
