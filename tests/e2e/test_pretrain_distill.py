@@ -3,7 +3,10 @@ resumes exactly, and refuses a teacher of another vocabulary."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +18,15 @@ from bert.commands.pretrain import PretrainArgs, run_pretrain
 from bert.config import BertConfig
 from bert.modeling import BertForPreTraining
 from bert.pretraining.inputs import features_to_model_inputs, open_pretraining_data
-from conftest import assert_same_weights, cli_error, read_metrics, read_weights, save_tiny_model, synthetic_data
+from conftest import (
+    assert_same_weights,
+    cli_error,
+    read_metrics,
+    read_weights,
+    save_tiny_model,
+    synthetic_data,
+    write_tiny_config,
+)
 
 TEACHER = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 
@@ -163,3 +174,39 @@ def test_student_from_the_teachers_layers(tmp_path, setup):
         assert torch.equal(value, teacher[key.replace(".layer.0.", ".layer.1.")]), key
     (m,) = read_metrics(out)
     assert m["attention_relation_loss"] > 0 and m["value_relation_loss"] > 0 and m["masked_lm_kl"] > 0
+
+
+def test_two_processes_distil_as_one(tmp_path, setup):
+    """Under DDP the student's last-block projections, recomputed outside its forward (`last_layer_qkv`), still
+    get their gradients reduced: 2 processes give the 1-process run's losses and weights."""
+    no_dropout = write_tiny_config(tmp_path / "no_dropout.json", 99, max_position_embeddings=32, hidden_dropout_prob=0)
+    flags = [
+        f"--bert_config_file={no_dropout}",  # dropout differs across ranks
+        f"--init_checkpoint={setup['init']}",
+        f"--vocab_file={setup['vocab']}",
+        f"--input_file={setup['data']}",
+        f"--teacher={setup['teacher']}",
+        "--distill_attention",
+        "--do_train",
+        "--train_batch_size=8",
+        "--max_seq_length=32",
+        "--max_predictions_per_seq=5",
+        "--num_train_steps=4",
+        "--num_warmup_steps=1",
+        "--learning_rate=3e-3",
+        "--log_every=1",
+        "--device=cpu",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.Popen(
+        [sys.executable, "-m", "bert", "pretrain", f"--output_dir={tmp_path / 'one'}", *flags], env=env
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "bert"]
+    done = subprocess.run([*cmd, "pretrain", f"--output_dir={tmp_path / 'two'}", *flags], env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert one.wait() == 0
+    a, b = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    for name in ("loss", "masked_lm_kl", "attention_relation_loss", "value_relation_loss", "grad_norm"):
+        np.testing.assert_allclose([m[name] for m in b], [m[name] for m in a], rtol=1e-4, err_msg=name)
+    wa, wb = read_weights(tmp_path / "one" / "model"), read_weights(tmp_path / "two" / "model")
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-5
