@@ -303,12 +303,13 @@ def _teacher_base(teacher: str) -> Path:
 
 def teacher_config(teacher: str) -> BertConfig:
     """The config beside a teacher's weights (no weights are read), for the checks before a run starts."""
+    p = Path(teacher)
+    if not (p.exists() or p.with_name(p.name + ".index").exists()):  # a TF checkpoint is a prefix
+        raise InputError(f"--teacher={teacher}: no such model directory or checkpoint")
     base = _teacher_base(teacher)
     for name in (CONFIG_NAME, "bert_config.json"):
         if (base / name).is_file():
             return BertConfig.from_json_file(base / name)
-    if not Path(teacher).exists():
-        raise InputError(f"--teacher={teacher}: no such model directory or checkpoint")
     raise InputError(
         f"--teacher={teacher}: no config.json beside the weights; the teacher must be a model this project loads"
     )

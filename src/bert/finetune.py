@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -406,6 +407,8 @@ class _FinetuneRun:
             )
         else:
             raise InputError(f"`bert {task.command}` does not distil: drop --teacher")
+        if args.transfer_file and not os.path.isfile(args.transfer_file):
+            raise InputError(f"--transfer_file={args.transfer_file}: no such file")
         transfer = task.read_unlabelled(args.transfer_file) if args.transfer_file else []
         return teacher, transfer
 

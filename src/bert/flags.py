@@ -469,8 +469,9 @@ class DistillArgs(TeacherArgs):
         default=None,
         metadata={
             "run_defining": "data",
-            "help": "Unlabelled examples in the command's own input format (labels, if any, are ignored), labelled "
-            "by --teacher and trained on with the distillation loss alone; training steps count them.",
+            "help": "Unlabelled examples in the command's own input format, the test set's where it has one (GLUE: "
+            "test.tsv's layout; ner: CoNLL lines, the word first, tags ignored), labelled by --teacher and trained on "
+            "with the distillation loss alone; training steps count them.",
         },
     )
     temperature: float = field(

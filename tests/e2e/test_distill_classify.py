@@ -8,7 +8,10 @@ student learns from it is plain to see: with --distill_alpha=1 the student's lab
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +32,7 @@ from conftest import (
     save_model_dir,
     shared_path,
     vocab_config,
+    write_tiny_config,
 )
 
 FAST = dict(max_seq_length=32, train_batch_size=8, learning_rate=2e-3, eval_batch_size=16, predict_batch_size=16)
@@ -164,6 +168,12 @@ def test_distillation_flag_errors(model_files, sst2, teacher, tmp_path, capsys):
     no_init = [f for f in flags if not f.startswith(("--init_checkpoint", "--bert_config_file", "--vocab_file"))]
     error = cli_error(capsys, "classify", *no_init, f"--teacher={teacher}", "--init_from_teacher_layers=0,2")
     assert "--init_from_teacher_layers=0,2: the teacher has 2 layers" in error
+    error = cli_error(capsys, "classify", *flags, f"--teacher={tmp_path / 'nothing'}")
+    assert f"--teacher={tmp_path / 'nothing'}: no such model directory or checkpoint" in error
+    error = cli_error(capsys, "classify", *flags, f"--teacher={teacher}", f"--transfer_file={tmp_path / 'no.tsv'}")
+    assert f"--transfer_file={tmp_path / 'no.tsv'}: no such file" in error
+    error = cli_error(capsys, "classify", *flags, f"--teacher={teacher}", f"--transfer_file={sst2 / 'train.tsv'}")
+    assert "expected the header line of the SST-2 test set" in error  # the test set's layout
     assert not out.exists()
 
 
@@ -239,3 +249,105 @@ def test_no_distillation_weight_needs_a_transfer_set_or_layers(model_files, sst2
     flags = [*model_flags(model_files, tmp_path / "out"), f"--data_dir={sst2}", "--task_name=sst-2", "--do_train"]
     error = cli_error(capsys, "classify", *flags, f"--teacher={teacher}", "--distill_alpha=0")
     assert f"--distill_alpha=0 without --transfer_file leaves --teacher={teacher} nothing to do" in error
+
+
+def test_accumulated_micro_batches_give_the_distillation_loss_of_the_whole_batch(model_files, sst2, teacher, tmp_path):
+    """Each micro-batch's share is divided by the global batch's count (the head's `loss_normalizers`), so two
+    micro-batches of 8 (labelled and transfer examples mixed) give the loss and steps of one batch of 16."""
+    config, vocab, init = model_files
+    no_dropout = write_tiny_config(tmp_path / "no_dropout.json", 30522, hidden_dropout_prob=0.0, classifier_dropout=0.0)
+    flags = dict(
+        task_name="SST-2",
+        data_dir=str(sst2),
+        do_train=True,
+        do_predict=True,
+        train_batch_size=16,
+        log_every=1,
+        num_train_epochs=1.0,
+        group_by_length=False,
+        teacher=str(teacher),
+        transfer_file=str(sst2 / "test.tsv"),
+        teacher_cache_dir=str(tmp_path / "cache"),
+        **{k: v for k, v in FAST.items() if k != "train_batch_size"},
+    )
+    runs = {}
+    for name, accumulation in (("one", 1), ("two", 2)):
+        runs[name] = tmp_path / name
+        run_classify(
+            args_for(
+                ClassifyArgs, (no_dropout, vocab, init), runs[name], gradient_accumulation_steps=accumulation, **flags
+            )
+        )
+    metrics = {k: read_metrics(v) for k, v in runs.items()}
+    assert len(metrics["one"]) == 4  # (24 + 40) / 16
+    for key in ("loss", "kd_loss"):
+        np.testing.assert_allclose([m[key] for m in metrics["one"]], [m[key] for m in metrics["two"]], rtol=1e-4)
+    np.testing.assert_allclose(
+        read_tsv(runs["one"] / "test_results.tsv"), read_tsv(runs["two"] / "test_results.tsv"), atol=1e-5
+    )
+
+
+@pytest.mark.slow  # two torchrun processes and a reference run: about half a minute on two cores
+def test_two_processes_distil_as_one(model_files, sst2, teacher, tmp_path):
+    """Under torchrun rank 0 computes the teacher's cache and rank 1 reads it; the loss shares of the two ranks
+    add up to the loss of one process's batch."""
+    config, vocab, init = model_files
+    no_dropout = write_tiny_config(tmp_path / "no_dropout.json", 30522, hidden_dropout_prob=0.0, classifier_dropout=0.0)
+    flags = [
+        f"--bert_config_file={no_dropout}", f"--vocab_file={vocab}", f"--init_checkpoint={init}", "--device=cpu",
+        "--task_name=sst-2", f"--data_dir={sst2}", "--do_train", "--max_seq_length=32", "--train_batch_size=16",
+        "--num_train_epochs=1", "--learning_rate=2e-3", "--log_every=1", "--group_by_length=false",
+        f"--teacher={teacher}", f"--transfer_file={sst2 / 'test.tsv'}",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    two = tmp_path / "two"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    proc = subprocess.run(
+        [*torchrun, "-m", "bert", "classify", *flags, f"--output_dir={two}"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = tmp_path / "one"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bert", "classify", *flags, f"--output_dir={one}"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(list((two / "teacher_cache").glob("*.npy"))) == 1
+    for key in ("loss", "kd_loss"):
+        np.testing.assert_allclose([m[key] for m in read_metrics(two)], [m[key] for m in read_metrics(one)], atol=1e-5)
+    wa, wb = read_weights(one / "model"), read_weights(two / "model")
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-5
+
+
+def test_multi_label_student_learns_the_teachers_labels(model_files, tmp_path):
+    """Multi-label: the teacher's sigmoid probabilities are the targets. Every training example is labelled "b";
+    this teacher says "a" (and neither "b" nor "c") for every text, so with --distill_alpha=1 the student follows."""
+    from bert.modeling import BertForSequenceClassification
+
+    sentences = (shared_path("data", "glue", "SST-2") / "train.tsv").read_text().splitlines()[1:41]
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.tsv").write_text("".join(f"{s.split(chr(9))[0]}\tb\n" for s in sentences[:16]))
+    (data / "test.tsv").write_text("".join(f"{s.split(chr(9))[0]}\t\n" for s in sentences[16:]))
+    _, vocab, _ = model_files
+    torch.manual_seed(3)
+    model = BertForSequenceClassification(
+        vocab_config(vocab, max_position_embeddings=64), num_labels=3, problem_type="multi_label_classification"
+    )
+    with torch.no_grad():
+        model.classifier.bias.copy_(torch.tensor([3.0, -3.0, -3.0]))
+    labels = {"id2label": {"0": "a", "1": "b", "2": "c"}, "label2id": {"a": 0, "b": 1, "c": 2}}
+    teacher = save_model_dir(
+        model, tmp_path / "teacher", vocab, problem_type="multi_label_classification", max_seq_length=32, **labels
+    )
+    flags = dict(
+        task_name="generic", multi_label=True, labels="a,b,c", allow_empty_labels=True, data_dir=str(data),
+        do_train=True, do_predict=True, num_train_epochs=3.0, **FAST,
+    )  # fmt: skip
+    run_classify(args_for(ClassifyArgs, model_files, tmp_path / "plain", **flags))
+    distilled = dict(teacher=str(teacher), transfer_file=str(data / "test.tsv"), distill_alpha=1.0)
+    run_classify(args_for(ClassifyArgs, model_files, tmp_path / "distilled", **flags, **distilled))
+    plain, after = (read_tsv(tmp_path / n / "test_results.tsv").mean(0) for n in ("plain", "distilled"))
+    assert plain[1] > plain[0], plain  # the labels say "b"
+    assert after[0] > 0.7 > 0.3 > after[1], after  # the teacher says "a"
