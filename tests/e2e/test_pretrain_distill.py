@@ -143,6 +143,9 @@ def test_teacher_errors(tmp_path, setup, capsys):
         capsys, "pretrain", *base, f"--output_dir={tmp_path / 'c'}", bad, "--distill_attention", "--relation_heads=3"
     )
     assert "hidden_size=32 does not split into --relation_heads=3" in err
+    missing = f"--teacher={tmp_path / 'nowhere'}"
+    err = cli_error(capsys, "pretrain", *base, f"--output_dir={tmp_path / 'f'}", missing)
+    assert err.endswith(f"{missing}: no such model directory or checkpoint")
     err = cli_error(capsys, "pretrain", *base, f"--output_dir={tmp_path / 'e'}", bad, "--distill_alpha=0")
     assert "--distill_alpha=0 and no --distill_attention is not learnt from" in err
 

@@ -28,7 +28,7 @@ import torch
 
 from bert.checkpoint import load_into, read_checkpoint
 from bert.config import BertConfig
-from bert.distillation import kd_classification_loss, minilm_losses
+from bert.distillation import kd_classification_loss, minilm_losses, teacher_config
 from bert.errors import InputError
 from bert.flags import check_dtype
 from bert.modeling import BertForPreTraining, bf16_in_hardware
@@ -42,11 +42,11 @@ def load_teacher(args: Any, student: BertConfig, vocab_file: str | None, device:
     """The frozen teacher `--teacher` names, on `device`, checked against the student: the same vocabulary
     (size, and entries when both have a vocab.txt), a masked-LM head, room for --max_seq_length."""
     check_dtype(args.teacher_dtype, device=device, dashes="--teacher_")
+    teacher_config(args.teacher)  # a missing teacher or config named as --teacher's, before its weights are read
     ckpt = read_checkpoint(args.teacher, verify=not args.ignore_checkpoint_digest)
     if ckpt.config is None or not ckpt.state_dict:
         raise InputError(
-            f"--teacher={args.teacher} has no config.json or no weights; pass a model directory (or a weights "
-            "file with its config beside it)"
+            f"--teacher={args.teacher} has no weights (an exported graph?); pass a model directory or checkpoint"
         )
     if not any(k.startswith("cls.predictions.") for k in ckpt.state_dict):
         raise InputError(
