@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from bert.errors import InputError
 from bert.utils import DECODE_ERRORS
@@ -454,6 +454,10 @@ class TeacherArgs:
     from a model (`bert.starting_model`) can start from some of its layers; the commands that distil take
     `DistillArgs`, the others these two flags alone."""
 
+    # Whether the command learns from the teacher's outputs, not only its layers: DistillArgs' commands, and
+    # pretrain, which distils on-line with its own flags.
+    distils: ClassVar[bool] = False
+
     teacher: str | None = field(
         default=None,
         metadata={
@@ -498,6 +502,8 @@ class TeacherArgs:
 @dataclass(kw_only=True)
 class DistillArgs(TeacherArgs):
     """Knowledge distillation (`bert.distillation`): the training commands that learn from a teacher's outputs."""
+
+    distils: ClassVar[bool] = True
 
     transfer_file: str | None = field(
         default=None,

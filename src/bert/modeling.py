@@ -227,6 +227,7 @@ class PreTrainingOutput:
     next_sentence_loss: torch.Tensor | None = None
     masked_lm_example_loss: torch.Tensor | None = None  # [B * P]
     next_sentence_example_loss: torch.Tensor | None = None  # [B]
+    hidden: EncoderOutput | None = None
 
 
 @dataclass
@@ -561,6 +562,23 @@ class BertModel(BertPreTrainedModel):
         pooled = self.pooler(layers[-1]) if self.pooler is not None else None
         return EncoderOutput(layers[-1], pooled, layers, embedding_output)
 
+    def last_layer_qkv(self, out: EncoderOutput) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The queries, keys and values of the last block's self-attention in the pass that gave `out`,
+        each [B, T, H] (all heads side by side, as the projections give them), for MiniLM-style distillation.
+
+        They are recomputed from the block's input (the previous block's output) rather than kept by the
+        forward pass, which so carries no switch and costs nothing when they are not asked for. Padded
+        positions hold the projections of zeros: mask them.
+        """
+        inputs = out.all_encoder_layers[-2] if len(out.all_encoder_layers) > 1 else out.embedding_output
+        attention = self.encoder.layer[-1].attention.self
+        if self.encoder_dtype is not None:
+            inputs = inputs.to(self.encoder_dtype)
+        q, k, v = (
+            _linear(p, inputs).to(out.sequence_output.dtype) for p in (attention.query, attention.key, attention.value)
+        )
+        return q, k, v
+
 
 # --------------------------------------------------------------------------------- pre-training heads
 class BertPredictionHeadTransform(nn.Module):
@@ -680,7 +698,7 @@ class BertForPreTraining(BertPreTrainedModel):
             hidden = gather_positions(hidden, masked_lm_positions)  # [B, P, H]
         mlm_logits = self.cls.predictions(hidden)  # [B, P or T, V]
         nsp_logits = self.cls.seq_relationship(out.pooled_output)  # [B, 2]
-        result = PreTrainingOutput(mlm_logits, nsp_logits)
+        result = PreTrainingOutput(mlm_logits, nsp_logits, hidden=out)
         if masked_lm_ids is not None and next_sentence_labels is not None:
             if masked_lm_weights is None:
                 masked_lm_weights = torch.ones_like(masked_lm_ids, dtype=torch.float32)

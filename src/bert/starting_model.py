@@ -147,7 +147,7 @@ def _check_teacher_flags(args: Any) -> list[int] | None:
         args.check_distill_flags(init_checkpoint)
     else:
         args.check_teacher_flags(init_checkpoint)
-        if args.teacher is not None and args.init_from_teacher_layers is None:
+        if args.teacher is not None and args.init_from_teacher_layers is None and not args.distils:
             raise InputError(
                 f"--teacher={args.teacher}: this command takes a teacher only to start from its layers; add "
                 f"{LAYERS_FLAG}=0,2,... or drop --teacher"

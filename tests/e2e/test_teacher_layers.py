@@ -1,5 +1,5 @@
-"""`--init_from_teacher_layers` in the commands that take a teacher only to start from its layers (pretrain,
-squad, swag; train-embeddings and train-reranker also distil from it): the run starts from a student made of
+"""`--init_from_teacher_layers` in the commands that take a teacher only to start from its layers (squad, swag;
+train-embeddings, train-reranker and pretrain also distil from it): the run starts from a student made of
 those layers (`bert.distillation.student_from_teacher_layers`, wired in `bert.starting_model`)."""
 
 from __future__ import annotations
@@ -48,15 +48,14 @@ def test_pretrain_starts_from_the_teachers_layers(tmp_path):
     assert whole["loss"] != pytest.approx(want["loss"], rel=1e-3)
 
 
-# train-embeddings and train-reranker distil (--loss=mse, margin_mse, distill_kl): their refusal of a teacher with
-# another loss is tests/e2e/test_distill_sentence.py's.
-@pytest.mark.parametrize("command", ["swag", "squad", "pretrain"])
+# train-embeddings and train-reranker distil (--loss=mse, margin_mse, distill_kl; their refusal of a teacher with
+# another loss is tests/e2e/test_distill_sentence.py's), and pretrain distils from a teacher alone
+# (tests/e2e/test_pretrain_distill.py).
+@pytest.mark.parametrize("command", ["swag", "squad"])
 def test_a_teacher_alone_is_refused_where_the_command_does_not_distil(command, tmp_path, capsys):
-    records, _ = synthetic_data(tmp_path, n=2, seq=32)
     data = {
         "swag": ["--data_dir=x", "--do_train"],
         "squad": ["--train_file=x.json", "--do_train"],
-        "pretrain": [f"--input_file={records}", "--do_train", "--max_seq_length=32", "--max_predictions_per_seq=5"],
     }[command]
     flags = [f"--output_dir={tmp_path / 'out'}", "--bert_config_file=tiny", f"--teacher={TINY}", *data]
     error = cli_error(capsys, command, *flags)

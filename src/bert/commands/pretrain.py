@@ -6,9 +6,9 @@ The runner is `bert.pretraining.run`; its docstring says what the run does (data
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from bert.flags import MaskingArgs, ModelArgs, TeacherArgs, TrainingArgs, same_as
+from bert.flags import INFERENCE_DTYPES, DistillArgs, MaskingArgs, ModelArgs, TeacherArgs, TrainingArgs, same_as
 
 
 @dataclass(kw_only=True)
@@ -17,7 +17,14 @@ class PretrainArgs(MaskingArgs, TrainingArgs, TeacherArgs):
 
     Resumes from the newest checkpoint in --output_dir when there is one. Under
     `torchrun --nproc_per_node=N bert pretrain ...` the processes share the global batch.
+
+    With --teacher, the student is distilled from it (task-agnostic distillation): its masked-LM distribution
+    is trained towards the teacher's, and with --distill_attention its last layer's self-attention too
+    (MiniLM). The teacher runs on every batch, on-line: its outputs are not cached, as pre-training data is
+    streamed and too large to keep them for.
     """
+
+    distils: ClassVar[bool] = True
 
     input_file: str = field(
         metadata={
@@ -46,6 +53,36 @@ class PretrainArgs(MaskingArgs, TrainingArgs, TeacherArgs):
     )
     fsdp: bool = field(
         default=False, metadata={"help": "Under torchrun, shard the model with FSDP instead of replicating it (DDP)."}
+    )
+    # --teacher (TeacherArgs): distilled on-line, its outputs computed for every batch and not cached, since
+    # pre-training data is streamed and too large to hold them (DistillArgs' cache serves fine-tuning data).
+    temperature: float = same_as(DistillArgs, "temperature")
+    distill_alpha: float = same_as(DistillArgs, "distill_alpha")
+    teacher_dtype: str = field(
+        default="float32",
+        metadata={
+            "run_defining": "train",
+            "choices": list(INFERENCE_DTYPES),
+            "help": "Run the --teacher's Transformer blocks in this dtype (bfloat16: faster on a CPU with bfloat16 "
+            "instructions and on GPUs; float16: CUDA only).",
+        },
+    )
+    distill_attention: bool = field(
+        default=False,
+        metadata={
+            "run_defining": "train",
+            "help": "Add MiniLM's losses (needs --teacher): the KL between the teacher's and the student's last-layer "
+            "self-attention distributions and value relations softmax(V V^T / sqrt(d)), over real tokens.",
+        },
+    )
+    relation_heads: int = field(
+        default=0,
+        metadata={
+            "run_defining": "train",
+            "min": 0,
+            "help": "The heads --distill_attention splits both models' queries, keys and values into (0: the "
+            "student's attention heads); it must divide both hidden sizes, which may differ.",
+        },
     )
     plan: bool = field(
         default=False,

@@ -406,10 +406,17 @@ def pretraining_loss(
     """This micro-batch's share of the original's loss over the global batch (the head's losses with the
     global batch's normalisers, `BertForPreTraining.loss_normalizers`), and its share of the metrics."""
     out = model(**batch, loss_normalizers=totals)
+    return out.total_loss, pretraining_metrics(out, batch, totals)
+
+
+def pretraining_metrics(
+    out, batch: dict[str, torch.Tensor], totals: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """A micro-batch's share of the training metrics of `out` (a `PreTrainingOutput` with its losses)."""
     w = batch["masked_lm_weights"].reshape(-1).float()
     correct = (out.mlm_logits.detach().argmax(-1).reshape(-1) == batch["masked_lm_ids"].reshape(-1)).float()
     accuracy = (w * correct).sum() / (totals["masked_lm_weight"] + 1e-5)
-    return out.total_loss, {
+    return {
         "loss": out.total_loss.detach(),
         "masked_lm_loss": out.masked_lm_loss.detach(),
         "next_sentence_loss": out.next_sentence_loss.detach(),

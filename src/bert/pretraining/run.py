@@ -22,7 +22,8 @@ batch (the sum of masked-LM weights, the number of sequences), so a step's gradi
 the original loss over the whole global batch, whatever the number of processes and micro-batches: one
 process and N processes give the same loss curve.
 
-Dynamic masking (`--dynamic_masking`): see `bert.pretraining.inputs`.
+Dynamic masking (`--dynamic_masking`): see `bert.pretraining.inputs`. Distillation from a teacher
+(`--teacher`, `--distill_attention`): see `bert.pretraining.teacher`.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from bert.pretraining.inputs import (
     pretraining_loss,
     rank_batches,
 )
+from bert.pretraining.teacher import DistillationLoss, load_teacher, relation_heads
 from bert.starting_model import resolve_starting_model
 from bert.training import RecordStream
 from bert.utils import expand_input_files, format_scores, print_result
@@ -75,6 +77,24 @@ def _check_flags(args: Any, world_size: int) -> None:
         raise InputError(
             "--do_whole_word_mask applies to --dynamic_masking only (static records keep the masks "
             "create-pretraining-data drew): add --dynamic_masking=true"
+        )
+    if args.teacher and args.init_from_teacher_layers is None:
+        if not args.do_train:
+            raise InputError("--teacher trains the student against it: add --do_train, or drop --teacher")
+        if args.distill_alpha == 0 and not args.distill_attention:
+            raise InputError(
+                f"--teacher={args.teacher} with --distill_alpha=0 and no --distill_attention is not learnt from: "
+                "raise --distill_alpha, add --distill_attention or --init_from_teacher_layers, or drop --teacher"
+            )
+    if not args.teacher:
+        defaults = {f.name: f.default for f in dataclasses.fields(args)}
+        for flag in ("temperature", "distill_alpha", "teacher_dtype", "distill_attention", "relation_heads"):
+            if getattr(args, flag) != defaults[flag]:
+                raise InputError(f"--{flag} applies to distillation only: add --teacher=MODEL, or drop --{flag}")
+    if args.distill_attention and args.fsdp and world_size > 1:
+        raise InputError(
+            "--distill_attention recomputes the student's last attention projections outside the block FSDP "
+            "shards: drop --fsdp (DDP replicates the model)"
         )
     if args.fsdp and world_size == 1:
         logger.warning("--fsdp has no effect in a single process; start with torchrun --nproc_per_node=N")
@@ -112,6 +132,14 @@ def run_pretraining(args: Any) -> dict[str, Any]:
         config = start.config
         for source in {id(train_source): train_source, id(eval_source): eval_source}.values():
             source.check_ids(config.vocab_size, config.type_vocab_size)
+        loss_fn: training.LossFn = pretraining_loss
+        totals_fn: training.TotalsFn = BertForPreTraining.loss_normalizers
+        if args.teacher and args.do_train and (args.distill_alpha > 0 or args.distill_attention):
+            teacher = load_teacher(args, config, args.vocab_file, dist.device)
+            train_source.check_ids(teacher.config.vocab_size, teacher.config.type_vocab_size)
+            heads = relation_heads(args, config, teacher.config)
+            distillation = DistillationLoss(teacher, args.temperature, args.distill_alpha, heads)
+            loss_fn, totals_fn = distillation, distillation.loss_normalizers
         _check_resumed_optimizer(args, start.resume_dir)
         manifests = train_source.manifests
         do_lower_case = bool(manifests[0]["do_lower_case"]) if manifests and "do_lower_case" in manifests[0] else None
@@ -137,7 +165,7 @@ def run_pretraining(args: Any) -> dict[str, Any]:
             # 3. Training, the exported model, evaluation.
             result: dict[str, Any] = {"output_dir": args.output_dir}
             if args.do_train:
-                last = _train(args, trainer, dist, train_source, stream, position, masking)
+                last = _train(args, trainer, dist, train_source, stream, position, masking, loss_fn, totals_fn)
                 if last is not None:
                     result["train"] = last
                 trainer.export_model(Path(args.output_dir) / "model")
@@ -170,6 +198,7 @@ def _inputs(args: Any) -> dict[str, Any]:
     """The paths the run reads, which --output_dir must not be."""
     inputs: dict[str, Any] = {"--input_file": expand_input_files(args.input_file, directories=True)}
     inputs.update({"--init_checkpoint": args.init_checkpoint, "--vocab_file": args.vocab_file})
+    inputs["--teacher"] = args.teacher
     if args.eval_files:
         inputs["--eval_files"] = expand_input_files(args.eval_files, "--eval_files", directories=True)
     return inputs
@@ -246,10 +275,18 @@ def _restore(args: Any, trainer: training.Trainer, state: dict, stream: RecordSt
 
 
 def _train(
-    args: Any, trainer: training.Trainer, dist, source, stream: RecordStream, position: int, masking
+    args: Any,
+    trainer: training.Trainer,
+    dist,
+    source,
+    stream: RecordStream,
+    position: int,
+    masking,
+    loss_fn: training.LossFn,
+    totals_fn: training.TotalsFn,
 ) -> dict[str, float] | None:
-    """Steps from the trainer's step to --num_train_steps; returns the last logged metrics (None when no
-    step was left to run)."""
+    """Steps from the trainer's step to --num_train_steps with `loss_fn` (the original's losses, or those
+    against a teacher); returns the last logged metrics (None when no step was left to run)."""
     start_step, start_position = trainer.global_step, position
     if start_step >= args.num_train_steps:
         logger.info("global step %d already reached --num_train_steps=%d", start_step, args.num_train_steps)
@@ -279,10 +316,10 @@ def _train(
     try:
         return trainer.train(
             batches,
-            pretraining_loss,
+            loss_fn,
             args.num_train_steps,
             data_state,
-            totals_fn=BertForPreTraining.loss_normalizers,
+            totals_fn=totals_fn,
             checkpoint_info={"optimizer": args.optimizer, "train_batch_size": args.train_batch_size, "seed": args.seed},
         )
     finally:
