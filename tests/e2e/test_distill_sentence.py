@@ -178,11 +178,10 @@ def teacher_logits(cross_encoder, rows) -> np.ndarray:
     return ce.predict(pairs, activation_fn=torch.nn.Identity()).reshape(len(rows), -1)
 
 
-@pytest.mark.parametrize("loss", ["margin_mse", "distill_kl"])
-def test_a_bi_encoder_learns_a_cross_encoders_scores(model_files, squad_tuples, cross_encoder, tmp_path, loss):
-    path, rows = squad_tuples
-    args = args_for(
-        TrainEmbeddingsArgs,
+def score_distillation_args(args_cls, model_files, path, cross_encoder, tmp_path, loss, **flags):
+    """A student of `args_cls`'s command learning the cross-encoder's scores of the tuples: 12 steps of 4."""
+    return args_for(
+        args_cls,
         model_files,
         tmp_path / "out",
         train_file=str(path),
@@ -194,7 +193,14 @@ def test_a_bi_encoder_learns_a_cross_encoders_scores(model_files, squad_tuples, 
         learning_rate=1e-3,
         warmup_proportion=0.0,
         max_seq_length=64,
+        **flags,
     )
+
+
+@pytest.mark.parametrize("loss", ["margin_mse", "distill_kl"])
+def test_a_bi_encoder_learns_a_cross_encoders_scores(model_files, squad_tuples, cross_encoder, tmp_path, loss):
+    path, rows = squad_tuples
+    args = score_distillation_args(TrainEmbeddingsArgs, model_files, path, cross_encoder, tmp_path, loss)
     if loss == "distill_kl":
         args.temperature = 2.0
     assert run_train_embeddings(args)["global_step"] == 12
@@ -216,21 +222,7 @@ def test_a_bi_encoder_learns_a_cross_encoders_scores(model_files, squad_tuples, 
 @pytest.mark.parametrize("loss", ["margin_mse", "distill_kl"])
 def test_a_small_cross_encoder_learns_a_larger_ones_scores(model_files, squad_tuples, cross_encoder, tmp_path, loss):
     path, rows = squad_tuples
-    args = args_for(
-        TrainRerankerArgs,
-        model_files,
-        tmp_path / "out",
-        train_file=str(path),
-        teacher=str(cross_encoder),
-        loss=loss,
-        do_train=True,
-        train_batch_size=4,
-        num_train_epochs=4.0,
-        learning_rate=1e-3,
-        warmup_proportion=0.0,
-        max_seq_length=64,
-        log_every=1,
-    )
+    args = score_distillation_args(TrainRerankerArgs, model_files, path, cross_encoder, tmp_path, loss, log_every=1)
     assert run_train_reranker(args)["global_step"] == 12
     (cached,) = (tmp_path / "out" / teachers.CACHE_NAME).glob("*.npy")
     np.testing.assert_allclose(np.load(cached), teacher_logits(cross_encoder, rows), atol=1e-5, rtol=0)
