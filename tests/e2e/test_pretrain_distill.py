@@ -179,6 +179,7 @@ def test_student_from_the_teachers_layers(tmp_path, setup):
     assert m["attention_relation_loss"] > 0 and m["value_relation_loss"] > 0 and m["masked_lm_kl"] > 0
 
 
+@pytest.mark.slow  # two torchrun processes: 9-15 s
 def test_two_processes_distil_as_one(tmp_path, setup):
     """Under DDP the student's last-block projections, recomputed outside its forward (`last_layer_qkv`), still
     get their gradients reduced: 2 processes give the 1-process run's losses and weights."""
