@@ -71,6 +71,7 @@ from bert import onnx_backend
 from bert.checkpoint import CONFIG_NAME, Checkpoint, _fit_prefix, load_into, read_checkpoint
 from bert.checkpoint import architecture as checkpoint_architecture
 from bert.config import BertConfig, check_setting, check_task_settings
+from bert.cpu_kernels import bf16_in_hardware
 from bert.errors import InputError
 from bert.flags import POOLINGS, check_backend, check_dtype
 from bert.metrics import iob_chunks
@@ -82,7 +83,6 @@ from bert.modeling import (
     BertForTokenClassification,
     BertModel,
     BertPreTrainedModel,
-    bf16_in_hardware,
     pool_tokens,
 )
 from bert.quantization import is_quantized, quantize_model

@@ -16,7 +16,6 @@ Dimension legend used in the shape comments:
 from __future__ import annotations
 
 import os
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from bert import cpu_kernels as kernels
 from bert.checkpoint import load_pretrained, save_pretrained
 from bert.config import PROBLEM_TYPES, BertConfig
 from bert.errors import InputError
@@ -40,173 +40,6 @@ def _activation(name: str) -> nn.Module:
         "relu": nn.ReLU(),
         "tanh": nn.Tanh(),
     }[name]
-
-
-# The encoder's Linear layers on CPU run as oneDNN's Linear (`torch.ops.mkldnn._linear_pointwise`, the kernel
-# inductor emits for frozen CPU graphs) rather than F.linear's MKL sgemm, which takes a slow path on AMD CPUs:
-# 2.4x the GFLOP/s on an AMD EPYC (Zen 5, one thread, MiniLM's feed-forward shape; bench/RESULTS.md). In
-# inference the feed-forward GELU is applied inside the GEMM rather than as a second pass over [R, I]; in
-# training `_OneDnnLinear` runs the two backward GEMMs through it too. Tracing, compiling and exporting keep
-# F.linear (the exporters cannot trace the op), as do autocast (the op ignores it), quantized layers (not
-# nn.Linear) and tensors off the CPU.
-_ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-# bfloat16 GEMMs in hardware (AVX512-BF16 or AMX): twice fp32's rate on an AMD EPYC Zen 5 core (bench/RESULTS.md).
-# Elsewhere oneDNN would emulate them, slower than fp32, so a bfloat16 encoder there stays on F.linear.
-_ONEDNN_BF16 = _ONEDNN_LINEAR and bool(getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)())
-# hidden_act -> oneDNN's post-op and its algorithm, for the activations it fuses.
-_FUSED_ACTIVATIONS = {
-    "gelu": ("gelu", [], "none"),
-    "gelu_new": ("gelu", [], "tanh"),
-    "gelu_pytorch_tanh": ("gelu", [], "tanh"),
-    "relu": ("relu", [], ""),
-}
-
-
-def bf16_in_hardware() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware, so a bfloat16 encoder runs faster than float32 on it."""
-    return _ONEDNN_BF16
-
-
-def _native_kernels() -> bool:
-    """Whether this code runs eagerly (not traced, scripted, compiled or exported), so it may pick kernels."""
-    return not (
-        torch.jit.is_tracing()
-        or torch.jit.is_scripting()
-        or torch.compiler.is_compiling()
-        or getattr(torch.compiler, "is_exporting", lambda: False)()  # torch 2.5+
-    )
-
-
-def _onednn_eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `x @ weight^T` may run through oneDNN: fp32 (or bfloat16 where the CPU has it) on the CPU, outside
-    tracing, compiling and autocast."""
-    return (
-        _ONEDNN_LINEAR
-        and x.device.type == "cpu"
-        and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and _ONEDNN_BF16))
-        and weight.dtype == x.dtype
-        and not torch.is_autocast_enabled("cpu")
-        and _native_kernels()
-    )
-
-
-def _onednn_inference(layer: nn.Module, x: torch.Tensor) -> bool:
-    """Whether `layer(x)` may run as oneDNN's fused Linear, whose output has no gradient."""
-    return type(layer) is nn.Linear and not torch.is_grad_enabled() and _onednn_eligible(x, layer.weight)
-
-
-def _onednn_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")  # a @ b^T + bias
-
-
-# GEMMs under torch.inference_mode (the Predictor's: predict, embed, rerank, serve) read each weight in
-# oneDNN's blocked layout, reordered once rather than at every call: 5-8% of all-MiniLM-L6-v2's embedding
-# throughput (bench/RESULTS.md). The packed copies live here, keyed by the weight, so the model keeps plain
-# tensors (it can still be copied, saved and trained); each is dropped with its weight, and made again after
-# the weight changes (in place, or its data replaced by a cast). The cost is a second copy of the weights
-# that inference multiplies by. Training's own no-grad passes (evaluation, cached losses) run outside
-# inference mode and leave the weights plain; an evaluation through a Predictor between training steps packs
-# them, and `release_packed_weights` drops those copies after it (the next step makes them stale).
-_PACKED: dict[int, tuple[weakref.ref, tuple[int, int, torch.dtype] | None, torch.Tensor | None]] = {}
-_PACK_ROWS = 1024  # oneDNN picks the layout for GEMMs of about this many rows (a batch of 32 short texts)
-
-
-def _inference_weight(weight: torch.Tensor) -> torch.Tensor:
-    """`weight` as oneDNN's Linear reads it fastest: a model parameter in inference mode packed (`_PACKED`),
-    anything else as is."""
-    if not torch.is_inference_mode_enabled() or not isinstance(weight, nn.Parameter) or weight.is_inference():
-        return weight  # (inference tensors have no version to tell a change by)
-    key, stamp = id(weight), (weight._version, weight.data_ptr(), weight.dtype)
-    entry = _PACKED.get(key)
-    if entry is not None and entry[0]() is weight and entry[1] == stamp and entry[2] is not None:
-        return entry[2]
-    if entry is None:
-        weakref.finalize(weight, _PACKED.pop, key, None)
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACK_ROWS)
-    _PACKED[key] = (weakref.ref(weight), stamp, packed)
-    return packed
-
-
-def release_packed_weights(model: nn.Module) -> None:
-    """Drop the packed copies of `model`'s weights (`_inference_weight`), for a model that trains on after an
-    inference-mode evaluation; the next inference call packs them again."""
-    for weight in model.parameters():
-        entry = _PACKED.get(id(weight))
-        if entry is not None and entry[0]() is weight:
-            _PACKED[id(weight)] = (entry[0], None, None)  # the entry stays: its weight's finalizer is set
-
-
-class _OneDnnLinear(torch.autograd.Function):
-    """F.linear with its forward and both backward GEMMs through oneDNN."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
-        return _onednn_gemm(x, weight, bias)  # [..., I] -> [..., O]
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: torch.Tensor):
-        x, weight = ctx.saved_tensors
-        g = grad.reshape(-1, grad.shape[-1])  # [..., O] -> [N, O]
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = _onednn_gemm(g, weight.t()).view(x.shape)  # g W: [N, O] x [O, I] -> [N, I] -> [..., I]
-        if ctx.needs_input_grad[1]:
-            grad_w = _onednn_gemm(g.t(), x.reshape(-1, x.shape[-1]).t())  # g^T x: [O, N] x [N, I] -> [O, I]
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = g.sum(0)
-        return grad_x, grad_w, grad_b
-
-
-def _dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear(x, weight, bias), through oneDNN where `_onednn_eligible` allows it."""
-    if not _onednn_eligible(x, weight):
-        return F.linear(x, weight, bias)
-    if torch.is_grad_enabled():
-        return _OneDnnLinear.apply(x, weight, bias)
-    return _onednn_gemm(x, _inference_weight(weight), bias)
-
-
-def _linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """`layer(x)`, through oneDNN for a plain nn.Linear (`_dense`)."""
-    return _dense(x, layer.weight, layer.bias) if type(layer) is nn.Linear else layer(x)
-
-
-class _CpuDropout(torch.autograd.Function):
-    """F.dropout's output and gradient with the keep mask drawn as uniform floats compared with p: on the CPU
-    half the time of the bernoulli_ kernel F.dropout draws it with (a fifth of a MiniLM training step went
-    there). The same distribution, another random stream; the mask is kept as bool, as F.dropout keeps it."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
-        keep = torch.rand(x.shape) >= p  # x's shape, bool
-        ctx.save_for_backward(keep)
-        ctx.scale = 1.0 / (1.0 - p)
-        return x.mul(keep).mul_(ctx.scale)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: torch.Tensor):
-        (keep,) = ctx.saved_tensors
-        return grad.mul(keep).mul_(ctx.scale), None
-
-
-def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """F.dropout(x, p, training), on the CPU through `_CpuDropout`."""
-    if not training or p == 0.0:
-        return x
-    if x.device.type != "cpu" or not _native_kernels():
-        return F.dropout(x, p, True)
-    return _CpuDropout.apply(x, p)
-
-
-class Dropout(nn.Dropout):
-    """nn.Dropout through `_dropout`."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _dropout(x, self.p, self.training)
 
 
 # ------------------------------------------------------------------------------------------- outputs
@@ -281,7 +114,7 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         # Not snake case, to match the TF variable scope `LayerNorm` and every released checkpoint.
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.dropout = kernels.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         T = input_ids.shape[1]
@@ -309,18 +142,22 @@ class BertSelfAttention(nn.Module):
         self, hidden: torch.Tensor, mask_bias: torch.Tensor | None, unpadding: Unpadding | None = None
     ) -> torch.Tensor:
         # [B, T, H], or [R, H] unpadded
-        q, k, v = _linear(self.query, hidden), _linear(self.key, hidden), _linear(self.value, hidden)
+        q, k, v = (
+            kernels.linear(self.query, hidden),
+            kernels.linear(self.key, hidden),
+            kernels.linear(self.value, hidden),
+        )
         if unpadding is not None:
             q, k, v = unpadding.pad(q), unpadding.pad(k), unpadding.pad(v)  # [R, H] -> [B, T, H]
         B, T, H = q.shape
         q, k, v = self._heads(q), self._heads(k), self._heads(v)  # [B, N, T, D]
         # softmax(q k^T / sqrt(D) + mask_bias) v, mask_bias [B, 1, 1, T] masks padded keys only.
-        if self.training and self.dropout_p > 0.0 and q.device.type == "cpu" and _native_kernels():
+        if self.training and self.dropout_p > 0.0 and q.device.type == "cpu" and kernels.native_kernels():
             # SDPA's CPU kernels have no dropout: it would take this same math path, with F.dropout's mask.
             scores = torch.matmul(q, k.transpose(-1, -2)) * self.head_size**-0.5  # [B, N, T, T]
             if mask_bias is not None:
                 scores = scores + mask_bias
-            probs = _dropout(scores.softmax(-1), self.dropout_p, True)
+            probs = kernels.dropout(scores.softmax(-1), self.dropout_p, True)
             context = torch.matmul(probs, v)  # [B, N, T, D]
         else:
             context = F.scaled_dot_product_attention(
@@ -337,10 +174,10 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(in_features or config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.dropout = kernels.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(_linear(self.dense, hidden)) + residual)
+        return self.LayerNorm(self.dropout(kernels.linear(self.dense, hidden)) + residual)
 
 
 class BertAttention(nn.Module):
@@ -358,14 +195,14 @@ class BertIntermediate(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
         self.intermediate_act_fn = _activation(config.hidden_act)
-        self.fused_activation = _FUSED_ACTIVATIONS.get(config.hidden_act)
+        self.fused_activation = kernels.FUSED_ACTIVATIONS.get(config.hidden_act)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.fused_activation is not None and _onednn_inference(self.dense, hidden):
+        if self.fused_activation is not None and kernels.onednn_inference(self.dense, hidden):
             d = self.dense
-            weight = _inference_weight(d.weight)
+            weight = kernels.inference_weight(d.weight)
             return torch.ops.mkldnn._linear_pointwise(hidden, weight, d.bias, *self.fused_activation)  # [B, T, I]
-        return self.intermediate_act_fn(_linear(self.dense, hidden))  # [B, T, I]
+        return self.intermediate_act_fn(kernels.linear(self.dense, hidden))  # [B, T, I]
 
 
 class BertOutput(BertSelfOutput):
@@ -413,7 +250,7 @@ class BertPooler(nn.Module):
         self.activation = nn.Tanh()
 
     def forward(self, sequence_output: torch.Tensor) -> torch.Tensor:
-        return self.activation(_linear(self.dense, sequence_output[:, 0]))  # [B, H]
+        return self.activation(kernels.linear(self.dense, sequence_output[:, 0]))  # [B, H]
 
 
 class BertPreTrainedModel(nn.Module):
@@ -575,7 +412,8 @@ class BertModel(BertPreTrainedModel):
         if self.encoder_dtype is not None:
             inputs = inputs.to(self.encoder_dtype)
         q, k, v = (
-            _linear(p, inputs).to(out.sequence_output.dtype) for p in (attention.query, attention.key, attention.value)
+            kernels.linear(p, inputs).to(out.sequence_output.dtype)
+            for p in (attention.query, attention.key, attention.value)
         )
         return q, k, v
 
@@ -589,7 +427,7 @@ class BertPredictionHeadTransform(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.transform_act_fn(_linear(self.dense, hidden)))
+        return self.LayerNorm(self.transform_act_fn(kernels.linear(self.dense, hidden)))
 
 
 class BertLMPredictionHead(nn.Module):
@@ -603,7 +441,7 @@ class BertLMPredictionHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return _dense(self.transform(hidden), self.decoder.weight, self.bias)  # [..., H] -> [..., V]
+        return kernels.dense(self.transform(hidden), self.decoder.weight, self.bias)  # [..., H] -> [..., V]
 
 
 class BertPreTrainingHeads(nn.Module):
@@ -777,7 +615,7 @@ class BertForSequenceClassification(_FineTuningHead):
         self.problem_type = problem_type
         self.bert = BertModel(config)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = Dropout(dropout)
+        self.dropout = kernels.Dropout(dropout)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.init_weights()
 
@@ -853,7 +691,7 @@ class BertForTokenClassification(_FineTuningHead):
         self.num_labels = num_labels
         self.bert = BertModel(config, add_pooling_layer=False)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = Dropout(dropout)
+        self.dropout = kernels.Dropout(dropout)
         self.classifier = nn.Linear(config.hidden_size, num_labels)
         self.init_weights()
 
@@ -886,7 +724,7 @@ class BertForMultipleChoice(_FineTuningHead):
         self.config = config
         self.bert = BertModel(config)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = Dropout(dropout)
+        self.dropout = kernels.Dropout(dropout)
         self.classifier = nn.Linear(config.hidden_size, 1)
         self.init_weights()
 

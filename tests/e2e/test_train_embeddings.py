@@ -289,7 +289,7 @@ def test_evaluations_between_steps_drop_the_packed_weights(model_files, tmp_path
     inference; the copies are dropped after it (the next step makes them stale), not held through training."""
     import torch
 
-    from bert import modeling
+    from bert import cpu_kernels
     from bert.sentence import runner
 
     if not torch.backends.mkldnn.is_available():
@@ -297,12 +297,12 @@ def test_evaluations_between_steps_drop_the_packed_weights(model_files, tmp_path
     seen = []
 
     def packed(weights):
-        return sum(modeling._PACKED.get(id(w), (None, None, None))[2] is not None for w in weights)
+        return sum(cpu_kernels._PACKED.get(id(w), (None, None, None))[2] is not None for w in weights)
 
     def spy(model):
         weights = [m.weight for m in model.modules() if type(m) is torch.nn.Linear]
         before = packed(weights)
-        modeling.release_packed_weights(model)
+        cpu_kernels.release_packed_weights(model)
         seen.append((len(weights), before, packed(weights)))
 
     monkeypatch.setattr(runner, "release_packed_weights", spy)

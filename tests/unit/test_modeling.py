@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from bert import modeling
+from bert import cpu_kernels
 from bert.errors import InputError
 from bert.modeling import (
     IGNORE_INDEX,
@@ -243,7 +243,7 @@ def test_gelu_forms(tiny_config):
 def _without_onednn(monkeypatch, fn):
     """`fn()` with every Linear on F.linear (MKL), the reference for the oneDNN paths."""
     with monkeypatch.context() as m:
-        m.setattr(modeling, "_ONEDNN_LINEAR", False)
+        m.setattr(cpu_kernels, "_ONEDNN_LINEAR", False)
         return fn()
 
 
@@ -280,20 +280,20 @@ def test_inference_packs_each_weight_once_and_again_after_it_changes(tiny_config
     def run(packed=True):
         with monkeypatch.context() as m:
             if not packed:
-                m.setattr(modeling, "_inference_weight", lambda w: w)
+                m.setattr(cpu_kernels, "inference_weight", lambda w: w)
             with torch.inference_mode():
                 return model(ids, mask, types).sequence_output
 
     plain = run(packed=False)
     with torch.no_grad():  # no grad without inference mode (training's evaluation): the weights stay plain
         torch.testing.assert_close(model(ids, mask, types).sequence_output, plain)
-    assert not any(id(w) in modeling._PACKED for w in weights)
+    assert not any(id(w) in cpu_kernels._PACKED for w in weights)
     got = run()
-    packed = [modeling._PACKED[id(w)][2] for w in weights]
+    packed = [cpu_kernels._PACKED[id(w)][2] for w in weights]
     assert all(p.is_mkldnn for p in packed)
     torch.testing.assert_close(got, plain, atol=1e-6, rtol=1e-6)
     run()
-    assert [modeling._PACKED[id(w)][2] for w in weights] == packed  # made once, not per call
+    assert [cpu_kernels._PACKED[id(w)][2] for w in weights] == packed  # made once, not per call
 
     ffn = model.encoder.layer[0].intermediate.dense.weight
     with torch.no_grad():
@@ -306,15 +306,15 @@ def test_inference_packs_each_weight_once_and_again_after_it_changes(tiny_config
     ffn.data = ffn.data * 3.0  # new data in the same Parameter, as Module.to() casts: no in-place change
     torch.testing.assert_close(run(), run(packed=False), atol=1e-6, rtol=1e-6)
     assert not torch.allclose(run(), before)
-    modeling.release_packed_weights(model)  # as after an evaluation between training steps
-    assert all(modeling._PACKED[id(w)][2] is None for w in weights)
+    cpu_kernels.release_packed_weights(model)  # as after an evaluation between training steps
+    assert all(cpu_kernels._PACKED[id(w)][2] is None for w in weights)
     torch.testing.assert_close(run(), run(packed=False), atol=1e-6, rtol=1e-6)
-    assert all(modeling._PACKED[id(w)][2] is not None for w in weights)  # packed again at the next call
+    assert all(cpu_kernels._PACKED[id(w)][2] is not None for w in weights)  # packed again at the next call
     keys = [id(w) for w in weights]
     model = copy = ffn = None  # the last references to the weights
     weights.clear()
     __import__("gc").collect()
-    assert not any(k in modeling._PACKED for k in keys)
+    assert not any(k in cpu_kernels._PACKED for k in keys)
 
 
 def test_cpu_training_runs_onednn_linear_forward_and_backward_and_equals_f_linear(tiny_config, monkeypatch):
@@ -388,4 +388,4 @@ def test_bfloat16_encoder_runs_onednn_where_the_cpu_multiplies_bfloat16(tiny_con
         model(*_inputs(tiny_config))
     calls = sum(e.count for e in prof.key_averages() if e.key == "mkldnn::_linear_pointwise")
     # six per block where oneDNN multiplies bfloat16; the float32 pooler's one always
-    assert calls == (6 * tiny_config.num_hidden_layers if modeling.bf16_in_hardware() else 0) + 1
+    assert calls == (6 * tiny_config.num_hidden_layers if cpu_kernels.bf16_in_hardware() else 0) + 1

@@ -28,10 +28,11 @@ import torch
 
 from bert.checkpoint import load_into, read_checkpoint
 from bert.config import BertConfig
+from bert.cpu_kernels import bf16_in_hardware
 from bert.distillation import kd_classification_loss, minilm_losses, teacher_config
 from bert.errors import InputError
 from bert.flags import check_dtype
-from bert.modeling import BertForPreTraining, bf16_in_hardware
+from bert.modeling import BertForPreTraining
 from bert.pretraining.inputs import pretraining_metrics
 from bert.tokenization import load_vocab
 

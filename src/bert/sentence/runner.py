@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from bert import training
+from bert.cpu_kernels import release_packed_weights
 from bert.errors import InputError
 from bert.flags import check_flag_values
 from bert.formats.results import write_results
@@ -44,7 +45,6 @@ from bert.modeling import (
     BertModel,
     num_parameters,
     pool_tokens,
-    release_packed_weights,
 )
 from bert.plotting import CURVES_NAME, try_plot
 from bert.sentence import evaluation, losses, teachers
@@ -318,7 +318,7 @@ class _Run:
 
     def evaluate_between_steps(self) -> dict[str, float]:
         """`evaluate` during training. Its Predictor packs the weights for inference; the copies are dropped
-        after, since the next step changes the weights (`bert.modeling.release_packed_weights`)."""
+        after, since the next step changes the weights (`bert.cpu_kernels.release_packed_weights`)."""
         try:
             return self.evaluate()
         finally:

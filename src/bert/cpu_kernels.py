@@ -1,0 +1,179 @@
+"""CPU kernels of the model's layers, chosen at run time: oneDNN's Linear (with the feed-forward activation
+fused in inference), weights packed once for inference mode, and a faster dropout mask. Numerically each is the
+plain PyTorch operation it replaces (`F.linear`, `F.dropout`; tests/unit/test_modeling.py compares them), so
+`bert.modeling` reads as the original's `modeling.py` and calls these where it multiplies or drops out.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# The encoder's Linear layers on CPU run as oneDNN's Linear (`torch.ops.mkldnn._linear_pointwise`, the kernel
+# inductor emits for frozen CPU graphs) rather than F.linear's MKL sgemm, which takes a slow path on AMD CPUs:
+# 2.4x the GFLOP/s on an AMD EPYC (Zen 5, one thread, MiniLM's feed-forward shape; bench/RESULTS.md). In
+# inference the feed-forward GELU is applied inside the GEMM rather than as a second pass over [R, I]; in
+# training `_OneDnnLinear` runs the two backward GEMMs through it too. Tracing, compiling and exporting keep
+# F.linear (the exporters cannot trace the op), as do autocast (the op ignores it), quantized layers (not
+# nn.Linear) and tensors off the CPU.
+_ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+# bfloat16 GEMMs in hardware (AVX512-BF16 or AMX): twice fp32's rate on an AMD EPYC Zen 5 core (bench/RESULTS.md).
+# Elsewhere oneDNN would emulate them, slower than fp32, so a bfloat16 encoder there stays on F.linear.
+_ONEDNN_BF16 = _ONEDNN_LINEAR and bool(getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)())
+# hidden_act -> oneDNN's post-op and its algorithm, for the activations it fuses.
+FUSED_ACTIVATIONS: dict[str, tuple[str, list[float], str]] = {
+    "gelu": ("gelu", [], "none"),
+    "gelu_new": ("gelu", [], "tanh"),
+    "gelu_pytorch_tanh": ("gelu", [], "tanh"),
+    "relu": ("relu", [], ""),
+}
+
+
+def bf16_in_hardware() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware, so a bfloat16 encoder runs faster than float32 on it."""
+    return _ONEDNN_BF16
+
+
+def native_kernels() -> bool:
+    """Whether this code runs eagerly (not traced, scripted, compiled or exported), so it may pick kernels."""
+    return not (
+        torch.jit.is_tracing()
+        or torch.jit.is_scripting()
+        or torch.compiler.is_compiling()
+        or getattr(torch.compiler, "is_exporting", lambda: False)()  # torch 2.5+
+    )
+
+
+def _onednn_eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `x @ weight^T` may run through oneDNN: fp32 (or bfloat16 where the CPU has it) on the CPU, outside
+    tracing, compiling and autocast."""
+    return (
+        _ONEDNN_LINEAR
+        and x.device.type == "cpu"
+        and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and _ONEDNN_BF16))
+        and weight.dtype == x.dtype
+        and not torch.is_autocast_enabled("cpu")
+        and native_kernels()
+    )
+
+
+def onednn_inference(layer: nn.Module, x: torch.Tensor) -> bool:
+    """Whether `layer(x)` may run as oneDNN's fused Linear, whose output has no gradient."""
+    return type(layer) is nn.Linear and not torch.is_grad_enabled() and _onednn_eligible(x, layer.weight)
+
+
+def _onednn_gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")  # a @ b^T + bias
+
+
+# GEMMs under torch.inference_mode (the Predictor's: predict, embed, rerank, serve) read each weight in
+# oneDNN's blocked layout, reordered once rather than at every call: 5-8% of all-MiniLM-L6-v2's embedding
+# throughput (bench/RESULTS.md). The packed copies live here, keyed by the weight, so the model keeps plain
+# tensors (it can still be copied, saved and trained); each is dropped with its weight, and made again after
+# the weight changes (in place, or its data replaced by a cast). The cost is a second copy of the weights
+# that inference multiplies by. Training's own no-grad passes (evaluation, cached losses) run outside
+# inference mode and leave the weights plain; an evaluation through a Predictor between training steps packs
+# them, and `release_packed_weights` drops those copies after it (the next step makes them stale).
+_PACKED: dict[int, tuple[weakref.ref, tuple[int, int, torch.dtype] | None, torch.Tensor | None]] = {}
+_PACK_ROWS = 1024  # oneDNN picks the layout for GEMMs of about this many rows (a batch of 32 short texts)
+
+
+def inference_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` as oneDNN's Linear reads it fastest: a model parameter in inference mode packed (`_PACKED`),
+    anything else as is."""
+    if not torch.is_inference_mode_enabled() or not isinstance(weight, nn.Parameter) or weight.is_inference():
+        return weight  # (inference tensors have no version to tell a change by)
+    key, stamp = id(weight), (weight._version, weight.data_ptr(), weight.dtype)
+    entry = _PACKED.get(key)
+    if entry is not None and entry[0]() is weight and entry[1] == stamp and entry[2] is not None:
+        return entry[2]
+    if entry is None:
+        weakref.finalize(weight, _PACKED.pop, key, None)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACK_ROWS)
+    _PACKED[key] = (weakref.ref(weight), stamp, packed)
+    return packed
+
+
+def release_packed_weights(model: nn.Module) -> None:
+    """Drop the packed copies of `model`'s weights (`inference_weight`), for a model that trains on after an
+    inference-mode evaluation; the next inference call packs them again."""
+    for weight in model.parameters():
+        entry = _PACKED.get(id(weight))
+        if entry is not None and entry[0]() is weight:
+            _PACKED[id(weight)] = (entry[0], None, None)  # the entry stays: its weight's finalizer is set
+
+
+class _OneDnnLinear(torch.autograd.Function):
+    """F.linear with its forward and both backward GEMMs through oneDNN."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _onednn_gemm(x, weight, bias)  # [..., I] -> [..., O]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        g = grad.reshape(-1, grad.shape[-1])  # [..., O] -> [N, O]
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _onednn_gemm(g, weight.t()).view(x.shape)  # g W: [N, O] x [O, I] -> [N, I] -> [..., I]
+        if ctx.needs_input_grad[1]:
+            grad_w = _onednn_gemm(g.t(), x.reshape(-1, x.shape[-1]).t())  # g^T x: [O, N] x [N, I] -> [O, I]
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = g.sum(0)
+        return grad_x, grad_w, grad_b
+
+
+def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear(x, weight, bias), through oneDNN where `_onednn_eligible` allows it."""
+    if not _onednn_eligible(x, weight):
+        return F.linear(x, weight, bias)
+    if torch.is_grad_enabled():
+        return _OneDnnLinear.apply(x, weight, bias)
+    return _onednn_gemm(x, inference_weight(weight), bias)
+
+
+def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`layer(x)`, through oneDNN for a plain nn.Linear (`dense`)."""
+    return dense(x, layer.weight, layer.bias) if type(layer) is nn.Linear else layer(x)
+
+
+class _CpuDropout(torch.autograd.Function):
+    """F.dropout's output and gradient with the keep mask drawn as uniform floats compared with p: on the CPU
+    half the time of the bernoulli_ kernel F.dropout draws it with (a fifth of a MiniLM training step went
+    there). The same distribution, another random stream; the mask is kept as bool, as F.dropout keeps it."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
+        keep = torch.rand(x.shape) >= p  # x's shape, bool
+        ctx.save_for_backward(keep)
+        ctx.scale = 1.0 / (1.0 - p)
+        return x.mul(keep).mul_(ctx.scale)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        (keep,) = ctx.saved_tensors
+        return grad.mul(keep).mul_(ctx.scale), None
+
+
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """F.dropout(x, p, training), on the CPU through `_CpuDropout`."""
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or not native_kernels():
+        return F.dropout(x, p, True)
+    return _CpuDropout.apply(x, p)
+
+
+class Dropout(nn.Dropout):
+    """nn.Dropout through `dropout`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
