@@ -10,9 +10,12 @@ The teacher is all-MiniLM-L6-v2 fine-tuned by `bert classify` on the task (`--te
   paper's three settings (Turc et al. 2019): pre-trained distillation (its weights + the teacher), distillation
   alone (random init of its shape + the teacher), fine-tuning alone (its weights, labels only), and random init
   on the labels alone.
-All students: `--student_lr`, batch 32, 3 epochs, max_seq_length 128. Also `bert predict` throughput of the
-teacher and the 3-layer student (`Predictor.classify` on the dev set, in turn, best of 3). Runs are kept under
-`--runs_dir` and reused when their eval_results.json exists, so a cut bench resumes.
+All students: `--student_lr`, batch 32, 3 epochs, max_seq_length 128 (SST-2: 64). SST-2's 67,349 training
+sentences would take the teacher hours on a CPU: its runs train on `--sst2_train_examples` of them drawn with
+seed 0, and its transfer set is `--sst2_transfer_examples` other training sentences without their labels.
+Also `bert predict` throughput of the teacher and the 3-layer student (`Predictor.classify` on the dev set, in
+turn, best of 3). Runs are kept under `--runs_dir` and reused when their eval_results.json exists, so a cut
+bench resumes.
 
     python bench/bench_distill.py --parts a --tasks MRPC --seeds 1,2,3 --compact BERT_SMALL_DIR
 
@@ -35,6 +38,20 @@ Every model is scored by the same code (`bert.sentence.evaluation` on vectors fr
 inference: `Predictor.embed` for ours, `SentenceTransformer.encode` for theirs).
 
     python bench/bench_distill.py --parts b --sentences 20000 --steps 600 --seeds 0,1,2
+
+(c) A bi-encoder distilled from a reranker (`bert train-embeddings --loss=margin_mse`) against the same
+bi-encoder trained with MNRL alone, on `retrieval/squad-dev`. The training data, the same for both: each
+(question, paragraph) pair of the training split with the paragraph all-MiniLM-L6-v2 ranks highest among the
+training split's other paragraphs as its hard negative (a (query, positive, negative) tuples file). The
+reranker: `bert train-reranker` from all-MiniLM-L6-v2 on those tuples (`--reranker_lr`, one epoch; scored here
+by reranking all-MiniLM-L6-v2's top 20 of the `--test_queries` first test questions). The bi-encoders, per
+seed, both from all-MiniLM-L6-v2, one epoch at `--bi_encoder_lr`, batch `--batch_size`: `--loss=mnrl` (in-batch
+and hard negatives, cosine, the start's normalisation), and `--loss=margin_mse --teacher=RERANKER` (the
+reranker's logit margins; dot products of unnormalised embeddings, `--normalize=false`, as MarginMSE's
+recipe is for dot-product models). Scored on the whole test split (every question, every paragraph the split
+names) by MRR@10 and NDCG@10, each model by the similarity it was trained for (cosine, dot product).
+
+    python bench/bench_distill.py --parts c --seeds 1,2,3
 
 Prints a table and the ratios; `--json PATH` saves the numbers.
 """
@@ -229,21 +246,44 @@ def part_b(args, tmp: Path, seeds: list[int]) -> dict:
 A_COMMON = [
     "--do_train=true",
     "--do_eval=true",
-    "--max_seq_length=128",
     "--train_batch_size=32",
     "--eval_batch_size=64",
     "--num_train_epochs=3",
 ]
 A_METRIC = {"MRPC": "eval_accuracy", "SST-2": "eval_accuracy"}
+# max_seq_length per task: SST-2's single sentences fit 64 tokens.
+A_LENGTH = {"MRPC": 128, "SST-2": 64}
 
 
-def classify(out: Path, task: str, *flags: str) -> dict:
+def task_data(task: str, runs: Path, train_examples: int | None, transfer_examples: int) -> tuple[Path, Path]:
+    """The task's data directory and transfer file: the shared GLUE task and its test.tsv, or with
+    `train_examples`, a directory of that many training examples drawn with seed 0 (dev.tsv as it is) and a
+    transfer file (the test layout, no labels) of `transfer_examples` other training sentences: the paper's
+    unlabelled in-domain text, on a CPU-sized share of a large task."""
+    glue = SHARED / "glue" / task
+    if train_examples is None:
+        return glue, glue / "test.tsv"
+    data = runs / task / f"data_{train_examples}_{transfer_examples}"
+    if not (data / "transfer.tsv").is_file():
+        header, *rows = (glue / "train.tsv").read_text(encoding="utf-8").splitlines()
+        order = np.random.default_rng(0).permutation(len(rows))
+        data.mkdir(parents=True, exist_ok=True)
+        (data / "dev.tsv").write_text((glue / "dev.tsv").read_text(encoding="utf-8"), encoding="utf-8")
+        train = [rows[i] for i in order[:train_examples]]
+        (data / "train.tsv").write_text("\n".join([header, *train]) + "\n", encoding="utf-8")
+        transfer = [rows[i].split("\t")[0] for i in order[train_examples : train_examples + transfer_examples]]
+        lines = ["index\tsentence", *(f"{i}\t{t}" for i, t in enumerate(transfer))]
+        (data / "transfer.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return data, data / "transfer.tsv"
+
+
+def classify(out: Path, task: str, data: Path, *flags: str) -> dict:
     """`bert classify` on the shared GLUE task into `out` (skipped when it finished before); its dev results."""
     results = out / "eval_results.json"
     if not results.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "bert", "classify", *A_COMMON, f"--task_name={task}"]
-        cmd += [f"--data_dir={SHARED / 'glue' / task}", f"--output_dir={out}", *flags]
+        cmd += [f"--data_dir={data}", f"--max_seq_length={A_LENGTH[task]}", f"--output_dir={out}", *flags]
         print("$ bert", " ".join(cmd[3:]), flush=True)
         start = time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -272,8 +312,12 @@ def part_a(args, tmp: Path, seeds: list[int]) -> dict:
     for task in args.tasks.split(","):
         metric = A_METRIC[task]
         teacher_dir = runs / task / "teacher"
-        teacher = classify(teacher_dir, task, f"--init_checkpoint={minilm()}", f"--learning_rate={args.teacher_lr}")
-        transfer = f"--transfer_file={SHARED / 'glue' / task / 'test.tsv'}"
+        sample = args.sst2_train_examples if task == "SST-2" else None
+        data, transfer_file = task_data(task, runs, sample, args.sst2_transfer_examples)
+        teacher = classify(
+            teacher_dir, task, data, f"--init_checkpoint={minilm()}", f"--learning_rate={args.teacher_lr}"
+        )
+        transfer = f"--transfer_file={transfer_file}"
         kd = [f"--teacher={teacher_dir / 'model'}", transfer, f"--distill_alpha={args.distill_alpha}"]
         layers = [f"--teacher={teacher_dir / 'model'}", "--init_from_teacher_layers=0,2,4"]
         rows: dict[str, list[float]] = {"teacher (6 layers)": [teacher[metric]]}
@@ -298,7 +342,7 @@ def part_a(args, tmp: Path, seeds: list[int]) -> dict:
                 if name.startswith("compact") and args.compact_seeds and seed not in args.compact_seeds:
                     continue
                 common = [f"--seed={seed}", f"--learning_rate={args.student_lr}"]
-                r = classify(runs / task / name / f"seed{seed}", task, *flags, *common)
+                r = classify(runs / task / name / f"seed{seed}", task, data, *flags, *common)
                 rows.setdefault(label, []).append(r[metric])
         student = runs / task / "distilled" / f"seed{seeds[0]}" / "model"
         speed = predict_throughput({"teacher": teacher_dir / "model", "student": student}, task)
@@ -315,6 +359,89 @@ def report_a(results: dict) -> None:
             print(f"  {label:36s} {spread(values)}  ({len(values)} runs)")
         t, s = r["predict_seq_per_s"]["teacher"], r["predict_seq_per_s"]["student"]
         print(f"  bert predict sequences/s: teacher {t:.1f}, 3-layer student {s:.1f}, ratio {s / t:.2f}x")
+
+
+# ----------------------------------------------------------------------------------------------- part c
+def hard_negative_tuples(path: Path, train) -> None:
+    """Each training pair with all-MiniLM-L6-v2's best-ranked other training paragraph, as JSON lines."""
+    model = Predictor.from_pretrained(minilm(), device="cpu")
+    dids = list(train.documents)
+    qids = [q for q in train.queries for _ in train.qrels[q]]
+    positives = [d for q in train.queries for d in train.qrels[q]]
+    docs = model.embed([train.documents[d] for d in dids], batch_size=64)
+    queries = model.embed([train.queries[q] for q in dict.fromkeys(qids)], batch_size=64)
+    row = {q: i for i, q in enumerate(dict.fromkeys(qids))}
+    ranked = np.argsort(-(queries @ docs.T), axis=1)[:, : 1 + max(len(r) for r in train.qrels.values())]
+    with open(path, "w", encoding="utf-8") as f:
+        for q, pos in zip(qids, positives):
+            negative = next(dids[j] for j in ranked[row[q]] if dids[j] not in train.qrels[q])
+            texts = [train.queries[q], train.documents[pos], train.documents[negative]]
+            f.write(json.dumps(texts) + "\n")
+
+
+def bert_run(command: str, out: Path, *flags: str) -> Path:
+    """`bert COMMAND` into `out` (skipped when its model exists); the model directory."""
+    if not (out / "model").is_dir():
+        cmd = [sys.executable, "-m", "bert", command, f"--output_dir={out}", "--do_train", *flags]
+        print("$ bert", " ".join(cmd[3:]), flush=True)
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        print(f"  {time.perf_counter() - start:.0f} s", flush=True)
+    return out / "model"
+
+
+def part_c(args, tmp: Path, seeds: list[int]) -> dict:
+    runs = Path(args.runs_dir) / "squad"
+    runs.mkdir(parents=True, exist_ok=True)
+    squad = str(SHARED / "retrieval" / "squad-dev")
+    tuples = runs / "tuples.jsonl"
+    if not tuples.is_file():
+        hard_negative_tuples(tuples, read_beir(squad, "train"))
+    common = [f"--train_file={tuples}", f"--max_seq_length={args.max_seq_length}", "--num_train_epochs=1"]
+    reranker = bert_run(
+        "train-reranker", runs / "reranker", f"--init_checkpoint={minilm()}", f"--learning_rate={args.reranker_lr}",
+        *common, "--seed=1",
+    )  # fmt: skip
+    test = read_beir(squad, "test")
+    qids, dids = list(test.queries), list(test.documents)
+    queries, documents = [test.queries[q] for q in qids], [test.documents[d] for d in dids]
+    relevant = [test.qrels[q] for q in qids]
+
+    def scores(model: Path | str, cosine: bool) -> dict:
+        predictor = Predictor.from_pretrained(model, device="cpu")
+        q, d = predictor.embed(queries, batch_size=64), predictor.embed(documents, batch_size=64)
+        if cosine:
+            q, d = evaluation.normalize(q), evaluation.normalize(d)
+        top = np.argsort(-(q @ d.T), axis=1, kind="stable")[:, : evaluation.TOP_K]
+        return evaluation.ranking_metrics([[dids[j] for j in r] for r in top], relevant)
+
+    results: dict = {"start": scores(minilm(), cosine=True)}
+    # The reranker over the start's top 20 of the first test questions: how good the teacher is.
+    start = Predictor.from_pretrained(minilm(), device="cpu")
+    cross = Predictor.from_pretrained(reranker, device="cpu")
+    n = args.test_queries
+    q, d = start.embed(queries[:n], batch_size=64), start.embed(documents, batch_size=64)
+    top = np.argsort(-(q @ d.T), axis=1, kind="stable")[:, :20]
+    order = [[dids[j] for j in row] for row in top]
+    rank_scores = [[r["score"] for r in sorted(cross.rank(queries[i], [documents[j] for j in top[i]]),
+                                                key=lambda r: r["index"])] for i in range(n)]  # fmt: skip
+    results["reranker_top20"] = evaluation.ranking_metrics(evaluation.rerank(order, rank_scores), relevant[:n])
+    results["start_top20"] = evaluation.ranking_metrics(order, relevant[:n])
+    print(f"start {results['start']}\nreranker {results['reranker_top20']}", flush=True)
+
+    bi = [f"--init_checkpoint={minilm()}", f"--learning_rate={args.bi_encoder_lr}", *common]
+    bi.append(f"--train_batch_size={args.batch_size}")
+    cache = f"--teacher_cache_dir={runs / 'teacher_cache'}"
+    for seed in seeds:
+        mnrl = bert_run("train-embeddings", runs / f"mnrl/seed{seed}", *bi, "--loss=mnrl", f"--seed={seed}")
+        results.setdefault("mnrl", []).append(scores(mnrl, cosine=True))
+        margin = bert_run(
+            "train-embeddings", runs / f"margin_mse/seed{seed}", *bi, "--loss=margin_mse", f"--teacher={reranker}",
+            "--normalize=false", cache, f"--seed={seed}",
+        )  # fmt: skip
+        results.setdefault("margin_mse", []).append(scores(margin, cosine=False))
+        print(f"seed {seed}: mnrl {results['mnrl'][-1]}\n  margin_mse {results['margin_mse'][-1]}", flush=True)
+    return results
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -341,7 +468,21 @@ def report_b(results: dict) -> None:
     print(f"  bert embed sentences/s: teacher {t:.1f}, student {s:.1f}, ratio {s / t:.2f}x")
 
 
-PARTS = {"a": (part_a, report_a), "b": (part_b, report_b)}
+def report_c(results: dict) -> None:
+    print("\n(c) retrieval/squad-dev test: a bi-encoder from all-MiniLM-L6-v2, MNRL against MarginMSE from a reranker")
+    keys = ["mrr@10", "ndcg@10"]
+    rows = [
+        ("start (all-MiniLM-L6-v2)", [results["start"]]),
+        ("bi-encoder, MNRL", results["mnrl"]),
+        ("bi-encoder, MarginMSE", results["margin_mse"]),
+    ]
+    for label, values in rows:
+        print(f"  {label:26s} " + "  ".join(f"{k} {spread([v[k] for v in values])}" for k in keys))
+    r, s = results["reranker_top20"], results["start_top20"]
+    print(f"  reranker over the start's top 20: mrr@10 {r['mrr@10']:.4f} (the start's order: {s['mrr@10']:.4f})")
+
+
+PARTS = {"a": (part_a, report_a), "b": (part_b, report_b), "c": (part_c, report_c)}
 
 
 def main() -> None:
@@ -356,12 +497,16 @@ def main() -> None:
     p.add_argument("--test_queries", type=int, default=500)
     p.add_argument("--embed_sentences", type=int, default=1000, help="(b) texts of the embed throughput")
     p.add_argument("--tasks", default="MRPC", help="(a) GLUE tasks, of MRPC, SST-2")
-    p.add_argument("--runs_dir", default="bench/out/distill", help="(a) where the runs are kept and reused")
+    p.add_argument("--runs_dir", default="bench/out/distill", help="(a, c) where the runs are kept and reused")
     p.add_argument("--compact", default=None, help="(a) a pre-trained compact model directory (BERT-Small)")
     p.add_argument("--compact_seeds", default=None, help="(a) the seeds of the compact rows (default: --seeds)")
+    p.add_argument("--sst2_train_examples", type=int, default=4000, help="(a) SST-2 training examples drawn")
+    p.add_argument("--sst2_transfer_examples", type=int, default=8000, help="(a) other SST-2 sentences, unlabelled")
     p.add_argument("--teacher_lr", default="2e-5", help="(a) the teacher's fine-tuning learning rate")
     p.add_argument("--student_lr", default="1e-4", help="(a) the students' learning rate")
     p.add_argument("--distill_alpha", default="0.5", help="(a) the distilled students' --distill_alpha")
+    p.add_argument("--reranker_lr", default="1e-4", help="(c) the reranker's learning rate")
+    p.add_argument("--bi_encoder_lr", default="2e-5", help="(c) the bi-encoders' learning rate")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]

@@ -1,0 +1,87 @@
+"""The "Make a small model" figure and table: quality against speed of each teacher and its students, from the
+numbers `bench/bench_distill.py --json` saved.
+
+    python bench/plot_small_models.py bench/distill_a.json bench/distill_b.json
+
+Writes bench/small_models.png (one panel per task: the dev metric or MRR@10 against `bert predict` /
+`bert embed` sequences per second; each student's mark is the mean of its seeds, its bar their spread) and
+prints the Markdown table the README shows.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+
+
+def points(results: dict) -> dict[str, list[tuple[str, list[float], float]]]:
+    """Per panel: (model, its seeds' scores, its sequences per second)."""
+    panels: dict[str, list[tuple[str, list[float], float]]] = {}
+    for task, r in results.get("a", {}).items():
+        if task == "seconds":
+            continue
+        speed = r["predict_seq_per_s"]
+        rows = []
+        for label, values in r["rows"].items():
+            if label.startswith("compact"):
+                continue  # BERT-Small's speed was not measured beside them
+            rows.append((label, values, speed["teacher" if label.startswith("teacher") else "student"]))
+        panels[f"{task} dev {r['metric'].removeprefix('eval_')} / bert predict"] = rows
+    b = results.get("b")
+    if b:
+        mrr = "mrr@10"
+        panels["squad-dev test MRR@10 / bert embed"] = [
+            ("teacher (6 layers)", [b["teacher"][mrr]], b["embed_teacher_s"]),
+            ("3 layers, undistilled", [b["student_undistilled"][mrr]], b["embed_student_s"]),
+            ("3 layers, distilled (MSE)", [v[mrr] for v in b["ours"]], b["embed_student_s"]),
+        ]
+    return panels
+
+
+def table(panels: dict[str, list[tuple[str, list[float], float]]]) -> str:
+    lines = ["| task / speed | model | score (seeds) | sequences/s |", "|---|---|---:|---:|"]
+    for panel, rows in panels.items():
+        for label, values, speed in rows:
+            mean = statistics.fmean(values)
+            spread = f" ± {statistics.stdev(values):.4f}" if len(values) > 1 else ""
+            lines.append(f"| {panel} | {label} | {mean:.4f}{spread} ({len(values)}) | {speed:.1f} |")
+    return "\n".join(lines)
+
+
+def plot(panels: dict[str, list[tuple[str, list[float], float]]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (panel, rows) in zip(axes[0], panels.items()):
+        for label, values, speed in rows:
+            spread = statistics.stdev(values) if len(values) > 1 else 0.0
+            ax.errorbar(speed, statistics.fmean(values), yerr=spread, fmt="o", capsize=3, label=label)
+        ax.set_title(panel, fontsize=9)
+        ax.set_xlabel("sequences per second (one CPU thread)")
+        ax.set_xlim(left=0)
+        ax.legend(fontsize=7, loc="lower right")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main() -> None:
+    results: dict = {}
+    for path in sys.argv[1:]:
+        results.update(json.loads(Path(path).read_text(encoding="utf-8")))
+    panels = points(results)
+    out = BENCH / "small_models.png"
+    plot(panels, out)
+    print(table(panels))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
