@@ -49,7 +49,7 @@ from bert.checkpoint import (
 )
 from bert.config import BertConfig
 from bert.errors import InputError
-from bert.flags import LAYERS_FLAG
+from bert.flags import LAYERS_FLAG, check_dtype
 from bert.inference import Predictor
 from bert.modeling import IGNORE_INDEX
 from bert.outputs import remove_temporaries
@@ -335,6 +335,18 @@ def label_order(teacher: str, teacher_labels: Sequence[str] | None, student_labe
     return [list(teacher_labels).index(str(label)) for label in student_labels]
 
 
+def load_teacher_predictor(teacher: str, device: Any, batch_size: int, dtype: str, quantize: str) -> Predictor:
+    """A cached teacher, `--teacher`, loaded to compute its outputs: in `--teacher_dtype` or quantized by
+    `--teacher_quantize` (checked as those flags)."""
+    check_dtype(dtype, quantize=quantize, device=device, dashes="--teacher_")
+    return Predictor.from_pretrained(teacher, device=device, batch_size=batch_size, dtype=dtype, quantize=quantize)
+
+
+def precision_key(dtype: str, quantize: str) -> dict[str, str]:
+    """The part of a teacher cache's key that says how the teacher ran: its outputs differ by these."""
+    return {"teacher_dtype": dtype, "teacher_quantize": quantize}
+
+
 class ClassificationTeacher:
     """A fine-tuned classifier (`bert classify`'s OUTPUT/model) run on raw text as `bert predict` runs it: its
     own tokenizer, casing, length and long-document settings, so the student may have another vocabulary.
@@ -344,10 +356,19 @@ class ClassificationTeacher:
         problem_type: the student's (`single_label_classification`, `regression`, `multi_label_classification`).
         labels: the student's label list (None for regression).
         teacher_labels: the label list saved in the teacher's config (`finetune.saved_label_list`).
+        dtype, quantize: `--teacher_dtype`, `--teacher_quantize`.
     """
 
-    def __init__(self, teacher: str, problem_type: str, labels: Sequence[str] | None, teacher_labels: list[str] | None):
-        self.teacher = teacher
+    def __init__(
+        self,
+        teacher: str,
+        problem_type: str,
+        labels: Sequence[str] | None,
+        teacher_labels: list[str] | None,
+        dtype: str = "float32",
+        quantize: str = "none",
+    ):
+        self.teacher, self.dtype, self.quantize = teacher, dtype, quantize
         config = teacher_config(teacher)
         own = config.extra.get("problem_type") or (
             "regression" if not teacher_labels else "single_label_classification"
@@ -385,12 +406,15 @@ class ClassificationTeacher:
             "teacher": weights_digest(self.teacher),
             "teacher_files": teacher_files_digest(self.teacher),
             "texts": data_digest(pairs),
+            **precision_key(self.dtype, self.quantize),
         }
         predictor: list[Predictor] = []
 
         def compute(start: int, stop: int) -> np.ndarray:
             if not predictor:  # loaded only when the cache misses
-                predictor.append(Predictor.from_pretrained(self.teacher, device=dist.device, batch_size=batch_size))
+                predictor.append(
+                    load_teacher_predictor(self.teacher, dist.device, batch_size, self.dtype, self.quantize)
+                )
             return predictor[0].classification_logits(pairs[start:stop])
 
         width = len(self.columns)
@@ -407,6 +431,7 @@ class TokenTeacher:
         labels: the student's label list.
         teacher_labels: the label list saved in the teacher's config.
         vocab_file, do_lower_case, max_seq_length: the student's.
+        dtype, quantize: `--teacher_dtype`, `--teacher_quantize`.
     """
 
     kind = "token"
@@ -419,8 +444,10 @@ class TokenTeacher:
         vocab_file: str,
         do_lower_case: bool,
         max_seq_length: int,
+        dtype: str = "float32",
+        quantize: str = "none",
     ):
-        self.teacher = teacher
+        self.teacher, self.dtype, self.quantize = teacher, dtype, quantize
         config = teacher_config(teacher)
         base = _teacher_base(teacher)
         if not (base / VOCAB_NAME).is_file() or load_vocab(base / VOCAB_NAME) != load_vocab(vocab_file):
@@ -460,12 +487,15 @@ class TokenTeacher:
             "teacher": weights_digest(self.teacher),
             "teacher_files": teacher_files_digest(self.teacher),
             "inputs": data_digest([[list(f.input_ids), list(f.segment_ids)] for f in features]),
+            **precision_key(self.dtype, self.quantize),
         }
         predictor: list[Predictor] = []
 
         def compute(start: int, stop: int) -> np.ndarray:
             if not predictor:  # loaded only when the cache misses
-                predictor.append(Predictor.from_pretrained(self.teacher, device=dist.device, batch_size=batch_size))
+                predictor.append(
+                    load_teacher_predictor(self.teacher, dist.device, batch_size, self.dtype, self.quantize)
+                )
             model, device = predictor[0].model, predictor[0].device
             out = np.zeros((stop - start, self.max_seq_length, len(self.columns)), dtype=np.float32)
             for i in range(start, stop, batch_size):

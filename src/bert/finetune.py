@@ -276,6 +276,22 @@ def _check_flags(args: FinetuneArgs, task: FinetuneTask, world_size: int) -> Non
     names = [*task.metric_names(), "eval_loss", "loss"]
     training.check_best_metric(args.metric_for_best_model, names, f"`bert {task.command}`")
     task.check_flags()
+    if isinstance(args, DistillArgs) and args.teacher is not None:
+        _check_teacher_use(args)
+
+
+def _check_teacher_use(args: DistillArgs) -> None:
+    """What --teacher is for: its outputs, learned on the training data (--distill_alpha > 0) or a transfer set,
+    else its layers alone (--init_from_teacher_layers), when the flags of its outputs would do nothing."""
+    if not getattr(args, "do_train", False):
+        raise InputError(f"--teacher={args.teacher} labels the training data: add --do_train, or drop --teacher")
+    if args.distill_alpha == 0 and not args.transfer_file:
+        if args.init_from_teacher_layers is None:
+            raise InputError(
+                f"--distill_alpha=0 without --transfer_file leaves --teacher={args.teacher} nothing to do: raise "
+                "--distill_alpha, add --transfer_file, or drop --teacher"
+            )
+        args.check_outputs_learned("--distill_alpha=0 and no --transfer_file: the teacher gives its layers")
 
 
 @dataclass
@@ -395,25 +411,27 @@ class _FinetuneRun:
         args, task = self.args, self.task
         if not isinstance(args, DistillArgs) or args.teacher is None:
             return None, []
-        if not args.do_train:
-            raise InputError(f"--teacher={args.teacher} labels the training data: add --do_train, or drop --teacher")
         if args.distill_alpha == 0 and not args.transfer_file:
-            if args.init_from_teacher_layers is not None:
-                return None, []  # the teacher gives its layers only: its outputs would weigh nothing
-            raise InputError(
-                f"--distill_alpha=0 without --transfer_file leaves --teacher={args.teacher} nothing to do: raise "
-                "--distill_alpha, add --transfer_file, or drop --teacher"
-            )
+            return None, []  # the teacher gives its layers only (`_check_teacher_use`)
         teacher_labels = saved_label_list(distillation.teacher_config(args.teacher))
         teacher: distillation.Teacher
         if task.head == "BertForSequenceClassification":
             problem_type = task.inference_config()["problem_type"]
-            teacher = distillation.ClassificationTeacher(args.teacher, problem_type, labels, teacher_labels)
+            teacher = distillation.ClassificationTeacher(
+                args.teacher, problem_type, labels, teacher_labels, args.teacher_dtype, args.teacher_quantize
+            )
         elif task.head == "BertForTokenClassification":
             vocab_file = self.files.start.vocab_file
             assert labels is not None and vocab_file is not None  # NER has labels; fine-tuning needs a vocab
             teacher = distillation.TokenTeacher(
-                args.teacher, labels, teacher_labels, vocab_file, args.do_lower_case, args.max_seq_length
+                args.teacher,
+                labels,
+                teacher_labels,
+                vocab_file,
+                args.do_lower_case,
+                args.max_seq_length,
+                args.teacher_dtype,
+                args.teacher_quantize,
             )
         else:
             raise InputError(f"`bert {task.command}` does not distil: drop --teacher")

@@ -541,6 +541,41 @@ class DistillArgs(TeacherArgs):
             "Default: OUTPUT_DIR/teacher_cache."
         },
     )
+    teacher_dtype: str = field(
+        default="float32",
+        metadata={
+            "run_defining": "train",
+            "choices": list(INFERENCE_DTYPES),
+            "help": "Run the --teacher's Transformer blocks in this dtype (bfloat16: faster on a CPU with bfloat16 "
+            "instructions and on GPUs; float16: CUDA only). A cached teacher's outputs are kept apart per setting.",
+        },
+    )
+    teacher_quantize: str = field(
+        default="none",
+        metadata={
+            "run_defining": "train",
+            "choices": list(QUANTIZE_CHOICES),
+            "help": "int8: run the --teacher quantized to dynamic int8 (CPU; as `bert predict --quantize=int8`), "
+            "faster for the labelling of a large transfer set at a small cost in its outputs' precision.",
+        },
+    )
+
+    # The flags of the teacher's outputs: set where no output is learned, they would do nothing.
+    output_flags: ClassVar[tuple[str, ...]] = (
+        "transfer_file",
+        "temperature",
+        "teacher_cache_dir",
+        "teacher_dtype",
+        "teacher_quantize",
+    )
+
+    def check_outputs_learned(self, instead: str) -> None:
+        """For a run that learns none of the teacher's outputs (`instead` says what it does): the flags that shape
+        them are errors."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        given = [f"--{n}={getattr(self, n)}" for n in self.output_flags if getattr(self, n) != defaults[n]]
+        if given:
+            raise InputError(f"{', '.join(given)}: no teacher output is learned here ({instead}); remove it")
 
     def check_distill_flags(self, init_checkpoint: str | None = None) -> None:
         """Flags that need --teacher, and --init_from_teacher_layers (see `TeacherArgs`)."""
@@ -551,7 +586,9 @@ class DistillArgs(TeacherArgs):
             own = [f for f in dataclasses.fields(self) if f.name in names]
             given = [f"--{f.name}={getattr(self, f.name)}" for f in own if getattr(self, f.name) != f.default]
             if given:
-                raise InputError(f"{', '.join(given)} need --teacher=MODEL, the model to distil from")
+                verb = "needs" if len(given) == 1 else "need"
+                raise InputError(f"{', '.join(given)} {verb} --teacher=MODEL, the model to distil from")
+        check_dtype(self.teacher_dtype, quantize=self.teacher_quantize, dashes="--teacher_")
         self.check_teacher_flags(init_checkpoint)
 
 

@@ -123,6 +123,49 @@ def test_cached_teacher_gives_the_same_student(model_files, sst2, teacher, tmp_p
     assert_same_weights(read_weights(tmp_path / "a" / "model"), read_weights(tmp_path / "b" / "model"))
 
 
+def test_reduced_precision_teacher_is_cached_apart_and_close_to_float32(model_files, sst2, teacher, tmp_path):
+    """--teacher_quantize=int8 and --teacher_dtype=bfloat16 run the teacher as `bert predict --quantize` and
+    `--dtype` do: outputs near float32's, in cache files of their own (a float32 run's file is never reused)."""
+    from bert.cpu_kernels import bf16_in_hardware
+    from bert.inference import Predictor
+
+    cache = tmp_path / "cache"
+    flags = dict(teacher=str(teacher), transfer_file=str(sst2 / "test.tsv"), teacher_cache_dir=str(cache))
+    run_classify(student_args(model_files, sst2, tmp_path / "f32", **flags))
+    (full,) = cache.glob("*.npy")
+    run_classify(student_args(model_files, sst2, tmp_path / "int8", teacher_quantize="int8", **flags))
+    (int8,) = set(cache.glob("*.npy")) - {full}
+    expected = Predictor.from_pretrained(teacher, device="cpu", quantize="int8").classification_logits(
+        [(line.split("\t")[0], None) for line in (sst2 / "train.tsv").read_text().splitlines()[1:]]
+    )
+    # Dynamic int8 scales each batch's activations by its own range, so other batches differ in the 4th digit.
+    got = np.load(int8)[: len(expected)]
+    np.testing.assert_allclose(got, expected, atol=1e-3)
+    assert np.abs(got - expected).max() < np.abs(got - np.load(full)[: len(expected)]).max()
+    np.testing.assert_allclose(np.load(int8), np.load(full), atol=0.1)
+    if bf16_in_hardware():  # elsewhere bfloat16 is emulated and only warned about
+        run_classify(student_args(model_files, sst2, tmp_path / "bf16", teacher_dtype="bfloat16", **flags))
+        (bf16,) = set(cache.glob("*.npy")) - {full, int8}
+        np.testing.assert_allclose(np.load(bf16), np.load(full), atol=0.1)
+
+
+def test_teacher_precision_flags_need_outputs_to_learn(model_files, sst2, teacher, tmp_path, capsys):
+    data = [f"--data_dir={sst2}", "--task_name=sst-2", "--do_train", "--max_seq_length=32"]
+    out = tmp_path / "out"
+    flags = [*model_flags(model_files, out), *data]
+    error = cli_error(capsys, "classify", *flags, "--teacher_quantize=int8")
+    assert "--teacher_quantize=int8 needs --teacher=MODEL" in error
+    error = cli_error(
+        capsys, "classify", *flags, f"--teacher={teacher}", "--teacher_quantize=int8", "--teacher_dtype=bfloat16"
+    )
+    assert "--teacher_quantize=int8 and --teacher_dtype=bfloat16 are two ways to a faster model" in error
+    no_init = [f for f in flags if not f.startswith(("--init_checkpoint", "--bert_config_file", "--vocab_file"))]
+    layers_only = [f"--teacher={teacher}", "--init_from_teacher_layers=1", "--distill_alpha=0", "--do_lower_case=false"]
+    error = cli_error(capsys, "classify", *no_init, *layers_only, "--teacher_dtype=bfloat16")
+    assert "--teacher_dtype=bfloat16: no teacher output is learned here" in error
+    assert not out.exists()
+
+
 def test_resumed_distillation_equals_an_uninterrupted_one(model_files, sst2, teacher, tmp_path):
     flags = dict(teacher=str(teacher), transfer_file=str(sst2 / "test.tsv"), save_checkpoints_steps=6)
     run_classify(student_args(model_files, sst2, tmp_path / "whole", **flags))

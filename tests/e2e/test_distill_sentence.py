@@ -219,6 +219,33 @@ def test_a_bi_encoder_learns_a_cross_encoders_scores(model_files, squad_tuples, 
     assert distance(tmp_path / "out" / "model") < distance(model_files[2])
 
 
+def test_an_int8_teacher_scores_as_bert_predict_int8_in_a_cache_of_its_own(
+    model_files, squad_tuples, cross_encoder, tmp_path
+):
+    """--teacher_quantize=int8: the teacher's scores are the int8 model's (`Predictor(quantize="int8")`, as
+    `bert predict --quantize=int8`), kept beside the float32 ones, not in their place."""
+    path, rows = squad_tuples
+    cache = tmp_path / "cache"
+    flags = dict(teacher_cache_dir=str(cache))
+    args = score_distillation_args(
+        TrainEmbeddingsArgs, model_files, path, cross_encoder, tmp_path, "margin_mse", **flags
+    )
+    run_train_embeddings(args)
+    (full,) = cache.glob("*.npy")
+    args = score_distillation_args(
+        TrainEmbeddingsArgs, model_files, path, cross_encoder, tmp_path / "q", "margin_mse", **flags
+    )
+    args.teacher_quantize = "int8"
+    run_train_embeddings(args)
+    (int8,) = set(cache.glob("*.npy")) - {full}
+    teacher = Predictor.from_pretrained(cross_encoder, device="cpu", quantize="int8")
+    pairs = [(r[0], d) for r in rows for d in r[1:]]
+    expected = teacher.classification_logits(pairs)[:, 0].reshape(len(rows), -1)
+    # Dynamic int8 scales each batch's activations by its own range: other batches differ in the 4th digit.
+    np.testing.assert_allclose(np.load(int8), expected, atol=1e-3)
+    assert np.abs(np.load(int8) - expected).max() < np.abs(np.load(int8) - np.load(full)).max()
+
+
 @pytest.mark.parametrize("loss", ["margin_mse", "distill_kl"])
 def test_a_small_cross_encoder_learns_a_larger_ones_scores(model_files, squad_tuples, cross_encoder, tmp_path, loss):
     path, rows = squad_tuples
@@ -245,6 +272,9 @@ def test_distillation_flag_errors(model_files, squad_tuples, cross_encoder, mini
         run(loss="margin_mse")
     with pytest.raises(InputError, match="--teacher=.* is for the distillation losses .*not --loss=mnrl alone"):
         run(loss="mnrl", teacher=str(cross_encoder))
+    with pytest.raises(InputError, match="--teacher_dtype=bfloat16: no teacher output is learned here"):
+        layers = dict(teacher=minilm, init_from_teacher_layers="0", init_checkpoint=None, bert_config_file=None)
+        run(loss="mnrl", vocab_file=None, teacher_dtype="bfloat16", **layers)
     with pytest.raises(InputError, match="--temperature=2.0 is for --loss=distill_kl"):
         run(loss="margin_mse", teacher=str(cross_encoder), temperature=2.0)
     with pytest.raises(InputError, match="--distill_alpha=0.5: these losses learn the teacher's outputs alone"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from bert.flags import INFERENCE_DTYPES, DistillArgs, MaskingArgs, ModelArgs, TeacherArgs, TrainingArgs, same_as
+from bert.flags import DistillArgs, MaskingArgs, ModelArgs, TeacherArgs, TrainingArgs, same_as
 
 
 @dataclass(kw_only=True)
@@ -58,15 +58,7 @@ class PretrainArgs(MaskingArgs, TrainingArgs, TeacherArgs):
     # pre-training data is streamed and too large to hold them (DistillArgs' cache serves fine-tuning data).
     temperature: float = same_as(DistillArgs, "temperature")
     distill_alpha: float = same_as(DistillArgs, "distill_alpha")
-    teacher_dtype: str = field(
-        default="float32",
-        metadata={
-            "run_defining": "train",
-            "choices": list(INFERENCE_DTYPES),
-            "help": "Run the --teacher's Transformer blocks in this dtype (bfloat16: faster on a CPU with bfloat16 "
-            "instructions and on GPUs; float16: CUDA only).",
-        },
-    )
+    teacher_dtype: str = same_as(DistillArgs, "teacher_dtype")
     distill_attention: bool = field(
         default=False,
         metadata={

@@ -151,9 +151,7 @@ def _check_loss(name: str, table: dict[str, LossSpec], args: Any) -> LossSpec:
                 f"--teacher={args.teacher} is for the distillation losses (--loss={distill}) or "
                 f"--init_from_teacher_layers, not --loss={name} alone"
             )
-        for flag in ("transfer_file", "temperature", "teacher_cache_dir"):
-            if getattr(args, flag) != _default(args, flag):
-                raise InputError(f"--{flag}={getattr(args, flag)} is for the distillation losses (--loss={distill})")
+        args.check_outputs_learned(f"--loss={name}; the distillation losses are --loss={distill}")
     if name != "distill_kl" and args.temperature != _default(args, "temperature"):
         raise InputError(f"--temperature={args.temperature} is for --loss=distill_kl; remove it or change --loss")
     if args.distill_alpha != _default(args, "distill_alpha"):
@@ -449,11 +447,9 @@ class EmbeddingRun(_Run):
         if self.spec.cached and args.precision == "fp16":
             raise InputError(f"--loss={self.loss} computes its own backward pass: use --precision=bf16 or fp32")
         if self.spec.teacher == "embeddings":
-            self.teacher = teachers.load_teacher(
-                args.teacher, "embeddings", args.device, args.eval_batch_size, self.files.config.hidden_size
-            )
+            self.teacher = teachers.load_teacher(args, "embeddings", self.files.config.hidden_size)
         elif self.spec.teacher == "scores":
-            self.teacher = teachers.load_teacher(args.teacher, "scores", args.device, args.eval_batch_size)
+            self.teacher = teachers.load_teacher(args, "scores")
         if self.data.kind == SCORED:
             self.scores = np.asarray(self.data.scores, dtype=np.float32) / args.score_scale
         self.plan = BatchPlan(self.data, args.train_batch_size, args.seed, no_duplicates=self.spec.in_batch)
@@ -473,16 +469,12 @@ class EmbeddingRun(_Run):
             "%d examples (%s), %d distinct texts, loss %s", len(self.data), self.data.kind, len(texts), self.loss
         )
         if self.teacher is not None:
-            cache = teachers.cache_dir(self.args)
+            args, cache = self.args, teachers.cache_dir(self.args)
             if self.spec.teacher == "embeddings":
-                self.teacher_outputs = teachers.embeddings(
-                    self.teacher, self.args.teacher, self.data.columns[0], cache, self.dist
-                )
+                self.teacher_outputs = teachers.embeddings(self.teacher, args, self.data.columns[0], cache, self.dist)
             else:
                 examples = [self.data.example(i) for i in range(len(self.data))]
-                self.teacher_outputs = teachers.cross_encoder_scores(
-                    self.teacher, self.args.teacher, examples, cache, self.dist
-                )
+                self.teacher_outputs = teachers.cross_encoder_scores(self.teacher, args, examples, cache, self.dist)
             self.teacher = None  # its outputs are all a run needs: free its memory for training
 
     def data_state(self, step: int) -> dict[str, Any]:
@@ -673,7 +665,7 @@ class RerankerRun(_Run):
                     "(a bi-encoder) to mine them, or give negatives in the file"
                 )
             if self.spec.teacher:
-                self.teacher = teachers.load_teacher(args.teacher, "scores", args.device, args.eval_batch_size)
+                self.teacher = teachers.load_teacher(args, "scores")
             self.plan = BatchPlan(self.data, args.train_batch_size, args.seed, no_duplicates=False)
             self.setup_training(self.plan.batches_per_epoch())
         else:
@@ -717,7 +709,7 @@ class RerankerRun(_Run):
         if self.teacher is not None:
             examples = [data.example(i) for i in range(len(data))]
             self.teacher_outputs = teachers.cross_encoder_scores(
-                self.teacher, args.teacher, examples, teachers.cache_dir(args), self.dist
+                self.teacher, args, examples, teachers.cache_dir(args), self.dist
             )
             self.teacher = None  # its outputs are all a run needs: free its memory for training
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from bert.distillation import cached_by_rank0, data_digest, weights_digest
+from bert.distillation import cached_by_rank0, data_digest, load_teacher_predictor, precision_key, weights_digest
 from bert.errors import InputError
 from bert.inference import Predictor
 from bert.training import DistContext
@@ -36,14 +36,14 @@ def cache_dir(args: Any) -> Path:
     return Path(args.teacher_cache_dir) if args.teacher_cache_dir else Path(args.output_dir) / CACHE_NAME
 
 
-def load_teacher(
-    teacher: str, gives: str, device: str | None, batch_size: int, student_size: int | None = None
-) -> Predictor:
-    """The `--teacher` model, checked for what it must give: "embeddings" (of `student_size` dimensions, the
-    student's) or "scores" (a cross-encoder's)."""
+def load_teacher(args: Any, gives: str, student_size: int | None = None) -> Predictor:
+    """The `--teacher` model (in `--teacher_dtype` / `--teacher_quantize`), checked for what it must give:
+    "embeddings" (of `student_size` dimensions, the student's) or "scores" (a cross-encoder's)."""
+    teacher = args.teacher
     if not Path(teacher).exists():
         raise InputError(f"--teacher={teacher}: no such model directory or checkpoint")
-    model = Predictor.from_pretrained(teacher, device=device, batch_size=batch_size)
+    precision = (args.teacher_dtype, args.teacher_quantize)
+    model = load_teacher_predictor(teacher, args.device, args.eval_batch_size, *precision)
     if gives == "scores" and not model.is_cross_encoder:
         raise InputError(
             f"--teacher={teacher} is not a cross-encoder (a sequence classifier with one output, as `bert "
@@ -64,23 +64,24 @@ def load_teacher(
     return model
 
 
-def _key(kind: str, teacher: str, model: Predictor, data: object) -> dict[str, Any]:
-    """What the outputs depend on: the weights, the data, how the teacher reads text."""
+def _key(kind: str, args: Any, model: Predictor, data: object) -> dict[str, Any]:
+    """What the outputs depend on: the weights, the data, how the teacher reads text and runs."""
     return {
         "kind": kind,
-        "teacher": weights_digest(teacher),
+        "teacher": weights_digest(args.teacher),
         "data": data_digest(data),
         "max_seq_length": model.max_seq_length,
         "tokenizer": model.tokenizer.tokenizer_config(),
+        **precision_key(args.teacher_dtype, args.teacher_quantize),
     }
 
 
-def embeddings(model: Predictor, teacher: str, texts: Sequence[str], cache: Path, dist: DistContext) -> np.ndarray:
-    """[len(texts), H] float32 (read-only, memory-mapped): the vector of each text by `model`, the `--teacher`
-    directory `teacher` (computed by rank 0, read by the others)."""
-    key = _key("sentence embeddings", teacher, model, list(texts))
+def embeddings(model: Predictor, args: Any, texts: Sequence[str], cache: Path, dist: DistContext) -> np.ndarray:
+    """[len(texts), H] float32 (read-only, memory-mapped): the vector of each text by `model`, `load_teacher(args,
+    ...)` (computed by rank 0, read by the others)."""
+    key = _key("sentence embeddings", args, model, list(texts))
     key.update(pooling=model.default_pooling, normalize=model.default_normalize)
-    logger.info("teacher %s: %s pooling, normalize %s", teacher, key["pooling"], key["normalize"])
+    logger.info("teacher %s: %s pooling, normalize %s", args.teacher, key["pooling"], key["normalize"])
 
     def compute(start: int, stop: int) -> np.ndarray:
         return model.embed(list(texts[start:stop]))
@@ -90,16 +91,16 @@ def embeddings(model: Predictor, teacher: str, texts: Sequence[str], cache: Path
 
 
 def cross_encoder_scores(
-    model: Predictor, teacher: str, groups: Sequence[Sequence[str]], cache: Path, dist: DistContext
+    model: Predictor, args: Any, groups: Sequence[Sequence[str]], cache: Path, dist: DistContext
 ) -> np.ndarray:
     """[len(groups), group size - 1] float32 (read-only, memory-mapped): for each (query, document, ...) group,
-    the logit of each (query, document) by the cross-encoder `model`, the `--teacher` directory `teacher`
-    (computed by rank 0, read by the others)."""
+    the logit of each (query, document) by the cross-encoder `model`, `load_teacher(args, ...)` (computed by
+    rank 0, read by the others)."""
     width = len(groups[0]) - 1
 
     def compute(start: int, stop: int) -> np.ndarray:
         pairs = [(g[0], document) for g in groups[start:stop] for document in g[1:]]
         return model.classification_logits(pairs)[:, 0].reshape(stop - start, width)
 
-    key = _key("cross-encoder logits", teacher, model, [list(g) for g in groups])
+    key = _key("cross-encoder logits", args, model, [list(g) for g in groups])
     return cached_by_rank0(dist, cache, key, len(groups), (width,), compute, "teacher scores")
