@@ -115,7 +115,7 @@ def peer_run(task: str, seed: int, target: Path) -> dict[str, float]:
     )
 
     from bert.metrics import glue_metrics, ner_metrics
-    from bert.tasks.glue import TASKS as PROCESSORS
+    from bert.tasks.classification import TASKS as PROCESSORS
     from bert.tasks.glue import is_regression_labels
     from bert.tasks.ner import labels_from_examples, read_conll
 

@@ -26,7 +26,7 @@ import torch
 
 from bert.inference import Predictor
 from bert.metrics import glue_metrics
-from bert.tasks.glue import TASKS as PROCESSORS
+from bert.tasks.classification import TASKS as PROCESSORS
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

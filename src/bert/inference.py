@@ -86,6 +86,7 @@ from bert.modeling import (
     pool_tokens,
 )
 from bert.quantization import is_quantized, quantize_model
+from bert.tasks.classification import LONG_DOCUMENT
 from bert.tasks.common import (
     CLASSIFICATION,
     EMBEDDINGS,
@@ -98,19 +99,12 @@ from bert.tasks.common import (
     softmax,
     truncate_seq_pair,
 )
-from bert.tasks.glue import (
-    LONG_DOCUMENT,
-    WINDOW_POOLINGS,
-    InputExample,
-    InputFeatures,
-    convert_examples_to_features,
-    convert_examples_to_windows,
-    pool_windows,
-)
+from bert.tasks.glue import InputExample, InputFeatures, convert_examples_to_features
 from bert.tasks.ner import NerExample, convert_ner_examples_to_features, word_predictions
 from bert.tasks.squad import RawResult, compute_predictions, squad_examples_from_json
 from bert.tasks.squad import convert_examples_to_features as squad_features
 from bert.tasks.swag import SwagExample, convert_swag_examples_to_features
+from bert.tasks.windows import WINDOW_POOLINGS, convert_examples_to_windows, pool_windows
 from bert.tokenization import SPECIAL_TOKENS, FullTokenizer, load_vocab
 from bert.training import resolve_device
 from bert.utils import iter_lines, load_json_file, progress
@@ -140,7 +134,7 @@ TRUNCATION_DIRECTIONS = ("right", "left")
 MASK_TOKEN = "[MASK]"
 _MLM_KEY = "cls.predictions.transform.dense.weight"
 # The task modules log their first examples field by field, which would repeat on every call here.
-_TASK_LOGGERS = ("bert.tasks.glue", "bert.tasks.ner", "bert.tasks.squad", "bert.tasks.swag")
+_TASK_LOGGERS = ("bert.tasks.glue", "bert.tasks.windows", "bert.tasks.ner", "bert.tasks.squad", "bert.tasks.swag")
 
 
 class InputItemError(InputError):
@@ -679,7 +673,7 @@ class Predictor:
         `window_pooling`; see `set_windows`), by classification's own code: "truncate" cuts a pair to
         `max_seq_length` as run_classifier.py does (`bert.tasks.glue.convert_examples_to_features`);
         "windows" reads the whole first text in windows, the second cut to what the windows leave it
-        (`bert.tasks.glue.window_spans`), and pools the windows' logits (`bert.tasks.glue.pool_windows`).
+        (`bert.tasks.windows.window_spans`), and pools the windows' logits (`bert.tasks.windows.pool_windows`).
 
         Returns dicts, by `problem_type`: single-label {"label", "score"} (softmax probability);
         multi-label {"labels": [{"label", "score"}, ...]} for every label whose sigmoid reaches its
@@ -1101,7 +1095,7 @@ class Predictor:
         """`fn(last layer [B, T, H], pooling mask [B, T], attention mask [B, T], encoder output)` over the
         embedding sequences of `texts`; the pooling mask is the attention mask without the prompt when the
         model's Pooling says `include_prompt: false`. With `doc_stride`, the sequences are the windows of
-        each text as classification cuts them (`bert.tasks.glue.convert_examples_to_windows`), returned
+        each text as classification cuts them (`bert.tasks.windows.convert_examples_to_windows`), returned
         with the rows as their features (else None), which say the text each window is of."""
         prompt = self.resolve_prompt(prompt_name, prompt)
         st = self.sentence_transformers
@@ -1171,8 +1165,8 @@ class Predictor:
                 (when normalizing), as sentence-transformers' `truncate_dim` and TEI's `dimensions`.
             long_document: "truncate" (above), or "windows": a text longer than `max_seq_length` is read
                 whole in windows `doc_stride` pieces apart, cut as classification cuts them
-                (`bert.tasks.glue.window_spans`); each window's vector is what `embed` gives for it alone,
-                the text's vector their mean (`bert.tasks.glue.pool_windows`), normalized again when
+                (`bert.tasks.windows.window_spans`); each window's vector is what `embed` gives for it alone,
+                the text's vector their mean (`bert.tasks.windows.pool_windows`), normalized again when
                 normalizing. A text that fits one window gets its "truncate" vector.
             doc_stride: pieces between window starts (default: the config's `doc_stride`, else 128).
         """

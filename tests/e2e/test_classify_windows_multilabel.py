@@ -15,7 +15,9 @@ import torch
 from bert.commands.classify import ClassifyArgs, run_classify
 from bert.modeling import BertForSequenceClassification
 from bert.tasks.common import sigmoid, softmax
-from bert.tasks.glue import GenericProcessor, Sst2Processor, convert_examples_to_windows
+from bert.tasks.generic import GenericProcessor
+from bert.tasks.glue import Sst2Processor
+from bert.tasks.windows import convert_examples_to_windows
 from bert.tokenization import FullTokenizer
 from conftest import cli_error, save_tiny_model, shared_path
 

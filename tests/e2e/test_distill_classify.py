@@ -181,7 +181,7 @@ def test_resumed_distillation_equals_an_uninterrupted_one(model_files, sst2, tea
 
 def test_student_from_teacher_layers(model_files, sst2, teacher, tmp_path):
     from bert.finetune import _FinetuneRun
-    from bert.tasks.glue import ClassificationTask
+    from bert.tasks.classification import ClassificationTask
     from bert.training import DistContext
 
     args = student_args(model_files, sst2, tmp_path / "s", init_checkpoint=None, bert_config_file=None)
@@ -237,7 +237,7 @@ def test_each_window_gets_its_examples_teacher_logits(model_files, sst2, teacher
     from bert.distillation import LABELLED_KEY, TEACHER_KEY
     from bert.finetune import _FinetuneRun
     from bert.inference import Predictor
-    from bert.tasks.glue import ClassificationTask
+    from bert.tasks.classification import ClassificationTask
     from bert.tokenization import FullTokenizer
     from bert.training import DistContext
 

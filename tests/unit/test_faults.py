@@ -604,7 +604,7 @@ def _with_bad_byte(path: Path, lines: list[str], bad_line: int) -> Path:
 
 
 def test_decoding_errors_name_the_right_line(capsys, tmp_path, vocab):
-    from bert.tasks.glue import GenericProcessor
+    from bert.tasks.generic import GenericProcessor
     from bert.tasks.ner import read_conll
 
     n = 3000
@@ -645,7 +645,7 @@ def test_vocab_without_unk(capsys, tmp_path, vocab):
 
 
 def test_generic_tsv_row_with_too_few_columns(tmp_path):
-    from bert.tasks.glue import GenericProcessor
+    from bert.tasks.generic import GenericProcessor
 
     (tmp_path / "train.tsv").write_text("a good day\tpos\na bad day\tneg\na day without its label\nthe cat\tpos\n")
     with pytest.raises(InputError, match=r"train.tsv:3: 1 tab-separated columns, but line 1 has 2"):

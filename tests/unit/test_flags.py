@@ -17,7 +17,7 @@ from bert.commands.serve import ServeArgs
 from bert.errors import InputError
 from bert.finetune import FinetuneArgs, _check_flags
 from bert.flags import InferenceArgs, check_batch_division, check_flag_values
-from bert.tasks.glue import ClassificationTask
+from bert.tasks.classification import ClassificationTask
 
 
 @dataclass

@@ -296,7 +296,7 @@ def test_deeply_nested_json_line(capsys, tmp_path, models):
 
 
 def test_undecodable_byte_after_a_bom_names_its_line(tmp_path):
-    from bert.tasks.glue import GenericProcessor
+    from bert.tasks.generic import GenericProcessor
 
     rows = [f"a good day number {i}\tpos" for i in range(10)]
     data = codecs.BOM_UTF8 + "".join(row + "\n" for row in rows).encode()

@@ -171,7 +171,7 @@ def test_long_document_windows(classifier_dir, caplog):
 
 def test_windows_of_pairs_follow_classification(classifier_dir, tmp_path):
     """A pair whose second text is longer than a window: that text is cut to half the room
-    (`bert.tasks.glue.window_spans`) and goes into every window; the settings come from config.json."""
+    (`bert.tasks.windows.window_spans`) and goes into every window; the settings come from config.json."""
     config = json.loads((classifier_dir / "config.json").read_text())
     model_dir = tmp_path / "windows"
     model_dir.mkdir()

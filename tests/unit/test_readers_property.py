@@ -24,7 +24,8 @@ from hypothesis import strategies as st  # noqa: E402
 from bert.config import BertConfig  # noqa: E402
 from bert.errors import InputError  # noqa: E402
 from bert.formats.tfrecord import TFRecordWriter, read_examples  # noqa: E402
-from bert.tasks.glue import GenericProcessor, MrpcProcessor, read_rows  # noqa: E402
+from bert.tasks.generic import GenericProcessor  # noqa: E402
+from bert.tasks.glue import MrpcProcessor, read_rows  # noqa: E402
 from bert.tasks.ner import read_conll  # noqa: E402
 from bert.tasks.squad import read_squad_examples  # noqa: E402
 from bert.tasks.squad_evaluate import evaluate_v1, evaluate_v2  # noqa: E402

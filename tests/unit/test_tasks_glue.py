@@ -10,8 +10,8 @@ import pytest
 
 from bert.errors import InputError
 from bert.tasks import TASKS, get_processor, glue
+from bert.tasks.generic import GenericProcessor
 from bert.tasks.glue import (
-    GenericProcessor,
     InputExample,
     MnliMismatchedProcessor,
     MnliProcessor,
@@ -22,6 +22,7 @@ from bert.tasks.glue import (
     convert_examples_to_features,
     convert_single_example,
 )
+from bert.tasks.windows import convert_examples_to_windows, pool_windows, window_spans
 from bert.tokenization import FullTokenizer
 from conftest import FIXTURES, shared_path
 
@@ -509,7 +510,7 @@ LONG = "the dog is good the dog is bad the dog is hairy"  # 12 pieces: 15 16 5 1
 
 
 def test_window_spans():
-    spans = glue.window_spans
+    spans = window_spans
     assert spans(12, 0, 8, 4) == (0, [(0, 6), (4, 6), (8, 4)])  # room 8 - 2; run_squad's doc_spans loop
     assert spans(12, 0, 8, 100) == (0, [(0, 6), (6, 6)])  # a stride beyond the window: no overlap
     assert spans(5, 0, 8, 4) == (0, [(0, 5)])  # fits: one window
@@ -526,7 +527,7 @@ def test_window_spans():
 def test_windows_of_a_long_document(tokenizer, caplog):
     examples = [InputExample("a", LONG, None, "good"), InputExample("b", "the dog", None, "bad")]
     with caplog.at_level(logging.INFO, logger="bert.tasks.glue"):
-        features = glue.convert_examples_to_windows(examples, ["bad", "good"], 8, tokenizer, doc_stride=4)
+        features = convert_examples_to_windows(examples, ["bad", "good"], 8, tokenizer, doc_stride=4)
     assert [f.input_ids for f in features] == [
         [2, 15, 16, 5, 18, 15, 16, 3],  # pieces 0..5
         [2, 15, 16, 5, 19, 15, 16, 3],  # pieces 4..9
@@ -538,13 +539,13 @@ def test_windows_of_a_long_document(tokenizer, caplog):
     assert [f.example_index for f in features] == [0, 0, 0, 1]
     assert [f.label_id for f in features] == [1, 1, 1, 0]  # every window has its example's label
     assert sum("*** Example ***" in r.getMessage() for r in caplog.records) == 4
-    unpadded = glue.convert_examples_to_windows(examples, ["bad", "good"], 8, tokenizer, 4, pad=False)
+    unpadded = convert_examples_to_windows(examples, ["bad", "good"], 8, tokenizer, 4, pad=False)
     assert unpadded[2].input_ids == [2, 15, 16, 5, 17, 3]
 
 
 def test_windows_of_a_pair_keep_text_b_in_each(tokenizer):
     example = InputExample("p", LONG, "is it good ?", "good")  # text_b: 5 12 18 10
-    features = glue.convert_examples_to_windows([example], ["bad", "good"], 12, tokenizer, doc_stride=4)
+    features = convert_examples_to_windows([example], ["bad", "good"], 12, tokenizer, doc_stride=4)
     assert [f.input_ids for f in features] == [
         [2, 15, 16, 5, 18, 15, 3, 5, 12, 18, 10, 3],
         [2, 15, 16, 5, 19, 15, 3, 5, 12, 18, 10, 3],
@@ -561,7 +562,7 @@ def test_windows_of_examples_that_fit_are_the_truncate_features(tokenizer):
     ]
     for pad in (True, False):
         truncated = convert_examples_to_features(examples, ["0", "1"], 16, tokenizer, pad=pad)
-        windows = glue.convert_examples_to_windows(examples, ["0", "1"], 16, tokenizer, 4, pad=pad)
+        windows = convert_examples_to_windows(examples, ["0", "1"], 16, tokenizer, 4, pad=pad)
         assert [f.example_index for f in windows] == [0, 1, 2]
         assert len(truncated[1].input_ids) == 16 and sum(truncated[1].input_mask) == 16  # example 2 was cut
         for f in windows:
@@ -582,12 +583,12 @@ def test_truncate_features_are_unchanged_on_real_pairs():
 def test_pool_windows():
     outputs = [np.array([1.0, -2.0]), np.array([3.0, 0.0]), np.array([5.0, 5.0]), np.array([0.0, 4.0])]
     windows = [glue.InputFeatures([], [], [], 0, example_index=i) for i in (0, 0, 1, 0)]
-    np.testing.assert_allclose(glue.pool_windows(outputs, windows, 2, "mean"), [[4 / 3, 2 / 3], [5, 5]])
-    np.testing.assert_allclose(glue.pool_windows(outputs, windows, 2, "max"), [[3, 4], [5, 5]])
+    np.testing.assert_allclose(pool_windows(outputs, windows, 2, "mean"), [[4 / 3, 2 / 3], [5, 5]])
+    np.testing.assert_allclose(pool_windows(outputs, windows, 2, "max"), [[3, 4], [5, 5]])
     single = [glue.InputFeatures([], [], [], 0) for _ in outputs]  # truncate: one feature per example
-    np.testing.assert_allclose(glue.pool_windows(outputs, single, 4, "mean"), np.stack(outputs))
+    np.testing.assert_allclose(pool_windows(outputs, single, 4, "mean"), np.stack(outputs))
     with pytest.raises(ValueError, match="some missing"):
-        glue.pool_windows(outputs, windows, 3, "mean")
+        pool_windows(outputs, windows, 3, "mean")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert.flags import DistillArgs, FinetuneArgs
-from bert.tasks.glue import ClassificationTask
+from bert.tasks.classification import ClassificationTask
 
 
 @dataclass(kw_only=True)

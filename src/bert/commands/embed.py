@@ -20,7 +20,7 @@ import numpy as np
 from bert.errors import InputError
 from bert.flags import EMBEDDING_PRECISIONS, POOLINGS, InferenceArgs, ShardArgs
 from bert.outputs import claim
-from bert.tasks.glue import LONG_DOCUMENT
+from bert.tasks.classification import LONG_DOCUMENT
 from bert.utils import (
     count_lines,
     json_line,

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 from bert.errors import InputError
 from bert.flags import InferenceArgs
 from bert.outputs import claim
+from bert.tasks.classification import LONG_DOCUMENT
 from bert.tasks.common import CLASSIFICATION, MULTIPLE_CHOICE, NER, QUESTION_ANSWERING
-from bert.tasks.glue import LONG_DOCUMENT, WINDOW_POOLINGS
+from bert.tasks.windows import WINDOW_POOLINGS
 from bert.utils import count_lines, json_line, output_file_or_stdout, print_result, readable_input
 
 if TYPE_CHECKING:
