@@ -76,10 +76,11 @@ import torch
 from torch import nn
 
 from bert.config import BertConfig, named_config
+from bert.distributed import autocast, resolve_device
 from bert.modeling import BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification
 from bert.optimization import create_optimizer
 from bert.plan import DEVICES, make_plan
-from bert.training import autocast, compile_model, resolve_device
+from bert.training import compile_model
 
 REPO = Path(__file__).resolve().parents[1]
 # The shared data folder beside the checkout (as the tests expect it), or inside it (the device copy).

@@ -404,8 +404,8 @@ def _leave_process_group_behind(code: int) -> None:
     whose work is done and saved ("terminate called without an active exception", SIGABRT, seen on the
     restarted rank of an elastic run), and torchrun then reports the whole run failed. Every file is written
     and closed by then; the log handlers and standard streams are flushed first."""
-    training = sys.modules.get("bert.training")  # only a process that ran a training command has a group
-    if training is None or not training.holds_process_group():
+    distributed = sys.modules.get("bert.distributed")  # only a process that ran a training command has a group
+    if distributed is None or not distributed.holds_process_group():
         return
     logging.shutdown()
     sys.stdout.flush()

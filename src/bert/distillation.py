@@ -48,13 +48,14 @@ from bert.checkpoint import (
     tensors_digest,
 )
 from bert.config import BertConfig
+from bert.distributed import DistContext
 from bert.errors import InputError
 from bert.flags import LAYERS_FLAG, check_dtype
 from bert.inference import Predictor
 from bert.modeling import IGNORE_INDEX
 from bert.outputs import remove_temporaries
 from bert.tokenization import load_vocab
-from bert.training import DistContext, LossFn
+from bert.training import LossFn
 from bert.utils import atomic_write, load_json_file, progress
 
 logger = logging.getLogger(__name__)

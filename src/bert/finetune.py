@@ -65,6 +65,7 @@ import torch
 
 from bert import distillation, grid, training
 from bert.config import BertConfig
+from bert.distributed import DistContext, autocast, distributed
 from bert.errors import InputError
 from bert.flags import (
     DistillArgs,
@@ -78,7 +79,7 @@ from bert.plotting import CURVES_NAME, try_plot
 from bert.starting_model import StartingModel, resolve_starting_model
 from bert.tasks.common import FinetuneTask, num_train_steps, num_warmup_steps
 from bert.tokenization import FullTokenizer
-from bert.training import EVAL_HISTORY_NAME, METRICS_NAME, MODEL_DIR, EvalHistory, RecordStream, autocast, to_device
+from bert.training import EVAL_HISTORY_NAME, METRICS_NAME, MODEL_DIR, EvalHistory, RecordStream, to_device
 from bert.utils import atomic_write, format_scores, print_result, progress
 
 logger = logging.getLogger(__name__)
@@ -329,7 +330,7 @@ def run_finetune(args: FinetuneArgs, task: FinetuneTask) -> dict[str, Any]:
             _check_flags(cell.args, task, world_size=1)
         metric = args.metric_for_best_model or task.default_metric
         return grid.run_grid(args, cells, task.command, metric, inputs, training.RESULT_NAMES, MODEL_DIR)
-    with training.distributed(args.device) as dist:
+    with distributed(args.device) as dist:
         with training.claim_output_dir(args.output_dir, task.command, dist, inputs):
             run = _FinetuneRun(args, task, dist)
             with training.run_directory(args.output_dir, task.command, args, dist):
@@ -361,7 +362,7 @@ class _FinetuneRun:
     (before the output directory is written to), then `run` loads the model, trains, exports, evaluates
     and predicts."""
 
-    def __init__(self, args: FinetuneArgs, task: FinetuneTask, dist: training.DistContext):
+    def __init__(self, args: FinetuneArgs, task: FinetuneTask, dist: DistContext):
         self.args, self.task, self.dist = args, task, dist
         # 1. Flags, model files and data, all checked before anything is written.
         _check_flags(args, task, dist.world_size)

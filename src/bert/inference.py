@@ -72,6 +72,7 @@ from bert.checkpoint import CONFIG_NAME, Checkpoint, _fit_prefix, load_into, rea
 from bert.checkpoint import architecture as checkpoint_architecture
 from bert.config import BertConfig, check_setting, check_task_settings
 from bert.cpu_kernels import bf16_in_hardware
+from bert.distributed import resolve_device
 from bert.errors import InputError
 from bert.flags import POOLINGS, check_backend, check_dtype
 from bert.metrics import iob_chunks
@@ -106,7 +107,6 @@ from bert.tasks.squad import convert_examples_to_features as squad_features
 from bert.tasks.swag import SwagExample, convert_swag_examples_to_features
 from bert.tasks.windows import WINDOW_POOLINGS, convert_examples_to_windows, pool_windows
 from bert.tokenization import SPECIAL_TOKENS, FullTokenizer, load_vocab
-from bert.training import resolve_device
 from bert.utils import iter_lines, load_json_file, progress
 
 logger = logging.getLogger(__name__)

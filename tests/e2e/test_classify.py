@@ -70,9 +70,9 @@ def check_mrpc_outputs(out: Path, steps: int, n_dev: int) -> dict[str, str]:
 def test_the_readme_flags_give_343_steps_on_mrpc(model_files, tmp_path):
     """The README's MRPC command: 3668 examples, batch 32, 3 epochs -> global_step = 343, warmup 34; computed
     (with every file read and checked) before anything is written or trained."""
+    from bert.distributed import DistContext
     from bert.finetune import _FinetuneRun
     from bert.tasks.classification import ClassificationTask
-    from bert.training import DistContext
 
     args = mrpc_args(model_files, shared_path("data", "glue", "MRPC"), tmp_path / "out", **README_FLAGS)
     run = _FinetuneRun(args, ClassificationTask(args), DistContext(torch.device("cpu")))

@@ -180,9 +180,9 @@ def test_resumed_distillation_equals_an_uninterrupted_one(model_files, sst2, tea
 
 
 def test_student_from_teacher_layers(model_files, sst2, teacher, tmp_path):
+    from bert.distributed import DistContext
     from bert.finetune import _FinetuneRun
     from bert.tasks.classification import ClassificationTask
-    from bert.training import DistContext
 
     args = student_args(model_files, sst2, tmp_path / "s", init_checkpoint=None, bert_config_file=None)
     args.vocab_file, args.do_lower_case = None, False
@@ -235,11 +235,11 @@ def test_each_window_gets_its_examples_teacher_logits(model_files, sst2, teacher
     """With --long_document=windows a text is several features; each carries the teacher's logits of its whole
     example (as `bert predict` computes them), in the student's label order, and transfer windows no label."""
     from bert.distillation import LABELLED_KEY, TEACHER_KEY
+    from bert.distributed import DistContext
     from bert.finetune import _FinetuneRun
     from bert.inference import Predictor
     from bert.tasks.classification import ClassificationTask
     from bert.tokenization import FullTokenizer
-    from bert.training import DistContext
 
     args = student_args(
         model_files,

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from bert.commands.pretrain import PretrainArgs, run_pretrain
+from bert.distributed import DistContext
 from bert.pretraining.evaluation import evaluate
 from bert.pretraining.inputs import open_pretraining_data
-from bert.training import DistContext
 from conftest import FIXTURES, cli_error, synthetic_data
 
 TINY = FIXTURES / "tf_checkpoint" / "tiny"  # a 2-layer BertForPreTraining, TF checkpoint

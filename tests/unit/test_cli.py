@@ -356,9 +356,9 @@ def test_a_process_holding_a_process_group_ends_with_its_code_and_no_teardown(ho
     the interpreter's teardown (where destroying gloo's group can abort it); any other process ends normally."""
     script = (
         "import atexit, sys\n"
-        "from bert import cli, training\n"
+        "from bert import cli, distributed\n"
         "atexit.register(lambda: print('teardown ran', flush=True))\n"
-        + ("training._PROCESS_GROUPS.append(object())\n" if holds_group else "")
+        + ("distributed._PROCESS_GROUPS.append(object())\n" if holds_group else "")
         + "sys.exit(cli.main(['no-such-command']))\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bert.distributed import autocast
 from bert.modeling import BertForSequenceClassification
-from bert.training import autocast
 
 pytestmark = [
     pytest.mark.gpu,

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from bert.config import BertConfig
+from bert.distributed import DistContext
 from bert.finetune import (
     GROUP_BATCHES,
     BatchPlan,
@@ -23,7 +24,7 @@ from bert.finetune import (
     train_batches,
 )
 from bert.tasks.common import FinetuneTask, pad_2d
-from bert.training import DistContext, EvalHistory, RecordStream
+from bert.training import EvalHistory, RecordStream
 
 CPU = DistContext(torch.device("cpu"))
 

@@ -6,6 +6,7 @@
   module (a command imports the library it drives inside its run function);
 - `bert.formats` imports nothing of the package above `bert.errors` and `bert.utils`;
 - `bert.modeling` imports no command, task, loop or format code (`bert.checkpoint` loads and saves it);
+- running a model (`bert.inference`, `bert.serving`) never imports the training loop (`bert.training`);
 - no import cycle anywhere in `bert`;
 - `bert.serving` is imported only by `bert serve`, and its modules import one another downwards only
   (`SERVING_LAYERS`: the route table below the handlers, the handlers below the app);
@@ -151,6 +152,12 @@ def test_formats_import_nothing_above_them():
 def test_modeling_imports_no_command_task_loop_or_format():
     assert GRAPH["bert.modeling"] <= {"bert.checkpoint", "bert.config", "bert.cpu_kernels", "bert.errors"}
     assert GRAPH["bert.cpu_kernels"] == set()  # torch alone: kernels know nothing of the model
+
+
+def test_running_a_model_never_loads_the_training_loop():
+    """Inference and the server reach the device helpers (`bert.distributed`), not the training loop."""
+    for name in ("bert.inference", "bert.serving.app"):
+        assert "bert.training" not in _reachable(name), name
 
 
 # bert.serving's modules, bottom up: each imports only modules of the package in the layers below it.

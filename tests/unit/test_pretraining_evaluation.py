@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from bert.config import BertConfig
+from bert.distributed import DistContext
 from bert.modeling import BertForPreTraining
 from bert.pretraining.evaluation import evaluate
 from bert.pretraining.inputs import features_to_model_inputs, open_pretraining_data
-from bert.training import DistContext
 from conftest import synthetic_data
 
 

@@ -104,8 +104,8 @@ def _seconds_per_step(vocab_file: Path, seq: int, device: str | None) -> float:
     import torch
 
     from bert.config import named_config
+    from bert.distributed import resolve_device
     from bert.modeling import BertForPreTraining
-    from bert.training import resolve_device
 
     vocab_size = sum(1 for _ in open(vocab_file, encoding="utf-8"))
     dev = resolve_device(device)

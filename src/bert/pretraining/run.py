@@ -39,6 +39,7 @@ import torch
 from bert import training
 from bert.checkpoint import Checkpoint, load_into, read_checkpoint
 from bert.config import BertConfig
+from bert.distributed import distributed
 from bert.errors import InputError
 from bert.flags import check_batch_division, check_flag_values
 from bert.formats.results import write_results
@@ -104,7 +105,7 @@ def run_pretraining(args: Any) -> dict[str, Any]:
     """Train and/or evaluate as `args` (the flags of `bert pretrain`) say; returns {"global_step", "train":
     last logged metrics, "eval": results}."""
     with (
-        training.distributed(args.device) as dist,
+        distributed(args.device) as dist,
         training.claim_output_dir(args.output_dir, "pretrain", dist, _inputs(args)),
     ):
         # 1. Flags, vocab, data, config, output directory: all checked before any model is built.

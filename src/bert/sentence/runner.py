@@ -35,6 +35,7 @@ import torch
 
 from bert import training
 from bert.cpu_kernels import release_packed_weights
+from bert.distributed import DistContext, distributed
 from bert.errors import InputError
 from bert.flags import check_flag_values
 from bert.formats.results import write_results
@@ -271,7 +272,7 @@ class _Run:
     default_metric = ""
     next_command = ""  # the result block's next step, `{model}` the exported model
 
-    def __init__(self, args: Any, dist: training.DistContext):
+    def __init__(self, args: Any, dist: DistContext):
         self.args, self.dist = args, dist
         self.output_dir = Path(args.output_dir)
         self.exported = self.output_dir / MODEL_DIR
@@ -413,7 +414,7 @@ class EmbeddingRun(_Run):
         # Pooling reads the last layer; an untrained pooler would have no optimizer state to resume.
         return {"add_pooling_layer": False}
 
-    def __init__(self, args: Any, dist: training.DistContext):
+    def __init__(self, args: Any, dist: DistContext):
         _check_common(args)
         super().__init__(args, dist)
         st = None
@@ -625,7 +626,7 @@ def _run(cls: type[_Run], args: Any) -> dict[str, Any]:
     inputs = {"--train_file": args.train_file, "--eval_file": args.eval_file, "--init_checkpoint": args.init_checkpoint}
     inputs.update({"--vocab_file": args.vocab_file, "--bert_config_file": args.bert_config_file})
     inputs.update({"--teacher": args.teacher, "--transfer_file": args.transfer_file})
-    with training.distributed(args.device) as dist:
+    with distributed(args.device) as dist:
         with training.claim_output_dir(args.output_dir, cls.command, dist, inputs):
             run = cls(args, dist)
             with training.run_directory(args.output_dir, cls.command, args, dist):
@@ -642,7 +643,7 @@ class RerankerRun(_Run):
     next_command = "bert rerank --model={model} --input_file=CANDIDATES.jsonl"
     default_metric = "eval_ndcg@10"
 
-    def __init__(self, args: Any, dist: training.DistContext):
+    def __init__(self, args: Any, dist: DistContext):
         _check_common(args)
         super().__init__(args, dist)
         self.loss = args.loss or "bce"

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from bert.distillation import cached_by_rank0, data_digest, load_teacher_predictor, precision_key, weights_digest
+from bert.distributed import DistContext
 from bert.errors import InputError
 from bert.inference import Predictor
-from bert.training import DistContext
 
 logger = logging.getLogger(__name__)
 
