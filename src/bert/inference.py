@@ -52,7 +52,6 @@ model and the tokenizer's memo are shared.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -113,7 +112,7 @@ from bert.tasks.squad import convert_examples_to_features as squad_features
 from bert.tasks.swag import SwagExample, convert_swag_examples_to_features
 from bert.tokenization import SPECIAL_TOKENS, FullTokenizer, load_vocab
 from bert.training import resolve_device
-from bert.utils import iter_lines, load_json_file, progress
+from bert.utils import iter_lines, load_json_file, parse_json_line, progress
 
 logger = logging.getLogger(__name__)
 
@@ -414,10 +413,7 @@ class Predictor:
             max_seq_length = {QUESTION_ANSWERING: 384, FILL_MASK: limit, EMBEDDINGS: limit}.get(self.task, 128)
             max_seq_length = min(max_seq_length, limit)
         self.max_seq_length = int(max_seq_length)
-        if not 3 <= self.max_seq_length <= limit:
-            raise InputError(
-                f"max_seq_length={self.max_seq_length} must be between 3 and max_position_embeddings={limit}"
-            )
+        self.config.check_max_seq_length(self.max_seq_length)
         # run_squad.py's default, or half the sequence for models too short for it.
         self.max_query_length = int(extra.get("max_query_length", min(64, self.max_seq_length // 2)))
         if self.task == QUESTION_ANSWERING and self.max_seq_length <= self.max_query_length + 3:
@@ -1493,12 +1489,8 @@ def read_input_record(line: str, task: str) -> Any:
     """
     obj = None
     if line.lstrip().startswith("{"):
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            pass  # plain text that starts with "{"
-        except RecursionError:
-            raise InputError("JSON nested too deeply to read; write one flat JSON object per line") from None
+        with contextlib.suppress(ValueError):  # plain text that starts with "{"
+            obj = parse_json_line(line)
     if not isinstance(obj, dict):
         if not line.strip():
             raise InputError("empty line; remove it or give it some text")

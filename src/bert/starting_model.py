@@ -117,12 +117,7 @@ def resolve_starting_model(
     config = _config(args.bert_config_file, source, vocab_entries, data_vocab_sizes)
     if vocab_entries is not None and vocab_file:
         config.validate_vocab(vocab_entries, vocab_file)
-    if args.max_seq_length > config.max_position_embeddings:
-        raise InputError(
-            f"--max_seq_length={args.max_seq_length} exceeds the model's max_position_embeddings="
-            f"{config.max_position_embeddings}; use a shorter --max_seq_length (and, for pre-training, data made "
-            "with it)"
-        )
+    config.check_max_seq_length(args.max_seq_length, "--max_seq_length")
     if do_lower_case is not None and init is not None:
         saved = init.tokenizer_settings.get("do_lower_case")
         if saved is not None and bool(saved) != do_lower_case:

@@ -14,6 +14,7 @@ import glob
 import gzip
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -176,6 +177,39 @@ def json_line(obj: object) -> str:
             "check the model (its weights must be finite numbers)"
         ) from None
     return json.dumps(obj) if _LONE_SURROGATE.search(line) is not None else line
+
+
+def as_number(value: Any) -> float | None:
+    """A JSON number, or a text that spells one ("0.8", "nan", "1e999"), as a float, which may be NaN or
+    infinite (a file's layout is judged by what looks like a number, so that a NaN score is refused on its
+    line rather than taken for text); None for anything else (a bool, a text that is no number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        return float(value)
+    except (ValueError, OverflowError):  # OverflowError: a JSON integer beyond a float
+        return math.inf if isinstance(value, int) else None
+
+
+def finite_number(value: Any, where: str, what: str = "score", note: str = "") -> float:
+    """`value` (see `as_number`) as a finite float: the one rule of the data readers for a score or a regression
+    label. `where` ("FILE:LINE"), `what` and `note` (after the value) name it in the error."""
+    x = as_number(value)
+    if x is None or not math.isfinite(x):
+        shown = value if isinstance(value, str) else json.dumps(value)[:40]
+        raise InputError(f"{where}: {what} {shown!r}{note} is not a finite number; give a number such as 0.8")
+    return x
+
+
+def parse_json_line(text: str) -> Any:
+    """`json.loads` of one line of a JSON-lines input, for every reader of them (training files, predict's
+    and rerank's inputs, BEIR files). A line nested too deeply for the parser (RecursionError) is an
+    `InputError` without a location, which the reader adds ("FILE:LINE: ..."); a malformed line raises
+    `json.JSONDecodeError` as `json.loads` does, for the reader to refuse or read as plain text."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise InputError("JSON nested too deeply to read; write one flat JSON value per line") from None
 
 
 def load_json_file(path: str | os.PathLike, what: str, missing_ok: bool = False) -> Any:

@@ -61,7 +61,7 @@ from bert.tasks.common import (
 )
 from bert.tasks.squad import DocSpan, doc_spans_for
 from bert.tokenization import printable_text
-from bert.utils import atomic_write, iter_lines
+from bert.utils import atomic_write, finite_number, iter_lines, parse_json_line
 
 if TYPE_CHECKING:
     from bert.tokenization import FullTokenizer
@@ -201,13 +201,7 @@ def _label_error(path: str | os.PathLike, line: int, label: Any, labels: Sequenc
 
 
 def _float_label(path: str | os.PathLike, line: int, text: str, where: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise InputError(
-            f"{os.fspath(path)}:{line}: label {text!r} ({where}) is not a number; regression tasks need a "
-            f"numeric score in that column"
-        ) from None
+    return finite_number(text, f"{os.fspath(path)}:{line}", "label", f" ({where})")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -735,13 +729,11 @@ class GenericProcessor(DataProcessor):
             if not text.strip():
                 continue
             try:
-                record = json.loads(text)
+                record = parse_json_line(text)
             except json.JSONDecodeError as e:
                 raise InputError(f"{path}:{line}: not a JSON object ({e.msg}); write one JSON object per line") from e
-            except RecursionError:
-                raise InputError(
-                    f"{path}:{line}: JSON nested too deeply; write one flat JSON object per line"
-                ) from None
+            except InputError as e:
+                raise InputError(f"{path}:{line}: {e}") from None
             if not isinstance(record, dict):
                 raise InputError(f"{path}:{line}: expected a JSON object per line, found {type(record).__name__}")
             values = []
