@@ -12,8 +12,9 @@ Training files (`--train_file`), one example a line:
   every qrels line with a positive score; a document's text is its title and text joined by a space.
 
 Every line must have the same shape; files are UTF-8, a byte-order mark ignored; a score must be a finite
-number and a BEIR `text` or `title` a string, or the line is refused. Evaluation files (`--eval_file`): scored pairs (STS) or a BEIR
-directory whose `--eval_split` qrels are searched in the documents that split names.
+number and a BEIR `text` or `title` a string, or the line is refused. Evaluation files (`--eval_file`):
+scored pairs (STS) or a BEIR directory whose `--eval_split` qrels are searched in the documents that split
+names.
 """
 
 from __future__ import annotations
