@@ -1551,7 +1551,7 @@ def _read_input_chunks(
     `InputError` naming `name` and its number."""
     lines, records = [], []
     hint = "the text through `iconv -c -f utf-8 -t utf-8`"
-    for number, line in enumerate(iter_lines(path, "utf-8", "strict", hint=hint), start=1):
+    for number, line in enumerate(iter_lines(path, "utf-8", "strict", hint=hint, name=name), start=1):
         if only is not None and number - 1 not in only:
             if number > only.stop:
                 break

@@ -298,7 +298,11 @@ def _open_binary(path: str):
 
 
 def iter_lines(
-    path: str, encoding: str = "utf-8", errors: str = "strict", hint: str | None = "--decode_errors=ignore"
+    path: str,
+    encoding: str = "utf-8",
+    errors: str = "strict",
+    hint: str | None = "--decode_errors=ignore",
+    name: str | None = None,
 ) -> Iterator[str]:
     """The lines of a text file (plain, or gzip when the name ends in .gz), without their newline.
 
@@ -314,11 +318,14 @@ def iter_lines(
             `convert_to_unicode`); "replace" substitutes U+FFFD.
         hint: the flag that would accept the file, quoted in the error message (None: none does, the
             message says to save the file as UTF-8).
+        name: what errors call the file (default `path`): "<stdin>" for the copy `readable_input` made of it,
+            whose temporary name means nothing to the user.
 
     Raises:
         InputError: undecodable bytes with errors="strict", naming the file, line and byte.
     """
     line_no = 0  # lines before the current block
+    name = path if name is None else name
     # utf-8-sig drops a BOM before decoding, and its errors' offsets then miss its 3 bytes (a bad byte on
     # line 7 was reported on line 6): the BOM is dropped here instead, and the rest decoded as UTF-8.
     bom = None
@@ -328,7 +335,7 @@ def iter_lines(
     try:
         f = _open_binary(path)
     except OSError as e:
-        raise InputError(f"{path}: cannot open ({e.strerror or e}); check the path and permissions") from e
+        raise InputError(f"{name}: cannot open ({e.strerror or e}); check the path and permissions") from e
     with f:
         rest = b""
         while True:
@@ -336,7 +343,7 @@ def iter_lines(
                 block = f.read(_BLOCK_BYTES)
             except (OSError, EOFError, zlib.error) as e:
                 raise InputError(
-                    f"{path}: cannot read ({_read_error(e)}); is the file complete and not corrupt?"
+                    f"{name}: cannot read ({_read_error(e)}); is the file complete and not corrupt?"
                 ) from e
             if not block:
                 data, rest = rest, b""
@@ -354,7 +361,7 @@ def iter_lines(
             try:
                 text = data.decode(encoding, errors)
             except UnicodeDecodeError as e:
-                raise undecodable(path, data, e, line_no, encoding, hint) from e
+                raise undecodable(name, data, e, line_no, encoding, hint) from e
             except LookupError as e:
                 raise InputError(f"unknown text encoding {encoding!r}; use e.g. utf-8 or latin-1") from e
             lines = text.split("\n")

@@ -96,7 +96,7 @@ def _run(args: RerankArgs) -> dict[str, Any]:
             output_file_or_stdout(args.output_file) as out,
             progress(total=total, unit="line", desc=desc, disable=desc is None) as bar,
         ):
-            for number, line in enumerate(iter_lines(path, "utf-8-sig", "strict", hint=None), start=1):
+            for number, line in enumerate(iter_lines(path, "utf-8-sig", "strict", hint=None, name=name), start=1):
                 bar.update(1)
                 query, docs = _read_record(line, name, number)
                 ranked = predictor.rank(query, docs, args.top_k, raw_scores=args.raw_scores)
