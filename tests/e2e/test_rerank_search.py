@@ -215,3 +215,20 @@ def test_bad_embeddings_files_exit_2_one_line(models, retrieval, tmp_path, capsy
         err = cli_error(capsys, "search", *common, f"--corpus_embeddings={tmp_path / name}", "--chunk_size=7")
         assert f"--corpus_embeddings={tmp_path / name}" in err and message in err, err
     assert not out.exists()
+
+
+def test_search_reads_the_shards_of_bert_embed(models, retrieval, tmp_path):
+    """`bert embed --num_shards=3` then `bert search --corpus_embeddings=emb.npy` (no such file, its shards there)
+    finds what the unsharded vectors find."""
+    _, encoder = models
+    corpus, queries = retrieval
+    whole, sharded = tmp_path / "whole.npy", tmp_path / "emb.npy"
+    run_embed(EmbedArgs(model=str(encoder), input_file=str(corpus), output_file=str(whole)))
+    for i in range(3):
+        run_embed(EmbedArgs(model=str(encoder), input_file=str(corpus), output_file=str(sharded), num_shards=3,
+                            shard_index=i))  # fmt: skip
+    assert not sharded.exists()
+    common = dict(model=str(encoder), corpus=str(corpus), queries=str(queries), top_k=5, chunk_size=7)
+    run_search(SearchArgs(**common, corpus_embeddings=str(whole), output_file=str(tmp_path / "a.jsonl")))
+    run_search(SearchArgs(**common, corpus_embeddings=str(sharded), output_file=str(tmp_path / "b.jsonl")))
+    assert read_jsonl(tmp_path / "a.jsonl") == read_jsonl(tmp_path / "b.jsonl")

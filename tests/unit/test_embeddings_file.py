@@ -122,3 +122,32 @@ def test_damaged_files_read_or_refuse(tmp_path, data):
         stored.rows(0, len(stored))
     except InputError as e:
         assert "\n" not in str(e) and "d.npy" in str(e)
+
+
+def test_the_shards_of_one_run_read_as_one_matrix(tmp_path):
+    from bert.formats.embeddings import open_embeddings
+    from bert.utils import shard_file
+
+    matrix = np.random.default_rng(1).normal(size=(10, 4)).astype(np.float32)
+    path = str(tmp_path / "emb.npy")
+    for i, block in enumerate((matrix[:3], matrix[3:3], matrix[3:])):
+        np.save(shard_file(path, i, 3), block)
+    stored = open_embeddings(path, "--corpus_embeddings")
+    assert len(stored) == 10 and stored.dims == 4
+    np.testing.assert_array_equal(np.concatenate([stored.rows(i, i + 4) for i in range(0, 10, 4)]), matrix)
+    np.save(path, matrix[:2])  # the unsharded file, when there, is what is read
+    assert len(open_embeddings(path, "--corpus_embeddings")) == 2
+    os.unlink(path)
+    bad = matrix.copy()
+    bad[5, 0] = np.inf
+    np.save(shard_file(path, 2, 3), bad[3:])
+    with pytest.raises(InputError, match=r"\(shard .*emb-00002-of-00003.npy\): row 2 \(counting from 0\) holds NaN"):
+        open_embeddings(path, "--corpus_embeddings").rows(0, 10)
+    os.unlink(shard_file(path, 1, 3))
+    with pytest.raises(InputError, match=r"shard .*emb-00001-of-00003.npy of 3 is missing"):
+        open_embeddings(path, "--corpus_embeddings")
+    np.save(shard_file(path, 0, 2), matrix)
+    with pytest.raises(InputError, match=r"shards of 2 different runs"):
+        open_embeddings(path, "--corpus_embeddings")
+    with pytest.raises(InputError, match=r"--corpus_embeddings: no such file, nor shards .*other-\*-of-\*.npy"):
+        open_embeddings(str(tmp_path / "other.npy"), "--corpus_embeddings")

@@ -18,7 +18,7 @@ import numpy as np
 from bert.commands.embed import EmbedArgs
 from bert.errors import InputError
 from bert.flags import InferenceArgs, same_as
-from bert.formats.embeddings import EmbeddingsFile
+from bert.formats.embeddings import open_embeddings
 from bert.outputs import claim
 from bert.utils import json_line, output_file_or_stdout, print_result, progress, readable_input
 
@@ -49,7 +49,8 @@ class SearchArgs(InferenceArgs):
         default=None,
         metadata={
             "help": "The corpus vectors as `bert embed --output_file=x.npy` wrote them from --corpus with the same "
-            "model (float32, one row per record); default: embed the corpus here."
+            "model (float32, one row per record), or its shards x-0000i-of-0000N.npy (--num_shards) when x.npy "
+            "is not there; default: embed the corpus here."
         },
     )
     output_file: str | None = field(default=None, metadata={"help": "Output JSON-lines file; stdout if unset."})
@@ -132,7 +133,7 @@ def _run(args: SearchArgs) -> dict[str, Any]:
     corpus_ids: list[str] = []
     stored = None
     if args.corpus_embeddings is not None:
-        stored = EmbeddingsFile(args.corpus_embeddings, f"--corpus_embeddings={args.corpus_embeddings}")
+        stored = open_embeddings(args.corpus_embeddings, f"--corpus_embeddings={args.corpus_embeddings}")
         if stored.dims != vectors.shape[1]:
             raise InputError(
                 f"--corpus_embeddings={args.corpus_embeddings} holds {stored.dims}-dimensional vectors, the queries "

@@ -1,4 +1,5 @@
-"""Embedding matrices on disk: the `.npy` file `bert embed --output_file=x.npy` writes, opened for reading.
+"""Embedding matrices on disk: the `.npy` file `bert embed --output_file=x.npy` writes, or the shards
+`x-0000i-of-0000N.npy` of `bert embed --num_shards=N`, opened for reading (`open_embeddings`).
 
 The one reader of them (`bert search --corpus_embeddings`, and any later command that takes stored vectors):
 everything about the file is checked before a vector is used, each fault one `InputError` naming the file.
@@ -13,11 +14,14 @@ everything about the file is checked before a vector is used, each fault one `In
   file cut short is refused before it is mapped, not found out by `mmap`);
 - the rows memory-mapped, so a search holds one chunk at a time, and each chunk checked as it is read
   (`rows`): a NaN or infinite component blames the file and the row, not the model.
+- shards: asked for `x.npy` that is not there, the reader takes `x-*-of-N.npy` when all N of one set are
+  there (one missing, or two sets, is an error naming them), read in order as one matrix of equal widths.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 import tokenize
 from pathlib import Path
@@ -26,6 +30,7 @@ import numpy as np
 from numpy.lib import format as npy
 
 from bert.errors import InputError
+from bert.utils import shard_file
 
 # What a file that is not a .npy is, by its first bytes.
 _OTHER_FORMATS = {b"PK\x03\x04": "a zip archive (an .npz?)", b"PAR1": "a Parquet file", b"\x1f\x8b": "a gzip file"}
@@ -109,3 +114,56 @@ class EmbeddingsFile:
         if dtype.hasobject:
             raise InputError(f"{self.name} holds Python objects (pickled), which are never loaded; {_FIX}")
         return shape, fortran_order, dtype
+
+
+class ShardedEmbeddings:
+    """The shards of one `bert embed --num_shards=N` run, read in order as one matrix (`EmbeddingsFile`'s
+    interface: `len`, `dims`, `rows` with rows numbered across the shards)."""
+
+    def __init__(self, parts: list[EmbeddingsFile], name: str):
+        self.parts, self.name = parts, name
+        widths = {part.dims for part in parts}
+        if len(widths) > 1:
+            raise InputError(f"{name}: its shards hold vectors of different widths {sorted(widths)}; {_FIX}")
+        self.starts = np.cumsum([0] + [len(part) for part in parts])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    @property
+    def dims(self) -> int:
+        return self.parts[0].dims
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        pieces = []
+        for part, first in zip(self.parts, self.starts[:-1]):
+            lo, hi = max(start - first, 0), min(stop - first, len(part))
+            if lo < hi:  # a bad row is named by its shard and its number there
+                pieces.append(part.rows(int(lo), int(hi)))
+        return np.concatenate(pieces) if pieces else np.zeros((0, self.dims), dtype=np.float32)
+
+
+def open_embeddings(path: str, name: str) -> EmbeddingsFile | ShardedEmbeddings:
+    """The embeddings `path` names: the file, or else the complete set of its shards (module docstring)."""
+    if os.path.lexists(path):
+        return EmbeddingsFile(path, name)
+    pattern = Path(shard_file(path, 0, 1))
+    # shard_file's name with the index and the count as wildcards
+    stem, suffix = pattern.name.rsplit("-00000-of-00001", 1)
+    found: dict[int, set[int]] = {}
+    if pattern.parent.is_dir():
+        shard_re = re.compile(re.escape(stem) + r"-(\d{5})-of-(\d{5})" + re.escape(suffix) + "$")
+        for entry in os.listdir(pattern.parent):
+            m = shard_re.match(entry)
+            if m:
+                found.setdefault(int(m.group(2)), set()).add(int(m.group(1)))
+    if not found:
+        raise InputError(f"{name}: no such file, nor shards {pattern.parent / (stem + '-*-of-*' + suffix)}; {_FIX}")
+    if len(found) > 1:
+        raise InputError(f"{name}: shards of {len(found)} different runs ({sorted(found)} shards); keep one set")
+    [(count, indices)] = found.items()
+    missing = sorted(set(range(count)) - indices)
+    if missing:
+        raise InputError(f"{name}: shard {shard_file(path, missing[0], count)} of {count} is missing; embed it")
+    shards = [shard_file(path, i, count) for i in range(count)]
+    return ShardedEmbeddings([EmbeddingsFile(shard, f"{name} (shard {shard})") for shard in shards], name)
