@@ -119,6 +119,31 @@ def test_a_killed_run_resumes_to_the_uninterrupted_model(model_files, tmp_path, 
     assert_same_weights(read_weights(full / "model"), read_weights(stopped / "model"))
 
 
+PREFETCH_THEN_EXIT = """
+import sys, torch
+from bert import training
+def batches():
+    while True:
+        x = torch.randn(256, 256)
+        for _ in range(20):
+            x = torch.tanh(x @ x)
+        yield {"x": x}
+stream = training.prefetch(batches())
+next(stream)
+stream.close()
+sys.exit(2)
+"""
+
+
+def test_a_run_that_stops_while_batches_are_made_exits_cleanly():
+    """A consumer that stops while the prefetch thread is inside torch, then the process exits (as a run ending
+    on an error does): exit 2, not SIGABRT ("terminate called without an active exception", 10 in 10 before
+    the thread was joined)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run([sys.executable, "-c", PREFETCH_THEN_EXIT], env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and "terminate called" not in done.stderr, (done.returncode, done.stderr[-500:])
+
+
 def test_prefetch_thread_is_joined_when_the_consumer_stops():
     """A consumer that stops early (a run ending on an error) leaves no prefetch thread running: one left inside
     torch at the process's exit aborted it ("terminate called without an active exception")."""
