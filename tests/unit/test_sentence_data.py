@@ -149,6 +149,14 @@ def test_scores_must_be_finite_numbers(tmp_path, name, lines, where, value):
         read_training_data(write(tmp_path / name, lines))
 
 
+def test_a_scored_tsv_holds_scored_pairs_on_every_line(tmp_path):
+    """The first line makes a headerless TSV scored pairs; a later line without a score is refused, not the
+    whole file read as triples."""
+    for lines in (["a\tb\t0.5", "c\td\tfoo"], ["a\tb\t0.5", "c\td\t0.1\te"]):
+        with pytest.raises(InputError, match=r"j.tsv:2: not a scored pair \(text, text, score\) as line 1 is"):
+            read_training_data(write(tmp_path / "j.tsv", lines))
+
+
 def _beir(root, queries, corpus):
     (root / "qrels").mkdir(parents=True)
     (root / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")

@@ -4,8 +4,8 @@ Training files (`--train_file`), one example a line:
 - JSON lines: a list of texts `["anchor", "positive", "negative", ...]`, a list of two texts and a number
   `["text", "text", 0.8]` (a scored pair), or an object with `anchor` (or `query`), `positive` and optional
   `negative` / `negatives` (a text or a list), or with `sentence1`, `sentence2` and `score`;
-- TSV: the same columns, tab separated: two or more texts, or two texts and a number (a scored pair when
-  every line's third and last column spells a number). A first line naming its columns (`sentence1`,
+- TSV: the same columns, tab separated: two or more texts, or two texts and a number (scored pairs when the
+  first line's third and last column spells a number). A first line naming its columns (`sentence1`,
   `sentence2`, `score` as GLUE's STS-B, or `anchor`, `positive`, `negative...`) is a header: the columns
   are then taken by name, the others ignored;
 - a BEIR directory (`corpus.jsonl`, `queries.jsonl`, `qrels/<split>.tsv`): one (query, document) pair for
@@ -142,11 +142,21 @@ def _tsv_examples(path: str) -> list[tuple[int, list[str], float | None]]:
             score = None if score_col is None else finite_number(cells[score_col], f"{path}:{n}")
             out.append((n, [cells[i] for i in text_cols], score))
         return out
-    # Scored when every line's third and last column spells a number: one "nan" is then refused on its line,
-    # not taken for a text that turns the whole file into triples.
-    scored = all(len(cells) == 3 and as_number(cells[2]) is not None for _, cells in rows)
+    # The first line sets the layout, as a header would: two texts and a number make the file scored pairs, and
+    # every line must then be one. A "nan" (or a text) where a score belongs is refused on its line, never
+    # taken for a text that turns the whole file into triples.
+    first_n, first = rows[0]
+    if not (len(first) == 3 and as_number(first[2]) is not None):
+        return [(n, cells, None) for n, cells in rows]
     for n, cells in rows:
-        out.append((n, cells[:2], finite_number(cells[2], f"{path}:{n}")) if scored else (n, cells, None))
+        if len(cells) != 3 or as_number(cells[2]) is None:
+            raise _line_error(
+                path,
+                n,
+                f"not a scored pair (text, text, score) as line {first_n} is; give every line a score, or name the "
+                "columns of texts in a header (anchor, positive, negative)",
+            )
+        out.append((n, cells[:2], finite_number(cells[2], f"{path}:{n}")))
     return out
 
 
