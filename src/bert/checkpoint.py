@@ -410,6 +410,13 @@ def _copy_vocab(vocab_file: str | os.PathLike | None, out: Path) -> None:
             shutil.copyfileobj(src, f)
 
 
+def write_vocab(output_dir: str | os.PathLike, vocab: bytes) -> None:
+    """`vocab.txt` of a model directory from the vocabulary's bytes (a training run's checkpoints and export,
+    which hold the vocabulary as the run read it at its start: see `bert.training.TrainerSettings`)."""
+    with atomic_write(Path(output_dir) / VOCAB_NAME, "wb") as f:
+        f.write(vocab)
+
+
 def save_pretrained(
     model: nn.Module,
     output_dir: str | os.PathLike,

@@ -34,6 +34,9 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# The shortest sequence a model runs on: [CLS], one token and [SEP].
+MIN_SEQ_LENGTH = 3
+
 # transformers' `config.problem_type` values, which pick a sequence classifier's loss.
 PROBLEM_TYPES = ("single_label_classification", "regression", "multi_label_classification")
 
@@ -314,6 +317,18 @@ class BertConfig:
     def to_json_file(self, path: str | os.PathLike) -> None:
         with atomic_write(path) as f:
             f.write(self.to_json_string())
+
+    def check_max_seq_length(self, max_seq_length: int, name: str = "max_seq_length") -> None:
+        """The one rule for a sequence length this model runs at: from MIN_SEQ_LENGTH to max_position_embeddings.
+        `bert.inference.Predictor` holds a model's saved length to it, so every training run is held to it
+        before it starts (`bert.starting_model`): a run never exports a model `bert embed` or `bert predict`
+        would refuse. `name` is the flag or setting named in the error."""
+        limit = self.max_position_embeddings
+        if not MIN_SEQ_LENGTH <= max_seq_length <= limit:
+            raise InputError(
+                f"{name}={max_seq_length} must be between {MIN_SEQ_LENGTH} and max_position_embeddings={limit} "
+                f"(the model's); give a length in that range"
+            )
 
     def validate_vocab(self, vocab_size_of_file: int, vocab_file: str | os.PathLike) -> None:
         """Refuse a vocab with more entries than the embedding table: the original trains into NaNs."""

@@ -52,7 +52,6 @@ model and the tokenizer's memo are shared.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -107,7 +106,7 @@ from bert.tasks.squad import convert_examples_to_features as squad_features
 from bert.tasks.swag import SwagExample, convert_swag_examples_to_features
 from bert.tasks.windows import WINDOW_POOLINGS, convert_examples_to_windows, pool_windows
 from bert.tokenization import SPECIAL_TOKENS, FullTokenizer, load_vocab
-from bert.utils import iter_lines, load_json_file, progress
+from bert.utils import iter_lines, load_json_file, parse_json_line, progress
 
 logger = logging.getLogger(__name__)
 
@@ -408,10 +407,7 @@ class Predictor:
             max_seq_length = {QUESTION_ANSWERING: 384, FILL_MASK: limit, EMBEDDINGS: limit}.get(self.task, 128)
             max_seq_length = min(max_seq_length, limit)
         self.max_seq_length = int(max_seq_length)
-        if not 3 <= self.max_seq_length <= limit:
-            raise InputError(
-                f"max_seq_length={self.max_seq_length} must be between 3 and max_position_embeddings={limit}"
-            )
+        self.config.check_max_seq_length(self.max_seq_length)
         # run_squad.py's default, or half the sequence for models too short for it.
         self.max_query_length = int(extra.get("max_query_length", min(64, self.max_seq_length // 2)))
         if self.task == QUESTION_ANSWERING and self.max_seq_length <= self.max_query_length + 3:
@@ -1487,12 +1483,8 @@ def read_input_record(line: str, task: str) -> Any:
     """
     obj = None
     if line.lstrip().startswith("{"):
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            pass  # plain text that starts with "{"
-        except RecursionError:
-            raise InputError("JSON nested too deeply to read; write one flat JSON object per line") from None
+        with contextlib.suppress(ValueError):  # plain text that starts with "{"
+            obj = parse_json_line(line)
     if not isinstance(obj, dict):
         if not line.strip():
             raise InputError("empty line; remove it or give it some text")
@@ -1553,7 +1545,7 @@ def _read_input_chunks(
     `InputError` naming `name` and its number."""
     lines, records = [], []
     hint = "the text through `iconv -c -f utf-8 -t utf-8`"
-    for number, line in enumerate(iter_lines(path, "utf-8", "strict", hint=hint), start=1):
+    for number, line in enumerate(iter_lines(path, "utf-8", "strict", hint=hint, name=name), start=1):
         if only is not None and number - 1 not in only:
             if number > only.stop:
                 break

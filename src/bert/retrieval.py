@@ -99,7 +99,7 @@ def read_texts(path: str, name: str) -> Iterator[tuple[str, str]]:
     (`bert.inference.read_input_record`), so row i of `bert embed`'s vectors of the file is record i here;
     the id is a JSON line's "_id" (or "id"), else the 0-based record number."""
     hint = "the text through `iconv -c -f utf-8 -t utf-8`"
-    for index, line in enumerate(iter_lines(path, "utf-8-sig", "strict", hint=hint)):
+    for index, line in enumerate(iter_lines(path, "utf-8-sig", "strict", hint=hint, name=name)):
         line = line[:-1] if line.endswith("\r") else line
         try:
             text = read_input_record(line, EMBEDDINGS)

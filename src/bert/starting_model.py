@@ -5,8 +5,11 @@ run resumes from the newest checkpoint of `--output_dir` when there is one (`--i
 ignored), else starts from `--init_checkpoint`, else from random weights. `--vocab_file` and
 `--bert_config_file` left out come from beside the checkpoint the run starts from; a shape's name takes
 its `vocab_size` from the vocabulary (or, for pre-training without one, from the data's manifests). The
-config is checked against the vocabulary and `--max_seq_length`, the casing against the checkpoint's
-name and saved tokenizer settings, and a checkpoint to resume against the config.
+config is checked against the vocabulary and `--max_seq_length` (`BertConfig.check_max_seq_length`, the rule
+inference reads a model's length with), the casing against the checkpoint's name and saved tokenizer
+settings, and a checkpoint to resume against the config. A vocabulary taken from the checkpoint being resumed
+is read at the start only: the `Trainer` keeps its bytes for every later checkpoint and the export, since
+`--keep_checkpoint_max` may remove that checkpoint before the run ends.
 
 With `--init_from_teacher_layers` (`bert.flags.TeacherArgs`) the run starts instead from some of
 `--teacher`'s blocks (`bert.distillation.student_from_teacher_layers`): the teacher's config with that many
@@ -117,12 +120,7 @@ def resolve_starting_model(
     config = _config(args.bert_config_file, source, vocab_entries, data_vocab_sizes)
     if vocab_entries is not None and vocab_file:
         config.validate_vocab(vocab_entries, vocab_file)
-    if args.max_seq_length > config.max_position_embeddings:
-        raise InputError(
-            f"--max_seq_length={args.max_seq_length} exceeds the model's max_position_embeddings="
-            f"{config.max_position_embeddings}; use a shorter --max_seq_length (and, for pre-training, data made "
-            "with it)"
-        )
+    config.check_max_seq_length(args.max_seq_length, "--max_seq_length")
     if do_lower_case is not None and init is not None:
         saved = init.tokenizer_settings.get("do_lower_case")
         if saved is not None and bool(saved) != do_lower_case:

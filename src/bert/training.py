@@ -52,7 +52,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import FSDPModule
 
-from bert.checkpoint import CONFIG_NAME, load_into, read_checkpoint, save_pretrained
+from bert.checkpoint import CONFIG_NAME, load_into, read_checkpoint, save_pretrained, write_vocab
 from bert.config import SHAPE_FIELDS, BertConfig
 from bert.distributed import DistContext, autocast, wrap_model
 from bert.errors import InputError, NonFiniteError
@@ -514,20 +514,27 @@ def _save_torch(obj: Any, path: Path) -> str:
 def export_model(
     model: nn.Module,
     path: str | os.PathLike,
-    vocab_file: str | None = None,
+    vocab: bytes | None = None,
     do_lower_case: bool | None = None,
     extra_files: dict[str, Any] | None = None,
 ) -> Path:
-    """Write weights only (native layout, loadable with `from_pretrained`) to `path`, atomically, with
-    `extra_files` ({relative path: JSON value}) beside them."""
+    """Write weights only (native layout, loadable with `from_pretrained`) to `path`, atomically, with the
+    vocabulary `vocab` (its file's bytes) and `extra_files` ({relative path: JSON value}) beside them."""
     path = Path(path)
     check_finite_weights(model.state_dict(), f"the model to export to {path}")
     with atomic_directory(path) as tmp:
-        save_pretrained(model, tmp, vocab_file=vocab_file, do_lower_case=do_lower_case)
+        _save_model(model, tmp, vocab, do_lower_case)
         for name, obj in (extra_files or {}).items():
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / name).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path
+
+
+def _save_model(model: nn.Module, out: Path, vocab: bytes | None, do_lower_case: bool | None) -> None:
+    """A checkpoint's or the export's model files: weights, config, tokenizer settings and vocabulary."""
+    save_pretrained(model, out, do_lower_case=do_lower_case)
+    if vocab is not None:
+        write_vocab(out, vocab)
 
 
 # ------------------------------------------------------------------------------------------ logging
@@ -577,22 +584,26 @@ def prefetch(iterator: Iterator, depth: int = 2, pin: bool = False) -> Generator
     done = object()
     stop = threading.Event()
 
+    def put(entry: tuple[Any, BaseException | None]) -> bool:
+        """Queue `entry`; False once the consumer has stopped (a full queue would never drain)."""
+        while not stop.is_set():
+            try:
+                q.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def work() -> None:
         try:
             for item in iterator:
                 if pin:
                     item = pin_memory(item)
-                while not stop.is_set():
-                    try:
-                        q.put((item, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put((item, None)):
                     return
-            q.put((done, None))
+            put((done, None))
         except BaseException as e:  # handed to the consumer
-            q.put((None, e))
+            put((None, e))
 
     thread = threading.Thread(target=work, daemon=True, name="prefetch")
     thread.start()
@@ -606,6 +617,9 @@ def prefetch(iterator: Iterator, depth: int = 2, pin: bool = False) -> Generator
             yield item
     finally:
         stop.set()
+        # Joined, not left behind: a thread still assembling a batch in torch when the process exits (a run
+        # ending on an error) aborted it with "terminate called without an active exception" (exit 134).
+        thread.join()
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -629,7 +643,10 @@ class TrainerSettings:
         keep_checkpoint_max: keep this many newest checkpoints (0 keeps all).
         log_every: write metrics every this many steps, and after the last step.
         examples_per_step: sequences per optimizer step over all ranks (for sequences/s).
-        vocab_file, do_lower_case: saved beside the weights so checkpoints are complete models.
+        vocab, do_lower_case: the vocabulary file's bytes and the casing, saved beside the weights so checkpoints
+            are complete models. The resume rule of every runner: a checkpoint holds all a run needs to resume
+            from it, and the run holds its vocabulary in memory from its start, never as the path it came from,
+            which may be the checkpoint it resumed, rotated away by `keep_checkpoint_max` before the export.
         desc: the progress bar's label.
         max_nonfinite_steps: steps with a non-finite loss or gradient norm skipped before the run stops.
     """
@@ -641,7 +658,7 @@ class TrainerSettings:
     keep_checkpoint_max: int = 5
     log_every: int = 100
     examples_per_step: int = 1
-    vocab_file: str | None = None
+    vocab: bytes | None = None
     do_lower_case: bool | None = None
     desc: str = "train"
     max_nonfinite_steps: int = 0
@@ -727,7 +744,7 @@ class Trainer:
         out = None
         if self.dist.is_main:
             s = self.settings
-            out = export_model(self._unsharded(model_state), path, s.vocab_file, s.do_lower_case, extra_files)
+            out = export_model(self._unsharded(model_state), path, s.vocab, s.do_lower_case, extra_files)
             logger.info("exported the model to %s", out)
         self.dist.barrier()
         return out
@@ -753,7 +770,7 @@ class Trainer:
             model = self._unsharded(model_state)
             with atomic_directory(path) as tmp:
                 s = self.settings
-                save_pretrained(model, tmp, vocab_file=s.vocab_file, do_lower_case=s.do_lower_case)
+                _save_model(model, tmp, s.vocab, s.do_lower_case)
                 digest = _save_torch(state, tmp / TRAINING_STATE_NAME)
                 summary = {"global_step": step, "data": data_state, "world_size": self.dist.world_size, **(info or {})}
                 summary["training_state_sha256"] = digest
@@ -996,7 +1013,8 @@ def make_trainer(
         keep_checkpoint_max=args.keep_checkpoint_max if keep_checkpoint_max is None else keep_checkpoint_max,
         log_every=args.log_every,
         examples_per_step=args.train_batch_size,
-        vocab_file=vocab_file,
+        # Read once, now: the file may be in the checkpoint this run resumes, which rotation can remove.
+        vocab=Path(vocab_file).read_bytes() if vocab_file else None,
         do_lower_case=do_lower_case,
         desc=desc,
         max_nonfinite_steps=args.max_nonfinite_steps,

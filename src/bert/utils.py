@@ -14,6 +14,7 @@ import glob
 import gzip
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -178,6 +179,39 @@ def json_line(obj: object) -> str:
     return json.dumps(obj) if _LONE_SURROGATE.search(line) is not None else line
 
 
+def as_number(value: Any) -> float | None:
+    """A JSON number, or a text that spells one ("0.8", "nan", "1e999"), as a float, which may be NaN or
+    infinite (a file's layout is judged by what looks like a number, so that a NaN score is refused on its
+    line rather than taken for text); None for anything else (a bool, a text that is no number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        return float(value)
+    except (ValueError, OverflowError):  # OverflowError: a JSON integer beyond a float
+        return math.inf if isinstance(value, int) else None
+
+
+def finite_number(value: Any, where: str, what: str = "score", note: str = "") -> float:
+    """`value` (see `as_number`) as a finite float: the one rule of the data readers for a score or a regression
+    label. `where` ("FILE:LINE"), `what` and `note` (after the value) name it in the error."""
+    x = as_number(value)
+    if x is None or not math.isfinite(x):
+        shown = value if isinstance(value, str) else json.dumps(value)[:40]
+        raise InputError(f"{where}: {what} {shown!r}{note} is not a finite number; give a number such as 0.8")
+    return x
+
+
+def parse_json_line(text: str) -> Any:
+    """`json.loads` of one line of a JSON-lines input, for every reader of them (training files, predict's
+    and rerank's inputs, BEIR files). A line nested too deeply for the parser (RecursionError) is an
+    `InputError` without a location, which the reader adds ("FILE:LINE: ..."); a malformed line raises
+    `json.JSONDecodeError` as `json.loads` does, for the reader to refuse or read as plain text."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise InputError("JSON nested too deeply to read; write one flat JSON value per line") from None
+
+
 def load_json_file(path: str | os.PathLike, what: str, missing_ok: bool = False) -> Any:
     """Parse a JSON (or gzipped JSON) file; `what` names it in errors, e.g. "--predict_file" or "dataset".
 
@@ -264,7 +298,11 @@ def _open_binary(path: str):
 
 
 def iter_lines(
-    path: str, encoding: str = "utf-8", errors: str = "strict", hint: str | None = "--decode_errors=ignore"
+    path: str,
+    encoding: str = "utf-8",
+    errors: str = "strict",
+    hint: str | None = "--decode_errors=ignore",
+    name: str | None = None,
 ) -> Iterator[str]:
     """The lines of a text file (plain, or gzip when the name ends in .gz), without their newline.
 
@@ -280,11 +318,14 @@ def iter_lines(
             `convert_to_unicode`); "replace" substitutes U+FFFD.
         hint: the flag that would accept the file, quoted in the error message (None: none does, the
             message says to save the file as UTF-8).
+        name: what errors call the file (default `path`): "<stdin>" for the copy `readable_input` made of it,
+            whose temporary name means nothing to the user.
 
     Raises:
         InputError: undecodable bytes with errors="strict", naming the file, line and byte.
     """
     line_no = 0  # lines before the current block
+    name = path if name is None else name
     # utf-8-sig drops a BOM before decoding, and its errors' offsets then miss its 3 bytes (a bad byte on
     # line 7 was reported on line 6): the BOM is dropped here instead, and the rest decoded as UTF-8.
     bom = None
@@ -294,7 +335,7 @@ def iter_lines(
     try:
         f = _open_binary(path)
     except OSError as e:
-        raise InputError(f"{path}: cannot open ({e.strerror or e}); check the path and permissions") from e
+        raise InputError(f"{name}: cannot open ({e.strerror or e}); check the path and permissions") from e
     with f:
         rest = b""
         while True:
@@ -302,7 +343,7 @@ def iter_lines(
                 block = f.read(_BLOCK_BYTES)
             except (OSError, EOFError, zlib.error) as e:
                 raise InputError(
-                    f"{path}: cannot read ({_read_error(e)}); is the file complete and not corrupt?"
+                    f"{name}: cannot read ({_read_error(e)}); is the file complete and not corrupt?"
                 ) from e
             if not block:
                 data, rest = rest, b""
@@ -320,7 +361,7 @@ def iter_lines(
             try:
                 text = data.decode(encoding, errors)
             except UnicodeDecodeError as e:
-                raise undecodable(path, data, e, line_no, encoding, hint) from e
+                raise undecodable(name, data, e, line_no, encoding, hint) from e
             except LookupError as e:
                 raise InputError(f"unknown text encoding {encoding!r}; use e.g. utf-8 or latin-1") from e
             lines = text.split("\n")

@@ -277,3 +277,17 @@ def test_stdin_to_stdout(small_models, capsys, monkeypatch):
     answer = json.loads(line)
     assert set(answer) == {"answer", "start", "end", "score"}
     assert "It is in Paris, France."[answer["start"] : answer["end"]] == answer["answer"]
+
+
+@pytest.mark.parametrize("command, model", [("predict", "qa"), ("fill-mask", "pretrained")])
+def test_undecodable_stdin_is_named_stdin(small_models, capsys, monkeypatch, command, model):
+    """Bytes that are not UTF-8 on stdin are reported on `<stdin>`'s line, not on the temporary copy's name."""
+    import io
+    import sys
+
+    good = json.dumps({"question": "Where?", "context": "In [MASK] Paris."}) + "\n"
+    raw = good.encode("utf-8") * 2 + b'{"question": "\xff?", "context": "x"}\n'
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8"))
+    line = cli_error(capsys, command, f"--model={small_models[model]}")
+    assert "<stdin>:3: bytes that are not valid UTF-8 at column 15 (b'\\xff')" in line, line
+    assert "bert-stdin." not in line

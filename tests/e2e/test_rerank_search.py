@@ -7,6 +7,7 @@ feeds `bert rerank`; bad input stops with one line, exit 2."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -140,7 +141,7 @@ def test_search_in_chunks_equals_semantic_search(models, retrieval, tmp_path):
     run_search(SearchArgs(**common, dimensions=16, chunk_size=9, output_file=str(tmp_path / "b")))
     a, b = read_jsonl(tmp_path / "a"), read_jsonl(tmp_path / "b")
     assert [[r["index"] for r in h["results"]] for h in a] == [[r["index"] for r in h["results"]] for h in b]
-    with pytest.raises(InputError, match="do not match the queries' 16 dimensions"):
+    with pytest.raises(InputError, match="holds 32-dimensional vectors, the queries 16"):
         run_search(SearchArgs(**common, corpus_embeddings=str(vectors), dimensions=16))
 
     # The rerank output: each query with its documents' texts (title first), best first, for bert rerank.
@@ -184,3 +185,50 @@ def test_bad_input_exit_2_one_line(models, retrieval, tmp_path, capsys):
     err = cli_error(capsys, "search", *common, "--top_k=0")
     assert "--top_k=0 must be at least 1" in err
     assert not out.exists()
+
+
+def test_bad_embeddings_files_exit_2_one_line(models, retrieval, tmp_path, capsys):
+    """Each bad --corpus_embeddings is one line naming the file (bert.formats.embeddings), the FIFO without
+    blocking in open()."""
+    _, encoder = models
+    corpus, queries = retrieval
+    out = tmp_path / "out.jsonl"
+    common = [f"--model={encoder}", f"--corpus={corpus}", f"--queries={queries}", f"--output_file={out}"]
+    good = np.ones((30, 32), dtype=np.float32)
+    np.save(tmp_path / "good.npy", good)
+    cases = {
+        "text.npy": "is not a NumPy .npy file",
+        "objects.npy": "holds Python objects (pickled), which are never loaded",
+        "archive.npz": "is a zip archive (an .npz?)",
+        "truncated.npy": "is cut short",
+        "nan.npy": "row 12 (counting from 0) holds NaN or infinity",
+        "fifo.npy": "is a FIFO, not a regular file",
+    }
+    (tmp_path / "text.npy").write_text("not vectors\n")
+    np.save(tmp_path / "objects.npy", np.array([None, {}], dtype=object), allow_pickle=True)
+    np.savez(tmp_path / "archive.npz", good)
+    (tmp_path / "truncated.npy").write_bytes((tmp_path / "good.npy").read_bytes()[:-100])
+    good[12, 3] = np.nan
+    np.save(tmp_path / "nan.npy", good)
+    os.mkfifo(tmp_path / "fifo.npy")
+    for name, message in cases.items():
+        err = cli_error(capsys, "search", *common, f"--corpus_embeddings={tmp_path / name}", "--chunk_size=7")
+        assert f"--corpus_embeddings={tmp_path / name}" in err and message in err, err
+    assert not out.exists()
+
+
+def test_search_reads_the_shards_of_bert_embed(models, retrieval, tmp_path):
+    """`bert embed --num_shards=3` then `bert search --corpus_embeddings=emb.npy` (no such file, its shards there)
+    finds what the unsharded vectors find."""
+    _, encoder = models
+    corpus, queries = retrieval
+    whole, sharded = tmp_path / "whole.npy", tmp_path / "emb.npy"
+    run_embed(EmbedArgs(model=str(encoder), input_file=str(corpus), output_file=str(whole)))
+    for i in range(3):
+        run_embed(EmbedArgs(model=str(encoder), input_file=str(corpus), output_file=str(sharded), num_shards=3,
+                            shard_index=i))  # fmt: skip
+    assert not sharded.exists()
+    common = dict(model=str(encoder), corpus=str(corpus), queries=str(queries), top_k=5, chunk_size=7)
+    run_search(SearchArgs(**common, corpus_embeddings=str(whole), output_file=str(tmp_path / "a.jsonl")))
+    run_search(SearchArgs(**common, corpus_embeddings=str(sharded), output_file=str(tmp_path / "b.jsonl")))
+    assert read_jsonl(tmp_path / "a.jsonl") == read_jsonl(tmp_path / "b.jsonl")

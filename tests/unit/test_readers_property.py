@@ -4,7 +4,9 @@ Each reader gets well-formed files it must parse exactly (the generated content 
 files damaged at random (bytes flipped, inserted, cut off, deleted) or made of arbitrary bytes or JSON
 values, where the only allowed outcomes are a parse and `InputError` (never another exception: that would
 reach the user as a traceback). Readers: delimited files (TSV, CSV) and JSON lines, CoNLL, SQuAD JSON,
-TFRecord, plain and gzipped text, the WordPiece vocab and the model config.
+TFRecord, plain and gzipped text, the WordPiece vocab and the model config, and the sentence-training files
+(scored pairs as TSV and JSON lines, with or without a byte-order mark and a header; BEIR directories), whose
+non-finite scores and non-text fields must be refused on their line.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +27,7 @@ from hypothesis import strategies as st  # noqa: E402
 from bert.config import BertConfig  # noqa: E402
 from bert.errors import InputError  # noqa: E402
 from bert.formats.tfrecord import TFRecordWriter, read_examples  # noqa: E402
+from bert.sentence.data import read_beir, read_training_data  # noqa: E402
 from bert.tasks.generic import GenericProcessor  # noqa: E402
 from bert.tasks.glue import MrpcProcessor, read_rows  # noqa: E402
 from bert.tasks.ner import read_conll  # noqa: E402
@@ -280,3 +284,68 @@ def test_config(work, data, extra):
     parses_or_input_error(BertConfig.from_json_file, path)
     path.write_text(json.dumps({**CONFIG, **extra}))
     parses_or_input_error(BertConfig.from_json_file, path)
+
+
+# ------------------------------------------------------------------------------- sentence-training files
+@SETTINGS
+@given(
+    rows=st.lists(st.tuples(plain, plain, st.floats(width=64)), min_size=1, max_size=6),
+    bom=st.booleans(),
+    header=st.booleans(),
+    data=st.data(),
+)
+def test_sentence_scored_pairs(work, rows, bom, header, data):
+    """Scored pairs parse exactly (a BOM before a header changes nothing); a NaN or infinite score is one error
+    naming its line, never a file read as triples."""
+    bad = next((i for i, (_, _, score) in enumerate(rows) if not math.isfinite(score)), None)
+    for suffix in (".tsv", ".jsonl"):
+        if suffix == ".tsv":
+            top = "sentence1\tsentence2\tscore\n" if header else ""
+            text = top + "".join(f"{a}\t{b}\t{score!r}\n" for a, b, score in rows)
+        else:
+            top = ""
+            text = "".join(json.dumps([a, b, score]) + "\n" for a, b, score in rows)
+        path = work / f"scored{suffix}"
+        raw = (("\ufeff" if bom else "") + text).encode("utf-8")
+        path.write_bytes(raw)
+        if bad is None:
+            got = read_training_data(str(path))
+            assert got.columns == [[a for a, _, _ in rows], [b for _, b, _ in rows]]
+            assert got.scores == [score for _, _, score in rows]
+        else:
+            with pytest.raises(InputError, match=rf"{path.name}:{bad + 1 + bool(top)}: score .* not a finite number"):
+                read_training_data(str(path))
+        path.write_bytes(data.draw(st.one_of(damaged(raw), st.binary(max_size=200))))
+        parses_or_input_error(read_training_data, str(path))
+
+
+beir_texts = st.one_of(plain, st.integers(), st.none(), st.lists(plain, max_size=2), st.floats())
+
+
+@SETTINGS
+@given(queries=st.lists(beir_texts, min_size=1, max_size=5), titles=st.lists(beir_texts, min_size=1, max_size=5),
+       data=st.data())  # fmt: skip
+def test_beir_directory(work, queries, titles, data):
+    """BEIR queries and documents whose text or title is not a string are refused on their line."""
+    base = work / "beir"
+    (base / "qrels").mkdir(parents=True, exist_ok=True)
+    qrels = "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i % len(titles)}\t1\n" for i in range(len(queries)))
+    (base / "qrels" / "train.tsv").write_text(qrels)
+    (base / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": t}) + "\n" for i, t in
+                                                enumerate(queries)))  # fmt: skip
+    corpus = "".join(json.dumps({"_id": f"d{i}", "title": t, "text": "x"}) + "\n" for i, t in enumerate(titles))
+    (base / "corpus.jsonl").write_text(corpus)
+    bad_query = next((i for i, t in enumerate(queries) if not isinstance(t, str)), None)
+    bad_title = next((i for i, t in enumerate(titles) if t is not None and not isinstance(t, str)), None)
+    if bad_query is not None:
+        with pytest.raises(InputError, match=rf"queries.jsonl:{bad_query + 1}: \"text\" must be a string"):
+            read_beir(str(base), "train")
+    elif bad_title is not None:
+        with pytest.raises(InputError, match=rf"corpus.jsonl:{bad_title + 1}: \"title\" must be a string"):
+            read_beir(str(base), "train")
+    else:
+        corpus_read = read_beir(str(base), "train")
+        assert corpus_read.queries == {f"q{i}": t for i, t in enumerate(queries)}
+        assert all(corpus_read.documents[f"d{i}"] == (f"{t} x" if t else "x") for i, t in enumerate(titles))
+    (base / "corpus.jsonl").write_bytes(data.draw(st.one_of(damaged(corpus.encode()), st.binary(max_size=200))))
+    parses_or_input_error(read_training_data, str(base))

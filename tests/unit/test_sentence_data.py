@@ -118,3 +118,76 @@ def test_json_object_negatives_may_be_one_text(tmp_path):
         write(tmp_path / "n.jsonl", [json.dumps({"anchor": "a", "positive": "b", "negative": "c"})])
     )
     assert data.columns == [["a"], ["b"], ["c"]]
+
+
+def test_a_byte_order_mark_does_not_hide_the_header(tmp_path):
+    """An STS-B-style TSV saved with a UTF-8 BOM: the header is still a header (was read as a text column)."""
+    path = tmp_path / "sts.tsv"
+    path.write_bytes("\ufeffsentence1\tsentence2\tscore\na b\tc d\t0.5\n".encode())
+    data = read_training_data(str(path))
+    assert data.kind == SCORED and data.columns == [["a b"], ["c d"]] and data.scores == [0.5]
+    path = tmp_path / "p.jsonl"
+    path.write_bytes('\ufeff["a", "b"]\n'.encode())
+    assert read_training_data(str(path)).columns == [["a"], ["b"]]
+
+
+@pytest.mark.parametrize(
+    "name, lines, where, value",
+    [
+        # One "nan" in a headerless scored TSV: refused on its line, not the whole file read as triples.
+        ("h.tsv", ["a\tb\t0.5", "c\td\t0.1", "e\tf\tnan"], 3, "'nan'"),
+        ("i.tsv", ["a\tb\tinf", "c\td\t0.1"], 1, "'inf'"),
+        ("s.tsv", ["sentence1\tsentence2\tscore", "a\tb\t1", "c\td\t-Infinity"], 3, "'-Infinity'"),
+        ("n.jsonl", ['["a", "b", 0.5]', '["c", "d", NaN]'], 2, "'NaN'"),
+        ("o.jsonl", ['["a", "b", 1e999]'], 1, "'Infinity'"),
+        ("p.jsonl", ['["a", "b", 1' + "0" * 400 + "]"], 1, "'1000"),
+        ("q.jsonl", ['{"sentence1": "a", "sentence2": "b", "score": NaN}'], 1, "'NaN'"),
+    ],
+)
+def test_scores_must_be_finite_numbers(tmp_path, name, lines, where, value):
+    with pytest.raises(InputError, match=rf"{name}:{where}: score {value}.* is not a finite number"):
+        read_training_data(write(tmp_path / name, lines))
+
+
+def test_a_scored_tsv_holds_scored_pairs_on_every_line(tmp_path):
+    """The first line makes a headerless TSV scored pairs; a later line without a score is refused, not the
+    whole file read as triples."""
+    for lines in (["a\tb\t0.5", "c\td\tfoo"], ["a\tb\t0.5", "c\td\t0.1\te"]):
+        with pytest.raises(InputError, match=r"j.tsv:2: not a scored pair \(text, text, score\) as line 1 is"):
+            read_training_data(write(tmp_path / "j.tsv", lines))
+
+
+def _beir(root, queries, corpus):
+    (root / "qrels").mkdir(parents=True)
+    (root / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    write(root / "queries.jsonl", [json.dumps(q) for q in queries])
+    write(root / "corpus.jsonl", [json.dumps(d) for d in corpus])
+    return str(root)
+
+
+@pytest.mark.parametrize("value, kind", [(7, "a number"), (None, "null"), (["x"], "a list")])
+def test_beir_texts_and_titles_must_be_strings(tmp_path, value, kind):
+    doc = {"_id": "d1", "title": "t", "text": "x"}
+    path = _beir(tmp_path / "q", [{"_id": "q0", "text": "a"}, {"_id": "q1", "text": value}], [doc])
+    with pytest.raises(InputError, match=rf'queries.jsonl:2: "text" must be a string, not {kind}'):
+        read_training_data(path)
+    path = _beir(tmp_path / "d", [{"_id": "q1", "text": "a"}], [{**doc, "title": value or 3}])
+    with pytest.raises(InputError, match=r'corpus.jsonl:1: "title" must be a string'):
+        read_training_data(path)
+    assert read_training_data(_beir(tmp_path / "ok", [{"_id": "q1", "text": "a"}], [doc])).columns == [["a"], ["t x"]]
+
+
+def test_a_deeply_nested_line_is_one_error_as_predict_says_it(tmp_path):
+    """The training reader and predict's share one parser for JSON lines, and so one message."""
+    from bert.inference import EMBEDDINGS, read_input_record
+
+    deep = '{"text": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    with pytest.raises(InputError) as predict:
+        read_input_record(deep, EMBEDDINGS)
+    with pytest.raises(InputError, match=r"^.*x.jsonl:2: JSON nested too deeply") as ours:
+        read_training_data(write(tmp_path / "x.jsonl", ['["a", "b"]', deep]))
+    assert str(ours.value).endswith(str(predict.value))
+    path = _beir(tmp_path / "b", [{"_id": "q1", "text": "a"}], [{"_id": "d1", "text": "x"}])
+    (tmp_path / "b" / "corpus.jsonl").write_text("[" * 100_000 + "\n")
+    with pytest.raises(InputError, match=r"corpus.jsonl:1: JSON nested too deeply"):
+        read_training_data(path)

@@ -394,7 +394,10 @@ def test_label_not_in_label_list(tmp_path):
 def test_bad_regression_label(tmp_path):
     header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
     write(tmp_path / "train.tsv", header + "0\tg\tf\t2012\t1\tnone\tnone\tA.\tB.\thigh\n")
-    with pytest.raises(InputError, match=r"train.tsv:2: label 'high' \(column 10\) is not a number"):
+    with pytest.raises(InputError, match=r"train.tsv:2: label 'high' \(column 10\) is not a finite number"):
+        get_processor("sts-b").get_train_examples(tmp_path)
+    write(tmp_path / "train.tsv", header + "0\tg\tf\t2012\t1\tnone\tnone\tA.\tB.\tnan\n")
+    with pytest.raises(InputError, match=r"train.tsv:2: label 'nan' \(column 10\) is not a finite number"):
         get_processor("sts-b").get_train_examples(tmp_path)
 
 

@@ -10,8 +10,6 @@ with its length.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +17,16 @@ from typing import Any
 from bert.errors import InputError
 from bert.flags import InferenceArgs
 from bert.outputs import claim
-from bert.utils import count_lines, iter_lines, json_line, output_file_or_stdout, print_result, progress, readable_input
+from bert.utils import (
+    count_lines,
+    iter_lines,
+    json_line,
+    output_file_or_stdout,
+    parse_json_line,
+    print_result,
+    progress,
+    readable_input,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +51,12 @@ class RerankArgs(InferenceArgs):
 
 def _read_record(line: str, name: str, number: int) -> tuple[str, list[str]]:
     record = None
-    with contextlib.suppress(ValueError):
-        record = json.loads(line)
+    try:
+        record = parse_json_line(line)
+    except ValueError:
+        pass  # refused below, as any line that is not an object
+    except InputError as e:
+        raise InputError(f"{name} line {number}: {e}") from None
     if not isinstance(record, dict):
         raise InputError(f'{name} line {number}: expected a JSON object {{"query": ..., "documents": [...]}}')
     query, documents = record.get("query"), record.get("documents")
@@ -85,7 +96,7 @@ def _run(args: RerankArgs) -> dict[str, Any]:
             output_file_or_stdout(args.output_file) as out,
             progress(total=total, unit="line", desc=desc, disable=desc is None) as bar,
         ):
-            for number, line in enumerate(iter_lines(path, "utf-8-sig", "strict", hint=None), start=1):
+            for number, line in enumerate(iter_lines(path, "utf-8-sig", "strict", hint=None, name=name), start=1):
                 bar.update(1)
                 query, docs = _read_record(line, name, number)
                 ranked = predictor.rank(query, docs, args.top_k, raw_scores=args.raw_scores)

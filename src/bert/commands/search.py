@@ -18,6 +18,7 @@ import numpy as np
 from bert.commands.embed import EmbedArgs
 from bert.errors import InputError
 from bert.flags import InferenceArgs, same_as
+from bert.formats.embeddings import open_embeddings
 from bert.outputs import claim
 from bert.utils import json_line, output_file_or_stdout, print_result, progress, readable_input
 
@@ -48,7 +49,8 @@ class SearchArgs(InferenceArgs):
         default=None,
         metadata={
             "help": "The corpus vectors as `bert embed --output_file=x.npy` wrote them from --corpus with the same "
-            "model (float32, one row per record); default: embed the corpus here."
+            "model (float32, one row per record), or its shards x-0000i-of-0000N.npy (--num_shards) when x.npy "
+            "is not there; default: embed the corpus here."
         },
     )
     output_file: str | None = field(default=None, metadata={"help": "Output JSON-lines file; stdout if unset."})
@@ -131,11 +133,11 @@ def _run(args: SearchArgs) -> dict[str, Any]:
     corpus_ids: list[str] = []
     stored = None
     if args.corpus_embeddings is not None:
-        stored = np.load(args.corpus_embeddings, mmap_mode="r")
-        if stored.ndim != 2 or stored.dtype != np.float32:
+        stored = open_embeddings(args.corpus_embeddings, f"--corpus_embeddings={args.corpus_embeddings}")
+        if stored.dims != vectors.shape[1]:
             raise InputError(
-                f"--corpus_embeddings={args.corpus_embeddings} holds {stored.dtype} {stored.shape}; give the float32 "
-                "vectors of bert embed (--precision=float32)"
+                f"--corpus_embeddings={args.corpus_embeddings} holds {stored.dims}-dimensional vectors, the queries "
+                f"{vectors.shape[1]}; embed the corpus with the same model and --dimensions"
             )
     with readable_input(args.corpus) as path, progress(unit="doc", desc="search") as bar:
         records = read_texts(path, args.corpus)
@@ -146,7 +148,7 @@ def _run(args: SearchArgs) -> dict[str, Any]:
                 chunk_texts = [t for _, t in chunk]
                 top.add(_embed(predictor, chunk_texts, args.corpus_prompt_name, args.dimensions, args.corpus, start))
             elif len(corpus_ids) <= len(stored):
-                top.add(stored[start : len(corpus_ids)])
+                top.add(stored.rows(start, len(corpus_ids)))
             bar.update(len(chunk))
     if stored is not None and len(stored) != len(corpus_ids):
         raise InputError(

@@ -4,29 +4,31 @@ Training files (`--train_file`), one example a line:
 - JSON lines: a list of texts `["anchor", "positive", "negative", ...]`, a list of two texts and a number
   `["text", "text", 0.8]` (a scored pair), or an object with `anchor` (or `query`), `positive` and optional
   `negative` / `negatives` (a text or a list), or with `sentence1`, `sentence2` and `score`;
-- TSV: the same columns, tab separated: two or more texts, or two texts and a number (a scored pair when
-  every line's third and last column is a number). A first line naming its columns (`sentence1`,
+- TSV: the same columns, tab separated: two or more texts, or two texts and a number (scored pairs when the
+  first line's third and last column spells a number). A first line naming its columns (`sentence1`,
   `sentence2`, `score` as GLUE's STS-B, or `anchor`, `positive`, `negative...`) is a header: the columns
   are then taken by name, the others ignored;
 - a BEIR directory (`corpus.jsonl`, `queries.jsonl`, `qrels/<split>.tsv`): one (query, document) pair for
   every qrels line with a positive score; a document's text is its title and text joined by a space.
 
-Every line must have the same shape. Evaluation files (`--eval_file`): scored pairs (STS) or a BEIR
-directory whose `--eval_split` qrels are searched in the documents that split names.
+Every line must have the same shape; files are UTF-8, a byte-order mark ignored; a score must be a finite
+number and a BEIR `text` or `title` a string, or the line is refused. Evaluation files (`--eval_file`):
+scored pairs (STS) or a BEIR directory whose `--eval_split` qrels are searched in the documents that split
+names.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from bert.errors import InputError
-from bert.utils import iter_lines
+from bert.utils import as_number, finite_number, iter_lines, parse_json_line
 
 PAIRS, TUPLES, SCORED, TEXTS = "pairs", "tuples", "scored pairs", "texts"  # TEXTS: one column
 
@@ -63,31 +65,39 @@ class Corpus:
     qrels: dict[str, dict[str, float]] = field(default_factory=dict)  # query id -> {document id: score > 0}
 
 
-def _as_float(value: str) -> float | None:
-    try:
-        x = float(value)
-    except ValueError:
-        return None
-    return x if math.isfinite(x) else None
-
-
 def _line_error(path: str, n: int, what: str) -> InputError:
     return InputError(f"{path}:{n}: {what}")
 
 
+def _lines(path: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a UTF-8 file, a byte-order mark dropped (a header must be recognised after it)."""
+    return enumerate(iter_lines(path, "utf-8-sig", hint=None), 1)
+
+
+def _json(line: str, path: str, n: int) -> Any:
+    try:
+        return parse_json_line(line)
+    except json.JSONDecodeError as e:
+        raise _line_error(path, n, f"not valid JSON ({e.msg})") from None
+    except InputError as e:
+        raise _line_error(path, n, str(e)) from None
+
+
 def _json_example(obj, path: str, n: int) -> tuple[list[str], float | None]:
+    where = f"{path}:{n}"
     if isinstance(obj, list):
+        # A JSON number third (NaN and 1e999 too, refused by finite_number) makes a scored pair.
         if len(obj) == 3 and isinstance(obj[2], (int, float)) and not isinstance(obj[2], bool):
-            texts, score = obj[:2], float(obj[2])
+            texts, score = obj[:2], finite_number(obj[2], where)
         else:
             texts, score = obj, None
     elif isinstance(obj, dict):
         if "sentence1" in obj or "score" in obj:
             texts = [obj.get("sentence1"), obj.get("sentence2")]
             score = obj.get("score")
-            if not isinstance(score, (int, float)) or isinstance(score, bool):
+            if isinstance(score, str) or as_number(score) is None:
                 raise _line_error(path, n, 'a scored pair needs "sentence1", "sentence2" and a numeric "score"')
-            score = float(score)
+            score = finite_number(score, where)
         else:
             negatives = obj.get("negatives", obj.get("negative", []))
             negatives = [negatives] if isinstance(negatives, str) else negatives
@@ -107,7 +117,7 @@ def _json_example(obj, path: str, n: int) -> tuple[list[str], float | None]:
 
 
 def _tsv_rows(path: str) -> tuple[list[tuple[int, list[str]]], dict[str, int] | None]:
-    rows = [(n, line.rstrip("\r").split("\t")) for n, line in enumerate(iter_lines(path), 1) if line.strip()]
+    rows = [(n, line.rstrip("\r").split("\t")) for n, line in _lines(path) if line.strip()]
     if not rows:
         raise InputError(f"{path}: no examples; give one example a line")
     header = rows[0][1]
@@ -129,16 +139,24 @@ def _tsv_examples(path: str) -> list[tuple[int, list[str], float | None]]:
         for n, cells in rows:
             if len(cells) <= max(text_cols + [score_col or 0]):
                 raise _line_error(path, n, f"{len(cells)} columns, fewer than the header names")
-            score = None
-            if score_col is not None:
-                score = _as_float(cells[score_col])
-                if score is None:
-                    raise _line_error(path, n, f"score {cells[score_col]!r} is not a number")
+            score = None if score_col is None else finite_number(cells[score_col], f"{path}:{n}")
             out.append((n, [cells[i] for i in text_cols], score))
         return out
-    scored = all(len(cells) == 3 and _as_float(cells[2]) is not None for _, cells in rows)
+    # The first line sets the layout, as a header would: two texts and a number make the file scored pairs, and
+    # every line must then be one. A "nan" (or a text) where a score belongs is refused on its line, never
+    # taken for a text that turns the whole file into triples.
+    first_n, first = rows[0]
+    if not (len(first) == 3 and as_number(first[2]) is not None):
+        return [(n, cells, None) for n, cells in rows]
     for n, cells in rows:
-        out.append((n, cells[:2], _as_float(cells[2])) if scored else (n, cells, None))
+        if len(cells) != 3 or as_number(cells[2]) is None:
+            raise _line_error(
+                path,
+                n,
+                f"not a scored pair (text, text, score) as line {first_n} is; give every line a score, or name the "
+                "columns of texts in a header (anchor, positive, negative)",
+            )
+        out.append((n, cells[:2], finite_number(cells[2], f"{path}:{n}")))
     return out
 
 
@@ -158,14 +176,9 @@ def read_training_data(path: str, split: str = "train") -> TrainingData:
         raise InputError(f"{path}: no such file or directory; pass a .jsonl or .tsv file, or a BEIR directory")
     if path.endswith((".jsonl", ".jsonl.gz", ".json")):
         examples = []
-        for n, line in enumerate(iter_lines(path), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise _line_error(path, n, f"not valid JSON ({e.msg})") from None
-            examples.append((n, *_json_example(obj, path, n)))
+        for n, line in _lines(path):
+            if line.strip():
+                examples.append((n, *_json_example(_json(line, path, n), path, n)))
     elif path.endswith((".tsv", ".tsv.gz", ".txt")):
         examples = _tsv_examples(path)
     else:
@@ -193,17 +206,25 @@ def _read_jsonl_texts(path: Path, with_title: bool) -> dict[str, str]:
     if not path.is_file():
         raise InputError(f"{path} is missing; a BEIR directory holds corpus.jsonl, queries.jsonl and qrels/")
     out = {}
-    for n, line in enumerate(iter_lines(str(path)), 1):
+    for n, line in _lines(str(path)):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-            key, text = str(obj["_id"]), obj["text"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise _line_error(str(path), n, 'expected {"_id": ..., "text": ...}') from None
-        title = obj.get("title") if with_title else None
-        out[key] = f"{title} {text}".strip() if title else text
+        obj = _json(line, str(path), n)
+        key = obj.get("_id") if isinstance(obj, dict) else None
+        if not isinstance(obj, dict) or isinstance(key, bool) or not isinstance(key, (str, int)) or "text" not in obj:
+            raise _line_error(str(path), n, 'expected {"_id": ..., "text": ...}')
+        # A number, null or list is no text (it was once trained on as its str()).
+        text, title = obj["text"], obj.get("title") if with_title else None
+        if not isinstance(text, str):
+            raise _line_error(str(path), n, f'"text" must be a string, not {_json_type(text)}')
+        if title is not None and not isinstance(title, str):
+            raise _line_error(str(path), n, f'"title" must be a string, not {_json_type(title)}')
+        out[str(key)] = f"{title} {text}".strip() if title else text
     return out
+
+
+def _json_type(value: Any) -> str:
+    return {type(None): "null", bool: "a boolean", list: "a list", dict: "an object"}.get(type(value), "a number")
 
 
 def read_beir(path: str, split: str) -> Corpus:
@@ -214,13 +235,13 @@ def read_beir(path: str, split: str) -> Corpus:
         raise InputError(f"{qrels_file} is missing; pass a BEIR directory with qrels/{split}.tsv")
     qrels: dict[str, dict[str, float]] = {}
     named: set[str] = set()
-    for n, line in enumerate(iter_lines(str(qrels_file)), 1):
+    for n, line in _lines(str(qrels_file)):
         cells = line.rstrip("\r").split("\t")
         if n == 1 and cells[0] == "query-id" or not line.strip():
             continue
-        score = _as_float(cells[2]) if len(cells) == 3 else None
-        if score is None:
+        if len(cells) != 3:
             raise _line_error(str(qrels_file), n, "expected query-id <tab> corpus-id <tab> score")
+        score = finite_number(cells[2], f"{qrels_file}:{n}")
         named.add(cells[1])
         if score > 0:
             qrels.setdefault(cells[0], {})[cells[1]] = score

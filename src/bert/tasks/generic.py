@@ -21,7 +21,7 @@ from bert.tasks.glue import (
     read_rows,
     require_rows,
 )
-from bert.utils import iter_lines
+from bert.utils import iter_lines, parse_json_line
 
 logger = logging.getLogger(__name__)
 
@@ -224,13 +224,11 @@ class GenericProcessor(DataProcessor):
             if not text.strip():
                 continue
             try:
-                record = json.loads(text)
+                record = parse_json_line(text)
             except json.JSONDecodeError as e:
                 raise InputError(f"{path}:{line}: not a JSON object ({e.msg}); write one JSON object per line") from e
-            except RecursionError:
-                raise InputError(
-                    f"{path}:{line}: JSON nested too deeply; write one flat JSON object per line"
-                ) from None
+            except InputError as e:
+                raise InputError(f"{path}:{line}: {e}") from None
             if not isinstance(record, dict):
                 raise InputError(f"{path}:{line}: expected a JSON object per line, found {type(record).__name__}")
             values = []

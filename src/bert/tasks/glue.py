@@ -42,7 +42,7 @@ from bert.tasks.common import (
     truncate_seq_pair,
 )
 from bert.tokenization import printable_text
-from bert.utils import iter_lines
+from bert.utils import finite_number, iter_lines
 
 if TYPE_CHECKING:
     from bert.tokenization import FullTokenizer
@@ -152,13 +152,7 @@ def label_error(path: str | os.PathLike, line: int, label: Any, labels: Sequence
 
 
 def float_label(path: str | os.PathLike, line: int, text: str, where: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise InputError(
-            f"{os.fspath(path)}:{line}: label {text!r} ({where}) is not a number; regression tasks need a "
-            f"numeric score in that column"
-        ) from None
+    return finite_number(text, f"{os.fspath(path)}:{line}", "label", f" ({where})")
 
 
 # --------------------------------------------------------------------------------------------------
