@@ -422,6 +422,7 @@ class Predictor:
         # The prompt of calls that name none (`resolve_prompt`); `bert serve --default_prompt_name` sets it.
         self.default_prompt_name = sentence_transformers.default_prompt_name if sentence_transformers else None
         self._lock = threading.Lock()
+        self._cut: list[int] | None = None  # [inputs cut, inputs read] inside `counting_truncations`
 
     @property
     def backend(self) -> str:
@@ -774,14 +775,32 @@ class Predictor:
             self._examples(pairs), self._label_list, self.max_seq_length, self.tokenizer, pad=False
         )
         full = sum(len(f.input_ids) == self.max_seq_length for f in features)
-        if full:
-            logger.warning(
-                "%d of %d inputs fill max_seq_length=%d and may have been cut; windows read long texts whole",
-                full,
-                len(features),
-                self.max_seq_length,
-            )
+        if self._cut is not None:
+            self._cut[0] += full
+            self._cut[1] += len(features)
+        elif full:
+            self._warn_cut(full, len(features))
         return [(f.input_ids, f.segment_ids) for f in features]
+
+    def _warn_cut(self, cut: int, total: int) -> None:
+        logger.warning(
+            "%d of %d inputs fill max_seq_length=%d and may have been cut; windows read long texts whole",
+            cut,
+            total,
+            self.max_seq_length,
+        )
+
+    @contextlib.contextmanager
+    def counting_truncations(self) -> Iterator[None]:
+        """Inside it, the inputs cut to `max_seq_length` are counted and warned of once, as it ends, instead
+        of once per call: a command calls the model once per line or chunk of its input."""
+        self._cut = [0, 0]
+        try:
+            yield
+        finally:
+            (cut, total), self._cut = self._cut, None
+            if cut:
+                self._warn_cut(cut, total)
 
     def _classification_result(self, logits: np.ndarray, top_k: int | None, raw_scores: bool) -> dict[str, Any]:
         if self.problem_type == "regression":
