@@ -204,6 +204,18 @@ def test_search_in_chunks_equals_semantic_search(models, retrieval, tmp_path):
         np.testing.assert_allclose([r["score"] for r in results], [r["score"] for r in hit["results"]], atol=1e-5)
 
 
+def test_search_shows_bars_for_queries_and_corpus(models, retrieval, tmp_path, progress_bars):
+    _, encoder = models
+    corpus, queries = retrieval
+    run_search(
+        SearchArgs(
+            model=str(encoder), corpus=str(corpus), queries=str(queries), chunk_size=4, output_file=str(tmp_path / "o")
+        )
+    )
+    bars = progress_bars()
+    assert bars["search: queries"] == (6, 6) and bars["search: corpus"] == (30, None)
+
+
 def test_bad_input_exit_2_one_line(models, retrieval, tmp_path, capsys):
     reranker, encoder = models
     corpus, queries = retrieval
