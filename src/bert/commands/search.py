@@ -126,8 +126,8 @@ def _run(args: SearchArgs) -> dict[str, Any]:
     parts = []
     with progress(total=len(queries), unit="query", desc="search: queries") as bar:
         for start, block in _chunks(queries, args.chunk_size):
-            texts = [t for _, t in block]
-            parts.append(_embed(predictor, texts, args.query_prompt_name, args.dimensions, args.queries, start))
+            block_texts = [t for _, t in block]
+            parts.append(_embed(predictor, block_texts, args.query_prompt_name, args.dimensions, args.queries, start))
             bar.update(len(block))
     vectors = np.concatenate(parts)
     top = TopK(vectors, args.top_k)
