@@ -91,7 +91,7 @@ def _run(args: RerankArgs) -> dict[str, Any]:
         raise InputError(f"--top_k={args.top_k} must be at least 1 (leave it out for all documents)")
     settings = args.predictor_settings()
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
-    from bert.inference import Predictor
+    from bert.inference import LONGER_ADVICE, Predictor
 
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
     if args.raw_scores and not predictor.is_cross_encoder:
@@ -104,7 +104,7 @@ def _run(args: RerankArgs) -> dict[str, Any]:
         with (
             output_file_or_stdout(args.output_file) as out,
             progress(total=total, unit="line", desc=desc, disable=desc is None) as bar,
-            predictor.counting_truncations(),
+            predictor.counting_truncations(LONGER_ADVICE),
         ):
             for number, line in enumerate(iter_lines(path, "utf-8-sig", "strict", hint=None, name=name), start=1):
                 bar.update(1)

@@ -39,7 +39,7 @@ from bert.distributed import DistContext, distributed
 from bert.errors import InputError
 from bert.flags import check_flag_values
 from bert.formats.results import write_results
-from bert.inference import Predictor, SentenceTransformersConfig, read_sentence_transformers_config
+from bert.inference import LONGER_ADVICE, Predictor, SentenceTransformersConfig, read_sentence_transformers_config
 from bert.modeling import (
     SENTENCE_POOLINGS,
     BertForSequenceClassification,
@@ -597,7 +597,10 @@ def rerank_logits(
     not every query's candidates. Inputs cut to the model's length are warned of once."""
     size = (batch_size or reranker.batch_size) * BLOCK_BATCHES
     out: list[np.ndarray] = []
-    with progress(total=len(queries), unit="query", desc=desc, disable=disable) as bar, reranker.counting_truncations():
+    with (
+        progress(total=len(queries), unit="query", desc=desc, disable=disable) as bar,
+        reranker.counting_truncations(LONGER_ADVICE),
+    ):
         start = 0
         while start < len(queries):
             stop, pairs = start, 0
