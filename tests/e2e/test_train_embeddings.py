@@ -277,6 +277,39 @@ def test_cached_mnrl_trains_the_weights_mnrl_trains(model_files, tmp_path):
     assert again["global_step"] == 2 and "train" not in again
 
 
+def test_reranker_micro_batches_train_the_weights_of_the_whole_batch(model_files, tmp_path):
+    """Dropout off: the reranker's batch of 4 queries cut into 2 micro-batches (--gradient_accumulation_steps)
+    trains the weights of the whole batch, for each loss; 3 steps do not divide a batch of 4."""
+    config = json.loads(model_files[0].read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_dropout_prob": 0.0}))
+    tuples = tmp_path / "tuples.jsonl"
+    tuples.write_text(
+        "".join(json.dumps([f"question on {t}", f"an answer about {t}", f"a note on {t}"]) + "\n" for t in TOPICS)
+    )
+    for loss in ("listwise", "bce"):
+        weights = []
+        for steps in (1, 2):
+            args = args_for(
+                TrainRerankerArgs,
+                model_files,
+                tmp_path / f"{loss}{steps}",
+                bert_config_file=str(tmp_path / "config.json"),
+                train_file=str(tuples),
+                do_train=True,
+                train_batch_size=4,
+                num_train_epochs=1.0,
+                learning_rate=1e-3,
+                loss=loss,
+                gradient_accumulation_steps=steps,
+            )
+            assert run_train_reranker(args)["global_step"] == 2
+            weights.append(read_weights(tmp_path / f"{loss}{steps}" / "model"))
+        for name, value in weights[0].items():
+            np.testing.assert_allclose(weights[1][name].numpy(), value.numpy(), atol=1e-5, err_msg=name)
+    with pytest.raises(InputError, match="--train_batch_size=4 must be divisible by"):
+        run_train_reranker(dataclasses.replace(args, gradient_accumulation_steps=3, output_dir=str(tmp_path / "x")))
+
+
 def test_an_unknown_best_metric_is_refused_before_training(model_files, tmp_path, capsys):
     beir = beir_dir(tmp_path / "beir")
     flags = [*model_flags(model_files, tmp_path / "out"), f"--train_file={beir}", f"--eval_file={beir}", "--do_train"]

@@ -10,9 +10,11 @@ every N steps and at the last, keeps the best checkpoint (`--metric_for_best_mod
 Batches. Each epoch is a permutation of the examples seeded by `(--seed, epoch)`, cut into batches of
 `--train_batch_size` (`bert.sentence.data.BatchPlan`; with the in-batch-negative losses no text appears
 twice in a batch). Sequences are `[CLS] text [SEP]` (pairs for the reranker: `[CLS] query [SEP] document
-[SEP]`, the longer text cut first), padded per column to its longest. The in-batch losses need the whole
-batch at once, so `--gradient_accumulation_steps` must stay 1: `--loss=cached_mnrl` gives the large batch
-in the memory of `--mini_batch_size` sequences instead.
+[SEP]`, the longer text cut first), padded per column to its longest. The bi-encoder's losses need the
+whole batch at once, so its `--gradient_accumulation_steps` must stay 1: `--loss=cached_mnrl` gives the
+large batch in the memory of `--mini_batch_size` sequences instead. The reranker's losses are means over
+queries, so its batch may be cut into `--gradient_accumulation_steps` micro-batches of whole queries: the
+same gradient, in the activations' memory of one micro-batch's pairs (batch x (1 + negatives) / steps).
 
 The bi-encoder (`BertModel` plus `--pooling` and `--normalize`) is exported to `model/` in the native
 layout with the sentence-transformers files (`bert.sentence.st_format`); the reranker
@@ -37,7 +39,7 @@ from bert import training
 from bert.cpu_kernels import release_packed_weights
 from bert.distributed import DistContext, distributed
 from bert.errors import InputError
-from bert.flags import check_flag_values
+from bert.flags import check_batch_division, check_flag_values
 from bert.formats.results import write_results
 from bert.inference import LONGER_ADVICE, Predictor, SentenceTransformersConfig, read_sentence_transformers_config
 from bert.modeling import (
@@ -199,12 +201,17 @@ def with_transfer(data: TrainingData | None, transfer_file: str | None, texts: b
 
 
 # ------------------------------------------------------------------------------------------- checks
-def _check_common(args: Any) -> None:
+def _check_common(args: Any, accumulates: bool = False) -> None:
+    """The flags both commands check; `accumulates`: the losses are means over queries, so that a batch may be
+    cut into --gradient_accumulation_steps micro-batches (the reranker's)."""
     if not (args.do_train or args.do_eval):
         raise InputError("nothing to do: pass --do_train=true and/or --do_eval=true")
     args.check_no_tpu()
     check_flag_values(args)  # choices, minimums and finite numbers, from the flags' metadata
-    if args.gradient_accumulation_steps != 1:
+    if accumulates:
+        # Every rank steps on the whole batch (nothing is split over processes), cut into micro-batches.
+        check_batch_division(args.train_batch_size, 1, args.gradient_accumulation_steps)
+    elif args.gradient_accumulation_steps != 1:
         raise InputError(
             f"--gradient_accumulation_steps={args.gradient_accumulation_steps}: these losses compare every example "
             "with the whole batch, so it must be 1 (for large batches in little memory use --loss=cached_mnrl "
@@ -698,7 +705,7 @@ class RerankerRun(_Run):
     default_metric = "eval_ndcg@10"
 
     def __init__(self, args: Any, dist: DistContext):
-        _check_common(args)
+        _check_common(args, accumulates=True)
         super().__init__(args, dist)
         self.loss = args.loss or "bce"
         self.data = read_training_data(args.train_file) if args.do_train and args.train_file else None
@@ -774,15 +781,21 @@ class RerankerRun(_Run):
         return self.plan.state(step)
 
     def batches(self, start_step: int) -> Iterator[list[dict[str, torch.Tensor]]]:
+        """Each step's queries in --gradient_accumulation_steps micro-batches, each with all of its queries'
+        pairs: activations are held for one micro-batch's pairs at a time."""
         step, k = start_step, self.group_size
         while True:
             idx = self.plan.batch(step)
-            rows = (idx[:, None] * k + np.arange(k)[None, :]).reshape(-1)  # [B * k], query-major
-            batch = self.sequences.collate(rows)
-            batch["labels"] = torch.from_numpy(self.labels[idx].reshape(-1))
-            if self.teacher_outputs is not None:
-                batch["teacher"] = torch.from_numpy(self.teacher_outputs[idx])  # [B, k], a copy of the mapped rows
-            yield [batch]
+            micro_batches = []
+            for part in np.array_split(idx, self.args.gradient_accumulation_steps):
+                rows = (part[:, None] * k + np.arange(k)[None, :]).reshape(-1)  # [b * k], query-major
+                batch = self.sequences.collate(rows)
+                batch["labels"] = torch.from_numpy(self.labels[part].reshape(-1))
+                if self.teacher_outputs is not None:
+                    batch["teacher"] = torch.from_numpy(self.teacher_outputs[part])  # [b, k], a copy of mapped rows
+                batch["share"] = torch.tensor(len(part) / len(idx))
+                micro_batches.append(batch)
+            yield micro_batches
             step += 1
 
     def loss_fn(self) -> Callable:
@@ -790,7 +803,8 @@ class RerankerRun(_Run):
 
         def fn(model, batch, totals):
             logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits[:, 0]
-            value = spec.value(logits.view(-1, k), batch, args)  # [B, k]: each query's pairs
+            # Every loss is a mean over the queries (of equal groups): the micro-batches' shares add up to it.
+            value = spec.value(logits.view(-1, k), batch, args) * batch["share"]  # [b, k]: each query's pairs
             return value, {"loss": value.detach()}
 
         return fn
