@@ -206,6 +206,25 @@ def test_search_in_chunks_equals_semantic_search(models, retrieval, tmp_path):
         np.testing.assert_allclose([r["score"] for r in results], [r["score"] for r in hit["results"]], atol=1e-5)
 
 
+def test_predict_warns_of_truncation_once_over_its_chunks(models, retrieval, tmp_path, caplog, monkeypatch):
+    """bert predict reads its input in chunks; the inputs cut in all of them make one warning."""
+    import bert.inference
+    from bert.commands.predict import PredictArgs, run_predict
+
+    reranker, _ = models
+    monkeypatch.setattr(bert.inference, "CHUNK_LINES", 2)
+    corpus, _ = retrieval
+    texts = [c["text"] for c in read_jsonl(corpus)[:5]]
+    (tmp_path / "in.txt").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+    with caplog.at_level("WARNING"):
+        out = str(tmp_path / "out.jsonl")
+        run_predict(
+            PredictArgs(model=str(reranker), input_file=str(tmp_path / "in.txt"), output_file=out, max_seq_length=16)
+        )
+    cut = [r.getMessage() for r in caplog.records if "may have been cut" in r.getMessage()]
+    assert cut == ["5 of 5 inputs fill max_seq_length=16 and may have been cut; windows read long texts whole"]
+
+
 def test_search_shows_bars_for_queries_and_corpus(models, retrieval, tmp_path, progress_bars):
     _, encoder = models
     corpus, queries = retrieval
