@@ -71,6 +71,26 @@ def _deterministic():
         torch.set_default_dtype(torch.float32)
 
 
+@pytest.fixture
+def progress_bars(monkeypatch):
+    """A function giving the progress bars the test's code has opened so far: {label: (count reached, total)}.
+    `bert.utils.progress` is wrapped where each loaded `bert` module imported it, so import the code under
+    test before this fixture runs (at the top of the test module)."""
+    from bert import utils
+
+    original, bars = utils.progress, []
+
+    def recording(iterable=None, **kwargs):
+        bar = original(iterable, **kwargs)
+        bars.append(bar)
+        return bar
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("bert") and getattr(module, "progress", None) is original:
+            monkeypatch.setattr(module, "progress", recording)
+    return lambda: {b.desc: (b.n, b.total) for b in bars}
+
+
 # ------------------------------------------------------------------------------------------ tiny models
 @pytest.fixture
 def tiny_config():

@@ -254,7 +254,8 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, args_cls: type) -> None
         has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
         default = f.default if f.default is not dataclasses.MISSING else None
         help_text = f.metadata.get("help", "")
-        if has_default:
+        # A None default means "unset"; where unset does something, the help text says what.
+        if has_default and default is not None:
             help_text += f" (default: {default})"
         flag = f"--{f.name}"
         if f.metadata.get("positional"):

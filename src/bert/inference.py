@@ -130,6 +130,9 @@ _HEAD_ADVICE = {
     FILL_MASK: "use a pre-trained BertForPreTraining or BertForMaskedLM model",
 }
 TRUNCATION_DIRECTIONS = ("right", "left")
+# What a warning of inputs cut to max_seq_length suggests, unless its caller has no windows to offer.
+WINDOWS_ADVICE = "windows read long texts whole"
+LONGER_ADVICE = "a longer --max_seq_length (up to the model's max_position_embeddings) reads more of each"
 MASK_TOKEN = "[MASK]"
 _MLM_KEY = "cls.predictions.transform.dense.weight"
 # The task modules log their first examples field by field, which would repeat on every call here.
@@ -422,6 +425,8 @@ class Predictor:
         # The prompt of calls that name none (`resolve_prompt`); `bert serve --default_prompt_name` sets it.
         self.default_prompt_name = sentence_transformers.default_prompt_name if sentence_transformers else None
         self._lock = threading.Lock()
+        self._cut: list[int] | None = None  # [inputs cut, inputs read] inside `counting_truncations`
+        self._cut_advice = WINDOWS_ADVICE
 
     @property
     def backend(self) -> str:
@@ -774,14 +779,35 @@ class Predictor:
             self._examples(pairs), self._label_list, self.max_seq_length, self.tokenizer, pad=False
         )
         full = sum(len(f.input_ids) == self.max_seq_length for f in features)
-        if full:
-            logger.warning(
-                "%d of %d inputs fill max_seq_length=%d and may have been cut; windows read long texts whole",
-                full,
-                len(features),
-                self.max_seq_length,
-            )
+        if self._cut is not None:
+            self._cut[0] += full
+            self._cut[1] += len(features)
+        elif full:
+            self._warn_cut(full, len(features))
         return [(f.input_ids, f.segment_ids) for f in features]
+
+    def _warn_cut(self, cut: int, total: int) -> None:
+        logger.warning(
+            "%d of %d inputs fill max_seq_length=%d and may have been cut; %s",
+            cut,
+            total,
+            self.max_seq_length,
+            self._cut_advice,
+        )
+
+    @contextlib.contextmanager
+    def counting_truncations(self, advice: str = "") -> Iterator[None]:
+        """Inside it, the inputs cut to `max_seq_length` are counted and warned of once, as it ends, instead
+        of once per call: a command calls the model once per line or chunk of its input. `advice` ends the
+        warning: what the caller offers for long inputs (default: classification's windows)."""
+        self._cut, self._cut_advice = [0, 0], advice or WINDOWS_ADVICE
+        try:
+            yield
+        finally:
+            (cut, total), self._cut = self._cut, None
+            if cut:
+                self._warn_cut(cut, total)
+            self._cut_advice = WINDOWS_ADVICE
 
     def _classification_result(self, logits: np.ndarray, top_k: int | None, raw_scores: bool) -> dict[str, Any]:
         if self.problem_type == "regression":

@@ -19,6 +19,7 @@ from bert.commands.embed import EmbedArgs, run_embed
 from bert.commands.rerank import RerankArgs, run_rerank
 from bert.commands.search import SearchArgs, run_search
 from bert.errors import InputError
+from bert.inference import LONGER_ADVICE
 from bert.modeling import BertForSequenceClassification, BertModel
 from conftest import cli_error, save_model_dir, shared_path, uncased_vocab, vocab_config
 
@@ -110,6 +111,45 @@ def test_rerank_with_an_embedding_model_scores_cosine(models, retrieval, tmp_pat
         np.testing.assert_allclose([r["score"] for r in ranked], np.sort(cosine)[::-1], atol=1e-5)
 
 
+def test_rerank_keeps_ids_and_warns_of_truncation_once(models, retrieval, tmp_path, caplog):
+    """The ids of the input come out with the documents they belong to; the inputs cut to max_seq_length are
+    counted over the whole run, in one warning, not one per line."""
+    reranker, _ = models
+    records = rerank_input(retrieval, tmp_path / "in.jsonl")
+    with_ids = [
+        {"query_id": f"q{i}", "corpus_ids": [f"d{i}.{j}" for j in range(5)], **r} for i, r in enumerate(records)
+    ]
+    (tmp_path / "ids.jsonl").write_text("".join(json.dumps(r) + "\n" for r in with_ids), encoding="utf-8")
+    out, plain = tmp_path / "ranked.jsonl", tmp_path / "plain.jsonl"
+    with caplog.at_level("WARNING"):
+        run_rerank(
+            RerankArgs(
+                model=str(reranker), input_file=str(tmp_path / "ids.jsonl"), output_file=str(out), max_seq_length=16
+            )
+        )
+    cut = [r.getMessage() for r in caplog.records if "may have been cut" in r.getMessage()]
+    # rerank has no windows to offer, only a longer --max_seq_length.
+    assert cut == [f"15 of 15 inputs fill max_seq_length=16 and may have been cut; {LONGER_ADVICE}"]
+    run_rerank(
+        RerankArgs(
+            model=str(reranker), input_file=str(tmp_path / "in.jsonl"), output_file=str(plain), max_seq_length=16
+        )
+    )
+    for record, line, ranked in zip(with_ids, read_jsonl(out), read_jsonl(plain)):
+        assert line["query_id"] == record["query_id"]
+        assert [r["corpus_id"] for r in line["results"]] == [record["corpus_ids"][r["index"]] for r in ranked]
+        assert [{k: v for k, v in r.items() if k != "corpus_id"} for r in line["results"]] == ranked
+    # Ids without a query id: the plain list, each result with its document's id.
+    (tmp_path / "docs.jsonl").write_text(
+        "".join(json.dumps({k: v for k, v in r.items() if k != "query_id"}) + "\n" for r in with_ids), encoding="utf-8"
+    )
+    run_rerank(
+        RerankArgs(model=str(reranker), input_file=str(tmp_path / "docs.jsonl"), output_file=str(tmp_path / "d"))
+    )
+    for i, ranked in enumerate(read_jsonl(tmp_path / "d")):
+        assert [r["corpus_id"] for r in ranked] == [f"d{i}.{r['index']}" for r in ranked]
+
+
 def test_search_in_chunks_equals_semantic_search(models, retrieval, tmp_path):
     _, encoder = models
     corpus, queries = retrieval
@@ -158,9 +198,43 @@ def test_search_in_chunks_equals_semantic_search(models, retrieval, tmp_path):
     ranked = tmp_path / "ranked.jsonl"
     assert main(["rerank", f"--model={encoder}", f"--input_file={candidates}", f"--output_file={ranked}"]) == 0
     for record, hit in zip(read_jsonl(ranked), read_jsonl(stored)):
-        # Reranking by the same model's cosine keeps the search's order.
-        assert [r["index"] for r in record] == list(range(5))
-        np.testing.assert_allclose([r["score"] for r in record], [r["score"] for r in hit["results"]], atol=1e-5)
+        # The search's ids come through; reranking by the same model's cosine keeps the search's order.
+        assert record["query_id"] == hit["query_id"]
+        results = record["results"]
+        assert [r["index"] for r in results] == list(range(5))
+        assert [r["corpus_id"] for r in results] == [r["corpus_id"] for r in hit["results"]]
+        np.testing.assert_allclose([r["score"] for r in results], [r["score"] for r in hit["results"]], atol=1e-5)
+
+
+def test_predict_warns_of_truncation_once_over_its_chunks(models, retrieval, tmp_path, caplog, monkeypatch):
+    """bert predict reads its input in chunks; the inputs cut in all of them make one warning."""
+    import bert.inference
+    from bert.commands.predict import PredictArgs, run_predict
+
+    reranker, _ = models
+    monkeypatch.setattr(bert.inference, "CHUNK_LINES", 2)
+    corpus, _ = retrieval
+    texts = [c["text"] for c in read_jsonl(corpus)[:5]]
+    (tmp_path / "in.txt").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+    with caplog.at_level("WARNING"):
+        out = str(tmp_path / "out.jsonl")
+        run_predict(
+            PredictArgs(model=str(reranker), input_file=str(tmp_path / "in.txt"), output_file=out, max_seq_length=16)
+        )
+    cut = [r.getMessage() for r in caplog.records if "may have been cut" in r.getMessage()]
+    assert cut == ["5 of 5 inputs fill max_seq_length=16 and may have been cut; windows read long texts whole"]
+
+
+def test_search_shows_bars_for_queries_and_corpus(models, retrieval, tmp_path, progress_bars):
+    _, encoder = models
+    corpus, queries = retrieval
+    run_search(
+        SearchArgs(
+            model=str(encoder), corpus=str(corpus), queries=str(queries), chunk_size=4, output_file=str(tmp_path / "o")
+        )
+    )
+    bars = progress_bars()
+    assert bars["search: queries"] == (6, 6) and bars["search: corpus"] == (30, None)
 
 
 def test_bad_input_exit_2_one_line(models, retrieval, tmp_path, capsys):
@@ -174,6 +248,9 @@ def test_bad_input_exit_2_one_line(models, retrieval, tmp_path, capsys):
     bad.write_text('{"query": "q", "documents": ["a", " "]}\n')
     err = cli_error(capsys, "rerank", f"--model={reranker}", f"--input_file={bad}")
     assert "bad.jsonl line 1: document 1 is empty" in err
+    bad.write_text('{"query": "q", "documents": ["a", "b"], "corpus_ids": ["x"]}\n')
+    err = cli_error(capsys, "rerank", f"--model={reranker}", f"--input_file={bad}")
+    assert 'bad.jsonl line 1: field "corpus_ids" must be a list of one id per document (2)' in err
     err = cli_error(capsys, "rerank", f"--model={encoder}", f"--input_file={bad}", "--raw_scores")
     assert "--raw_scores applies to cross-encoders" in err
     assert not out.exists()

@@ -17,6 +17,7 @@ from bert.commands.train_embeddings import TrainEmbeddingsArgs, run_train_embedd
 from bert.commands.train_reranker import TrainRerankerArgs, run_train_reranker
 from bert.errors import InputError
 from bert.inference import Predictor
+from bert.sentence import runner
 from bert.sentence.data import TrainingData, read_beir
 from bert.sentence.runner import mine_negatives
 from conftest import args_for, cli_error, model_flags, read_metrics, read_results, read_weights
@@ -276,12 +277,97 @@ def test_cached_mnrl_trains_the_weights_mnrl_trains(model_files, tmp_path):
     assert again["global_step"] == 2 and "train" not in again
 
 
+def test_reranker_micro_batches_train_the_weights_of_the_whole_batch(model_files, tmp_path):
+    """Dropout off: the reranker's batch of 4 queries cut into 2 micro-batches (--gradient_accumulation_steps)
+    trains the weights of the whole batch, for each loss; 3 steps do not divide a batch of 4."""
+    config = json.loads(model_files[0].read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_dropout_prob": 0.0}))
+    tuples = tmp_path / "tuples.jsonl"
+    tuples.write_text(
+        "".join(json.dumps([f"question on {t}", f"an answer about {t}", f"a note on {t}"]) + "\n" for t in TOPICS)
+    )
+    for loss in ("listwise", "bce"):
+        weights = []
+        for steps in (1, 2):
+            args = args_for(
+                TrainRerankerArgs,
+                model_files,
+                tmp_path / f"{loss}{steps}",
+                bert_config_file=str(tmp_path / "config.json"),
+                train_file=str(tuples),
+                do_train=True,
+                train_batch_size=4,
+                num_train_epochs=1.0,
+                learning_rate=1e-3,
+                loss=loss,
+                gradient_accumulation_steps=steps,
+            )
+            assert run_train_reranker(args)["global_step"] == 2
+            weights.append(read_weights(tmp_path / f"{loss}{steps}" / "model"))
+        for name, value in weights[0].items():
+            np.testing.assert_allclose(weights[1][name].numpy(), value.numpy(), atol=1e-5, err_msg=name)
+    with pytest.raises(InputError, match="--train_batch_size=4 must be divisible by"):
+        run_train_reranker(dataclasses.replace(args, gradient_accumulation_steps=3, output_dir=str(tmp_path / "x")))
+
+
 def test_an_unknown_best_metric_is_refused_before_training(model_files, tmp_path, capsys):
     beir = beir_dir(tmp_path / "beir")
     flags = [*model_flags(model_files, tmp_path / "out"), f"--train_file={beir}", f"--eval_file={beir}", "--do_train"]
     err = cli_error(capsys, "train-embeddings", *flags, "--train_batch_size=4", "--metric_for_best_model=eval_f1")
     assert "eval_ndcg@10" in err and "eval_map@100" in err
     assert not (tmp_path / "out" / "args.json").exists()
+
+
+def test_reranker_mining_and_evaluation_stream_in_blocks_with_bars(model_files, tmp_path, monkeypatch, progress_bars):
+    """Mining and evaluation show progress bars; evaluation scores the queries' candidates a block of
+    BLOCK_BATCHES batches at a time (never all of them at once), and its metrics are those of the exported
+    model's CrossEncoder scores."""
+    beir = beir_dir(tmp_path / "beir")
+    largest = []
+    logits = Predictor.classification_logits
+
+    def recording(self, inputs, *a, **k):
+        largest.append(len(inputs))
+        return logits(self, inputs, *a, **k)
+
+    monkeypatch.setattr(Predictor, "classification_logits", recording)
+    flags = dict(train_file=str(beir), mine_negatives=str(model_files[2]), num_negatives=2, eval_file=str(beir))
+    args = args_for(
+        TrainRerankerArgs,
+        model_files,
+        tmp_path / "out",
+        **flags,
+        rerank_top_k=5,
+        do_train=True,
+        do_eval=True,
+        train_batch_size=4,
+        num_train_epochs=0.5,
+        eval_every_steps=1,
+        eval_batch_size=2,
+    )
+    result = run_train_reranker(args)
+    bars = progress_bars()
+    assert bars["mine negatives: queries"] == (18, 18) and bars["mine negatives: documents"] == (6, 6)
+    # The dev split: 4 topics x 3 queries, over the 4 documents its qrels name.
+    assert bars["eval: queries"] == (12, 12) and bars["eval: corpus"] == (4, 4) and bars["eval: rerank"] == (12, 12)
+    # 12 queries x 4 candidates = 48 pairs per evaluation, in blocks of at most 2 x BLOCK_BATCHES = 32.
+    assert 0 < max(largest) <= 2 * runner.BLOCK_BATCHES < 48 and sum(largest) == 48 * 3  # two steps and the end
+    ce = st.CrossEncoder(str(tmp_path / "out" / "model"), device="cpu")
+    corpus = read_beir(str(beir), "dev")
+    reciprocal = []
+    for qid, query in corpus.queries.items():
+        dids = list(corpus.documents)
+        scores = ce.predict([(query, corpus.documents[d]) for d in dids])
+        ranked = [dids[j] for j in np.argsort(-scores, kind="stable")]
+        reciprocal.append(1 / (1 + next(i for i, d in enumerate(ranked) if d in corpus.qrels[qid])))
+    assert result["eval"]["eval_mrr@10"] == pytest.approx(np.mean(reciprocal), abs=1e-6)
+
+
+def test_train_embeddings_evaluation_shows_bars(model_files, tmp_path, progress_bars):
+    _, args = sts_run(model_files, tmp_path, do_eval=True, eval_every_steps=1)
+    run_train_embeddings(args)
+    bars = progress_bars()
+    assert bars["eval: first texts"] == (10, 10) and bars["eval: second texts"] == (10, 10)
 
 
 def test_evaluations_between_steps_drop_the_packed_weights(model_files, tmp_path, monkeypatch):

@@ -37,6 +37,8 @@ def test_every_command_builds_its_parser_and_help(name, capsys):
         if f.metadata.get("cli") is not False:
             shown = f.name.upper() if f.metadata.get("positional") else f.metadata.get("flag", f"--{f.name}")
             assert shown in printed, f"{name}: {shown} is not in --help"
+    # An unset flag's help says what unset does; "(default: None)" would contradict it.
+    assert "(default: None)" not in printed, f"{name}: --help shows (default: None)"
 
 
 def test_help_through_the_module_entry_point():

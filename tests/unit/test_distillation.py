@@ -47,6 +47,11 @@ def test_cache_computes_once_and_returns_compute_output(tmp_path):
     assert manifest == {"key": {"data": "d", "teacher": "t"}, "rows": 10, "shape": [4, 3], "dtype": "float32"}
 
 
+def test_teacher_labelling_shows_a_progress_bar(tmp_path, progress_bars):
+    cached_teacher_outputs(tmp_path, {"teacher": "a"}, 10, (3,), Counting(_rows()), batch_rows=4, desc="labels")
+    assert progress_bars()["labels"] == (3, 3)  # chunks of 4 rows
+
+
 def test_cache_recomputes_for_another_key_or_shape(tmp_path):
     rows = _rows()
     cached_teacher_outputs(tmp_path, {"teacher": "a"}, 10, (3,), Counting(rows))

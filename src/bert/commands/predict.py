@@ -125,7 +125,7 @@ def _run(args: PredictArgs) -> dict[str, Any]:
     with readable_input(args.input_file) as path:
         total = count_lines(path)
         desc = "predict" if args.input_file is not None else None
-        with output_file_or_stdout(args.output_file) as out:
+        with output_file_or_stdout(args.output_file) as out, predictor.counting_truncations():
             for results in map_input_lines(path, name, task, lambda r: _predict(predictor, r, args), total, desc):
                 for result in results:
                     out.write(json_line(result) + "\n")

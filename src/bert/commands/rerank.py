@@ -34,7 +34,9 @@ logger = logging.getLogger(__name__)
 @dataclass
 class RerankArgs(InferenceArgs):
     """Rerank documents for queries: per input line {"query": str, "documents": [str, ...]}, one output line
-    [{"index", "score", "text"}, ...], best first (index: the document's place in "documents")."""
+    [{"index", "score", "text"}, ...], best first (index: the document's place in "documents"). The ids of
+    `bert search --output_format=rerank` are kept: with "corpus_ids" (one per document) each result has its
+    "corpus_id"; with "query_id" the line is {"query_id", "results": [...]}, as `bert search`'s results."""
 
     model: str = field(
         metadata={"help": "A cross-encoder (one-output sequence classifier) or an embedding model directory."}
@@ -49,7 +51,8 @@ class RerankArgs(InferenceArgs):
     )
 
 
-def _read_record(line: str, name: str, number: int) -> tuple[str, list[str]]:
+def _read_record(line: str, name: str, number: int) -> tuple[str, list[str], dict[str, Any]]:
+    """(query, documents, the record's ids: "query_id" and "corpus_ids" where it has them)."""
     record = None
     try:
         record = parse_json_line(line)
@@ -67,7 +70,13 @@ def _read_record(line: str, name: str, number: int) -> tuple[str, list[str]]:
     empty = next((i for i, d in enumerate(documents) if not d.strip()), None)
     if empty is not None:
         raise InputError(f"{name} line {number}: document {empty} is empty; give it some text or leave it out")
-    return query, documents
+    ids = {k: record[k] for k in ("query_id", "corpus_ids") if k in record}
+    corpus_ids = ids.get("corpus_ids")
+    if corpus_ids is not None and (not isinstance(corpus_ids, list) or len(corpus_ids) != len(documents)):
+        raise InputError(
+            f'{name} line {number}: field "corpus_ids" must be a list of one id per document ({len(documents)})'
+        )
+    return query, documents, ids
 
 
 def run_rerank(args: RerankArgs) -> dict[str, Any]:
@@ -82,7 +91,7 @@ def _run(args: RerankArgs) -> dict[str, Any]:
         raise InputError(f"--top_k={args.top_k} must be at least 1 (leave it out for all documents)")
     settings = args.predictor_settings()
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
-    from bert.inference import Predictor
+    from bert.inference import LONGER_ADVICE, Predictor
 
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
     if args.raw_scores and not predictor.is_cross_encoder:
@@ -95,12 +104,20 @@ def _run(args: RerankArgs) -> dict[str, Any]:
         with (
             output_file_or_stdout(args.output_file) as out,
             progress(total=total, unit="line", desc=desc, disable=desc is None) as bar,
+            predictor.counting_truncations(LONGER_ADVICE),
         ):
             for number, line in enumerate(iter_lines(path, "utf-8-sig", "strict", hint=None, name=name), start=1):
                 bar.update(1)
-                query, docs = _read_record(line, name, number)
+                query, docs, ids = _read_record(line, name, number)
                 ranked = predictor.rank(query, docs, args.top_k, raw_scores=args.raw_scores)
-                out.write(json_line([{**r, "text": docs[r["index"]]} for r in ranked]) + "\n")
+                corpus_ids = ids.get("corpus_ids")
+                results: Any = [
+                    {**({"corpus_id": corpus_ids[r["index"]]} if corpus_ids else {}), **r, "text": docs[r["index"]]}
+                    for r in ranked
+                ]
+                if "query_id" in ids:
+                    results = {"query_id": ids["query_id"], "results": results}
+                out.write(json_line(results) + "\n")
                 lines += 1
                 documents += len(docs)
     logger.info("reranked %d documents for %d queries with %s", documents, lines, args.model)

@@ -123,12 +123,13 @@ def _run(args: SearchArgs) -> dict[str, Any]:
         queries = list(read_texts(path, args.queries))
     if not queries:
         raise InputError(f"--queries={args.queries} holds no queries; give one per line")
-    vectors = np.concatenate(
-        [
-            _embed(predictor, [t for _, t in block], args.query_prompt_name, args.dimensions, args.queries, start)
-            for start, block in _chunks(queries, args.chunk_size)
-        ]
-    )
+    parts = []
+    with progress(total=len(queries), unit="query", desc="search: queries") as bar:
+        for start, block in _chunks(queries, args.chunk_size):
+            block_texts = [t for _, t in block]
+            parts.append(_embed(predictor, block_texts, args.query_prompt_name, args.dimensions, args.queries, start))
+            bar.update(len(block))
+    vectors = np.concatenate(parts)
     top = TopK(vectors, args.top_k)
     corpus_ids: list[str] = []
     stored = None
@@ -139,7 +140,7 @@ def _run(args: SearchArgs) -> dict[str, Any]:
                 f"--corpus_embeddings={args.corpus_embeddings} holds {stored.dims}-dimensional vectors, the queries "
                 f"{vectors.shape[1]}; embed the corpus with the same model and --dimensions"
             )
-    with readable_input(args.corpus) as path, progress(unit="doc", desc="search") as bar:
+    with readable_input(args.corpus) as path, progress(unit="doc", desc="search: corpus") as bar:
         records = read_texts(path, args.corpus)
         while chunk := list(itertools.islice(records, args.chunk_size)):
             start = len(corpus_ids)

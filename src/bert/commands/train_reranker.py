@@ -8,7 +8,10 @@ listwise softmax cross-entropy over each query's positive and negatives (`--loss
 from a larger cross-encoder (`--teacher`; its scores of the same groups computed once and cached): its
 margins (`--loss=margin_mse`) or its softmax over each query's pairs (`--loss=distill_kl`). Evaluation on a
 BEIR split reranks the top `--rerank_top_k` documents of a bi-encoder (`--eval_retriever`) and reports
-MRR@10, NDCG@10, Recall@1/10/100 and MAP@100, with the retriever's own beside them (`eval_retriever_*`).
+MRR@10, NDCG@10, Recall@1/10/100 and MAP@100, with the retriever's own beside them (`eval_retriever_*`),
+scoring a block of queries' candidates at a time. Training holds one batch's activations, `--train_batch_size`
+x (1 + negatives) pairs; `--gradient_accumulation_steps` cuts it into micro-batches of whole queries (each
+loss is a mean over queries: the same gradient, in a micro-batch's memory).
 The model is saved in transformers' layout (BertForSequenceClassification, one label), which
 `sentence_transformers.CrossEncoder` loads, and `bert predict` scores pairs with.
 """

@@ -10,9 +10,11 @@ every N steps and at the last, keeps the best checkpoint (`--metric_for_best_mod
 Batches. Each epoch is a permutation of the examples seeded by `(--seed, epoch)`, cut into batches of
 `--train_batch_size` (`bert.sentence.data.BatchPlan`; with the in-batch-negative losses no text appears
 twice in a batch). Sequences are `[CLS] text [SEP]` (pairs for the reranker: `[CLS] query [SEP] document
-[SEP]`, the longer text cut first), padded per column to its longest. The in-batch losses need the whole
-batch at once, so `--gradient_accumulation_steps` must stay 1: `--loss=cached_mnrl` gives the large batch
-in the memory of `--mini_batch_size` sequences instead.
+[SEP]`, the longer text cut first), padded per column to its longest. The bi-encoder's losses need the
+whole batch at once, so its `--gradient_accumulation_steps` must stay 1: `--loss=cached_mnrl` gives the
+large batch in the memory of `--mini_batch_size` sequences instead. The reranker's losses are means over
+queries, so its batch may be cut into `--gradient_accumulation_steps` micro-batches of whole queries: the
+same gradient, in the activations' memory of one micro-batch's pairs (batch x (1 + negatives) / steps).
 
 The bi-encoder (`BertModel` plus `--pooling` and `--normalize`) is exported to `model/` in the native
 layout with the sentence-transformers files (`bert.sentence.st_format`); the reranker
@@ -25,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,9 +39,9 @@ from bert import training
 from bert.cpu_kernels import release_packed_weights
 from bert.distributed import DistContext, distributed
 from bert.errors import InputError
-from bert.flags import check_flag_values
+from bert.flags import check_batch_division, check_flag_values
 from bert.formats.results import write_results
-from bert.inference import Predictor, SentenceTransformersConfig, read_sentence_transformers_config
+from bert.inference import LONGER_ADVICE, Predictor, SentenceTransformersConfig, read_sentence_transformers_config
 from bert.modeling import (
     SENTENCE_POOLINGS,
     BertForSequenceClassification,
@@ -67,11 +69,16 @@ from bert.tasks.common import num_warmup_steps, pad_2d
 from bert.tasks.glue import InputExample, convert_examples_to_features
 from bert.tokenization import FullTokenizer
 from bert.training import EVAL_HISTORY_NAME, METRICS_NAME, MODEL_DIR, EvalHistory
-from bert.utils import format_scores, print_result
+from bert.utils import format_scores, print_result, progress
 
 logger = logging.getLogger(__name__)
 
 STATE_NAME = "sentence_state.json"  # in model/: the step its weights come from
+
+# Batches of texts embedded, or of pairs scored, per call of the model: a progress bar moves between calls,
+# and memory holds one block's sequences and outputs, never those of a whole corpus or of every query's
+# candidates at once.
+BLOCK_BATCHES = 16
 
 
 # -------------------------------------------------------------------------------------------- losses
@@ -194,12 +201,17 @@ def with_transfer(data: TrainingData | None, transfer_file: str | None, texts: b
 
 
 # ------------------------------------------------------------------------------------------- checks
-def _check_common(args: Any) -> None:
+def _check_common(args: Any, accumulates: bool = False) -> None:
+    """The flags both commands check; `accumulates`: the losses are means over queries, so that a batch may be
+    cut into --gradient_accumulation_steps micro-batches (the reranker's)."""
     if not (args.do_train or args.do_eval):
         raise InputError("nothing to do: pass --do_train=true and/or --do_eval=true")
     args.check_no_tpu()
     check_flag_values(args)  # choices, minimums and finite numbers, from the flags' metadata
-    if args.gradient_accumulation_steps != 1:
+    if accumulates:
+        # Every rank steps on the whole batch (nothing is split over processes), cut into micro-batches.
+        check_batch_division(args.train_batch_size, 1, args.gradient_accumulation_steps)
+    elif args.gradient_accumulation_steps != 1:
         raise InputError(
             f"--gradient_accumulation_steps={args.gradient_accumulation_steps}: these losses compare every example "
             "with the whole batch, so it must be 1 (for large batches in little memory use --loss=cached_mnrl "
@@ -547,7 +559,7 @@ class EmbeddingRun(_Run):
         was_training = self.model.training
         assert self.eval_data is not None  # checked with the flags
         try:
-            return evaluate_embeddings(predictor, self.eval_data, self.dims)
+            return evaluate_embeddings(predictor, self.eval_data, self.dims, disable=not self.dist.is_main)
         finally:
             self.model.train(was_training)
 
@@ -566,12 +578,61 @@ def _read_eval(path: str, split: str) -> TrainingData | Corpus:
     return data
 
 
-def evaluate_embeddings(predictor: Predictor, data: TrainingData | Corpus, dims: list[int]) -> dict[str, float]:
+def embed_texts(
+    predictor: Predictor, texts: Sequence[str], desc: str, disable: bool = False, batch_size: int | None = None
+) -> np.ndarray:
+    """`predictor.embed(texts)`, BLOCK_BATCHES batches at a time, under the progress bar `desc`."""
+    size = (batch_size or predictor.batch_size) * BLOCK_BATCHES
+    parts = []
+    with progress(total=len(texts), unit="text", desc=desc, disable=disable) as bar:
+        for start in range(0, len(texts), size):
+            parts.append(predictor.embed(list(texts[start : start + size]), batch_size=batch_size))
+            bar.update(len(parts[-1]))
+    return np.concatenate(parts) if parts else predictor.embed([])
+
+
+def rerank_logits(
+    reranker: Predictor,
+    queries: Sequence[str],
+    candidates: Sequence[Sequence[str]],
+    desc: str,
+    disable: bool = False,
+    batch_size: int | None = None,
+) -> list[np.ndarray]:
+    """The cross-encoder's logit of each query with each of its candidate documents, the queries taken a block
+    at a time (BLOCK_BATCHES batches of pairs), under the progress bar `desc`: memory holds one block's pairs,
+    not every query's candidates. Inputs cut to the model's length are warned of once."""
+    size = (batch_size or reranker.batch_size) * BLOCK_BATCHES
+    out: list[np.ndarray] = []
+    with (
+        progress(total=len(queries), unit="query", desc=desc, disable=disable) as bar,
+        reranker.counting_truncations(LONGER_ADVICE),
+    ):
+        start = 0
+        while start < len(queries):
+            stop, pairs = start, 0
+            while stop < len(queries) and (stop == start or pairs + len(candidates[stop]) <= size):
+                pairs += len(candidates[stop])
+                stop += 1
+            block = [(queries[i], d) for i in range(start, stop) for d in candidates[i]]
+            logits = reranker.classification_logits(block, batch_size)[:, 0]
+            for i in range(start, stop):
+                out.append(logits[: len(candidates[i])])
+                logits = logits[len(candidates[i]) :]
+            bar.update(stop - start)
+            start = stop
+    return out
+
+
+def evaluate_embeddings(
+    predictor: Predictor, data: TrainingData | Corpus, dims: list[int], disable: bool = False
+) -> dict[str, float]:
     """STS correlations (scored pairs) or retrieval metrics (a BEIR split), full size and per Matryoshka
-    dimension, keys prefixed `eval_`."""
+    dimension, keys prefixed `eval_`; `disable` hides the progress bars (ranks other than the first)."""
     full = predictor.config.hidden_size
     if isinstance(data, TrainingData):
-        a, b = predictor.embed(data.columns[0]), predictor.embed(data.columns[1])
+        a = embed_texts(predictor, data.columns[0], "eval: first texts", disable)
+        b = embed_texts(predictor, data.columns[1], "eval: second texts", disable)
 
         def sts(d: int | None) -> dict[str, float]:
             return evaluation.sts_metrics(evaluation.truncate(a, d), evaluation.truncate(b, d), data.scores or [])
@@ -579,8 +640,8 @@ def evaluate_embeddings(predictor: Predictor, data: TrainingData | Corpus, dims:
         scores = evaluation.per_dimension(sts, dims, full)
     else:
         qids, dids = list(data.queries), list(data.documents)
-        q = predictor.embed([data.queries[i] for i in qids])
-        docs = predictor.embed([data.documents[i] for i in dids])
+        q = embed_texts(predictor, [data.queries[i] for i in qids], "eval: queries", disable)
+        docs = embed_texts(predictor, [data.documents[i] for i in dids], "eval: corpus", disable)
         relevant = [data.qrels[i] for i in qids]
 
         def retrieval(d: int | None) -> dict[str, float]:
@@ -644,7 +705,7 @@ class RerankerRun(_Run):
     default_metric = "eval_ndcg@10"
 
     def __init__(self, args: Any, dist: DistContext):
-        _check_common(args)
+        _check_common(args, accumulates=True)
         super().__init__(args, dist)
         self.loss = args.loss or "bce"
         self.data = read_training_data(args.train_file) if args.do_train and args.train_file else None
@@ -693,7 +754,9 @@ class RerankerRun(_Run):
             return
         args, data = self.args, self.data
         if data.kind == PAIRS:
-            data = mine_negatives(args.mine_negatives, data, args.num_negatives, args.device, args.eval_batch_size)
+            data = mine_negatives(
+                args.mine_negatives, data, args.num_negatives, args.device, args.eval_batch_size, not self.dist.is_main
+            )
             self.data = data
             self.plan.data = data
         if data.kind == SCORED:
@@ -718,15 +781,21 @@ class RerankerRun(_Run):
         return self.plan.state(step)
 
     def batches(self, start_step: int) -> Iterator[list[dict[str, torch.Tensor]]]:
+        """Each step's queries in --gradient_accumulation_steps micro-batches, each with all of its queries'
+        pairs: activations are held for one micro-batch's pairs at a time."""
         step, k = start_step, self.group_size
         while True:
             idx = self.plan.batch(step)
-            rows = (idx[:, None] * k + np.arange(k)[None, :]).reshape(-1)  # [B * k], query-major
-            batch = self.sequences.collate(rows)
-            batch["labels"] = torch.from_numpy(self.labels[idx].reshape(-1))
-            if self.teacher_outputs is not None:
-                batch["teacher"] = torch.from_numpy(self.teacher_outputs[idx])  # [B, k], a copy of the mapped rows
-            yield [batch]
+            micro_batches = []
+            for part in np.array_split(idx, self.args.gradient_accumulation_steps):
+                rows = (part[:, None] * k + np.arange(k)[None, :]).reshape(-1)  # [b * k], query-major
+                batch = self.sequences.collate(rows)
+                batch["labels"] = torch.from_numpy(self.labels[part].reshape(-1))
+                if self.teacher_outputs is not None:
+                    batch["teacher"] = torch.from_numpy(self.teacher_outputs[part])  # [b, k], a copy of mapped rows
+                batch["share"] = torch.tensor(len(part) / len(idx))
+                micro_batches.append(batch)
+            yield micro_batches
             step += 1
 
     def loss_fn(self) -> Callable:
@@ -734,7 +803,8 @@ class RerankerRun(_Run):
 
         def fn(model, batch, totals):
             logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits[:, 0]
-            value = spec.value(logits.view(-1, k), batch, args)  # [B, k]: each query's pairs
+            # Every loss is a mean over the queries (of equal groups): the micro-batches' shares add up to it.
+            value = spec.value(logits.view(-1, k), batch, args) * batch["share"]  # [b, k]: each query's pairs
             return value, {"loss": value.detach()}
 
         return fn
@@ -744,8 +814,9 @@ class RerankerRun(_Run):
         assert corpus is not None  # checked with the flags
         retriever = Predictor.from_pretrained(args.eval_retriever or args.mine_negatives, device=args.device)
         qids, dids = list(corpus.queries), list(corpus.documents)
-        q = retriever.embed([corpus.queries[i] for i in qids], batch_size=args.eval_batch_size)
-        d = retriever.embed([corpus.documents[i] for i in dids], batch_size=args.eval_batch_size)
+        hide, size = not self.dist.is_main, args.eval_batch_size
+        q = embed_texts(retriever, [corpus.queries[i] for i in qids], "eval: queries", hide, size)
+        d = embed_texts(retriever, [corpus.documents[i] for i in dids], "eval: corpus", hide, size)
         top, _ = evaluation.search(q, d, args.rerank_top_k)
         candidates = [[dids[j] for j in row] for row in top]
         relevant = [corpus.qrels[i] for i in qids]
@@ -760,10 +831,9 @@ class RerankerRun(_Run):
         )
         was_training = self.model.training
         try:
-            pairs = [
-                (corpus.queries[qid], corpus.documents[did]) for qid, docs in zip(qids, candidates) for did in docs
-            ]
-            scores = np.array([r["score"] for r in reranker.classify(pairs, top_k=1)]).reshape(len(qids), -1)
+            texts = [[corpus.documents[did] for did in docs] for docs in candidates]
+            queries = [corpus.queries[qid] for qid in qids]
+            scores = rerank_logits(reranker, queries, texts, "eval: rerank", hide)
         finally:
             self.model.train(was_training)
         out = {
@@ -774,7 +844,9 @@ class RerankerRun(_Run):
         return out
 
 
-def mine_negatives(model: str, data: TrainingData, k: int, device: str | None, batch_size: int) -> TrainingData:
+def mine_negatives(
+    model: str, data: TrainingData, k: int, device: str | None, batch_size: int, disable: bool = False
+) -> TrainingData:
     """(anchor, positive) pairs -> (anchor, positive, k negatives): each anchor's nearest texts among the
     data's positives by the bi-encoder `model`, skipping every positive of that anchor."""
     if k < 1:
@@ -786,8 +858,8 @@ def mine_negatives(model: str, data: TrainingData, k: int, device: str | None, b
         own.setdefault(a, set()).add(p)
     distinct = list(own)
     predictor = Predictor.from_pretrained(model, device=device)
-    q = predictor.embed(distinct, batch_size=batch_size)
-    d = predictor.embed(candidates, batch_size=batch_size)
+    q = embed_texts(predictor, distinct, "mine negatives: queries", disable, batch_size)
+    d = embed_texts(predictor, candidates, "mine negatives: documents", disable, batch_size)
     most = max(len(v) for v in own.values())
     top, _ = evaluation.search(q, d, k + most)
     mined = {}

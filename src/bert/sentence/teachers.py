@@ -103,4 +103,5 @@ def cross_encoder_scores(
         return model.classification_logits(pairs)[:, 0].reshape(stop - start, width)
 
     key = _key("cross-encoder logits", args, model, [list(g) for g in groups])
-    return cached_by_rank0(dist, cache, key, len(groups), (width,), compute, "teacher scores")
+    with model.counting_truncations():
+        return cached_by_rank0(dist, cache, key, len(groups), (width,), compute, "teacher scores")
