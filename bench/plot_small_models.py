@@ -1,7 +1,7 @@
 """The "Make a small model" figure and table: quality against speed of each teacher and its students, from the
 numbers `bench/bench_distill.py --json` saved.
 
-    python bench/plot_small_models.py bench/distill_a.json bench/distill_b.json
+    python bench/plot_small_models.py bench/distill_mrpc.json bench/distill_sst2.json bench/distill_b.json
 
 Writes bench/small_models.png (one panel per task: the dev metric or MRR@10 against `bert predict` /
 `bert embed` sequences per second; each student's mark is the mean of its seeds, its bar their spread) and
@@ -74,8 +74,9 @@ def plot(panels: dict[str, list[tuple[str, list[float], float]]], out: Path) -> 
 
 def main() -> None:
     results: dict = {}
-    for path in sys.argv[1:]:
-        results.update(json.loads(Path(path).read_text(encoding="utf-8")))
+    for path in sys.argv[1:]:  # parts and (a)'s tasks from several runs of the bench, merged
+        for part, values in json.loads(Path(path).read_text(encoding="utf-8")).items():
+            results.setdefault(part, {}).update(values)
     panels = points(results)
     out = BENCH / "small_models.png"
     plot(panels, out)
