@@ -241,7 +241,8 @@ def run_embed(args: EmbedArgs) -> dict[str, Any]:
     inputs = {"--input_file": args.input_file, "--model": args.model}
     derived = {"--output_file": [MANIFEST_SUFFIX]}
     with claim("embed", files={"--output_file": output_file}, inputs=inputs, derived=derived):
-        if args.num_shards == 1 or output_file is None:
+        if args.num_shards == 1 or output_file is None or args.input_file is None:
+            # stdin is read once: no manifest can say that a later run reads the same input.
             return _run(args, output_file)
         return _run_shard(args, output_file)
 
@@ -258,7 +259,7 @@ def _run_shard(args: EmbedArgs, output_file: str) -> dict[str, Any]:
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
     from bert.distillation import data_digest, weights_digest
 
-    assert args.input_file is not None  # --num_shards needs a file to share out
+    assert args.input_file is not None
     if args.backend == "onnx":
         model = Path(args.model)
         digest = data_digest(*(sorted(model.glob("*.onnx")) if model.is_dir() else [model]))

@@ -115,6 +115,13 @@ class ParquetTexts:
             yield batch.column(0)
 
 
+def embedding_array(vectors: np.ndarray) -> Any:
+    """The rows of `vectors` [rows, width] as a pyarrow array of fixed-size lists (the `embedding` column)."""
+    pa, _ = pyarrow()
+    values = pa.array(np.ascontiguousarray(vectors).reshape(-1))
+    return pa.FixedSizeListArray.from_arrays(values, vectors.shape[1])
+
+
 class EmbeddingWriter:
     """Rows of (id, embedding) written as Parquet into the open binary file `out`; `close` writes the footer."""
 
@@ -129,9 +136,7 @@ class EmbeddingWriter:
         self._writer = pq.ParquetWriter(out, self.schema)
 
     def write(self, vectors: np.ndarray, ids: Any | None = None) -> None:
-        values = self.pa.array(np.ascontiguousarray(vectors).reshape(-1))
-        embedding = self.pa.FixedSizeListArray.from_arrays(values, self.width)
-        columns = ([ids] if ids is not None else []) + [embedding]
+        columns = ([ids] if ids is not None else []) + [embedding_array(vectors)]
         self._writer.write_table(self.pa.Table.from_arrays(columns, schema=self.schema))
 
     def close(self) -> None:
