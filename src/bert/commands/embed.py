@@ -256,7 +256,8 @@ def _input_rows(args: EmbedArgs, path: str) -> tuple[int, ParquetTexts | None]:
 
 
 def _run_shard(args: EmbedArgs, output_file: str) -> dict[str, Any]:
-    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads (the digest
+    # reads weights through bert.checkpoint).
     from bert.distillation import data_digest, weights_digest
 
     assert args.input_file is not None
@@ -278,17 +279,16 @@ def _run_shard(args: EmbedArgs, output_file: str) -> dict[str, Any]:
                 flag, was, now = _first_difference(key, old.get(key), made[key])
                 raise InputError(
                     f"{output_file} was made with {_flag_text(flag, was)}, this run has {_flag_text(flag, now)}: "
-                    "delete it and "
-                    f"{manifest.name} to embed it again, or give another --output_file"
+                    f"delete it and {manifest.name} to embed it again, or give another --output_file"
                 )
         done = Path(output_file)
-        if done.is_file() and done.stat().st_size == old["result"]["bytes"]:
-            logger.info("%s: shard %d of %d is complete (%s): skipped", output_file, *_shard(args), manifest.name)
+        if done.is_file() and done.stat().st_size == old.get("result", {}).get("bytes"):
+            logger.info("%s is complete (%s): skipped", output_file, manifest.name)
             print_result("embed", f"shard {args.shard_index} of {args.num_shards}", f"complete in {output_file}")
             return {**old["result"]["summary"], "output_file": output_file, "skipped": True}
         manifest.unlink()  # its output is missing or cut short: made again below
     summary = _run(args, output_file)
-    result = {"bytes": Path(output_file).stat().st_size, "summary": {k: v for k, v in summary.items()}}
+    result = {"bytes": Path(output_file).stat().st_size, "summary": dict(summary)}
     with atomic_write(manifest) as f:
         json.dump({**made, "result": result}, f, indent=2)
     return summary
@@ -296,10 +296,6 @@ def _run_shard(args: EmbedArgs, output_file: str) -> dict[str, Any]:
 
 def _flag_text(flag: str, value: Any) -> str:
     return f"no {flag}" if value is None else f"{flag}={value}"
-
-
-def _shard(args: EmbedArgs) -> tuple[int, int]:
-    return args.shard_index, args.num_shards
 
 
 def shard_manifest(args: EmbedArgs, lines: range, total: int, digest: str, flags: dict[str, Any]) -> dict[str, Any]:
@@ -324,7 +320,7 @@ def _first_difference(key: str, was: Any, now: Any) -> tuple[str, Any, Any]:
                 return flag, was.get(flag), now[flag]
     if key == "model_digest":
         return "--model", f"weights {str(was)[:12]}", f"weights {str(now)[:12]}"
-    return {"shard": "--num_shards/--shard_index"}.get(key, "--input_file"), was, now
+    return "--input_file", was, now
 
 
 def _run(args: EmbedArgs, output_file: str | None) -> dict[str, Any]:
