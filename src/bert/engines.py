@@ -3,8 +3,9 @@
 
 The engine owns the cluster, the reading, the scheduling and the writing; this class only turns a batch of
 rows into the same batch with an `embedding` column, the vectors `bert embed` writes for the same texts.
-The model is loaded once per worker, on the first batch (so the object pickled to the workers holds only
-its settings), and kept for every later batch.
+The model is loaded once per worker process, on the first batch (so the object pickled to the workers
+holds only its settings), and kept for every later batch and every copy of the object in that process
+(Spark unpickles the function afresh for each task).
 
 Ray Data:
 
@@ -13,8 +14,10 @@ Ray Data:
                         batch_size=1024, batch_format="pyarrow", num_gpus=1)
     ds.write_parquet("vectors/")
 
-Spark: `df.mapInPandas(lambda frames: map(EmbedBatches("minilm"), frames), schema=...)`, the schema that of
-`df` with `embedding array<float>`.
+Spark:
+
+    fn = EmbedBatches("minilm")
+    df.mapInPandas(lambda frames: map(fn, frames), schema=df.schema.add("embedding", "array<float>"))
 
 No engine is imported here: a batch is whatever the engine hands over (a pyarrow Table or RecordBatch, a
 pandas DataFrame, or Ray's dict of NumPy arrays) and goes back in the same form.
@@ -29,6 +32,10 @@ import numpy as np
 from bert.errors import InputError
 from bert.formats.parquet import EMBEDDING_COLUMN, embedding_array
 from bert.inference import InputItemError, Predictor
+
+# The models this process has loaded, by (model, settings): one per worker process, whatever the number of
+# copies of an EmbedBatches the engine unpickles there.
+_LOADED: dict[str, Predictor] = {}
 
 
 class EmbedBatches:
@@ -75,7 +82,10 @@ class EmbedBatches:
     @property
     def predictor(self) -> Predictor:
         if self._predictor is None:
-            self._predictor = Predictor.from_pretrained(self.model, **self.predictor_settings)
+            key = repr((self.model, sorted(self.predictor_settings.items())))
+            if key not in _LOADED:
+                _LOADED[key] = Predictor.from_pretrained(self.model, **self.predictor_settings)
+            self._predictor = _LOADED[key]
         return self._predictor
 
     def embed(self, texts: list[Any]) -> np.ndarray:

@@ -155,3 +155,17 @@ def test_a_shard_made_with_other_flags_is_refused(corpus, tmp_path, capsys):
     _, _, init = save_tiny_model(tmp_path / "m2", shared_path("data", "vocab", "uncased.txt"), True, hidden_size=16)
     with pytest.raises(InputError, match="made with --model=weights"):
         run_embed(EmbedArgs(model=str(init), input_file=str(lines), output_file=str(tmp_path / "e.npy"), num_shards=2))
+
+
+def test_a_shard_reads_only_the_row_groups_of_its_rows(corpus, tmp_path, monkeypatch):
+    read = []
+    real = pq.ParquetFile.iter_batches
+
+    def spy(self, *a, row_groups=None, **k):
+        read.append(list(row_groups))
+        return real(self, *a, row_groups=row_groups, **k)
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
+    embed_parquet(corpus, tmp_path / "s.npy", num_shards=3, shard_index=1)  # rows 3..6 of groups of 4
+    assert read == [[0, 1]]
+    np.testing.assert_allclose(np.load(shard_file(tmp_path / "s.npy", 1, 3)), corpus[3][3:7], rtol=0, atol=1e-6)

@@ -9,6 +9,7 @@ import pickle
 import numpy as np
 import pytest
 
+import bert.engines
 import bert.inference
 from bert.commands.embed import EmbedArgs, run_embed
 from bert.engines import EmbedBatches
@@ -37,6 +38,7 @@ def test_batches_get_the_vectors_of_bert_embed(embedded, monkeypatch):
     loads = []
     real = bert.inference.Predictor.from_pretrained
     monkeypatch.setattr(bert.inference.Predictor, "from_pretrained", lambda *a, **k: loads.append(1) or real(*a, **k))
+    monkeypatch.setattr(bert.engines, "_LOADED", {})
     fn = EmbedBatches(str(model), normalize=True, device="cpu")
     table = fn(pa.table({"id": list(range(9)), "text": TEXTS}))
     assert table.column_names == ["id", "text", "embedding"] and table.column("id").to_pylist() == list(range(9))
@@ -48,7 +50,10 @@ def test_batches_get_the_vectors_of_bert_embed(embedded, monkeypatch):
     arrays = fn({"text": np.array(TEXTS[:3], dtype=object)})
     np.testing.assert_allclose(arrays["embedding"], expected[:3], rtol=0, atol=1e-6)
     assert loads == [1]  # once per worker, not per batch
-    assert pickle.loads(pickle.dumps(fn))._predictor is None  # a worker loads its own copy
+    copy = pickle.loads(pickle.dumps(fn))  # what a Spark task gets: the settings, not the weights
+    assert copy._predictor is None
+    np.testing.assert_allclose(copy({"text": np.array(TEXTS[:1])})["embedding"], expected[:1], rtol=0, atol=1e-6)
+    assert loads == [1]  # the process's model, not a second load
     with pytest.raises(InputError, match="row 1 of the batch: column 'text' holds None"):
         fn(pa.table({"text": ["a", None]}))
 
