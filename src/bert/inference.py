@@ -56,7 +56,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1591,6 +1591,29 @@ def _read_input_chunks(
         yield lines, records
 
 
+def map_input_chunks(
+    chunks: Iterable[tuple[Sequence[int], list[Any]]],
+    name: str,
+    unit: str,
+    run: Callable[[list[Any]], Any],
+    total: int,
+    desc: str | None,
+) -> Iterator[Any]:
+    """`run(records)` over `chunks` of (numbers, records) of an input, in order: the results of each chunk (a
+    list, or an array of rows such as `Predictor.embed`'s).
+
+    An `InputItemError` that `run` raises for one record is an `InputError` naming `name`, the `unit` ("line",
+    "row") and its number. A progress bar `desc` counts the `total` records (none when `desc` is None)."""
+    with progress(total=total, unit=unit, desc=desc, disable=desc is None) as bar:
+        for numbers, records in chunks:
+            try:
+                results = run(records)
+            except InputItemError as e:
+                raise InputError(f"{name} {unit} {numbers[e.index]}: {e.reason}") from None
+            yield results
+            bar.update(len(numbers))
+
+
 def map_input_lines(
     path: str,
     name: str,
@@ -1600,21 +1623,10 @@ def map_input_lines(
     desc: str | None,
     only: range | None = None,
 ) -> Iterator[Any]:
-    """`run(records)` over an input file, chunk by chunk, in order: the results of each chunk (a list, or
-    an array of rows such as `Predictor.embed`'s).
-
-    The file `path` (`name` in errors) holds one record per line for `task` (`read_input_record`); a bad
-    line, or an `InputItemError` that `run` raises for one record, is an `InputError` naming its line.
-    `only`: the 0-based lines to run on (a shard's share); all when None. A progress bar `desc` counts
-    the `total` lines (none when `desc` is None)."""
-    with progress(total=total, unit="line", desc=desc, disable=desc is None) as bar:
-        for lines, records in _read_input_chunks(path, task, name, only):
-            try:
-                results = run(records)
-            except InputItemError as e:
-                raise InputError(f"{name} line {lines[e.index]}: {e.reason}") from None
-            yield results
-            bar.update(len(lines))
+    """`map_input_chunks` over an input file of one record per line for `task` (`read_input_record`), `name`
+    in errors; a bad line is an `InputError` naming it. `only`: the 0-based lines to run on (a shard's share);
+    all when None."""
+    return map_input_chunks(_read_input_chunks(path, task, name, only), name, "line", run, total, desc)
 
 
 __all__ = [
@@ -1624,6 +1636,7 @@ __all__ = [
     "TRUNCATION_DIRECTIONS",
     "Predictor",
     "cosine_similarity",
+    "map_input_chunks",
     "map_input_lines",
     "read_input_record",
     "read_sentence_transformers_config",

@@ -1,29 +1,40 @@
-"""`bert embed`: one vector per input line, as a .npy matrix or JSON lines (`bert.inference.Predictor.embed`).
+"""`bert embed`: one vector per input line or Parquet row, as a .npy matrix, a Parquet file or JSON lines
+(`bert.inference.Predictor.embed`).
 
 Any model directory works (a pre-trained or a fine-tuned one: its encoder is used). A
 sentence-transformers directory (`modules.json`, `1_Pooling/config.json`, `sentence_bert_config.json`)
 sets the default pooling, normalisation and length, so all-MiniLM-L6-v2 gives what
 sentence-transformers gives. Memory does not grow with the input: lines are embedded in chunks and each
 chunk's vectors written out before the next; a .npy file gets its header first (the lines are counted
-beforehand), then its rows.
+beforehand), then its rows; a Parquet input is read a batch at a time and a Parquet output written a row
+group at a time (`bert.formats.parquet`, pyarrow from the `parquet` extra).
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import json
 import logging
+import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 
 from bert.errors import InputError
 from bert.flags import EMBEDDING_PRECISIONS, POOLINGS, InferenceArgs, ShardArgs
+from bert.formats.parquet import EmbeddingWriter, ParquetTexts, is_parquet
 from bert.outputs import claim
 from bert.tasks.classification import LONG_DOCUMENT
 from bert.utils import (
+    atomic_write,
     count_lines,
     json_line,
+    load_json_file,
     output_file_or_stdout,
     print_result,
     readable_input,
@@ -33,20 +44,45 @@ from bert.utils import (
 
 logger = logging.getLogger(__name__)
 
+# The flags that change a shard's vectors, recorded in its manifest: a re-run with others is refused.
+VECTOR_FLAGS = (
+    "pooling",
+    "normalize",
+    "dimensions",
+    "prompt_name",
+    "prompt",
+    "precision",
+    "long_document",
+    "doc_stride",
+    "max_seq_length",
+    "do_lower_case",
+    "quantize",
+    "dtype",
+    "backend",
+    "text_column",
+    "id_column",
+)
+MANIFEST_SUFFIX = ".manifest.json"
+
 # --similarity prints an N x N matrix: meant for a handful of sentences.
 MAX_SIMILARITY_LINES = 1000
 
 
 @dataclass
 class EmbedArgs(InferenceArgs, ShardArgs):
-    """Embed text: one vector per input line (plain text, or JSON lines with a "text" field).
+    """Embed text: one vector per input line (plain text, or JSON lines with a "text" field), or per row of
+    a Parquet file (--input_file=x.parquet, its --text_column; --id_column kept beside each vector).
 
-    Output: --output_file=x.npy writes a float32 matrix, row i for line i; any other name (or stdout)
-    gets JSON lines {"embedding": [...]}. --similarity outputs the cosine similarity matrix of the
+    Output: --output_file=x.npy writes a float32 matrix, row i for line i; x.parquet an "embedding" column
+    of fixed-size lists (after the --id_column); any other name (or stdout) gets JSON lines
+    {"embedding": [...]}. --similarity outputs the cosine similarity matrix of the
     inputs instead.
 
     --num_shards=N --shard_index=i embeds the i-th of N consecutive blocks of the lines into
-    OUTPUT-0000i-of-0000N.npy (or .jsonl): the N files, read in name order, are the unsharded output.
+    OUTPUT-0000i-of-0000N.npy (or .parquet, .jsonl): the N files, read in name order, are the unsharded
+    output. Each shard records what it holds in OUTPUT-0000i-of-0000N.npy.manifest.json: re-run, a complete
+    shard made with the same model, input and flags is skipped, a missing or partial one embedded again, and
+    one made otherwise refused.
     """
 
     model: str = field(metadata={"help": "The model directory (any BERT model; sentence-transformers dirs too)."})
@@ -101,6 +137,17 @@ class EmbedArgs(InferenceArgs, ShardArgs):
             "choices": list(EMBEDDING_PRECISIONS),
         },
     )
+    text_column: str | None = field(
+        default=None,
+        metadata={"help": 'The column of the texts in a Parquet --input_file (a .parquet file); default: "text".'},
+    )
+    id_column: str | None = field(
+        default=None,
+        metadata={
+            "help": "A column of a Parquet --input_file written beside each vector, as it is: the first column of a "
+            '.parquet --output_file, "id" of JSON lines.'
+        },
+    )
     long_document: str = field(
         default="truncate",
         metadata={
@@ -112,14 +159,41 @@ class EmbedArgs(InferenceArgs, ShardArgs):
     )
 
 
-def _write_rows(out, vectors: np.ndarray, as_npy: bool) -> None:
-    if as_npy:
-        out.write(np.ascontiguousarray(vectors, dtype=vectors.dtype.newbyteorder("<")).tobytes())
-        return
-    for v in vectors:
-        # str() of a float32 is its shortest round-trip form: JSON keeps exactly the float32 values.
-        values = [float(str(x)) for x in v] if v.dtype == np.float32 else v.tolist()
-        out.write(json_line({"embedding": values}) + "\n")
+class _Rows:
+    """Where the vectors go: a .npy matrix (its header written first), a Parquet file (`formats.parquet`), or
+    JSON lines; `ids` (a pyarrow array, from --id_column) go beside the vectors."""
+
+    def __init__(self, out: IO, kind: str, shape: tuple[int, int], dtype: np.dtype, id_field: Any | None) -> None:
+        self.out = out
+        self.kind = kind
+        self.parquet = EmbeddingWriter(out, shape[1], dtype, id_field) if kind == "parquet" else None
+        if kind == "npy":
+            np.lib.format.write_array_header_1_0(
+                out, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+            )
+
+    def write(self, vectors: np.ndarray, ids: Any | None = None) -> None:
+        if self.parquet is not None:
+            self.parquet.write(vectors, ids)
+        elif self.kind == "npy":
+            self.out.write(np.ascontiguousarray(vectors, dtype=vectors.dtype.newbyteorder("<")).tobytes())
+        else:
+            keys = ids.to_pylist() if ids is not None else [None] * len(vectors)
+            for key, v in zip(keys, vectors, strict=True):
+                # str() of a float32 is its shortest round-trip form: JSON keeps exactly the float32 values.
+                values = [float(str(x)) for x in v] if v.dtype == np.float32 else v.tolist()
+                row = {"embedding": values} if ids is None else {"id": key, "embedding": values}
+                self.out.write(json_line(row) + "\n")
+
+    def close(self) -> None:
+        if self.parquet is not None:
+            self.parquet.close()
+
+
+def _output_kind(output_file: str | None) -> str:
+    if output_file is not None and output_file.endswith(".npy"):
+        return "npy"
+    return "parquet" if is_parquet(output_file) else "jsonl"
 
 
 def _check_flags(args: EmbedArgs) -> None:
@@ -131,6 +205,14 @@ def _check_flags(args: EmbedArgs) -> None:
         logger.warning("--doc_stride=%d has no effect without --long_document=windows", args.doc_stride)
     if args.similarity and args.precision != "float32":
         raise InputError("--similarity compares float32 vectors; drop --precision or --similarity")
+    for flag, value in (("--text_column", args.text_column), ("--id_column", args.id_column)):
+        if value is not None and not is_parquet(args.input_file):
+            raise InputError(f"{flag} names a column of a Parquet --input_file (X.parquet); drop it, or give one")
+    kind = _output_kind(args.output_file)
+    if args.id_column is not None and kind == "npy":
+        raise InputError("--id_column keeps ids beside the vectors, which a .npy matrix cannot; write .parquet")
+    if args.similarity and (kind == "parquet" or is_parquet(args.input_file)):
+        raise InputError("--similarity outputs a matrix of a few lines; drop it for Parquet files")
     args.check_shard_flags()
     if args.num_shards > 1 and (args.output_file is None or args.similarity):
         raise InputError("--num_shards needs --output_file (each shard writes its own file) and no --similarity")
@@ -143,37 +225,122 @@ def _check_flags(args: EmbedArgs) -> None:
 
 
 def run_embed(args: EmbedArgs) -> dict[str, Any]:
-    """Embed every input line; returns {"lines", "dim", "output_file", "pooling", "normalize"}.
+    """Embed every input line (or Parquet row); returns {"lines", "dim", "output_file", "pooling", "normalize"}.
 
     int8 and uint8 take each dimension's range over all the inputs (sentence-transformers' calibration on
     the embeddings themselves), so their float32 vectors wait in a temporary file until the last line is
-    embedded, then are quantized chunk by chunk."""
+    embedded, then are quantized chunk by chunk.
+
+    A shard (--num_shards > 1) writes `SHARD_FILE.manifest.json` after its output (`shard_manifest`): a
+    re-run finds a complete shard made the same way and skips it, redoes one without it, and refuses one
+    made another way."""
     _check_flags(args)
     output_file = args.output_file
     if args.num_shards > 1 and args.output_file is not None:  # each shard claims and writes its own file
         output_file = shard_file(args.output_file, args.shard_index, args.num_shards)
     inputs = {"--input_file": args.input_file, "--model": args.model}
-    with claim("embed", files={"--output_file": output_file}, inputs=inputs):
-        return _run(args, output_file)
+    derived = {"--output_file": [MANIFEST_SUFFIX]}
+    with claim("embed", files={"--output_file": output_file}, inputs=inputs, derived=derived):
+        if args.num_shards == 1 or output_file is None or args.input_file is None:
+            # stdin is read once: no manifest can say that a later run reads the same input.
+            return _run(args, output_file)
+        return _run_shard(args, output_file)
+
+
+def _input_rows(args: EmbedArgs, path: str) -> tuple[int, ParquetTexts | None]:
+    """(rows of the input, its Parquet reader when it is one)."""
+    if is_parquet(args.input_file):
+        source = ParquetTexts(path, args.text_column or "text", args.id_column)
+        return source.rows, source
+    return count_lines(path), None
+
+
+def _run_shard(args: EmbedArgs, output_file: str) -> dict[str, Any]:
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads (the digest
+    # reads weights through bert.checkpoint).
+    from bert.distillation import data_digest, weights_digest
+
+    assert args.input_file is not None
+    if args.backend == "onnx":
+        model = Path(args.model)
+        digest = data_digest(*(sorted(model.glob("*.onnx")) if model.is_dir() else [model]))
+    else:
+        digest = weights_digest(args.model)
+    with readable_input(args.input_file) as path:
+        total, _ = _input_rows(args, path)
+    lines = shard_range(total, args.shard_index, args.num_shards)
+    flags = {f"--{name}": getattr(args, name) for name in VECTOR_FLAGS}
+    made = shard_manifest(args, lines, total, digest, flags)
+    manifest = Path(output_file + MANIFEST_SUFFIX)
+    old = load_json_file(manifest, "--output_file") if manifest.is_file() else None
+    if old is not None:
+        for key in made:
+            if old.get(key) != made[key]:
+                flag, was, now = _first_difference(key, old.get(key), made[key])
+                raise InputError(
+                    f"{output_file} was made with {_flag_text(flag, was)}, this run has {_flag_text(flag, now)}: "
+                    f"delete it and {manifest.name} to embed it again, or give another --output_file"
+                )
+        done = Path(output_file)
+        if done.is_file() and done.stat().st_size == old.get("result", {}).get("bytes"):
+            logger.info("%s is complete (%s): skipped", output_file, manifest.name)
+            print_result("embed", f"shard {args.shard_index} of {args.num_shards}", f"complete in {output_file}")
+            return {**old["result"]["summary"], "output_file": output_file, "skipped": True}
+        manifest.unlink()  # its output is missing or cut short: made again below
+    summary = _run(args, output_file)
+    result = {"bytes": Path(output_file).stat().st_size, "summary": dict(summary)}
+    with atomic_write(manifest) as f:
+        json.dump({**made, "result": result}, f, indent=2)
+    return summary
+
+
+def _flag_text(flag: str, value: Any) -> str:
+    return f"no {flag}" if value is None else f"{flag}={value}"
+
+
+def shard_manifest(args: EmbedArgs, lines: range, total: int, digest: str, flags: dict[str, Any]) -> dict[str, Any]:
+    """What a shard's output holds and how it was made: the shard, its input rows, the input (name, rows,
+    bytes), the model's weights digest and the flags that change its vectors."""
+    assert args.input_file is not None
+    source = {"name": Path(args.input_file).name, "rows": total, "bytes": os.path.getsize(args.input_file)}
+    return {
+        "shard": [args.shard_index, args.num_shards],
+        "input_rows": [lines.start, lines.stop],
+        "input_file": source,
+        "model_digest": digest,
+        "flags": flags,
+    }
+
+
+def _first_difference(key: str, was: Any, now: Any) -> tuple[str, Any, Any]:
+    """(flag, old value, new value) naming the first thing a shard's manifest and this run disagree on."""
+    if key == "flags" and isinstance(was, dict):
+        for flag in now:
+            if was.get(flag) != now[flag]:
+                return flag, was.get(flag), now[flag]
+    if key == "model_digest":
+        return "--model", f"weights {str(was)[:12]}", f"weights {str(now)[:12]}"
+    return "--input_file", was, now
 
 
 def _run(args: EmbedArgs, output_file: str | None) -> dict[str, Any]:
     settings = args.predictor_settings()
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
-    from bert.inference import CHUNK_LINES, EMBEDDINGS, Predictor, cosine_similarity, map_input_lines
+    from bert.inference import CHUNK_LINES, EMBEDDINGS, Predictor, cosine_similarity, map_input_chunks, map_input_lines
     from bert.retrieval import Calibration, quantize_embeddings, quantized_shape
 
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
     pooling = args.pooling or predictor.default_pooling
     normalize = predictor.default_normalize if args.normalize is None else args.normalize
-    as_npy = args.output_file is not None and args.output_file.endswith(".npy")
+    kind = _output_kind(args.output_file)
     dim = args.dimensions or predictor.config.hidden_size
     if dim > predictor.config.hidden_size:
         raise InputError(f"--dimensions={dim} is more than the model's {predictor.config.hidden_size}")
     calibrate = args.precision in ("int8", "uint8")
     name = args.input_file or "<stdin>"
     with readable_input(args.input_file) as path:
-        lines = shard_range(count_lines(path), args.shard_index, args.num_shards)
+        count, source = _input_rows(args, path)
+        lines = shard_range(count, args.shard_index, args.num_shards)
         total = len(lines)
         if args.similarity and total > MAX_SIMILARITY_LINES:
             raise InputError(
@@ -185,11 +352,12 @@ def _run(args: EmbedArgs, output_file: str | None) -> dict[str, Any]:
             cols = total
         kept = []
         desc = "embed" if args.input_file is not None else None
-        with output_file_or_stdout(output_file, "wb" if as_npy else "w") as out, tempfile.TemporaryFile() as spill:
-            if as_npy:
-                np.lib.format.write_array_header_1_0(
-                    out, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (rows, cols)}
-                )
+        id_field = source.id_field if source is not None else None
+        with (
+            output_file_or_stdout(output_file, "wb" if kind != "jsonl" else "w") as out,
+            tempfile.TemporaryFile() as spill,
+            contextlib.closing(_Rows(out, kind, (rows, cols), dtype, id_field)) as writer,
+        ):
 
             def embed(texts: list[str]) -> np.ndarray:
                 return predictor.embed(
@@ -203,25 +371,42 @@ def _run(args: EmbedArgs, output_file: str | None) -> dict[str, Any]:
                     doc_stride=args.doc_stride,
                 )
 
+            ids: collections.deque[Any] = collections.deque()
+            if source is not None:
+
+                def chunks() -> Iterator[tuple[range, list[str]]]:
+                    for first, texts, chunk_ids in source.chunks(lines, CHUNK_LINES):
+                        ids.append(chunk_ids)
+                        yield range(first, first + len(texts)), texts
+
+                results = map_input_chunks(chunks(), name, "row", embed, total, desc)
+            else:
+                only = lines if args.num_shards > 1 else None
+                results = map_input_lines(path, name, EMBEDDINGS, embed, total, desc, only)
             calibration = Calibration()
-            only = lines if args.num_shards > 1 else None
-            for vectors in map_input_lines(path, name, EMBEDDINGS, embed, total, desc, only):
+            for vectors in results:
+                chunk_ids = ids.popleft() if ids else None
                 if args.similarity:
                     kept.append(vectors)
                 elif calibrate:
                     spill.write(np.ascontiguousarray(vectors, dtype="<f4").tobytes())
                     calibration.add(vectors)
                 else:
-                    _write_rows(out, quantize_embeddings(vectors, args.precision), as_npy)
+                    writer.write(quantize_embeddings(vectors, args.precision), chunk_ids)
             if calibrate and total:
                 ranges = calibration.ranges()
                 spill.seek(0)
-                for start in range(0, total, CHUNK_LINES):
-                    chunk = np.frombuffer(spill.read(min(CHUNK_LINES, total - start) * dim * 4), dtype="<f4")
-                    _write_rows(out, quantize_embeddings(chunk.reshape(-1, dim), args.precision, ranges), as_npy)
+                # The ids are read from the input again, in the batches it yields them in, rather than kept.
+                if source is not None and source.id_column is not None:
+                    batches: Iterator[tuple[int, Any]] = ((len(a), a) for a in source.ids(lines, CHUNK_LINES))
+                else:
+                    batches = ((min(CHUNK_LINES, total - s), None) for s in range(0, total, CHUNK_LINES))
+                for n, chunk_ids in batches:
+                    chunk = np.frombuffer(spill.read(n * dim * 4), dtype="<f4").reshape(-1, dim)
+                    writer.write(quantize_embeddings(chunk, args.precision, ranges), chunk_ids)
             if args.similarity:
                 matrix = cosine_similarity(np.concatenate(kept)) if kept else np.zeros((0, 0), np.float32)
-                if as_npy:
+                if kind == "npy":
                     out.write(np.ascontiguousarray(matrix, dtype="<f4").tobytes())
                 else:
                     for row in matrix:
