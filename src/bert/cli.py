@@ -34,6 +34,7 @@ from bert import __version__
 from bert.errors import InputError
 from bert.flags import check_flag_values
 from bert.grid import list_type
+from bert.hub import resolve_model_flags
 from bert.outputs import os_error_message
 from bert.utils import LOG_FORMAT
 
@@ -454,6 +455,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     with terminal_logging(verbose):
         try:
             check_flag_values(args)
+            args = resolve_model_flags(args)
             run(args)
         except InputError as e:
             print(f"bert {argv[0]}: error: {e}", file=sys.stderr)

@@ -49,7 +49,9 @@ class EmbedArgs(InferenceArgs, ShardArgs):
     OUTPUT-0000i-of-0000N.npy (or .jsonl): the N files, read in name order, are the unsharded output.
     """
 
-    model: str = field(metadata={"help": "The model directory (any BERT model; sentence-transformers dirs too)."})
+    model: str = field(
+        metadata={"model": True, "help": "The model directory (any BERT model; sentence-transformers dirs too)."}
+    )
     input_file: str | None = field(
         default=None, metadata={"help": "Input lines (plain text or JSON lines, .gz accepted); stdin if unset."}
     )

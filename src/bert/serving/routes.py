@@ -234,7 +234,7 @@ class Api:
         return JSONResponse(
             {
                 "model_id": s.model_id,
-                "model_sha": None,
+                "model_sha": s.model_sha,
                 "model_dtype": p.dtype,
                 "served_model_name": s.served_model_name or s.model_id,
                 "model_type": self._model_type(),
