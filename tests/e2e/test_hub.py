@@ -120,3 +120,11 @@ def test_serve_info_names_the_hub_id_and_commit(offline, capsys):
     assert main(["serve", f"--model={REPO}@v0", "--check", "--threads=1"]) == 0
     info = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("GET /info -> 200"))
     assert f'"model_id":"{REPO}","model_sha":"{OTHER}"' in info
+
+
+def test_model_flags_say_they_take_a_hub_id(capsys):
+    with pytest.raises(SystemExit):
+        main(["train-reranker", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    # --init_checkpoint, --teacher, --mine_negatives and --eval_retriever
+    assert text.count("Or a Hugging Face Hub id, org/name[@revision]") == 4
