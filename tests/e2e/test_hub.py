@@ -128,3 +128,17 @@ def test_model_flags_say_they_take_a_hub_id(capsys):
     text = " ".join(capsys.readouterr().out.split())
     # --init_checkpoint, --teacher, --mine_negatives and --eval_retriever
     assert text.count("Or a Hugging Face Hub id, org/name[@revision]") == 4
+
+
+def test_a_model_card_names_its_hub_base_model_and_dataset(offline, tmp_path):
+    from huggingface_hub import ModelCard
+
+    from bert.model_card import write_model_card
+
+    args = resolve_model_flags(classify_args(init_checkpoint=f"{REPO}@v0"))
+    (tmp_path / "model").mkdir()
+    write_model_card(tmp_path / "model", "classify", args, {"eval_accuracy": 0.75, "global_step": 3})
+    card = ModelCard.load(tmp_path / "model" / "README.md")
+    assert (card.data.base_model, card.data.datasets, card.data.metrics) == (REPO, ["nyu-mll/glue"], ["accuracy"])
+    assert card.data.library_name == "transformers" and "| eval_accuracy | 0.75 |" in card.text
+    assert f"from [{REPO}](https://huggingface.co/{REPO}) on GLUE MRPC" in card.text
