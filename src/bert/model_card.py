@@ -28,6 +28,7 @@ _KINDS = {
     "ner": ("token-classification", "transformers"),
     "squad": ("question-answering", "transformers"),
     "swag": ("multiple-choice", "transformers"),
+    "pretrain": ("fill-mask", "transformers"),
 }
 # `bert classify --task_name`'s data sets by their Hub ids.
 _GLUE_TASKS = {"cola", "mnli", "mrpc", "qnli", "qqp", "rte", "sst-2", "sts-b", "wnli"}
@@ -83,9 +84,11 @@ def _usage(command: str) -> str:
         "ner": "AutoModelForTokenClassification",
         "squad": "AutoModelForQuestionAnswering",
         "swag": "AutoModelForMultipleChoice",
+        "pretrain": "AutoModelForMaskedLM",
     }.get(command, "AutoModel")
+    run = "fill-mask" if command == "pretrain" else "predict"
     return (
-        "```bash\nbert predict --model=PATH --input_file=inputs.txt\n```\n\n"
+        f"```bash\nbert {run} --model=PATH --input_file=inputs.txt\n```\n\n"
         f"```python\nfrom transformers import AutoTokenizer, {auto}\n\n"
         f'model = {auto}.from_pretrained("PATH")\ntokenizer = AutoTokenizer.from_pretrained("PATH")\n```\n'
     )
