@@ -142,3 +142,21 @@ def test_a_model_card_names_its_hub_base_model_and_dataset(offline, tmp_path):
     assert (card.data.base_model, card.data.datasets, card.data.metrics) == (REPO, ["nyu-mll/glue"], ["accuracy"])
     assert card.data.library_name == "transformers" and "| eval_accuracy | 0.75 |" in card.text
     assert f"from [{REPO}](https://huggingface.co/{REPO}) on GLUE MRPC" in card.text
+
+
+def test_train_embeddings_starts_from_a_hub_id_and_its_card_names_it(offline, model_files, tmp_path):
+    from huggingface_hub import ModelCard
+
+    init = model_files[2]  # the tiny pre-training model, as org/tiny
+    add_snapshot(offline / "models--org--tiny", MAIN, {p.name: p.read_bytes() for p in init.iterdir()})
+    (offline / "models--org--tiny" / "refs").mkdir()
+    (offline / "models--org--tiny" / "refs" / "main").write_text(MAIN)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps([f"question on {t}", f"about {t}"]) + "\n" for t in ("rain", "cats", "tea")))
+    flags = ["--init_checkpoint=org/tiny", f"--train_file={pairs}", f"--output_dir={tmp_path / 'out'}"]
+    flags += ["--do_train", "--train_batch_size=3", "--num_train_epochs=1", "--device=cpu"]
+    assert main(["train-embeddings", *flags]) == 0
+    card = ModelCard.load(tmp_path / "out" / "model" / "README.md")
+    assert card.data.base_model == "org/tiny" and card.data.pipeline_tag == "sentence-similarity"
+    snapshot = offline / "models--org--tiny" / "snapshots" / MAIN
+    assert f"--init_checkpoint={snapshot}" in card.text  # the command line as run: the snapshot it read
