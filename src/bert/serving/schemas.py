@@ -120,6 +120,7 @@ _INFO = {
     ],
     "properties": {
         "model_id": _STRING,
+        "model_sha": _NULLABLE_STRING,  # the commit of a model loaded by its Hub id
         "model_dtype": _STRING,
         "served_model_name": _STRING,
         "model_type": {"type": "object"},
