@@ -30,9 +30,8 @@ _KINDS = {
     "swag": ("multiple-choice", "transformers"),
     "pretrain": ("fill-mask", "transformers"),
 }
-# `bert classify --task_name`'s data sets by their Hub ids.
+# `bert classify --task_name`'s data sets by their Hub ids (the other commands read files of any origin).
 _GLUE_TASKS = {"cola", "mnli", "mrpc", "qnli", "qqp", "rte", "sst-2", "sts-b", "wnli"}
-_DATASETS = {"xnli": "facebook/xnli", "ner": "eriktks/conll2003", "squad": "rajpurkar/squad", "swag": "allenai/swag"}
 
 
 def _base_model(args: Any) -> tuple[str | None, str | None]:
@@ -46,12 +45,13 @@ def _base_model(args: Any) -> tuple[str | None, str | None]:
 
 def _dataset(command: str, args: Any) -> tuple[str | None, str]:
     """(Hub id or None, what the card names) of the training data."""
-    task = str(getattr(args, "task_name", "") or "").lower()
-    if command == "classify" and task in _GLUE_TASKS:
+    task = str(getattr(args, "task_name", "") or "").lower() if command == "classify" else ""
+    if task in _GLUE_TASKS:
         return "nyu-mll/glue", f"GLUE {task.upper()}"
-    hub = _DATASETS.get(task) or _DATASETS.get(command)
-    local = getattr(args, "train_file", None) or getattr(args, "data_dir", None) or "its training file"
-    return hub, f"{hub or os.path.basename(os.path.normpath(str(local)))}"
+    if task == "xnli":
+        return "facebook/xnli", "XNLI"
+    local = getattr(args, "train_file", None) or getattr(args, "data_dir", None) or getattr(args, "input_file", None)
+    return None, f"`{os.path.basename(os.path.normpath(str(local)))}`" if local else "its training data"
 
 
 def _yaml(value: Any) -> str:
