@@ -43,8 +43,9 @@ inference: `Predictor.embed` for ours, `SentenceTransformer.encode` for theirs).
 bi-encoder trained with MNRL alone, on `retrieval/squad-dev`. The training data, the same for both: each
 (question, paragraph) pair of the training split with the paragraph all-MiniLM-L6-v2 ranks highest among the
 training split's other paragraphs as its hard negative (a (query, positive, negative) tuples file). The
-reranker: `bert train-reranker` from all-MiniLM-L6-v2 on those tuples (`--reranker_lr`, one epoch; scored here
-by reranking all-MiniLM-L6-v2's top 20 of the `--test_queries` first test questions). The bi-encoders, per
+reranker: `bert train-reranker` from all-MiniLM-L6-v2 on those tuples (`--reranker_lr`, `--reranker_batch_size`
+queries a batch, one epoch; scored here by reranking all-MiniLM-L6-v2's top 20 of the `--test_queries` first
+test questions). The bi-encoders, per
 seed, both from all-MiniLM-L6-v2, one epoch at `--bi_encoder_lr`, batch `--batch_size`: `--loss=mnrl` (in-batch
 and hard negatives, cosine, the start's normalisation), and `--loss=margin_mse --teacher=RERANKER` (the
 reranker's logit margins; dot products of unnormalised embeddings, `--normalize=false`, as MarginMSE's
@@ -400,7 +401,7 @@ def part_c(args, tmp: Path, seeds: list[int]) -> dict:
     common = [f"--train_file={tuples}", f"--max_seq_length={args.max_seq_length}", "--num_train_epochs=1"]
     reranker = bert_run(
         "train-reranker", runs / "reranker", f"--init_checkpoint={minilm()}", f"--learning_rate={args.reranker_lr}",
-        *common, "--seed=1",
+        f"--train_batch_size={args.reranker_batch_size}", *common, "--seed=1",
     )  # fmt: skip
     test = read_beir(squad, "test")
     qids, dids = list(test.queries), list(test.documents)
@@ -506,6 +507,7 @@ def main() -> None:
     p.add_argument("--student_lr", default="1e-4", help="(a) the students' learning rate")
     p.add_argument("--distill_alpha", default="0.5", help="(a) the distilled students' --distill_alpha")
     p.add_argument("--reranker_lr", default="1e-4", help="(c) the reranker's learning rate")
+    p.add_argument("--reranker_batch_size", default="16", help="(c) queries per reranker batch (each with its 2 pairs)")
     p.add_argument("--bi_encoder_lr", default="2e-5", help="(c) the bi-encoders' learning rate")
     p.add_argument("--json", default=None)
     args = p.parse_args()

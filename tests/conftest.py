@@ -363,3 +363,17 @@ def check_curves(output_dir: Path, png: Path | None = None) -> dict:
             points.setdefault(final.get("global_step", training[-1]["step"]), final[raw])
         assert drawn == {"steps": sorted(points), "values": [points[s] for s in sorted(points)]}, key
     return record
+
+
+def assert_model_card(out: Path, command: str, pipeline_tag: str, *flags: str) -> None:
+    """OUTPUT/model/README.md: metadata the Hub's own parser reads, the final evaluation's figures (those of
+    OUTPUT/eval_results.json) and the command line with `flags`."""
+    huggingface_hub = pytest.importorskip("huggingface_hub", reason="the Hub's model-card parser (test extra)")
+    card = huggingface_hub.ModelCard.load(out / "model" / "README.md")
+    assert card.data.pipeline_tag == pipeline_tag and command in card.data.tags
+    results = json.loads((out / "eval_results.json").read_text())
+    figures = {k: v for k, v in results.items() if isinstance(v, float)}
+    assert figures and set(card.data.metrics) >= {k.removeprefix("eval_") for k in figures if "loss" not in k}
+    for key, value in figures.items():
+        assert f"| {key} | {value:.6g} |" in card.text, key
+    assert f"bert {command}" in card.text and all(flag in card.text for flag in flags)

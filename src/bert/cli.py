@@ -34,6 +34,7 @@ from bert import __version__
 from bert.errors import InputError
 from bert.flags import check_flag_values
 from bert.grid import list_type
+from bert.hub import resolve_model_flags
 from bert.outputs import os_error_message
 from bert.utils import LOG_FORMAT
 
@@ -242,7 +243,8 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, args_cls: type) -> None
 
     Field metadata: "help" (the help text), "choices", "positional" for a positional argument (one or more
     values for a `list[T]` field), "flag" for an extra spelling of the flag (e.g. "--na-prob-file", an
-    official script's own), and "grid" for a flag that also takes a comma list (`bert.grid`).
+    official script's own), "grid" for a flag that also takes a comma list (`bert.grid`), and "model" for a flag
+    naming a model, which also takes a Hub id (`bert.hub`).
     """
     hints = typing.get_type_hints(args_cls)
     groups: dict[type, argparse._ArgumentGroup] = {}
@@ -257,6 +259,8 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, args_cls: type) -> None
         # A None default means "unset"; where unset does something, the help text says what.
         if has_default and default is not None:
             help_text += f" (default: {default})"
+        if f.metadata.get("model"):
+            help_text += " Or a Hugging Face Hub id, org/name[@revision], read from the Hugging Face cache (bert.hub)."
         flag = f"--{f.name}"
         if f.metadata.get("positional"):
             many = typing.get_origin(hints[f.name]) is list
@@ -454,6 +458,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     with terminal_logging(verbose):
         try:
             check_flag_values(args)
+            args = resolve_model_flags(args)
             run(args)
         except InputError as e:
             print(f"bert {argv[0]}: error: {e}", file=sys.stderr)

@@ -75,11 +75,10 @@ from bert.flags import (
 )
 from bert.formats.results import write_results
 from bert.modeling import MODEL_CLASSES, num_parameters
-from bert.plotting import CURVES_NAME, try_plot
 from bert.starting_model import StartingModel, resolve_starting_model
 from bert.tasks.common import FinetuneTask, num_train_steps, num_warmup_steps
 from bert.tokenization import FullTokenizer
-from bert.training import EVAL_HISTORY_NAME, METRICS_NAME, MODEL_DIR, EvalHistory, RecordStream, to_device
+from bert.training import EVAL_HISTORY_NAME, MODEL_DIR, EvalHistory, RecordStream, to_device
 from bert.utils import atomic_write, format_scores, print_result, progress
 
 logger = logging.getLogger(__name__)
@@ -499,8 +498,7 @@ class _FinetuneRun:
             result["eval"] = ev["results"]
         if args.do_predict:
             result["predict"] = self.predict_test_set()
-        if self.dist.is_main and (self.output_dir / METRICS_NAME).is_file():
-            try_plot([self.output_dir], self.output_dir / CURVES_NAME)
+        training.finish_run(self.output_dir, self.exported, self.task.command, args, result.get("eval"), self.dist)
         return result
 
     def save_tuned_config(self) -> None:

@@ -11,7 +11,8 @@ Each flag's constraints are written once, in its field's metadata, and `check_fl
 every command (`bert.cli.main` calls it before a command runs; the training runners call it too, for callers
 that build their Args in Python): "choices" (the allowed values; the parser offers them too), "min" and "max"
 (inclusive bounds of a number), "positive" (a number above 0). Every float flag must also be finite. A flag
-holding a list of values (a grid flag, below) is checked value by value.
+holding a list of values (a grid flag, below) is checked value by value. "model" marks a flag naming a model,
+which also takes a Hugging Face Hub id (`bert.hub.resolve_model_flags`, called by `bert.cli.main`).
 
 "grid" (a short name, e.g. "lr") marks the fine-tuning flags that take a comma list of values, each list
 making a grid of runs, one per combination (`bert.grid`, which names a cell's directory with the short names).
@@ -179,8 +180,9 @@ class ModelArgs:
     init_checkpoint: str | None = field(
         default=None,
         metadata={
+            "model": True,
             "help": "Initial checkpoint (usually from a pre-trained BERT model), in any format: a TF checkpoint "
-            "prefix (bert_model.ckpt), a native or transformers directory, or a .safetensors/.bin file."
+            "prefix (bert_model.ckpt), a native or transformers directory, or a .safetensors/.bin file.",
         },
     )
     vocab_file: str | None = field(
@@ -461,6 +463,7 @@ class TeacherArgs:
     teacher: str | None = field(
         default=None,
         metadata={
+            "model": True,
             "run_defining": "data",
             "help": "A larger model to learn from (a model directory or checkpoint; for classify and ner a "
             "fine-tuned one, such as OUTPUT/model of `bert classify`): its outputs are soft labels where the "

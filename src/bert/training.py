@@ -59,9 +59,10 @@ from bert.errors import InputError, NonFiniteError
 from bert.flags import PRECISIONS, PerformanceArgs, TrainingArgs
 from bert.formats.tensorboard import EventWriter
 from bert.metrics import greater_is_better
+from bert.model_card import write_model_card
 from bert.optimization import clip_grad_norm, create_optimizer
 from bert.outputs import atomic_directory, claim, remove_temporaries
-from bert.plotting import CURVES_NAME, METRICS_NAME
+from bert.plotting import CURVES_NAME, METRICS_NAME, try_plot
 from bert.utils import atomic_write, load_json_file, log_to_file, progress, write_run_info
 
 logger = logging.getLogger(__name__)
@@ -151,6 +152,19 @@ def run_directory(
         _stop_together(dist, error)
         with log_to_file(output_dir / "log.txt", dist.is_main):
             yield output_dir
+
+
+def finish_run(
+    output_dir: Path, exported: Path, command: str, args: Any, results: dict[str, Any] | None, dist: DistContext
+) -> None:
+    """The end of a training command's run (rank 0): the curves drawn and the exported model's card written
+    with the final evaluation's figures."""
+    if not dist.is_main:
+        return
+    if (output_dir / METRICS_NAME).is_file():
+        try_plot([output_dir], output_dir / CURVES_NAME)
+    if (exported / CONFIG_NAME).is_file():
+        write_model_card(exported, command, args, results)
 
 
 def _jsonable(value: Any) -> Any:

@@ -17,6 +17,7 @@ from bert.commands.classify import ClassifyArgs, run_classify
 from bert.metrics import f1_binary
 from conftest import (
     args_for,
+    assert_model_card,
     assert_same_weights,
     check_curves,
     cli_error,
@@ -91,6 +92,7 @@ def test_mrpc_end_to_end_then_rerun(model_files, tmp_path):
     steps = int(3668 / 32 * 0.05)
     assert result["num_train_steps"] == result["global_step"] == steps == 5
     results = check_mrpc_outputs(out, steps, 408)
+    assert_model_card(out, "classify", "text-classification", "--task_name=MRPC", "--num_train_epochs=0.05")
 
     # The dev metrics are those of the model saved in model/: recompute them from its logits.
     from bert.modeling import BertForSequenceClassification

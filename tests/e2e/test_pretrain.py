@@ -23,6 +23,7 @@ from bert.pretraining.inputs import open_pretraining_data
 from bert.training import TRAINING_STATE_NAME, list_checkpoints, load_training_state
 from conftest import (
     FIXTURES,
+    assert_model_card,
     assert_same_weights,
     check_curves,
     cli_error,
@@ -84,6 +85,7 @@ def test_pretrain_on_sample_text(tmp_path):
     assert text[0] == "global_step = 20"
     results = json.loads((out / "eval_results.json").read_text())
     assert set(results) == set(EVAL_KEYS)
+    assert_model_card(out, "pretrain", "fill-mask", "--num_train_steps=20")
 
     # Checkpoints: only the newest kept; it and the exported model hold the same weights, which load
     # with from_pretrained and reproduce the evaluation (each metric as tests/unit/test_pretraining_evaluation.py

@@ -20,7 +20,7 @@ from bert.inference import Predictor
 from bert.sentence import runner
 from bert.sentence.data import TrainingData, read_beir
 from bert.sentence.runner import mine_negatives
-from conftest import args_for, cli_error, model_flags, read_metrics, read_results, read_weights
+from conftest import args_for, assert_model_card, cli_error, model_flags, read_metrics, read_results, read_weights
 
 st = pytest.importorskip("sentence_transformers", reason="sentence-transformers is the oracle (test extra)")
 scipy_stats = pytest.importorskip("scipy.stats", reason="scipy comes with sentence-transformers")
@@ -77,6 +77,7 @@ def trained(model_files, tmp_path_factory):
 
 def test_bi_encoder_run_outputs(trained):
     out, _, result, _ = trained
+    assert_model_card(out, "train-embeddings", "sentence-similarity", "--matryoshka_dims=32,16")
     assert result["num_train_steps"] == 4  # 10 pairs / 4 = 2 batches (no repeated text) x 2 epochs
     # The exported model is the best evaluation's (the first of equal scores).
     assert result["global_step"] == json.loads((out / "eval_history.json").read_text())["best_step"]
@@ -205,6 +206,7 @@ def test_reranker_loads_in_cross_encoder_with_our_scores(model_files, tmp_path, 
     )
     result = run_train_reranker(args)
     assert result["global_step"] == 4  # 6 training topics x 3 queries = 18 / batch 4
+    assert_model_card(tmp_path / "out", "train-reranker", "text-ranking", f"--loss={loss}", "--num_negatives=2")
     terminal = capsys.readouterr()
     assert terminal.out == ""  # the result block is on stderr, as every training command's
     retriever = result["eval"]["eval_retriever_mrr@10"]

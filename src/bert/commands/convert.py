@@ -36,7 +36,9 @@ NEXT_COMMAND = {
 class ConvertArgs:
     """Convert a checkpoint (TF, transformers or native; detected) into another format."""
 
-    input: str = field(metadata={"help": "Checkpoint to read: a directory, a TF prefix, or a weights file."})
+    input: str = field(
+        metadata={"model": True, "help": "Checkpoint to read: a directory, a TF prefix, or a weights file."}
+    )
     output: str = field(metadata={"help": "Directory to write the converted checkpoint into."})
     format: str = field(
         default="native",

@@ -85,7 +85,9 @@ class EmbedArgs(InferenceArgs, ShardArgs):
     one made otherwise refused.
     """
 
-    model: str = field(metadata={"help": "The model directory (any BERT model; sentence-transformers dirs too)."})
+    model: str = field(
+        metadata={"model": True, "help": "The model directory (any BERT model; sentence-transformers dirs too)."}
+    )
     input_file: str | None = field(
         default=None, metadata={"help": "Input lines (plain text or JSON lines, .gz accepted); stdin if unset."}
     )

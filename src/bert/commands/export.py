@@ -19,7 +19,8 @@ class ExportArgs:
 
     model: str = field(
         metadata={
-            "help": "Model directory (native or transformers layout); the head is config.json's architectures[0]."
+            "model": True,
+            "help": "Model directory (native or transformers layout); the head is config.json's architectures[0].",
         }
     )
     output: str = field(

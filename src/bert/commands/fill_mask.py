@@ -27,7 +27,10 @@ class FillMaskArgs(InferenceArgs):
     """
 
     model: str = field(
-        metadata={"help": "A pre-trained model with its masked-LM head (BertForPreTraining or BertForMaskedLM)."}
+        metadata={
+            "model": True,
+            "help": "A pre-trained model with its masked-LM head (BertForPreTraining or BertForMaskedLM).",
+        }
     )
     input_file: str | None = field(
         default=None, metadata={"help": "Input lines (plain text or JSON lines, .gz accepted); stdin if unset."}

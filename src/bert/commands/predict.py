@@ -43,7 +43,10 @@ class PredictArgs(InferenceArgs):
     """
 
     model: str = field(
-        metadata={"help": "The fine-tuned model: a directory such as OUTPUT_DIR/model of bert classify/ner/squad/swag."}
+        metadata={
+            "model": True,
+            "help": "The fine-tuned model: a directory such as OUTPUT_DIR/model of bert classify/ner/squad/swag.",
+        }
     )
     input_file: str | None = field(
         default=None, metadata={"help": "Input lines (plain text or JSON lines, .gz accepted); stdin if unset."}

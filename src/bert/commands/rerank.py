@@ -39,7 +39,10 @@ class RerankArgs(InferenceArgs):
     "corpus_id"; with "query_id" the line is {"query_id", "results": [...]}, as `bert search`'s results."""
 
     model: str = field(
-        metadata={"help": "A cross-encoder (one-output sequence classifier) or an embedding model directory."}
+        metadata={
+            "model": True,
+            "help": "A cross-encoder (one-output sequence classifier) or an embedding model directory.",
+        }
     )
     input_file: str | None = field(
         default=None, metadata={"help": 'JSON lines {"query", "documents": [...]} (.gz accepted); stdin if unset.'}

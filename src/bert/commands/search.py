@@ -42,7 +42,9 @@ class SearchArgs(InferenceArgs):
     `bert rerank`.
     """
 
-    model: str = field(metadata={"help": "The embedding model directory (sentence-transformers dirs too)."})
+    model: str = field(
+        metadata={"model": True, "help": "The embedding model directory (sentence-transformers dirs too)."}
+    )
     corpus: str = field(metadata={"help": "The documents: plain text, JSON lines or BEIR corpus.jsonl (.gz too)."})
     queries: str = field(metadata={"help": "The queries: plain text, JSON lines or BEIR queries.jsonl (.gz too)."})
     corpus_embeddings: str | None = field(

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from bert.commands.embed import EmbedArgs
 from bert.errors import InputError
 from bert.flags import InferenceArgs, check_backend, check_dtype, same_as
+from bert.hub import hub_id_of
 from bert.utils import LOG_FORMAT, exit_with_parent
 
 # The `serve` extra's package that is missing, if one is: without the extra `bert --help` still lists the
@@ -56,7 +57,7 @@ class ServeArgs:
     /fill-mask; GET /openapi.json and /docs say what it accepts. Requests from all clients are batched
     together on the model."""
 
-    model: str = field(metadata={"help": "The model directory (any bert predict / bert embed model)."})
+    model: str = field(metadata={"model": True, "help": "The model directory (any bert predict / bert embed model)."})
     host: str = field(default="127.0.0.1", metadata={"help": "Address to listen on (0.0.0.0: every interface)."})
     port: int = field(default=8080, metadata={"help": "TCP port."})
     workers: int = field(
@@ -207,8 +208,10 @@ def build_app(args: ServeArgs) -> Starlette:
     if args.default_prompt_name is not None:
         _check_prompt(predictor, args.default_prompt_name)
         predictor.default_prompt_name = args.default_prompt_name
+    hub_id = hub_id_of(args.model)  # a Hub id's snapshot (`bert.hub`): /info names the id and its commit
     settings = ServeSettings(
-        model_id=args.model,
+        model_id=hub_id[0] if hub_id else args.model,
+        model_sha=hub_id[1] if hub_id else None,
         max_batch_tokens=args.max_batch_tokens,
         max_wait_ms=args.max_wait_ms,
         max_queue_size=args.max_queue_size,

@@ -44,6 +44,7 @@ class TrainRerankerArgs(SentenceTrainingArgs):
     mine_negatives: str | None = field(
         default=None,
         metadata={
+            "model": True,
             "run_defining": "data",
             "help": "A bi-encoder model directory: mine --num_negatives hard negatives per query from the training "
             "data's documents (the query's own positives skipped).",
@@ -54,7 +55,10 @@ class TrainRerankerArgs(SentenceTrainingArgs):
     )
     eval_retriever: str | None = field(
         default=None,
-        metadata={"help": "The bi-encoder whose top results evaluation reranks (default: --mine_negatives)."},
+        metadata={
+            "model": True,
+            "help": "The bi-encoder whose top results evaluation reranks (default: --mine_negatives).",
+        },
     )
     rerank_top_k: int = field(
         default=100, metadata={"min": 1, "help": "Evaluation reranks this many retrieved documents."}

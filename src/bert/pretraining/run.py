@@ -46,7 +46,6 @@ from bert.formats.results import write_results
 from bert.formats.tensorboard import EventWriter
 from bert.modeling import BertForPreTraining, num_parameters
 from bert.optimization import polynomial_warmup_lr
-from bert.plotting import CURVES_NAME, try_plot
 from bert.pretraining.evaluation import evaluate
 from bert.pretraining.inputs import (
     FEATURE_LENGTHS,
@@ -174,8 +173,7 @@ def run_pretraining(args: Any) -> dict[str, Any]:
             if args.do_eval:
                 result["eval"] = _evaluate(args, wrapped, eval_source, dist, trainer.global_step)
             output_dir = Path(args.output_dir)
-            if dist.is_main and (output_dir / training.METRICS_NAME).is_file():
-                try_plot([output_dir], output_dir / CURVES_NAME)
+            training.finish_run(output_dir, output_dir / "model", "pretrain", args, result.get("eval"), dist)
             if dist.is_main:
                 _print_result(args, result)
             return result

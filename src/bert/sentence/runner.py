@@ -49,7 +49,6 @@ from bert.modeling import (
     num_parameters,
     pool_tokens,
 )
-from bert.plotting import CURVES_NAME, try_plot
 from bert.sentence import evaluation, losses, teachers
 from bert.sentence.data import (
     PAIRS,
@@ -68,7 +67,7 @@ from bert.starting_model import resolve_starting_model
 from bert.tasks.common import num_warmup_steps, pad_2d
 from bert.tasks.glue import InputExample, convert_examples_to_features
 from bert.tokenization import FullTokenizer
-from bert.training import EVAL_HISTORY_NAME, METRICS_NAME, MODEL_DIR, EvalHistory
+from bert.training import EVAL_HISTORY_NAME, MODEL_DIR, EvalHistory
 from bert.utils import format_scores, print_result, progress
 
 logger = logging.getLogger(__name__)
@@ -366,8 +365,9 @@ class _Run:
             if self.dist.is_main:
                 write_results(self.output_dir, scores)
             result["eval"] = scores
-        if self.dist.is_main and (self.output_dir / METRICS_NAME).is_file():
-            try_plot([self.output_dir], self.output_dir / CURVES_NAME)
+        # The card names the loss the run used, a default included.
+        used = dataclasses.replace(args, loss=self.loss)
+        training.finish_run(self.output_dir, self.exported, self.command, used, result.get("eval"), self.dist)
         return result
 
     def prepare(self) -> None:

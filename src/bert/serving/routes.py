@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import json
+import time
+import uuid
 from typing import Any
 
 from starlette.requests import Request
@@ -33,7 +35,7 @@ from bert.serving.checks import (
 from bert.serving.errors import UNHEALTHY, ApiError
 from bert.serving.metrics import Metrics
 from bert.serving.openapi import docs_page, openapi_document
-from bert.serving.schemas import DIRECTION, dispatch_targets
+from bert.serving.schemas import DIRECTION, ENDPOINTS, dispatch_targets
 from bert.serving.settings import ServeSettings
 from bert.tasks.common import CLASSIFICATION
 
@@ -45,6 +47,7 @@ class Api:
         self.metrics = Metrics()
         self.batcher = Batcher(predictor, settings, self.metrics)
         self.document = openapi_document(predictor, settings)
+        self.started = int(time.time())  # /v1/models' "created"
 
     async def _run(self, kind: str, inputs: list, **options: Any) -> tuple[list, int]:
         return await self.batcher.submit(kind, inputs, **options)
@@ -142,6 +145,56 @@ class Api:
         text = body["return_text"]
         return JSONResponse([{"index": i, "score": scores[i], **({"text": texts[i]} if text else {})} for i in order])
 
+    async def _cohere_rerank(self, request: Request, body: dict, documents: list[str], version: str) -> dict:
+        """Cohere's answer to a rerank request (Jina's too: it adds "model" and "usage"), without documents."""
+        query = one_text(body.get("query"), "query")
+        request.state.inputs = len(documents)
+        options = dict(query=query, pooling=self.settings.pooling, raw_scores=False, **self._truncation(body))
+        scores, tokens = await self._run(RANK, documents, **options)
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])[: body["top_n"]]
+        return {
+            "id": str(uuid.uuid4()),
+            "model": body["model"] or self.settings.served_model_name or self.settings.model_id,
+            "results": [{"index": i, "relevance_score": scores[i]} for i in order],
+            "meta": {"api_version": {"version": version}, "billed_units": {"search_units": 1}},
+            "usage": {"total_tokens": tokens},
+        }
+
+    async def rerank_v1(self, request: Request, body: dict) -> Response:
+        value = body.get("documents")
+        if not isinstance(value, list):
+            raise ApiError(422, f'"documents" must be a list of strings or {{"text"}} objects, got {kind_name(value)}')
+        texts = []
+        for i, document in enumerate(value):
+            if isinstance(document, dict):
+                check_fields(document, ("text",), f'"documents"[{i}]')
+                document = document.get("text")
+                if not isinstance(document, str):
+                    raise ApiError(422, f'"documents"[{i}]["text"] must be a string, got {kind_name(document)}')
+            texts.append(document)
+        texts = text_list(texts, "documents", self.settings.max_client_batch_size)
+        answer = await self._cohere_rerank(request, body, texts, "1")
+        if body["return_documents"]:
+            for result in answer["results"]:
+                result["document"] = {"text": texts[result["index"]]}
+        return JSONResponse(answer)
+
+    async def rerank_v2(self, request: Request, body: dict) -> Response:
+        texts = text_list(body.get("documents"), "documents", self.settings.max_client_batch_size)
+        return JSONResponse(await self._cohere_rerank(request, body, texts, "2"))
+
+    async def models(self, request: Request, body: None) -> Response:
+        """OpenAI's list of models: the one served, what it answers (the POST routes serving it) and when."""
+        served = [e.path for e in ENDPOINTS if e.method == "POST" and e.serves(self.predictor)]
+        model = {
+            "id": self.settings.served_model_name or self.settings.model_id,
+            "object": "model",
+            "created": self.started,
+            "owned_by": "bert",
+            "capabilities": served,
+        }
+        return JSONResponse({"object": "list", "data": [model]})
+
     async def similarity(self, request: Request, body: dict) -> Response:
         inputs = body.get("inputs")
         if not isinstance(inputs, dict):
@@ -234,7 +287,7 @@ class Api:
         return JSONResponse(
             {
                 "model_id": s.model_id,
-                "model_sha": None,
+                "model_sha": s.model_sha,
                 "model_dtype": p.dtype,
                 "served_model_name": s.served_model_name or s.model_id,
                 "model_type": self._model_type(),

@@ -120,6 +120,7 @@ _INFO = {
     ],
     "properties": {
         "model_id": _STRING,
+        "model_sha": _NULLABLE_STRING,  # the commit of a model loaded by its Hub id
         "model_dtype": _STRING,
         "served_model_name": _STRING,
         "model_type": {"type": "object"},
@@ -286,6 +287,67 @@ _OPENAI_ANSWER = {
         },
     },
 }
+
+
+# The rerank APIs of Cohere (v1, v2) and Jina, which the cohere SDK, LangChain's CohereRerank and MTEB's remote
+# rerankers call: the documents' relevance to the query, best first, scored as /rerank scores them.
+_RERANK_DOCUMENT = {"type": "object", "required": ["text"], "properties": {"text": _STRING}}
+_RERANK_FIELDS = {
+    "model": Field(_NULLABLE_STRING, "echoed in the answer; the served model answers whatever it names"),
+    "query": Field(_STRING, "the query", True),
+    "top_n": Field({"type": "integer", "minimum": 1, "nullable": True}, "the best n documents only (default: all)"),
+    "truncate": Field(
+        {"type": "boolean", "default": True},
+        "cut each query-document pair to the model's max_input_length, as Cohere cuts long documents; false: "
+        "refuse it (422)",
+    ),
+}
+
+
+def _rerank_answer(document: bool) -> dict:
+    result: dict[str, Any] = {
+        "type": "object",
+        "required": ["index", "relevance_score"],
+        "properties": {"index": {"type": "integer", "minimum": 0}, "relevance_score": _NUMBER},
+    }
+    if document:
+        result["properties"]["document"] = _RERANK_DOCUMENT
+    return {
+        "type": "object",
+        "required": ["id", "results", "meta"],
+        "properties": {
+            "id": _STRING,
+            "model": _STRING,
+            "results": {"type": "array", "items": result},
+            "meta": {"type": "object"},
+            "usage": {"type": "object", "properties": {"total_tokens": {"type": "integer"}}},
+        },
+    }
+
+
+_MODELS_ANSWER = {
+    "type": "object",
+    "required": ["object", "data"],
+    "properties": {
+        "object": _STRING,
+        "data": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["id", "object", "created", "owned_by"],
+                "properties": {
+                    "id": _STRING,
+                    "object": _STRING,
+                    "created": {"type": "integer"},
+                    "owned_by": _STRING,
+                    "capabilities": {"type": "array", "items": _STRING},
+                },
+            },
+        },
+    },
+}
+_RERANK_NEEDS = "a cross-encoder (one label) or an embedding model"
+_RERANK_EXAMPLE = {"query": "What is this?", "documents": [EXAMPLE_TEXT, _EXAMPLE_CONTEXT], "top_n": 1}
 
 
 @dataclass(frozen=True)
@@ -526,6 +588,41 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         "POST",
+        "/v1/rerank",
+        "rerank_v1",
+        "Cohere's v1 and Jina's rerank API: the documents by relevance to the query, best first, scored as "
+        "/rerank scores them.",
+        {
+            **_RERANK_FIELDS,
+            "documents": Field(
+                {"type": "array", "items": {"anyOf": [_STRING, _RERANK_DOCUMENT]}},
+                'the documents: strings or {"text"} objects',
+                True,
+            ),
+            "return_documents": Field({"type": "boolean", "default": False}, 'give each document as {"text"}'),
+        },
+        _rerank_answer(document=True),
+        tei=False,
+        openai=True,
+        serves=ranks,
+        needs=_RERANK_NEEDS,
+        example={**_RERANK_EXAMPLE, "return_documents": True},
+    ),
+    Endpoint(
+        "POST",
+        "/v2/rerank",
+        "rerank_v2",
+        "Cohere's v2 rerank API: the documents by relevance to the query, best first, scored as /rerank scores them.",
+        {**_RERANK_FIELDS, "documents": Field({"type": "array", "items": _STRING}, "the documents", True)},
+        _rerank_answer(document=False),
+        tei=False,
+        openai=True,
+        serves=ranks,
+        needs=_RERANK_NEEDS,
+        example=_RERANK_EXAMPLE,
+    ),
+    Endpoint(
+        "POST",
         "/ner",
         "ner",
         "Entity spans (character offsets) of each text; a token-classification model.",
@@ -603,6 +700,16 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "The model and the server's settings (TEI's fields and ours).",
         answer=_INFO,
         errors=(401,),
+    ),
+    Endpoint(
+        "GET",
+        "/v1/models",
+        "models",
+        "OpenAI's model list: the served model, with the POST routes it answers as its capabilities.",
+        answer=_MODELS_ANSWER,
+        errors=(401,),
+        tei=False,
+        openai=True,
     ),
     Endpoint("GET", "/metrics", "metrics_text", "Prometheus metrics.", errors=(), public=True, media_type="text/plain"),
     Endpoint("GET", "/openapi.json", "openapi", "This document.", answer={"type": "object"}, errors=(401,), tei=False),

@@ -10,6 +10,7 @@ class ServeSettings:
     """The server's limits and defaults (the `bert serve` flags of the same names)."""
 
     model_id: str
+    model_sha: str | None = None  # the commit of a model loaded by its Hub id
     max_batch_tokens: int = 16384
     max_wait_ms: float = 5.0
     max_queue_size: int = 1024
