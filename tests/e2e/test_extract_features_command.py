@@ -72,7 +72,7 @@ def test_builtin_demo_runs_with_defaults(tmp_path):
     "change, fragment",
     [
         ({"input_file": "nope.txt"}, "input file nope.txt does not exist"),
-        ({"max_seq_length": 65}, "--max_seq_length=65 exceeds the model's max_position_embeddings=64"),
+        ({"max_seq_length": 65}, "--max_seq_length=65 must be between 3 and max_position_embeddings=64 (the model's)"),
         ({"layers": "-3"}, "layer -3 does not exist in a 2-layer model"),
         ({"layers": "a,b"}, "must be comma-separated integers"),
         ({"init_checkpoint": "missing/bert_model.ckpt"}, "missing"),

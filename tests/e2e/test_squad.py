@@ -252,7 +252,7 @@ def test_bad_input_fails_before_writing(model_files, tmp_path, capsys):
         "query too long": (["--do_predict", predict, "--max_query_length=125"], "max_query_length (125) + 3"),
         "longer than the model": (
             ["--do_predict", predict, "--max_seq_length=256"],
-            "--max_seq_length=256 exceeds the model's max_position_embeddings=128",
+            "--max_seq_length=256 must be between 3 and max_position_embeddings=128 (the model's)",
         ),
         "missing file": (["--do_predict", f"--predict_file={tmp_path / 'nope.json'}"], "no such file"),
         "not JSON": (["--do_predict", f"--predict_file={model_files[1]}"], "not valid JSON"),

@@ -87,13 +87,7 @@ def _extract_features(args: ExtractFeaturesArgs) -> dict:
         if args.layers == _DEFAULT_LAYERS:
             fit["layers"] = ",".join(str(-i) for i in range(1, min(4, config.num_hidden_layers) + 1))
         args = dataclasses.replace(args, **fit)
-    if args.max_seq_length > config.max_position_embeddings:
-        raise InputError(
-            f"--max_seq_length={args.max_seq_length} exceeds the model's max_position_embeddings="
-            f"{config.max_position_embeddings}; lower it"
-        )
-    if args.max_seq_length < 3:
-        raise InputError(f"--max_seq_length={args.max_seq_length} leaves no room for [CLS] and [SEP]; use at least 3")
+    config.check_max_seq_length(args.max_seq_length, "--max_seq_length")
     layer_indexes = parse_layers(args.layers, config.num_hidden_layers)
     with log_to_file(f"{args.output_file}.log.txt"):
         return _extract(args, input_file, init_checkpoint, ckpt, config, vocab_file, layer_indexes)
