@@ -31,7 +31,8 @@ import numpy as np
 
 from bert.errors import InputError
 from bert.formats.parquet import EMBEDDING_COLUMN, embedding_array
-from bert.inference import InputItemError, Predictor
+from bert.inference import Predictor
+from bert.input_lines import InputItemError
 
 # The models this process has loaded, by (model, settings): one per worker process, whatever the number of
 # copies of an EmbedBatches the engine unpickles there.

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 from bert.errors import InputError
 from bert.flags import EMBEDDING_PRECISIONS
-from bert.inference import EMBEDDINGS, read_input_record
+from bert.inference import EMBEDDINGS
+from bert.input_lines import read_input_record
 from bert.utils import iter_lines
 
 logger = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ def quantize_embeddings(embeddings: np.ndarray, precision: str, ranges: np.ndarr
 
 def read_texts(path: str, name: str) -> Iterator[tuple[str, str]]:
     """(id, text) per line of `path` (`name` in errors), each line read as `bert embed` reads it
-    (`bert.inference.read_input_record`), so row i of `bert embed`'s vectors of the file is record i here;
+    (`bert.input_lines.read_input_record`), so row i of `bert embed`'s vectors of the file is record i here;
     the id is a JSON line's "_id" (or "id"), else the 0-based record number."""
     hint = "the text through `iconv -c -f utf-8 -t utf-8`"
     for index, line in enumerate(iter_lines(path, "utf-8-sig", "strict", hint=hint, name=name)):

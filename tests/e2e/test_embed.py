@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-import bert.inference
+import bert.input_lines
 from bert.checkpoint import save_pretrained
 from bert.cli import main
 from bert.commands.embed import EmbedArgs, run_embed
@@ -47,7 +47,7 @@ def write_lines(path: Path, lines: list[str]) -> Path:
 
 def test_npy_and_json_lines_equal_the_library(models, tmp_path, monkeypatch):
     inputs = write_lines(tmp_path / "in.txt", [*SENTENCES, json.dumps({"text": SENTENCES[0]})])
-    monkeypatch.setattr(bert.inference, "CHUNK_LINES", 2)  # several chunks, the header written before them
+    monkeypatch.setattr(bert.input_lines, "CHUNK_LINES", 2)  # several chunks, the header written before them
     result = run_embed(
         EmbedArgs(model=str(models["pretrained"]), input_file=str(inputs), output_file=str(tmp_path / "v.npy"))
     )

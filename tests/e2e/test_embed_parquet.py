@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import bert.inference
+import bert.input_lines
 from bert.commands.embed import EmbedArgs, run_embed
 from bert.errors import InputError
 from bert.utils import shard_file
@@ -51,7 +52,7 @@ def embed_parquet(corpus, out, **flags) -> dict:
 
 def test_parquet_in_and_out_keeps_ids_and_equals_npy(corpus, tmp_path, monkeypatch):
     model, lines, _, expected = corpus
-    monkeypatch.setattr(bert.inference, "CHUNK_LINES", 3)  # chunks that cross the row groups of 4
+    monkeypatch.setattr(bert.input_lines, "CHUNK_LINES", 3)  # chunks that cross the row groups of 4
     embed_parquet(corpus, tmp_path / "v.parquet", id_column="doc")
     ids, vectors = read_parquet(tmp_path / "v.parquet")
     assert pq.read_schema(tmp_path / "v.parquet").names == ["doc", "embedding"]
@@ -70,7 +71,7 @@ def test_parquet_ids_in_json_lines_and_quantized(corpus, tmp_path, monkeypatch):
 
     from bert.retrieval import quantize_embeddings
 
-    monkeypatch.setattr(bert.inference, "CHUNK_LINES", 3)
+    monkeypatch.setattr(bert.input_lines, "CHUNK_LINES", 3)
     embed_parquet(corpus, tmp_path / "v.jsonl", id_column="doc")
     rows = [json.loads(line) for line in (tmp_path / "v.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == [f"doc-{i}" for i in range(len(TEXTS))]

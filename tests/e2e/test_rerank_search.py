@@ -208,11 +208,11 @@ def test_search_in_chunks_equals_semantic_search(models, retrieval, tmp_path):
 
 def test_predict_warns_of_truncation_once_over_its_chunks(models, retrieval, tmp_path, caplog, monkeypatch):
     """bert predict reads its input in chunks; the inputs cut in all of them make one warning."""
-    import bert.inference
+    import bert.input_lines
     from bert.commands.predict import PredictArgs, run_predict
 
     reranker, _ = models
-    monkeypatch.setattr(bert.inference, "CHUNK_LINES", 2)
+    monkeypatch.setattr(bert.input_lines, "CHUNK_LINES", 2)
     corpus, _ = retrieval
     texts = [c["text"] for c in read_jsonl(corpus)[:5]]
     (tmp_path / "in.txt").write_text("".join(t + "\n" for t in texts), encoding="utf-8")

@@ -289,7 +289,7 @@ def test_checkpoints_every_few_minutes(tmp_path):
 
 # ---------------------------------------------------------------------------------------- sharded embedding
 def test_sharded_embedding_equals_unsharded(tmp_path, monkeypatch):
-    import bert.inference
+    import bert.input_lines
     from bert.commands.embed import EmbedArgs, run_embed
     from bert.utils import shard_file
 
@@ -297,7 +297,7 @@ def test_sharded_embedding_equals_unsharded(tmp_path, monkeypatch):
     texts = [f"sentence number {i} about {'cats' if i % 2 else 'dogs'} and more" for i in range(11)]
     inputs = tmp_path / "in.txt"
     inputs.write_text("".join(t + "\n" for t in texts))
-    monkeypatch.setattr(bert.inference, "CHUNK_LINES", 2)  # shards that start and end inside chunks
+    monkeypatch.setattr(bert.input_lines, "CHUNK_LINES", 2)  # shards that start and end inside chunks
     whole = tmp_path / "whole.npy"
     run_embed(EmbedArgs(model=str(model), input_file=str(inputs), output_file=str(whole)))
     out = tmp_path / "emb.npy"

@@ -19,7 +19,8 @@ import torch
 from bert.checkpoint import export_tf
 from bert.config import BertConfig
 from bert.errors import InputError
-from bert.inference import InputItemError, Predictor, read_input_record, read_sentence_transformers_config
+from bert.inference import Predictor, read_sentence_transformers_config
+from bert.input_lines import InputItemError, read_input_record
 from bert.modeling import (
     BertForMultipleChoice,
     BertForPreTraining,

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from bert.errors import InputError
-from bert.inference import InputItemError, Predictor
+from bert.inference import Predictor
+from bert.input_lines import InputItemError
 from bert.modeling import BertForSequenceClassification, BertModel
 from bert.tokenization import FullTokenizer
 from conftest import save_model_dir, uncased_vocab, vocab_config

@@ -179,7 +179,8 @@ def test_beir_texts_and_titles_must_be_strings(tmp_path, value, kind):
 
 def test_a_deeply_nested_line_is_one_error_as_predict_says_it(tmp_path):
     """The training reader and predict's share one parser for JSON lines, and so one message."""
-    from bert.inference import EMBEDDINGS, read_input_record
+    from bert.inference import EMBEDDINGS
+    from bert.input_lines import read_input_record
 
     deep = '{"text": ' + "[" * 100_000 + "]" * 100_000 + "}"
     with pytest.raises(InputError) as predict:

@@ -328,7 +328,8 @@ def _first_difference(key: str, was: Any, now: Any) -> tuple[str, Any, Any]:
 def _run(args: EmbedArgs, output_file: str | None) -> dict[str, Any]:
     settings = args.predictor_settings()
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
-    from bert.inference import CHUNK_LINES, EMBEDDINGS, Predictor, cosine_similarity, map_input_chunks, map_input_lines
+    from bert.inference import EMBEDDINGS, Predictor, cosine_similarity
+    from bert.input_lines import CHUNK_LINES, map_input_chunks, map_input_lines
     from bert.retrieval import Calibration, quantize_embeddings, quantized_shape
 
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)

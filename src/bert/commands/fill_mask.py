@@ -55,7 +55,8 @@ def _run(args: FillMaskArgs) -> dict[str, Any]:
         raise InputError(f"--top_k={args.top_k} must be at least 1")
     settings = args.predictor_settings()
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
-    from bert.inference import FILL_MASK, Predictor, map_input_lines
+    from bert.inference import FILL_MASK, Predictor
+    from bert.input_lines import map_input_lines
 
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
     if predictor.task != FILL_MASK or not predictor.has_mlm_head:

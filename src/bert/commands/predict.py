@@ -2,7 +2,7 @@
 
 The model directory's head decides the task (`bert.inference.Predictor`): sequence classification
 (`bert classify`'s models), NER (`bert ner`), question answering (`bert squad`) or multiple choice
-(`bert swag`). Inputs are plain text lines or JSON lines (see `bert.inference.read_input_record`);
+(`bert swag`). Inputs are plain text lines or JSON lines (see `bert.input_lines.read_input_record`);
 results are `bert.inference`'s, in input order. Input is read in chunks, so memory does not grow with
 its length; the output appears only once every line has been read and predicted.
 """
@@ -76,7 +76,7 @@ class PredictArgs(InferenceArgs):
 
 def _predict(predictor: Predictor, records: list, args: PredictArgs) -> list[dict[str, Any]]:
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
-    from bert.inference import InputItemError
+    from bert.input_lines import InputItemError
 
     task = predictor.task
     if task == CLASSIFICATION:
@@ -105,7 +105,8 @@ def _run(args: PredictArgs) -> dict[str, Any]:
         raise InputError(f"--top_k={args.top_k} must be 0 (all labels) or more")
     settings = args.predictor_settings()
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
-    from bert.inference import Predictor, map_input_lines
+    from bert.inference import Predictor
+    from bert.input_lines import map_input_lines
 
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
     if predictor.task not in (CLASSIFICATION, NER, QUESTION_ANSWERING, MULTIPLE_CHOICE):

@@ -19,6 +19,7 @@ from bert.commands.embed import EmbedArgs
 from bert.errors import InputError
 from bert.flags import InferenceArgs, same_as
 from bert.formats.embeddings import open_embeddings
+from bert.input_lines import InputItemError
 from bert.outputs import claim
 from bert.utils import json_line, output_file_or_stdout, print_result, progress, readable_input
 
@@ -81,8 +82,6 @@ class SearchArgs(InferenceArgs):
 def _embed(
     predictor: Predictor, texts: list[str], prompt_name: str | None, dimensions: int | None, name: str, first: int
 ) -> np.ndarray:
-    from bert.inference import InputItemError  # loads torch; see run_search
-
     try:
         return predictor.embed(texts, prompt_name=prompt_name, dimensions=dimensions)
     except InputItemError as e:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bert.errors import InputError
-from bert.inference import InputItemError, Predictor
+from bert.inference import Predictor
+from bert.input_lines import InputItemError
 from bert.serving.errors import BACKEND, OVERLOADED, UNHEALTHY, ApiError
 from bert.serving.metrics import Metrics
 from bert.serving.settings import ServeSettings

@@ -19,7 +19,8 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 
 import bert
 from bert.errors import InputError
-from bert.inference import InputItemError, Predictor
+from bert.inference import Predictor
+from bert.input_lines import InputItemError
 from bert.serving.batcher import ANSWER, CLASSIFY, EMBED, EMBED_ALL, FILL, RANK, SIMILAR, TAG, Batcher
 from bert.serving.checks import (
     check_count,
