@@ -328,7 +328,8 @@ def _readme_blocks(language: str) -> list[str]:
 def test_readme_slurm_scripts_parse_and_run_bert_through_the_schedulers_variables():
     scripts = _readme_blocks("sh")
     commands = ("create-pretraining-data", "pretrain", "embed")
-    data, train, embed = (next(s for s in scripts if f"bert {c}" in s) for c in commands)
+    slurm = [s for s in scripts if "#SBATCH" in s]
+    data, train, embed = (next(s for s in slurm if f"bert {c}" in s) for c in commands)
     for script in (data, train, embed):
         done = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, done.stderr

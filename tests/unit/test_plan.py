@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from bert import modeling
+from bert import cpu_kernels
 from bert.config import BertConfig
 from bert.errors import InputError
 from bert.modeling import BertForPreTraining
@@ -39,7 +39,7 @@ def _batch(config: BertConfig, shape: Shape) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_flops_per_step_equal_torchs_flop_counter(checkpointing, monkeypatch):
-    monkeypatch.setattr(modeling, "_ONEDNN_LINEAR", False)  # the counter knows aten's matmuls, not oneDNN's op
+    monkeypatch.setattr(cpu_kernels, "_ONEDNN_LINEAR", False)  # the counter knows aten's matmuls, not oneDNN's op
     config, shape = BertConfig(**TINY), Shape(3, 16, 4)
     model = BertForPreTraining(config).train()
     model.gradient_checkpointing_enable(checkpointing)
