@@ -173,6 +173,7 @@ def test_resume_after_kill_is_exact(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ (e)
+@pytest.mark.slow  # two torchrun processes and a reference run: about 12 s on two cores
 def test_two_processes_equal_one(tmp_path):
     data, vocab = synthetic_data(tmp_path, n=24, seq=32)
     config = write_tiny_config(tmp_path / "bert_config.json", 99, max_position_embeddings=32, **NO_DROPOUT)

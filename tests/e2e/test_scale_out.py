@@ -190,6 +190,7 @@ def one_node(tmp_path_factory):
     return tmp, config, data, flags, out
 
 
+@pytest.mark.slow  # two torchrun agents and a reference run: about 15 s on two cores
 def test_two_torchrun_agents_meet_and_train_as_one_node(one_node, tmp_path):
     _, config, data, flags, reference = one_node
     out, port = tmp_path / "two-nodes", _free_port()
@@ -221,6 +222,7 @@ def _worker_pids(agent_pid: int) -> dict[int, int]:
     return out
 
 
+@pytest.mark.slow  # an elastic restart of two ranks and a reference run: about 13 s on two cores
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the worker to kill through /proc (Linux)")
 def test_a_rank_killed_mid_run_is_restarted_and_ends_with_the_uninterrupted_weights(one_node, tmp_path):
     _, config, data, flags, reference = one_node
@@ -246,6 +248,7 @@ def test_a_rank_killed_mid_run_is_restarted_and_ends_with_the_uninterrupted_weig
     assert [m["loss"] for m in read_metrics(out)] == [m["loss"] for m in read_metrics(reference)]
 
 
+@pytest.mark.slow  # two FSDP processes and a reference run: about 20 s on two cores
 def test_fsdp_two_processes_equal_one(tmp_path):
     # FSDP on CPU (gloo): the same losses and weights as one process, and a rerun resumes the sharded
     # optimizer state from the full checkpoint.
