@@ -72,6 +72,41 @@ def test_v2_rerank_equals_bert_rerank(port, expected):
     assert set(answer["results"][0]) == {"index", "relevance_score"}
 
 
+def test_v2_max_tokens_per_doc_ranks_the_documents_cut_to_that_many_tokens(port, cross_encoder):
+    documents = ["A man is eating a piece of bread.", "The girl is carrying a baby.", "Hello!"]
+    cut = [" ".join(d.split()[:2]) for d in documents]  # each word one token in the test vocabulary
+    assert [len(t) for t in cross_encoder.tokenize(cut, add_special_tokens=False)] == [2, 2, 2]
+    body = {"query": QUERY, "documents": documents, "max_tokens_per_doc": 2}
+    status, _, answer = call(port, "/v2/rerank", body)
+    assert status == 200, answer
+    assert_ranked(answer["results"], cross_encoder.rank(QUERY, cut), len(documents))
+    status, _, whole = call(port, "/v2/rerank", {**body, "max_tokens_per_doc": None})
+    assert_ranked(whole["results"], cross_encoder.rank(QUERY, documents), len(documents))
+
+
+def test_langchain_cohere_rerank_at_the_base_url(port, expected):
+    rerank = pytest.importorskip("langchain_cohere", reason="langchain-cohere is not installed (test extra)")
+    from langchain_core.documents import Document
+
+    client = rerank.CohereRerank(base_url=f"http://127.0.0.1:{port}", cohere_api_key="x", model="m", top_n=2)
+    answer = client.compress_documents([Document(page_content=d) for d in DOCUMENTS], QUERY)
+    assert [d.page_content for d in answer] == [DOCUMENTS[e["index"]] for e in expected[:2]]
+    got = [d.metadata["relevance_score"] for d in answer]
+    assert got == pytest.approx([e["score"] for e in expected[:2]], abs=1e-5)
+
+
+def test_mteb_remote_reranker_scores_every_pair_as_bert_rerank(port, cross_encoder):
+    wrappers = pytest.importorskip("mteb.models.openai_wrappers", reason="mteb is not installed (test extra)")
+    from torch.utils.data import DataLoader
+
+    model = wrappers.OpenAIAPIRerankWrapper(endpoint_url=f"http://127.0.0.1:{port}", model_name="org/reranker")
+    queries = DataLoader([{"text": QUERY}] * len(DOCUMENTS), batch_size=3)
+    documents = DataLoader([{"text": d} for d in DOCUMENTS], batch_size=3)
+    scores = model.predict(queries, documents, task_metadata=None, hf_split="test", hf_subset="default")
+    by_index = {r["index"]: r["score"] for r in cross_encoder.rank(QUERY, DOCUMENTS)}
+    assert scores.tolist() == pytest.approx([by_index[i] for i in range(len(DOCUMENTS))], abs=1e-5)
+
+
 @pytest.mark.parametrize(
     "path, body, status, message",
     [
@@ -79,7 +114,8 @@ def test_v2_rerank_equals_bert_rerank(port, expected):
         ("/v1/rerank", {"query": QUERY, "documents": "x"}, 422, '"documents" must be a list'),
         ("/v2/rerank", {"query": QUERY, "documents": [{"text": "x"}]}, 422, '"documents"'),
         ("/v2/rerank", {"query": QUERY, "documents": ["x"], "top_n": 0}, 422, '"top_n"'),
-        ("/v2/rerank", {"query": QUERY, "documents": ["x"], "max_tokens_per_doc": 9}, 422, "max_tokens_per_doc"),
+        ("/v2/rerank", {"query": QUERY, "documents": ["x"], "rank_fields": ["a"]}, 422, "rank_fields"),
+        ("/v2/rerank", {"query": QUERY, "documents": ["x"], "max_tokens_per_doc": 0}, 422, '"max_tokens_per_doc"'),
         ("/v1/rerank", {"query": " ", "documents": ["x"]}, 400, '"query" is empty'),
     ],
 )

@@ -268,6 +268,22 @@ def test_langchain_openai_embeddings_at_the_base_url(minilm):
             langchain(keyed_url, api_key="wrong").embed_query(SENTENCES[0])
 
 
+def test_mteb_remote_encoder_at_the_base_url(minilm):
+    # MTEB's wrapper for OpenAI-shaped servers: GET /v1/models before it starts, then /v1/embeddings in batches.
+    wrappers = pytest.importorskip("mteb.models.openai_wrappers", reason="mteb is not installed (test extra)")
+    from torch.utils.data import DataLoader
+
+    url, _, offline = minilm
+    # use_chat_template=False: plain "input" texts, as its docs say for servers other than vLLM ("messages",
+    # vLLM's chat embeddings, is refused by name).
+    model = wrappers.OpenAIAPIEncodeWrapper(
+        endpoint_url=url, model_name="test-model", use_chat_template=False, modalities=["text"]
+    )
+    texts = DataLoader([{"text": s} for s in SENTENCES], batch_size=4)
+    vectors = model.encode(texts, task_metadata=None, hf_split="test", hf_subset="default", batch_size=3)
+    np.testing.assert_allclose(vectors, offline, atol=1e-5, rtol=0)
+
+
 # ------------------------------------------------------------------------------------------ fields over HTTP
 def test_embed_fields_equal_the_predictor(minilm):
     url, predictor, offline = minilm

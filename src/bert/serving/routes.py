@@ -182,7 +182,15 @@ class Api:
 
     async def rerank_v2(self, request: Request, body: dict) -> Response:
         texts = text_list(body.get("documents"), "documents", self.settings.max_client_batch_size)
+        if body["max_tokens_per_doc"] is not None:
+            texts = self._first_tokens(texts, body["max_tokens_per_doc"])
         return JSONResponse(await self._cohere_rerank(request, body, texts, "2"))
+
+    def _first_tokens(self, texts: list[str], n: int) -> list[str]:
+        """Each text up to the end of its n-th token, in its own characters: a cut at a token boundary reads as
+        those n tokens again when the pair is made (greedy WordPiece keeps a piece whose end stays)."""
+        rows = self.predictor.tokenize(texts, add_special_tokens=False)
+        return [text[: row[n - 1]["stop"]] if len(row) > n else text for text, row in zip(texts, rows)]
 
     async def models(self, request: Request, body: None) -> Response:
         """OpenAI's list of models: the one served, what it answers (the POST routes serving it) and when."""

@@ -613,7 +613,15 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "/v2/rerank",
         "rerank_v2",
         "Cohere's v2 rerank API: the documents by relevance to the query, best first, scored as /rerank scores them.",
-        {**_RERANK_FIELDS, "documents": Field({"type": "array", "items": _STRING}, "the documents", True)},
+        {
+            **_RERANK_FIELDS,
+            "documents": Field({"type": "array", "items": _STRING}, "the documents", True),
+            "max_tokens_per_doc": Field(
+                {"type": "integer", "minimum": 1, "nullable": True},
+                "cut each document after its first n tokens before it is paired with the query (Cohere's default "
+                "4096; null: only the pair's cut to max_input_length)",
+            ),
+        },
         _rerank_answer(document=False),
         tei=False,
         openai=True,
