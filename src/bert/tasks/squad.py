@@ -1280,6 +1280,15 @@ class SquadTask(FinetuneTask):
             return examples
         raise InputError(NO_EVAL)
 
+    def read_unlabelled(self, path: str) -> list:
+        """A SQuAD JSON file's questions read as for prediction: answers, if any, are not read."""
+        a = self.args
+        data = load_json_file(path, "--transfer_file")
+        examples = squad_examples_from_json(data, False, a.version_2_with_negative, source=path)
+        if not examples:
+            raise InputError(f"--transfer_file={path} holds no questions; give a SQuAD file of questions and contexts")
+        return examples
+
     def convert(self, examples: Sequence, tokenizer, max_seq_length: int, pad: bool) -> list:
         # Training examples carry answer positions (-1 for impossible ones); prediction examples none.
         is_training = any(ex.start_position is not None for ex in examples)
