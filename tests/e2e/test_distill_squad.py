@@ -18,6 +18,7 @@ from bert.commands.squad import SquadArgs, run_squad
 from conftest import (
     assert_same_weights,
     cli_error,
+    read_metrics,
     read_weights,
     save_model_dir,
     shared_path,
@@ -34,6 +35,7 @@ def data(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("squad")
     squad_slice("1.1", 0, TRAIN, d / "train.json", training=True)
     squad_slice("1.1", TRAIN, TRANSFER, d / "transfer.json", training=False)  # answers kept: they must be ignored
+    squad_slice("2.0", 0, TRAIN, d / "train-v2.json", training=True)  # unanswerable questions among them
     return d
 
 
@@ -117,6 +119,16 @@ def test_squad_student_learns_the_teachers_spans_once_cached(data, teacher, tmp_
     assert f"{len(rows)} cached outputs" in caplog.text and "computed" not in caplog.text
     assert array.stat().st_mtime_ns == written
     assert_same_weights(read_weights(tmp_path / "a" / "model"), read_weights(tmp_path / "b" / "model"))
+
+
+def test_squad_v2_student_learns_the_teacher_alone_at_alpha_1(data, teacher, tmp_path, monkeypatch):
+    """SQuAD 2.0 distils as 1.1 does, the null answer being [CLS] of each window: at --distill_alpha=1 the loss is
+    the teacher's alone, unanswerable questions' windows included."""
+    monkeypatch.setattr("bert.training.try_plot", lambda *a, **k: None)
+    flags = dict(train_file=str(data / "train-v2.json"), transfer_file=None, distill_alpha=1.0)
+    run_squad(student_args(data, teacher, tmp_path / "v2", version_2_with_negative=True, **flags))
+    logged = [m for m in read_metrics(tmp_path / "v2") if "kd_loss" in m]
+    assert logged and all(m["kd_loss"] > 0 and m["loss"] == pytest.approx(m["kd_loss"], rel=1e-6) for m in logged)
 
 
 def test_squad_teacher_must_share_the_vocabulary(data, vocab, teacher, tmp_path, capsys):
