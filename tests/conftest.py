@@ -6,6 +6,7 @@ Tests import the helpers with `from conftest import ...`.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import random
@@ -156,8 +157,6 @@ def save_tiny_model(directory: Path, vocab: Path, do_lower_case: bool, **overrid
 
 def uncased_vocab(directory: Path) -> Path:
     """The released uncased vocab.txt (a fixture of tests/fixtures), written as `directory/vocab.txt`."""
-    import gzip
-
     path = directory / "vocab.txt"
     path.write_bytes(gzip.decompress((FIXTURES / "tokenization" / "vocab_uncased.txt.gz").read_bytes()))
     return path
@@ -289,6 +288,35 @@ def synthetic_data(
 
 
 # ------------------------------------------------------------------------------------- output readers
+def squad_slice(version: str, start: int, count: int, path: Path, training: bool) -> Path:
+    """Questions `start .. start + count - 1` of the dev set, with their paragraphs, as a SQuAD file.
+
+    For training, an answerable question keeps only its first answer (training wants exactly one).
+    """
+    with gzip.open(shared_path("data", "squad", f"dev-v{version}.json.gz"), "rt", encoding="utf-8") as f:
+        dev = json.load(f)
+    data, index = [], 0
+    for article in dev["data"]:
+        paragraphs = []
+        for paragraph in article["paragraphs"]:
+            qas = []
+            for qa in paragraph["qas"]:
+                if start <= index < start + count:
+                    qa = dict(qa)
+                    if training:
+                        qa["answers"] = qa["answers"][:1]
+                    qas.append(qa)
+                index += 1
+            if qas:
+                paragraphs.append({"context": paragraph["context"], "qas": qas})
+        if paragraphs:
+            data.append({"title": article["title"], "paragraphs": paragraphs})
+        if index >= start + count:
+            break
+    path.write_text(json.dumps({"version": dev["version"], "data": data}), encoding="utf-8")
+    return path
+
+
 def read_results(path: Path) -> dict[str, str]:
     """eval_results.txt (or test_results.txt) as {key: value text}; its lines must be sorted, as the original's."""
     lines = path.read_text().splitlines()

@@ -11,8 +11,9 @@ module is the one place for it:
 - the soft-label losses (`kd_*`), per example, so the heads' `loss_normalizers` design still adds
   micro-batches and processes up to the loss of the global batch;
 - the teachers of the fine-tuning commands: `ClassificationTeacher` reads raw text as `bert predict` does
-  (its own tokenizer, so the student may have another vocabulary), `TokenTeacher` the student's own word
-  pieces (NER: the same vocabulary), and `distillation_loss`, the loss of a batch that carries their outputs;
+  (its own tokenizer, so the student may have another vocabulary), `FeatureTeacher` the student's own word
+  pieces (the same vocabulary): `TokenTeacher` (NER) and `SpanTeacher` (SQuAD's windows), and
+  `distillation_loss`, the loss of a batch that carries their outputs;
 - a student made of some of the teacher's layers (`student_from_teacher_layers`, DistilBERT's start),
   which `bert.starting_model` builds for `--init_from_teacher_layers`;
 - MiniLM's relation losses between the last layers' self-attention (`minilm_losses`), which
@@ -289,12 +290,28 @@ def kd_token_loss(
     return (per_token.view(B, T) * mask.float()).sum(-1)
 
 
+def kd_span_loss(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """[B]: the mean of the start and the end `kd_classification_loss` of [B, T, 2] logits, each distribution over
+    the positions where `mask` ([B, T]) is true (a window's real tokens; [CLS] is SQuAD 2.0's null answer), as
+    DistilBERT's SQuAD distillation. One term per window, as `BertForQuestionAnswering` counts its loss."""
+    t = float(temperature)
+    # The least finite value, not -inf, for the padding: its probability is 0 and KL's 0 * (0 - 0) stays 0, not NaN.
+    padding = (mask == 0)[..., None]
+    least = torch.finfo(torch.float32).min
+    log_p_teacher = (teacher_logits.float() / t).masked_fill(padding, least).log_softmax(1)  # over positions
+    log_p_student = (student_logits.float() / t).masked_fill(padding, least).log_softmax(1)
+    kl = (log_p_teacher.exp() * (log_p_teacher - log_p_student)).sum(1)  # [B, 2]: start, end
+    return kl.mean(-1) * (t * t)
+
+
 # ------------------------------------------------------------------------------- fine-tuning students
 CACHE_DIR = "teacher_cache"  # in --output_dir unless --teacher_cache_dir says
 TEACHER_KEY = "teacher_logits"  # a batch's teacher outputs, beside the head's inputs
 LABELLED_KEY = "labelled"  # 1 for an example with a label, 0 for a transfer example (the teacher's label only)
-# The loss of each kind of head's outputs; a kind is the head's problem type, or "token" (NER).
-KINDS = ("single_label_classification", "regression", "multi_label_classification", "token")
+# The loss of each kind of head's outputs; a kind is the head's problem type, "token" (NER) or "span" (SQuAD).
+KINDS = ("single_label_classification", "regression", "multi_label_classification", "token", "span")
 
 
 def _teacher_base(teacher: str) -> Path:
@@ -423,25 +440,24 @@ class ClassificationTeacher:
         return cached, example_rows
 
 
-class TokenTeacher:
-    """A fine-tuned token classifier (`bert ner`'s OUTPUT/model) run on the student's own features: its logits
-    at every word piece, so it must read the text as the student does (the same vocabulary and casing).
+class FeatureTeacher:
+    """A fine-tuned model run on the student's own features (the same word pieces, windows and length), so it must
+    read the text as the student does: the same vocabulary and casing. The teacher's outputs at every position of
+    each feature are cached; a subclass says which head (`kind`, `columns`).
 
     Args:
         teacher: the --teacher path.
-        labels: the student's label list.
-        teacher_labels: the label list saved in the teacher's config.
         vocab_file, do_lower_case, max_seq_length: the student's.
         dtype, quantize: `--teacher_dtype`, `--teacher_quantize`.
     """
 
-    kind = "token"
+    kind = ""  # the distillation loss's kind (`KINDS`)
+    outputs_name = ""  # what the cache holds, in its key
+    columns: list[int]  # the teacher's output columns, in the student's order (set by the subclass)
 
     def __init__(
         self,
         teacher: str,
-        labels: Sequence[str],
-        teacher_labels: list[str] | None,
         vocab_file: str,
         do_lower_case: bool,
         max_seq_length: int,
@@ -453,14 +469,15 @@ class TokenTeacher:
         base = _teacher_base(teacher)
         if not (base / VOCAB_NAME).is_file() or load_vocab(base / VOCAB_NAME) != load_vocab(vocab_file):
             raise InputError(
-                f"--teacher={teacher}: its vocab.txt is not the student's --vocab_file={vocab_file}; token-level "
-                "distillation pairs the teacher's and the student's word pieces, so both must use one vocabulary"
+                f"--teacher={teacher}: its vocab.txt is not the student's --vocab_file={vocab_file}; the teacher "
+                "reads the student's own word pieces, so both must use one vocabulary"
             )
         casing = _read_tokenizer_casing(base)
         if casing is not None and casing != do_lower_case:
             raise InputError(
                 f"--teacher={teacher} lower-cases {'its' if casing else 'no'} input (tokenizer_config.json), the "
-                f"student --do_lower_case={do_lower_case}; token-level distillation needs the same word pieces"
+                f"student --do_lower_case={do_lower_case}; the teacher reads the student's word pieces, so they "
+                "must be the same"
             )
         if max_seq_length > config.max_position_embeddings:
             raise InputError(
@@ -468,7 +485,6 @@ class TokenTeacher:
                 f"{config.max_position_embeddings}"
             )
         self.max_seq_length = max_seq_length
-        self.columns = label_order(teacher, teacher_labels, labels)
 
     def outputs(
         self,
@@ -481,16 +497,17 @@ class TokenTeacher:
         batch_size: int,
         desc: str = "teacher",
     ) -> tuple[np.ndarray, np.ndarray]:
-        """[F, max_seq_length, L] the teacher's logits at each feature's positions (zero past its end), in the
-        teacher's label order, through the cache; each feature's row is its own."""
+        """[F, max_seq_length, C] the teacher's outputs at each feature's positions (zero past its end), through
+        the cache; each feature's row is its own."""
         key = {
-            "outputs": "token_logits",
+            "outputs": self.outputs_name,
             "teacher": weights_digest(self.teacher),
             "teacher_files": teacher_files_digest(self.teacher),
             "inputs": data_digest([[list(f.input_ids), list(f.segment_ids)] for f in features]),
             **precision_key(self.dtype, self.quantize),
         }
         predictor: list[Predictor] = []
+        width = len(self.columns)
 
         def compute(start: int, stop: int) -> np.ndarray:
             if not predictor:  # loaded only when the cache misses
@@ -498,19 +515,79 @@ class TokenTeacher:
                     load_teacher_predictor(self.teacher, dist.device, batch_size, self.dtype, self.quantize)
                 )
             model, device = predictor[0].model, predictor[0].device
-            out = np.zeros((stop - start, self.max_seq_length, len(self.columns)), dtype=np.float32)
+            out = np.zeros((stop - start, self.max_seq_length, width), dtype=np.float32)
             for i in range(start, stop, batch_size):
                 arrays = collate(features[i : min(i + batch_size, stop)])
                 ids, mask, types = (
                     torch.from_numpy(arrays[k]).to(device) for k in ("input_ids", "attention_mask", "token_type_ids")
                 )
-                logits = model(ids, mask, types).logits.float().cpu().numpy()  # [B, T, L]
+                logits = model(ids, mask, types).logits.float()  # [B, T, C]
+                # Zero at the batch's padding too, so a row does not depend on the batch it was computed in.
+                logits = (logits * mask[..., None]).cpu().numpy()
                 out[i - start : i - start + len(logits), : logits.shape[1]] = logits
             return out
 
-        shape = (self.max_seq_length, len(self.columns))
-        cached = cached_by_rank0(dist, cache_dir, key, len(features), shape, compute, desc)
+        cached = cached_by_rank0(dist, cache_dir, key, len(features), (self.max_seq_length, width), compute, desc)
         return cached, np.arange(len(features))
+
+
+class TokenTeacher(FeatureTeacher):
+    """A fine-tuned token classifier (`bert ner`'s OUTPUT/model) run on the student's own features: its logits
+    at every word piece.
+
+    Args:
+        teacher: the --teacher path.
+        labels: the student's label list.
+        teacher_labels: the label list saved in the teacher's config.
+        vocab_file, do_lower_case, max_seq_length, dtype, quantize: see `FeatureTeacher`.
+    """
+
+    kind = "token"
+    outputs_name = "token_logits"
+
+    def __init__(
+        self,
+        teacher: str,
+        labels: Sequence[str],
+        teacher_labels: list[str] | None,
+        vocab_file: str,
+        do_lower_case: bool,
+        max_seq_length: int,
+        dtype: str = "float32",
+        quantize: str = "none",
+    ):
+        super().__init__(teacher, vocab_file, do_lower_case, max_seq_length, dtype, quantize)
+        self.columns = label_order(teacher, teacher_labels, labels)
+
+
+class SpanTeacher(FeatureTeacher):
+    """A fine-tuned SQuAD model (`bert squad`'s OUTPUT/model, any `BertForQuestionAnswering`) run on the student's
+    own doc-stride windows, as the student's --max_seq_length, --doc_stride and --max_query_length cut them: its
+    start and end logits at every position (SQuAD 2.0's null answer is position 0, [CLS], of each window).
+
+    Args: see `FeatureTeacher`.
+    """
+
+    kind = "span"
+    outputs_name = "span_logits"
+
+    def __init__(
+        self,
+        teacher: str,
+        vocab_file: str,
+        do_lower_case: bool,
+        max_seq_length: int,
+        dtype: str = "float32",
+        quantize: str = "none",
+    ):
+        architectures = teacher_config(teacher).extra.get("architectures") or ["none named"]
+        if architectures[0] != "BertForQuestionAnswering":
+            raise InputError(
+                f"--teacher={teacher} is a {architectures[0]} (config.json architectures), not a "
+                "BertForQuestionAnswering; distil from a SQuAD model, such as OUTPUT/model of `bert squad`"
+            )
+        super().__init__(teacher, vocab_file, do_lower_case, max_seq_length, dtype, quantize)
+        self.columns = [0, 1]  # start, end
 
 
 def _read_tokenizer_casing(base: Path) -> bool | None:
@@ -520,7 +597,7 @@ def _read_tokenizer_casing(base: Path) -> bool | None:
     return None if value is None else bool(value)
 
 
-Teacher = ClassificationTeacher | TokenTeacher
+Teacher = ClassificationTeacher | FeatureTeacher
 
 
 def cached_by_rank0(
@@ -561,7 +638,7 @@ def distillation_loss(kind: str, alpha: float, temperature: float) -> LossFn:
         inputs = {k: v for k, v in batch.items() if k not in (TEACHER_KEY, LABELLED_KEY)}
         out = model(**inputs)
         teacher = batch[TEACHER_KEY]
-        if kind == "token":  # cached at --max_seq_length; the batch is padded to its longest feature
+        if kind in ("token", "span"):  # cached at --max_seq_length; the batch is padded to its longest feature
             teacher = teacher[:, : out.logits.shape[1]]
         if kind == "regression":
             kd = kd_regression_loss(out.logits, teacher)
@@ -569,6 +646,8 @@ def distillation_loss(kind: str, alpha: float, temperature: float) -> LossFn:
             kd = kd_multi_label_loss(out.logits, teacher, temperature)
         elif kind == "token":
             kd = kd_token_loss(out.logits, teacher, inputs["labels"] != IGNORE_INDEX, temperature)
+        elif kind == "span":
+            kd = kd_span_loss(out.logits, teacher, inputs["attention_mask"], temperature)
         else:
             kd = kd_classification_loss(out.logits, teacher, temperature)
         labelled = batch[LABELLED_KEY].float()

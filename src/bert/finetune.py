@@ -38,7 +38,7 @@ every task, following run_classifier.py's `main`:
    `eval_loss`, `global_step`, `loss` plus the task's metrics) with `eval_results.json`, and the task's
    prediction files.
 
-7. Distillation (`--teacher`, classify and NER, `bert.distillation`): the teacher's outputs on the training
+7. Distillation (`--teacher`, classify, NER and SQuAD, `bert.distillation`): the teacher's outputs on the training
    and `--transfer_file` examples are computed once (cached) and each batch carries its features' rows; the
    loss is `distillation.distillation_loss` under the head's `loss_normalizers`, and the transfer examples
    count in the step arithmetic.
@@ -427,6 +427,17 @@ class _FinetuneRun:
                 args.teacher,
                 labels,
                 teacher_labels,
+                vocab_file,
+                args.do_lower_case,
+                args.max_seq_length,
+                args.teacher_dtype,
+                args.teacher_quantize,
+            )
+        elif task.head == "BertForQuestionAnswering":
+            vocab_file = self.files.start.vocab_file
+            assert vocab_file is not None  # fine-tuning needs a vocab
+            teacher = distillation.SpanTeacher(
+                args.teacher,
                 vocab_file,
                 args.do_lower_case,
                 args.max_seq_length,

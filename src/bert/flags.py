@@ -465,8 +465,8 @@ class TeacherArgs:
         metadata={
             "model": True,
             "run_defining": "data",
-            "help": "A larger model to learn from (a model directory or checkpoint; for classify and ner a "
-            "fine-tuned one, such as OUTPUT/model of `bert classify`): its outputs are soft labels where the "
+            "help": "A larger model to learn from (a model directory or checkpoint; for classify, ner and squad "
+            "a fine-tuned one, such as OUTPUT/model of `bert classify`): its outputs are soft labels where the "
             "command distils (see --distill_alpha), and --init_from_teacher_layers starts the student from its "
             "layers.",
         },
@@ -513,8 +513,8 @@ class DistillArgs(TeacherArgs):
         metadata={
             "run_defining": "data",
             "help": "Unlabelled examples in the command's own input format, the test set's where it has one (GLUE: "
-            "test.tsv's layout; ner: CoNLL lines, the word first, tags ignored), labelled by --teacher and trained on "
-            "with the distillation loss alone; training steps count them.",
+            "test.tsv's layout; ner: CoNLL lines, the word first, tags ignored; squad: SQuAD JSON, answers ignored), "
+            "labelled by --teacher and trained on with the distillation loss alone; training steps count them.",
         },
     )
     temperature: float = field(

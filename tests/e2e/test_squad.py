@@ -5,7 +5,6 @@ question with identical predictions under dynamic padding and padding to --max_s
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from conftest import (
     read_metrics,
     read_results,
     read_weights,
-    shared_path,
+    squad_slice,
 )
 
 MAX_SEQ_LENGTH = 128
@@ -35,35 +34,6 @@ DOC_STRIDE = 32
 
 # conftest's model_files: the uncased vocab, attention dropout on.
 TINY_MODEL = dict(attention_probs_dropout_prob=0.1, max_position_embeddings=MAX_SEQ_LENGTH)
-
-
-def squad_slice(version: str, start: int, count: int, path: Path, training: bool) -> Path:
-    """Questions `start .. start + count - 1` of the dev set, with their paragraphs, as a SQuAD file.
-
-    For training, an answerable question keeps only its first answer (training wants exactly one).
-    """
-    with gzip.open(shared_path("data", "squad", f"dev-v{version}.json.gz"), "rt", encoding="utf-8") as f:
-        dev = json.load(f)
-    data, index = [], 0
-    for article in dev["data"]:
-        paragraphs = []
-        for paragraph in article["paragraphs"]:
-            qas = []
-            for qa in paragraph["qas"]:
-                if start <= index < start + count:
-                    qa = dict(qa)
-                    if training:
-                        qa["answers"] = qa["answers"][:1]
-                    qas.append(qa)
-                index += 1
-            if qas:
-                paragraphs.append({"context": paragraph["context"], "qas": qas})
-        if paragraphs:
-            data.append({"title": article["title"], "paragraphs": paragraphs})
-        if index >= start + count:
-            break
-    path.write_text(json.dumps({"version": dev["version"], "data": data}), encoding="utf-8")
-    return path
 
 
 def question_ids(path: Path) -> list[str]:

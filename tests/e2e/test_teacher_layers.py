@@ -1,5 +1,5 @@
-"""`--init_from_teacher_layers` in the commands that take a teacher only to start from its layers (squad, swag;
-train-embeddings, train-reranker and pretrain also distil from it): the run starts from a student made of
+"""`--init_from_teacher_layers` in the commands that take a teacher only to start from its layers (swag;
+squad, train-embeddings, train-reranker and pretrain also distil from it): the run starts from a student made of
 those layers (`bert.distillation.student_from_teacher_layers`, wired in `bert.starting_model`)."""
 
 from __future__ import annotations
@@ -49,15 +49,10 @@ def test_pretrain_starts_from_the_teachers_layers(tmp_path):
 
 
 # train-embeddings and train-reranker distil (--loss=mse, margin_mse, distill_kl; their refusal of a teacher with
-# another loss is tests/e2e/test_distill_sentence.py's), and pretrain distils from a teacher alone
-# (tests/e2e/test_pretrain_distill.py).
-@pytest.mark.parametrize("command", ["swag", "squad"])
-def test_a_teacher_alone_is_refused_where_the_command_does_not_distil(command, tmp_path, capsys):
-    data = {
-        "swag": ["--data_dir=x", "--do_train"],
-        "squad": ["--train_file=x.json", "--do_train"],
-    }[command]
-    flags = [f"--output_dir={tmp_path / 'out'}", "--bert_config_file=tiny", f"--teacher={TINY}", *data]
-    error = cli_error(capsys, command, *flags)
+# another loss is tests/e2e/test_distill_sentence.py's), pretrain distils from a teacher alone
+# (tests/e2e/test_pretrain_distill.py), and so does squad (tests/e2e/test_distill_squad.py).
+def test_a_teacher_alone_is_refused_where_the_command_does_not_distil(tmp_path, capsys):
+    flags = [f"--output_dir={tmp_path / 'out'}", "--bert_config_file=tiny", f"--teacher={TINY}", "--data_dir=x"]
+    error = cli_error(capsys, "swag", *flags, "--do_train")
     assert f"--teacher={TINY}: this command takes a teacher only to start from its layers" in error
     assert not (tmp_path / "out").exists()

@@ -229,3 +229,57 @@ def test_kd_token_loss_sums_the_masked_tokens():
         keep = mask[b].bool()
         expected = kd_classification_loss(student[b][keep], teacher[b][keep], 2.0).sum()
         torch.testing.assert_close(got[b], expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5, 3.0])
+def test_kd_span_loss_is_the_mean_of_start_and_end_kl_over_real_positions(temperature):
+    from bert.distillation import kd_span_loss
+
+    g = torch.Generator().manual_seed(4)
+    student = (torch.randn(3, 6, 2, generator=g) * 3).requires_grad_()
+    teacher = torch.randn(3, 6, 2, generator=g) * 3
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0]])
+    got = kd_span_loss(student, teacher, mask, temperature)
+    t = temperature
+    for b in range(3):
+        keep = mask[b].bool()
+        kls = []
+        for side in (0, 1):  # start, end: each a distribution over the window's real positions, in float64
+            s, q = student[b, keep, side].double() / t, teacher[b, keep, side].double() / t
+            p_t, p_s = q.softmax(0), s.softmax(0)
+            kls.append((p_t * (p_t.log() - p_s.log())).sum())
+        by_hand = (kls[0] + kls[1]) / 2 * t * t
+        # 1e-6 absolute, or relative where T^2 makes the loss large (float32's resolution is 1.2e-7 of it).
+        torch.testing.assert_close(got[b].double(), by_hand, atol=1e-6, rtol=1e-6)
+    got.sum().backward()  # the padding has no gradient, and no NaN reaches the real positions
+    assert torch.isfinite(student.grad).all() and student.grad[1, 3:].abs().max() == 0
+    assert torch.all(kd_span_loss(teacher, teacher, mask, temperature).abs() < 1e-6)  # zero at the teacher
+
+
+def test_span_distillation_loss_mixes_the_labels_loss_only_for_labelled_windows(tiny_config):
+    from bert.distillation import LABELLED_KEY, TEACHER_KEY, distillation_loss, kd_span_loss
+    from bert.modeling import BertForQuestionAnswering
+
+    torch.manual_seed(0)
+    model = BertForQuestionAnswering(tiny_config).eval()
+    g = torch.Generator().manual_seed(5)
+    batch = {
+        "input_ids": torch.randint(0, 99, (4, 7), generator=g),
+        "attention_mask": torch.tensor([[1] * 7, [1] * 5 + [0] * 2, [1] * 7, [1] * 6 + [0]]),
+        "token_type_ids": torch.zeros(4, 7, dtype=torch.long),
+        "start_positions": torch.tensor([0, 2, 3, 0]),
+        "end_positions": torch.tensor([0, 3, 5, 0]),
+        TEACHER_KEY: torch.randn(4, 9, 2, generator=g),  # cached at a longer --max_seq_length, zero past the end
+        LABELLED_KEY: torch.tensor([1.0, 1.0, 0.0, 0.0]),
+    }
+    alpha, t = 0.3, 2.0
+    loss, logs = distillation_loss("span", alpha, t)(model, batch, {"count": torch.tensor(4.0)})
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+    out = model(**inputs, start_positions=batch["start_positions"], end_positions=batch["end_positions"])
+    kd = kd_span_loss(out.logits, batch[TEACHER_KEY][:, :7], batch["attention_mask"], t)
+    per_window = torch.cat([alpha * kd[:2] + (1 - alpha) * out.example_loss[:2], kd[2:]])
+    torch.testing.assert_close(loss, per_window.sum() / 4, atol=1e-6, rtol=0)
+    torch.testing.assert_close(logs["kd_loss"], kd.sum() / 4, atol=1e-6, rtol=0)
+    # A transfer window's placeholder positions are no label: changing them changes nothing.
+    moved = {**batch, "start_positions": torch.tensor([0, 2, 1, 4]), "end_positions": torch.tensor([0, 3, 6, 5])}
+    torch.testing.assert_close(distillation_loss("span", alpha, t)(model, moved, {"count": torch.tensor(4.0)})[0], loss)

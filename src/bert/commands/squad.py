@@ -26,6 +26,15 @@ every question of `--predict_file` carries gold answers (a dev file), the offici
 runs it, `best_exact`, `best_f1` and their thresholds) and its result goes to `eval_results.json` and
 `eval_results.txt` (sorted `key = value` lines).
 
+Distillation (`--teacher=OUTPUT/model` of a larger `bert squad` run, `bert.distillation.SpanTeacher`): the
+teacher runs once on the student's own windows (so it must share the student's vocabulary and casing; the
+windows are cut by the student's `--max_seq_length`, `--doc_stride` and `--max_query_length`) and its start and
+end logits are cached; the loss is the mean of the start and end KL at `--temperature` (times T^2, as
+DistilBERT's SQuAD recipe), weighted by `--distill_alpha` against the labels' loss. SQuAD 2.0's null answer is
+position 0 of each window, as in the labels. `--transfer_file` adds questions in SQuAD's JSON (answers absent or
+ignored) learnt from the teacher alone; `--init_from_teacher_layers=0,2,4` starts the student from the teacher's
+layers.
+
 Two divergences, both because a batch is padded to its own longest window instead of to
 `--max_seq_length`, and both making the results independent of the padding:
 - the loss's softmax runs over the real positions of a window only (the original's also runs over the
@@ -41,12 +50,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert.errors import InputError
-from bert.flags import FinetuneArgs, ModelArgs, TeacherArgs, same_as
+from bert.flags import DistillArgs, FinetuneArgs, ModelArgs, same_as
 from bert.tasks.squad import NO_EVAL, SquadTask
 
 
 @dataclass(kw_only=True)
-class SquadArgs(FinetuneArgs, TeacherArgs):
+class SquadArgs(FinetuneArgs, DistillArgs):
     """Fine-tune BERT on SQuAD v1.1 / v2.0 and predict answers (run_squad.py).
 
     Predicting on a file with gold answers also runs the official evaluation. Resumes from the newest

@@ -212,7 +212,7 @@ def _paragraph_examples(
             raise InputError(f'{source}: question {qas_id} has no "question" string; add the question text')
         answer = _NO_ANSWER
         if is_training:
-            answer = _training_answer(
+            labelled = _training_answer(
                 qa,
                 f"{source}: question {qas_id}",
                 paragraph_text,
@@ -220,9 +220,10 @@ def _paragraph_examples(
                 char_to_word_offset,
                 version_2_with_negative,
             )
-            if answer is None:
+            if labelled is None:
                 num_skipped += 1
                 continue
+            answer = labelled
         examples.append(
             SquadExample(
                 qas_id=qas_id,
@@ -508,7 +509,7 @@ def iter_features(
                 assert len(input_ids) == len(input_mask) == len(segment_ids) == max_seq_length
 
             start_position = end_position = None
-            if is_training:
+            if answer_span is not None:  # training
                 start_position, end_position = _window_labels(example, answer_span, doc_span, len(query_tokens))
 
             feature = InputFeatures(
@@ -545,9 +546,9 @@ def _tokenize_document(doc_tokens: Sequence[str], tokenizer: Any) -> _DocPieces:
     Mirrors, line for line, the loop of run_squad.py, `convert_examples_to_features`, that builds
     `all_doc_tokens`, `tok_to_orig_index` and `orig_to_tok_index`.
     """
-    tok_to_orig_index = []
-    orig_to_tok_index = []
-    all_doc_tokens = []
+    tok_to_orig_index: list[int] = []
+    orig_to_tok_index: list[int] = []
+    all_doc_tokens: list[str] = []
     for i, token in enumerate(doc_tokens):
         orig_to_tok_index.append(len(all_doc_tokens))
         for sub_token in tokenizer.tokenize(token):
@@ -564,12 +565,15 @@ def _answer_piece_span(example: SquadExample, doc: _DocPieces, tokenizer: Any) -
     """
     if example.is_impossible:
         return -1, -1
-    tok_start_position = doc.orig_to_tok_index[example.start_position]
-    if example.end_position < len(example.doc_tokens) - 1:
-        tok_end_position = doc.orig_to_tok_index[example.end_position + 1] - 1
+    start, end, text = example.start_position, example.end_position, example.orig_answer_text
+    if start is None or end is None or text is None:
+        raise ValueError(f"question {example.qas_id} has no answer: training features need training examples")
+    tok_start_position = doc.orig_to_tok_index[start]
+    if end < len(example.doc_tokens) - 1:
+        tok_end_position = doc.orig_to_tok_index[end + 1] - 1
     else:
         tok_end_position = len(doc.tokens) - 1
-    return _improve_answer_span(doc.tokens, tok_start_position, tok_end_position, tokenizer, example.orig_answer_text)
+    return _improve_answer_span(doc.tokens, tok_start_position, tok_end_position, tokenizer, text)
 
 
 def _window_tokens(
@@ -638,6 +642,7 @@ def _log_feature(feature: InputFeatures, example: SquadExample, is_training: boo
     if is_training and example.is_impossible:
         logger.info("impossible example")
     if is_training and not example.is_impossible:
+        assert feature.start_position is not None and feature.end_position is not None  # a training feature's
         answer_text = " ".join(feature.tokens[feature.start_position : feature.end_position + 1])
         logger.info("start_position: %d", feature.start_position)
         logger.info("end_position: %d", feature.end_position)
@@ -752,8 +757,8 @@ def _compute_softmax(scores: Sequence[float]) -> list[float]:
 
 def _strip_spaces(text: str) -> tuple[str, dict[int, int]]:
     """`text` without " " characters, and the map from its indices back to indices of `text`."""
-    ns_chars = []
-    ns_to_s_map = {}
+    ns_chars: list[str] = []
+    ns_to_s_map: dict[int, int] = {}
     for i, c in enumerate(text):
         if c == " ":
             continue
@@ -906,6 +911,7 @@ def compute_predictions(
             scores_diff_json[example.qas_id] = NO_NON_NULL_SCORE_DIFF
             all_predictions[example.qas_id] = ""
         else:
+            assert null is not None  # _prelim_predictions returns one in v2.0
             # Predict "" iff the null score beats the best non-null score by more than the threshold.
             score_diff = null.score - best_non_null_entry.start_logit - best_non_null_entry.end_logit
             scores_diff_json[example.qas_id] = float(score_diff)
@@ -1099,7 +1105,7 @@ def _nbest_json(nbest: Sequence[_NbestPrediction]) -> tuple[list[collections.Ord
 
     nbest_json = []
     for i, entry in enumerate(nbest):
-        output = collections.OrderedDict()
+        output: collections.OrderedDict[str, Any] = collections.OrderedDict()
         output["text"] = entry.text
         output["probability"] = probs[i]
         output["start_logit"] = float(entry.start_logit)
@@ -1280,17 +1286,21 @@ class SquadTask(FinetuneTask):
             return examples
         raise InputError(NO_EVAL)
 
+    def read_unlabelled(self, path: str) -> list:
+        """A SQuAD JSON file's questions read as for prediction: answers, if any, are not read."""
+        a = self.args
+        data = load_json_file(path, "--transfer_file")
+        examples = squad_examples_from_json(data, False, a.version_2_with_negative, source=path)
+        if not examples:
+            raise InputError(f"--transfer_file={path} holds no questions; give a SQuAD file of questions and contexts")
+        return examples
+
     def convert(self, examples: Sequence, tokenizer, max_seq_length: int, pad: bool) -> list:
         # Training examples carry answer positions (-1 for impossible ones); prediction examples none.
         is_training = any(ex.start_position is not None for ex in examples)
-        features = convert_examples_to_features(
-            examples,
-            tokenizer,
-            max_seq_length,
-            self.args.doc_stride,
-            self.args.max_query_length,
-            is_training,
-            pad_to_max_length=pad,
+        a = self.args
+        features = list(
+            iter_features(examples, tokenizer, max_seq_length, a.doc_stride, a.max_query_length, is_training, pad)
         )
         logger.info(
             "%d %s examples -> %d features", len(examples), "training" if is_training else "predict", len(features)
