@@ -258,16 +258,8 @@ def _input_rows(args: EmbedArgs, path: str) -> tuple[int, ParquetTexts | None]:
 
 
 def _run_shard(args: EmbedArgs, output_file: str) -> dict[str, Any]:
-    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads (the digest
-    # reads weights through bert.checkpoint).
-    from bert.distillation import data_digest, weights_digest
-
     assert args.input_file is not None
-    if args.backend == "onnx":
-        model = Path(args.model)
-        digest = data_digest(*(sorted(model.glob("*.onnx")) if model.is_dir() else [model]))
-    else:
-        digest = weights_digest(args.model)
+    digest = model_digest(args.model, args.backend)
     with readable_input(args.input_file) as path:
         total, _ = _input_rows(args, path)
     lines = shard_range(total, args.shard_index, args.num_shards)
@@ -294,6 +286,19 @@ def _run_shard(args: EmbedArgs, output_file: str) -> dict[str, Any]:
     with atomic_write(manifest) as f:
         json.dump({**made, "result": result}, f, indent=2)
     return summary
+
+
+def model_digest(model: str, backend: str) -> str:
+    """The digest that names the model a run embeds with: its weights' (`weights_digest`), or its ONNX files'
+    bytes with --backend=onnx. Recorded by shard manifests and `bert index`, compared by `bert search --index`."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads (the digest
+    # reads weights through bert.checkpoint).
+    from bert.distillation import data_digest, weights_digest
+
+    if backend == "onnx":
+        path = Path(model)
+        return data_digest(*(sorted(path.glob("*.onnx")) if path.is_dir() else [path]))
+    return weights_digest(model)
 
 
 def _flag_text(flag: str, value: Any) -> str:
