@@ -204,7 +204,10 @@ DIFFERENT_ON_PURPOSE = {
     ),
     "corpus_embeddings": ({"help", "default"}, "search embeds the corpus without them; index reads nothing else"),
     "seed": ({"help"}, "index draws its training sample with it, training runs initialise, order and drop out"),
-    "chunk_size": ({"help"}, "search scores a chunk of the corpus at a time, index adds one to the index"),
+    "chunk_size": (
+        {"help", "default"},
+        "search scores a chunk of the corpus at a time, index adds one; embed's are late chunking's tokens",
+    ),
     "pooling": ({"help", "choices"}, "embed also offers the pre-training pooler, which training leaves untrained"),
 }
 

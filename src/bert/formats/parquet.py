@@ -137,6 +137,9 @@ class EmbeddingWriter:
         self._writer = pq.ParquetWriter(out, self.schema)
 
     def write(self, vectors: np.ndarray, ids: Any | None = None) -> None:
+        """`ids`: a pyarrow array, or a Python list of the id column's type."""
+        if isinstance(ids, list):
+            ids = self.pa.array(ids, self.schema.field(0).type)
         columns = ([ids] if ids is not None else []) + [embedding_array(vectors)]
         self._writer.write_table(self.pa.Table.from_arrays(columns, schema=self.schema))
 
