@@ -184,6 +184,8 @@ def test_a_search_with_another_model_or_bad_flags_is_one_line(setup, tmp_path, c
     assert "--nlist=80 clusters need" in cli_error(
         capsys, "index", whole, model, new, "--index_type=ivf_flat", "--nlist=80"
     )
+    err = cli_error(capsys, "index", whole, model, new, "--nlist=4")  # the default type: hnsw
+    assert err.endswith("--nlist applies to --index_type=ivf_flat or ivf_pq; drop it for hnsw")
     short = tmp_path / "short.jsonl"
     short.write_text("".join(setup["corpus"].read_text().splitlines(keepends=True)[:50]))
     assert "has fewer records than the 60 vectors" in cli_error(capsys, "index", whole, model, new, f"--corpus={short}")

@@ -34,6 +34,17 @@ from bert.vector_index import (
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_TRAIN_SAMPLE = 100000
+# The flags of one index type or two: given for another type, they are refused rather than ignored.
+TYPE_FLAGS = {
+    "nlist": ("ivf_flat", "ivf_pq"),
+    "train_sample": ("ivf_flat", "ivf_pq"),
+    "m": ("ivf_pq",),
+    "nbits": ("ivf_pq",),
+    "hnsw_m": ("hnsw",),
+    "ef_construction": ("hnsw",),
+}
+
 
 @dataclass
 class IndexArgs:
@@ -84,16 +95,20 @@ class IndexArgs:
             "help": "Sub-quantizers of ivf_pq (a divisor of the dimensions); default dims / 8, or the divisor below.",
         },
     )
-    nbits: int = field(default=8, metadata={"min": 1, "max": 16, "help": "Bits of each ivf_pq code."})
-    hnsw_m: int = field(default=32, metadata={"min": 2, "help": "Links a node of the hnsw graph."})
-    ef_construction: int = field(
-        default=40, metadata={"positive": True, "help": "Candidates hnsw considers when linking a new vector."}
+    nbits: int | None = field(
+        default=None, metadata={"min": 1, "max": 16, "help": "Bits of each ivf_pq code; default 8."}
     )
-    train_sample: int = field(
-        default=100000,
+    hnsw_m: int | None = field(default=None, metadata={"min": 2, "help": "Links a node of the hnsw graph; default 32."})
+    ef_construction: int | None = field(
+        default=None,
+        metadata={"positive": True, "help": "Candidates hnsw considers when linking a new vector; default 40."},
+    )
+    train_sample: int | None = field(
+        default=None,
         metadata={
             "positive": True,
-            "help": "Vectors ivf_flat/ivf_pq train on: a --seed-drawn sample of the rows (all when fewer).",
+            "help": f"Vectors ivf_flat/ivf_pq train on: a --seed-drawn sample of the rows (all when fewer); "
+            f"default {DEFAULT_TRAIN_SAMPLE}.",
         },
     )
     seed: int = field(default=12345, metadata={"help": "The random seed of the training sample and the k-means."})
@@ -114,6 +129,9 @@ class IndexArgs:
 
 def run_index(args: IndexArgs) -> dict[str, Any]:
     """Build the index; returns {"rows", "dims", "index_type", "output_dir", "bytes"}."""
+    for flag, types in TYPE_FLAGS.items():
+        if getattr(args, flag) is not None and args.index_type not in types:
+            raise InputError(f"--{flag} applies to --index_type={' or '.join(types)}; drop it for {args.index_type}")
     inputs = {"--corpus_embeddings": args.corpus_embeddings, "--corpus": args.corpus, "--model": args.model}
     with claim("index", trees={"--output_dir": args.output_dir}, inputs=inputs, inputs_inside=False):
         return _run(args)
@@ -162,7 +180,8 @@ def _run(args: IndexArgs) -> dict[str, Any]:
     name = f"--corpus_embeddings={args.corpus_embeddings}"
     stored = open_embeddings(args.corpus_embeddings, name)
     digest, flags = _made_with(args, stored, name)
-    spec = IndexSpec(args.index_type, args.nlist, args.m, args.nbits, args.hnsw_m, args.ef_construction)
+    given = {flag: getattr(args, flag) for flag in TYPE_FLAGS if getattr(args, flag) is not None}
+    spec = IndexSpec(args.index_type, **{k: v for k, v in given.items() if k != "train_sample"})
     out = Path(args.output_dir)
     records = read_texts(args.corpus, args.corpus) if args.corpus is not None else None
     ids_from = "--corpus" if records is not None else "row numbers"
@@ -180,7 +199,7 @@ def _run(args: IndexArgs) -> dict[str, Any]:
                 ids_file.writelines(json.dumps(key, ensure_ascii=False) + "\n" for key in keys)
 
             index, spec, trained_on = build_index(
-                stored, spec, args.train_sample, args.seed, args.chunk_size, write_ids
+                stored, spec, args.train_sample or DEFAULT_TRAIN_SAMPLE, args.seed, args.chunk_size, write_ids
             )
         if records is not None and next(records, None) is not None:
             raise InputError(
