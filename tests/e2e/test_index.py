@@ -155,6 +155,7 @@ def test_a_search_with_another_model_or_bad_flags_is_one_line(setup, tmp_path, c
     index = tmp_path / "hnsw"
     run_index(IndexArgs(corpus_embeddings=str(d / "emb.npy"), output_dir=str(index)))
     digest = json.loads((index / MANIFEST_FILE).read_text())["model_digest"]
+    assert read_jsonl(index / IDS_FILE) == [str(row) for row in range(60)]  # no --corpus: the records' numbers
     queries, out = f"--queries={setup['queries']}", f"--output_file={tmp_path / 'o.jsonl'}"
     err = cli_error(capsys, "search", f"--model={setup['other']}", f"--index={index}", queries, out)
     assert f"--index={index} holds vectors of the model with weights {digest[:12]}" in err

@@ -61,9 +61,10 @@ class IndexArgs:
     4 x dims + 8 x --hnsw_m for hnsw, --m x --nbits / 8 + 8 for ivf_pq.
 
     Output, in --output_dir (written whole, then renamed into place): index.faiss; ids.jsonl (line i: the id of
-    row i: --corpus's ids, else a Parquet file's id column, else the row number); manifest.json (index type
-    and parameters, metric, dims, rows, the files read, and the model digest and flags of the vectors, from the
-    shards' manifests or --model, which bert search --index compares with its query model).
+    row i: --corpus's ids, else a Parquet file's id column, else the row number as a string, as bert search
+    names records without ids); manifest.json (index type and parameters, metric, dims, rows, the files read,
+    and the model digest and flags of the vectors, from the shards' manifests or --model, which bert search
+    --index compares with its query model).
     """
 
     corpus_embeddings: str = field(
@@ -194,7 +195,7 @@ def _run(args: IndexArgs) -> dict[str, Any]:
                     keys: list[Any] = [key for key, _ in _take(records, stop - start, args.corpus, len(stored))]
                 else:
                     stored_ids = stored.ids(start, stop)
-                    keys = stored_ids if stored_ids is not None else list(range(start, stop))
+                    keys = stored_ids if stored_ids is not None else [str(row) for row in range(start, stop)]
                     ids_from = "the id column" if stored_ids is not None else ids_from
                 ids_file.writelines(json.dumps(key, ensure_ascii=False) + "\n" for key in keys)
 
