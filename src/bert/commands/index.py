@@ -227,7 +227,7 @@ def _run(args: IndexArgs) -> dict[str, Any]:
             "faiss": faiss.__version__,
         }
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    what = f"a {spec.index_type} index of {len(stored)} vectors of {stored.dims} ({size / len(stored):.0f} bytes each)"
+    what = f"{spec.index_type} index: {len(stored)} vectors of {stored.dims} ({size / len(stored):.0f} bytes each)"
     print_result("index", what, f"written to {args.output_dir}")
     logger.info("%s: %s", args.output_dir, json.dumps(manifest))
     return {
