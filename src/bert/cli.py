@@ -141,7 +141,13 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
         "bert.commands.search",
         "SearchArgs",
         "run_search",
-        "the top-k documents of a corpus for each query, by embedding similarity (exact, in chunks)",
+        "the top-k documents of a corpus for each query, by embedding similarity (exact in chunks, or a FAISS index)",
+    ),
+    "index": (
+        "bert.commands.index",
+        "IndexArgs",
+        "run_index",
+        "a FAISS index (flat, ivf_flat, ivf_pq, hnsw) of bert embed's vectors, for bert search --index",
     ),
     "fill-mask": (
         "bert.commands.fill_mask",

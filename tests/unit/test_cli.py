@@ -177,14 +177,20 @@ DIFFERENT_ON_PURPOSE = {
     ),
     "doc_stride": ({"help", "default"}, "predict takes the stride the model was fine-tuned with"),
     "batch_size": ({"help"}, "extract-features keeps extract_features.py's help text"),
-    "model": ({"help"}, "each command needs another head: fine-tuned, any, masked-LM, exportable"),
+    "model": (
+        {"help", "default"},
+        "each command needs another head: fine-tuned, any, masked-LM, exportable; index only records its digest",
+    ),
     "top_k": ({"help", "default"}, "labels to list for predict, tokens per mask for fill-mask"),
     "output": ({"help"}, "convert writes a checkpoint directory, export a file"),
     "quantize": ({"help"}, "export quantizes the file it writes, with the runtime's own quantizer"),
     "format": ({"help", "default", "choices"}, "checkpoint formats for convert, runtimes for export"),
     "keep_checkpoint_max": ({"default"}, "fine-tuning checkpoints are resumption points; the model is exported"),
     "log_every": ({"default"}, "pre-training runs 100,000s of steps, fine-tuning hundreds"),
-    "output_dir": ({"default"}, "quickstart runs with no flags at all"),
+    "output_dir": (
+        {"default", "help"},
+        "quickstart runs with no flags at all; index writes an index, not a training run's directory",
+    ),
     "loss": ({"help", "choices"}, "a bi-encoder and a cross-encoder train with different losses"),
     "normalize": (
         {"help"},
@@ -195,6 +201,12 @@ DIFFERENT_ON_PURPOSE = {
     "distill_alpha": (
         {"default"},
         "train-embeddings/train-reranker distil with sentence-transformers' losses: the teacher's outputs alone",
+    ),
+    "corpus_embeddings": ({"help", "default"}, "search embeds the corpus without them; index reads nothing else"),
+    "seed": ({"help"}, "index draws its training sample with it, training runs initialise, order and drop out"),
+    "chunk_size": (
+        {"help", "default"},
+        "search scores a chunk of the corpus at a time, index adds one; embed's are late chunking's tokens",
     ),
     "pooling": ({"help", "choices"}, "embed also offers the pre-training pooler, which training leaves untrained"),
 }

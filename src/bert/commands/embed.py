@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -27,7 +28,7 @@ import numpy as np
 
 from bert.errors import InputError
 from bert.flags import EMBEDDING_PRECISIONS, POOLINGS, InferenceArgs, ShardArgs
-from bert.formats.parquet import EmbeddingWriter, ParquetTexts, is_parquet
+from bert.formats.parquet import EmbeddingWriter, ParquetTexts, is_parquet, pyarrow
 from bert.outputs import claim
 from bert.tasks.classification import LONG_DOCUMENT
 from bert.utils import (
@@ -61,7 +62,11 @@ VECTOR_FLAGS = (
     "backend",
     "text_column",
     "id_column",
+    "late_chunking",
+    "chunk_size",
 )
+# Text tokens a chunk of --late_chunking when --chunk_size is not given.
+DEFAULT_CHUNK_TOKENS = 128
 MANIFEST_SUFFIX = ".manifest.json"
 
 # --similarity prints an N x N matrix: meant for a handful of sentences.
@@ -83,6 +88,11 @@ class EmbedArgs(InferenceArgs, ShardArgs):
     output. Each shard records what it holds in OUTPUT-0000i-of-0000N.npy.manifest.json: re-run, a complete
     shard made with the same model, input and flags is skipped, a missing or partial one embedded again, and
     one made otherwise refused.
+
+    --late_chunking encodes each input once (up to max_seq_length tokens) and writes one row per chunk of
+    --chunk_size tokens, the mean of the last layer over the chunk's tokens ([CLS] with the first, [SEP] with
+    the last), with its id DOCID#k (DOCID: the --id_column value, else the 0-based input line or row; k: the
+    chunk, from 0) as "id" of a JSON line or the first column of a .parquet --output_file.
     """
 
     model: str = field(
@@ -159,6 +169,17 @@ class EmbedArgs(InferenceArgs, ShardArgs):
             "choices": list(LONG_DOCUMENT),
         },
     )
+    late_chunking: bool = field(
+        default=False,
+        metadata={
+            "help": "One row per chunk of --chunk_size tokens of each input, pooled from one pass over the whole "
+            "input (each chunk's vector sees its context), with ids DOCID#k; .parquet or JSON-lines output."
+        },
+    )
+    chunk_size: int | None = field(
+        default=None,
+        metadata={"positive": True, "help": f"Text tokens a chunk of --late_chunking; default {DEFAULT_CHUNK_TOKENS}."},
+    )
 
 
 class _Rows:
@@ -175,12 +196,13 @@ class _Rows:
             )
 
     def write(self, vectors: np.ndarray, ids: Any | None = None) -> None:
+        """`ids`: a pyarrow array of the --id_column, or a list (--late_chunking's DOCID#k), or None."""
         if self.parquet is not None:
             self.parquet.write(vectors, ids)
         elif self.kind == "npy":
             self.out.write(np.ascontiguousarray(vectors, dtype=vectors.dtype.newbyteorder("<")).tobytes())
         else:
-            keys = ids.to_pylist() if ids is not None else [None] * len(vectors)
+            keys = ids if isinstance(ids, list) else ids.to_pylist() if ids is not None else [None] * len(vectors)
             for key, v in zip(keys, vectors, strict=True):
                 # str() of a float32 is its shortest round-trip form: JSON keeps exactly the float32 values.
                 values = [float(str(x)) for x in v] if v.dtype == np.float32 else v.tolist()
@@ -215,6 +237,7 @@ def _check_flags(args: EmbedArgs) -> None:
         raise InputError("--id_column keeps ids beside the vectors, which a .npy matrix cannot; write .parquet")
     if args.similarity and (kind == "parquet" or is_parquet(args.input_file)):
         raise InputError("--similarity outputs a matrix of a few lines; drop it for Parquet files")
+    _check_late_chunking(args, kind)
     args.check_shard_flags()
     if args.num_shards > 1 and (args.output_file is None or args.similarity):
         raise InputError("--num_shards needs --output_file (each shard writes its own file) and no --similarity")
@@ -224,6 +247,26 @@ def _check_flags(args: EmbedArgs) -> None:
             f"--precision={args.precision} takes its ranges from all the inputs, which one shard does not see; "
             "embed the shards as float32 and quantize the joined vectors"
         )
+
+
+def _check_late_chunking(args: EmbedArgs, kind: str) -> None:
+    if not args.late_chunking:
+        if args.chunk_size is not None:
+            raise InputError("--chunk_size sets the chunks of --late_chunking; give --late_chunking, or drop it")
+        return
+    if kind == "npy":
+        raise InputError(
+            "--late_chunking writes a row per chunk with its id, which a .npy matrix cannot hold; write .parquet"
+        )
+    others = {
+        "--similarity": args.similarity,
+        "--long_document=windows": args.long_document == "windows",
+        f"--precision={args.precision}": args.precision in ("int8", "uint8"),  # ranges over rows yet to be cut
+        f"--pooling={args.pooling}": args.pooling not in (None, "mean"),  # a chunk is the mean of its tokens
+    }
+    for flag, given in others.items():
+        if given:
+            raise InputError(f"--late_chunking and {flag} do not go together; drop one")
 
 
 def run_embed(args: EmbedArgs) -> dict[str, Any]:
@@ -258,16 +301,8 @@ def _input_rows(args: EmbedArgs, path: str) -> tuple[int, ParquetTexts | None]:
 
 
 def _run_shard(args: EmbedArgs, output_file: str) -> dict[str, Any]:
-    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads (the digest
-    # reads weights through bert.checkpoint).
-    from bert.distillation import data_digest, weights_digest
-
     assert args.input_file is not None
-    if args.backend == "onnx":
-        model = Path(args.model)
-        digest = data_digest(*(sorted(model.glob("*.onnx")) if model.is_dir() else [model]))
-    else:
-        digest = weights_digest(args.model)
+    digest = model_digest(args.model, args.backend)
     with readable_input(args.input_file) as path:
         total, _ = _input_rows(args, path)
     lines = shard_range(total, args.shard_index, args.num_shards)
@@ -294,6 +329,19 @@ def _run_shard(args: EmbedArgs, output_file: str) -> dict[str, Any]:
     with atomic_write(manifest) as f:
         json.dump({**made, "result": result}, f, indent=2)
     return summary
+
+
+def model_digest(model: str, backend: str) -> str:
+    """The digest that names the model a run embeds with: its weights' (`weights_digest`), or its ONNX files'
+    bytes with --backend=onnx. Recorded by shard manifests and `bert index`, compared by `bert search --index`."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads (the digest
+    # reads weights through bert.checkpoint).
+    from bert.distillation import data_digest, weights_digest
+
+    if backend == "onnx":
+        path = Path(model)
+        return data_digest(*(sorted(path.glob("*.onnx")) if path.is_dir() else [path]))
+    return weights_digest(model)
 
 
 def _flag_text(flag: str, value: Any) -> str:
@@ -330,10 +378,11 @@ def _run(args: EmbedArgs, output_file: str | None) -> dict[str, Any]:
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
     from bert.inference import EMBEDDINGS, Predictor, cosine_similarity
     from bert.input_lines import CHUNK_LINES, map_input_chunks, map_input_lines
+    from bert.late_chunking import late_chunk_embeddings
     from bert.retrieval import Calibration, quantize_embeddings, quantized_shape
 
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
-    pooling = args.pooling or predictor.default_pooling
+    pooling = "mean" if args.late_chunking else args.pooling or predictor.default_pooling
     normalize = predictor.default_normalize if args.normalize is None else args.normalize
     kind = _output_kind(args.output_file)
     dim = args.dimensions or predictor.config.hidden_size
@@ -356,13 +405,25 @@ def _run(args: EmbedArgs, output_file: str | None) -> dict[str, Any]:
         kept = []
         desc = "embed" if args.input_file is not None else None
         id_field = source.id_field if source is not None else None
+        if args.late_chunking and kind == "parquet":  # DOCID#k, whatever the type of DOCID
+            id_field = pyarrow()[0].field(args.id_column or "id", pyarrow()[0].string())
         with (
             output_file_or_stdout(output_file, "wb" if kind != "jsonl" else "w") as out,
             tempfile.TemporaryFile() as spill,
             contextlib.closing(_Rows(out, kind, (rows, cols), dtype, id_field)) as writer,
         ):
 
-            def embed(texts: list[str]) -> np.ndarray:
+            def embed(texts: list[str]) -> np.ndarray | list[np.ndarray]:
+                if args.late_chunking:
+                    return late_chunk_embeddings(
+                        predictor,
+                        texts,
+                        args.chunk_size or DEFAULT_CHUNK_TOKENS,
+                        normalize=normalize,
+                        dimensions=args.dimensions,
+                        prompt_name=args.prompt_name,
+                        prompt=args.prompt,
+                    )
                 return predictor.embed(
                     texts,
                     pooling=pooling,
@@ -387,8 +448,19 @@ def _run(args: EmbedArgs, output_file: str | None) -> dict[str, Any]:
                 only = lines if args.num_shards > 1 else None
                 results = map_input_lines(path, name, EMBEDDINGS, embed, total, desc, only)
             calibration = Calibration()
+            written, documents = 0, iter(lines)
             for vectors in results:
                 chunk_ids = ids.popleft() if ids else None
+                if args.late_chunking:
+                    # DOCID: the --id_column's value, else the input line or row (counted over the whole input)
+                    keys = (
+                        chunk_ids.to_pylist()
+                        if chunk_ids is not None
+                        else list(itertools.islice(documents, len(vectors)))
+                    )
+                    chunk_ids = [f"{key}#{k}" for key, doc in zip(keys, vectors) for k in range(len(doc))]
+                    vectors = np.concatenate(vectors) if len(vectors) else np.zeros((0, dim), np.float32)
+                written += len(vectors)
                 if args.similarity:
                     kept.append(vectors)
                 elif calibrate:
@@ -414,6 +486,8 @@ def _run(args: EmbedArgs, output_file: str | None) -> dict[str, Any]:
                 else:
                     for row in matrix:
                         out.write("\t".join(f"{x:.4f}" for x in row) + "\n")
+    if args.late_chunking:
+        logger.info("late chunking: %d chunks of %d inputs", written, total)
     logger.info(
         "embedded %d lines (%s pooling%s, %s)", total, pooling, ", normalized" if normalize else "", args.precision
     )
@@ -421,7 +495,7 @@ def _run(args: EmbedArgs, output_file: str | None) -> dict[str, Any]:
         what = (
             f"a {total} x {total} cosine similarity matrix"
             if args.similarity
-            else f"{total} {args.precision} vectors of {dim}"
+            else f"{written} {args.precision} vectors of {dim}" + (f" ({total} inputs)" if args.late_chunking else "")
         )
         norm = ", normalized" if normalize else ""
         print_result("embed", f"{what} ({pooling} pooling{norm})", f"written to {output_file}")

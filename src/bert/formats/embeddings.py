@@ -1,7 +1,9 @@
-"""Embedding matrices on disk: the `.npy` file `bert embed --output_file=x.npy` writes, or the shards
-`x-0000i-of-0000N.npy` of `bert embed --num_shards=N`, opened for reading (`open_embeddings`).
+"""Embedding matrices on disk: the `.npy` file `bert embed --output_file=x.npy` writes, its Parquet file
+(`--output_file=x.parquet`: an `embedding` column after the ids), or the shards `x-0000i-of-0000N.npy` (.parquet)
+of `bert embed --num_shards=N`, opened for reading (`open_embeddings`).
 
-The one reader of them (`bert search --corpus_embeddings`, and any later command that takes stored vectors):
+The one reader of them (`bert search --corpus_embeddings`, `bert index`, and any later command that takes stored
+vectors):
 everything about the file is checked before a vector is used, each fault one `InputError` naming the file.
 
 - a regular file only, judged by `os.stat` before it is opened (a FIFO would block `open` for ever, a
@@ -14,6 +16,8 @@ everything about the file is checked before a vector is used, each fault one `In
   file cut short is refused before it is mapped, not found out by `mmap`);
 - the rows memory-mapped, so a search holds one chunk at a time, and each chunk checked as it is read
   (`rows`): a NaN or infinite component blames the file and the row, not the model.
+- a Parquet file (by its suffix): an `embedding` column of fixed-size float32 lists, read a row group at a
+  time; its other column, when there is one, is the ids (`ids`), as `bert embed --id_column` wrote them;
 - shards: asked for `x.npy` that is not there, the reader takes `x-*-of-N.npy` when all N of one set are
   there (one missing, or two sets, is an error naming them), read in order as one matrix of equal widths.
 """
@@ -24,20 +28,36 @@ import os
 import re
 import stat
 import tokenize
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 from numpy.lib import format as npy
 
 from bert.errors import InputError
+from bert.formats.parquet import EMBEDDING_COLUMN, is_parquet, pyarrow, row_batches
 from bert.utils import shard_file
 
 # What a file that is not a .npy is, by its first bytes.
 _OTHER_FORMATS = {b"PK\x03\x04": "a zip archive (an .npz?)", b"PAR1": "a Parquet file", b"\x1f\x8b": "a gzip file"}
-_FIX = "give the .npy file `bert embed --output_file=x.npy` wrote"
+_FIX = "give the .npy (or .parquet) file `bert embed --output_file=x.npy` wrote"
 # What NumPy's header parser raises for a damaged header: its own checks (ValueError), and the Python literal
 # parsers it hands the header to (a header of another Python version is tokenized first).
 _HEADER_ERRORS = (ValueError, TypeError, SyntaxError, tokenize.TokenError, OSError, EOFError)
+
+
+def _regular_file_size(path: Path, name: str) -> int:
+    """The size of `path`, a regular file (judged before it is opened: a FIFO would block `open` for ever)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InputError(f"{name}: no such file; {_FIX}") from None
+    except OSError as e:
+        raise InputError(f"{name}: cannot read ({e.strerror or e}); check the path and permissions") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a file"
+        raise InputError(f"{name} is {kind}, not a regular file; {_FIX}")
+    return st.st_size
 
 
 class EmbeddingsFile:
@@ -47,7 +67,7 @@ class EmbeddingsFile:
 
     def __init__(self, path: str | os.PathLike, name: str):
         self.path, self.name = Path(path), name
-        size = self._regular_file_size()
+        size = _regular_file_size(self.path, name)
         with open(self.path, "rb") as f:
             shape, fortran_order, dtype = self._header(f)
             offset = f.tell()
@@ -75,29 +95,11 @@ class EmbeddingsFile:
 
     def rows(self, start: int, stop: int) -> np.ndarray:
         """Rows `start` to `stop` (0-based, as `bert search` numbers records), read into memory and checked finite."""
-        chunk = np.array(self._array[start:stop], dtype=np.float32)
-        bad = ~np.isfinite(chunk).all(axis=1)
-        if bad.any():
-            row = start + int(np.argmax(bad))
-            raise InputError(
-                f"{self.name}: row {row} (counting from 0) holds NaN or infinity; embed the corpus again, or fix "
-                "that row"
-            )
-        return chunk
+        return _finite(np.array(self._array[start:stop], dtype=np.float32), start, self.name)
 
-    def _regular_file_size(self) -> int:
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            raise InputError(f"{self.name}: no such file; {_FIX}") from None
-        except OSError as e:
-            raise InputError(f"{self.name}: cannot read ({e.strerror or e}); check the path and permissions") from None
-        if not stat.S_ISREG(st.st_mode):
-            kind = (
-                "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "not a file"
-            )
-            raise InputError(f"{self.name} is {kind}, not a regular file; {_FIX}")
-        return st.st_size
+    def ids(self, start: int, stop: int) -> list | None:
+        """A .npy matrix holds no ids: None."""
+        return None
 
     def _header(self, f) -> tuple[tuple[int, ...], bool, np.dtype]:
         head = f.read(len(npy.MAGIC_PREFIX))
@@ -116,11 +118,75 @@ class EmbeddingsFile:
         return shape, fortran_order, dtype
 
 
+def _finite(chunk: np.ndarray, start: int, name: str) -> np.ndarray:
+    """`chunk` (rows from `start` of the file `name`), refused when a component is NaN or infinite."""
+    bad = ~np.isfinite(chunk).all(axis=1)
+    if bad.any():
+        row = start + int(np.argmax(bad))
+        raise InputError(
+            f"{name}: row {row} (counting from 0) holds NaN or infinity; embed the corpus again, or fix that row"
+        )
+    return chunk
+
+
+class ParquetEmbeddings:
+    """The `embedding` column of a Parquet file `bert embed` wrote (`EmbeddingsFile`'s interface), with the ids of
+    its other column when there is one."""
+
+    def __init__(self, path: str | os.PathLike, name: str):
+        self.path, self.name = Path(path), name
+        self.pa, pq = pyarrow()
+        _regular_file_size(self.path, name)  # a FIFO is refused before pyarrow opens it
+        try:
+            self._file = pq.ParquetFile(self.path)
+        except (self.pa.ArrowException, OSError) as e:
+            raise InputError(f"{name}: not a readable Parquet file ({e}); {_FIX}") from None
+        schema = self._file.schema_arrow
+        if EMBEDDING_COLUMN not in schema.names:
+            raise InputError(
+                f"{name} has no column {EMBEDDING_COLUMN!r} (its columns: {', '.join(schema.names)}); {_FIX}"
+            )
+        kind = schema.field(EMBEDDING_COLUMN).type
+        if not self.pa.types.is_fixed_size_list(kind) or kind.value_type != self.pa.float32():
+            raise InputError(f"{name}: column {EMBEDDING_COLUMN!r} holds {kind}, not fixed-size float32 lists; {_FIX}")
+        others = [n for n in schema.names if n != EMBEDDING_COLUMN]
+        if len(others) > 1:
+            raise InputError(f"{name} has columns {others} beside {EMBEDDING_COLUMN!r}: at most one, the ids; {_FIX}")
+        self.id_column = others[0] if others else None
+        self.shape: tuple[int, int] = (int(self._file.metadata.num_rows), int(kind.list_size))
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    @property
+    def dims(self) -> int:
+        return self.shape[1]
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        pieces = [np.zeros((0, self.dims), dtype=np.float32)]
+        for first, batch in row_batches(self._file, range(start, stop), stop - start, [EMBEDDING_COLUMN]):
+            column = batch.column(0)
+            if column.null_count:
+                row = first + next(i for i, v in enumerate(column.is_null().to_pylist()) if v)
+                raise InputError(f"{self.name}: row {row} (counting from 0) has no embedding; embed the corpus again")
+            pieces.append(column.flatten().to_numpy(zero_copy_only=False).reshape(-1, self.dims))
+        return _finite(np.concatenate(pieces).astype(np.float32, copy=False), start, self.name)
+
+    def ids(self, start: int, stop: int) -> list | None:
+        """The ids of rows `start` to `stop` (Python values, as the id column holds them), or None."""
+        if self.id_column is None:
+            return None
+        out: list = []
+        for _, batch in row_batches(self._file, range(start, stop), stop - start, [self.id_column]):
+            out += batch.column(0).to_pylist()
+        return out
+
+
 class ShardedEmbeddings:
     """The shards of one `bert embed --num_shards=N` run, read in order as one matrix (`EmbeddingsFile`'s
     interface: `len`, `dims`, `rows` with rows numbered across the shards)."""
 
-    def __init__(self, parts: list[EmbeddingsFile], name: str):
+    def __init__(self, parts: list[EmbeddingsFile | ParquetEmbeddings], name: str):
         self.parts, self.name = parts, name
         widths = {part.dims for part in parts}
         if len(widths) > 1:
@@ -134,19 +200,32 @@ class ShardedEmbeddings:
     def dims(self) -> int:
         return self.parts[0].dims
 
-    def rows(self, start: int, stop: int) -> np.ndarray:
-        pieces = []
+    def _spans(self, start: int, stop: int) -> Iterator[tuple[EmbeddingsFile | ParquetEmbeddings, int, int]]:
         for part, first in zip(self.parts, self.starts[:-1]):
             lo, hi = max(start - first, 0), min(stop - first, len(part))
-            if lo < hi:  # a bad row is named by its shard and its number there
-                pieces.append(part.rows(int(lo), int(hi)))
+            if lo < hi:
+                yield part, int(lo), int(hi)
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        # a bad row is named by its shard and its number there
+        pieces = [part.rows(lo, hi) for part, lo, hi in self._spans(start, stop)]
         return np.concatenate(pieces) if pieces else np.zeros((0, self.dims), dtype=np.float32)
 
+    def ids(self, start: int, stop: int) -> list | None:
+        pieces = [part.ids(lo, hi) for part, lo, hi in self._spans(start, stop)]
+        if any(p is None for p in pieces) or not pieces:
+            return None
+        return [key for piece in pieces for key in piece or ()]
 
-def open_embeddings(path: str, name: str) -> EmbeddingsFile | ShardedEmbeddings:
+
+def _open_one(path: str, name: str) -> EmbeddingsFile | ParquetEmbeddings:
+    return ParquetEmbeddings(path, name) if is_parquet(path) else EmbeddingsFile(path, name)
+
+
+def open_embeddings(path: str, name: str) -> EmbeddingsFile | ParquetEmbeddings | ShardedEmbeddings:
     """The embeddings `path` names: the file, or else the complete set of its shards (module docstring)."""
     if os.path.lexists(path):
-        return EmbeddingsFile(path, name)
+        return _open_one(path, name)
     pattern = Path(shard_file(path, 0, 1))
     # shard_file's name with the index and the count as wildcards
     stem, suffix = pattern.name.rsplit("-00000-of-00001", 1)
@@ -166,4 +245,4 @@ def open_embeddings(path: str, name: str) -> EmbeddingsFile | ShardedEmbeddings:
     if missing:
         raise InputError(f"{name}: shard {shard_file(path, missing[0], count)} of {count} is missing; embed it")
     shards = [shard_file(path, i, count) for i in range(count)]
-    return ShardedEmbeddings([EmbeddingsFile(shard, f"{name} (shard {shard})") for shard in shards], name)
+    return ShardedEmbeddings([_open_one(shard, f"{name} (shard {shard})") for shard in shards], name)

@@ -40,6 +40,29 @@ def pyarrow() -> tuple[Any, Any]:
     return pa, pq
 
 
+def row_batches(file: Any, rows: range, size: int, columns: list[str]) -> Iterator[tuple[int, Any]]:
+    """(first row, record batch) of the 0-based rows `rows` of the open `pyarrow.parquet.ParquetFile` `file`, at
+    most `size` rows each, reading only the row groups that hold them."""
+    groups, starts, start = [], [], 0
+    meta = file.metadata
+    for g in range(meta.num_row_groups):
+        n = meta.row_group(g).num_rows
+        if start < rows.stop and start + n > rows.start:
+            groups.append(g)
+            starts.append(start)
+        start += n
+    if not groups or not rows:
+        return
+    row = starts[0]
+    for batch in file.iter_batches(batch_size=size, row_groups=groups, columns=columns):
+        lo, hi = max(rows.start - row, 0), min(rows.stop - row, batch.num_rows)
+        if lo < hi:
+            yield row + lo, batch.slice(lo, hi - lo)
+        row += batch.num_rows
+        if row >= rows.stop:
+            return
+
+
 class ParquetTexts:
     """The texts (column `text_column`) and ids (`id_column`, optional) of the Parquet file `path`; `flag`
     names the file in errors."""
@@ -69,28 +92,6 @@ class ParquetTexts:
         self.id_field = schema.field(id_column) if id_column is not None else None
         self.rows: int = self._file.metadata.num_rows
 
-    def _batches(self, rows: range, size: int, columns: list[str]) -> Iterator[tuple[int, Any]]:
-        """(first row, record batch) of the rows `rows`, at most `size` rows each, reading only the row groups
-        that hold them."""
-        groups, starts, start = [], [], 0
-        meta = self._file.metadata
-        for g in range(meta.num_row_groups):
-            n = meta.row_group(g).num_rows
-            if start < rows.stop and start + n > rows.start:
-                groups.append(g)
-                starts.append(start)
-            start += n
-        if not groups or not rows:
-            return
-        row = starts[0]
-        for batch in self._file.iter_batches(batch_size=size, row_groups=groups, columns=columns):
-            lo, hi = max(rows.start - row, 0), min(rows.stop - row, batch.num_rows)
-            if lo < hi:
-                yield row + lo, batch.slice(lo, hi - lo)
-            row += batch.num_rows
-            if row >= rows.stop:
-                return
-
     def chunks(self, rows: range, size: int) -> Iterator[tuple[int, list[str], Any]]:
         """(first row, texts, ids: a pyarrow array or None) of the 0-based rows `rows`, `size` at most at a time.
 
@@ -98,7 +99,7 @@ class ParquetTexts:
             InputError: a text is null or not a string (naming its row).
         """
         columns = [self.text_column] + ([self.id_column] if self.id_column is not None else [])
-        for first, batch in self._batches(rows, size, columns):
+        for first, batch in row_batches(self._file, rows, size, columns):
             texts = batch.column(0).to_pylist()
             for i, text in enumerate(texts):
                 if not isinstance(text, str):
@@ -111,7 +112,7 @@ class ParquetTexts:
     def ids(self, rows: range, size: int) -> Iterator[Any]:
         """The id column of the rows `rows`, in pyarrow arrays of `size` rows at most (as `chunks` cuts them)."""
         assert self.id_column is not None
-        for _, batch in self._batches(rows, size, [self.id_column]):
+        for _, batch in row_batches(self._file, rows, size, [self.id_column]):
             yield batch.column(0)
 
 
@@ -136,6 +137,9 @@ class EmbeddingWriter:
         self._writer = pq.ParquetWriter(out, self.schema)
 
     def write(self, vectors: np.ndarray, ids: Any | None = None) -> None:
+        """`ids`: a pyarrow array, or a Python list of the id column's type."""
+        if isinstance(ids, list):
+            ids = self.pa.array(ids, self.schema.field(0).type)
         columns = ([ids] if ids is not None else []) + [embedding_array(vectors)]
         self._writer.write_table(self.pa.Table.from_arrays(columns, schema=self.schema))
 
