@@ -67,7 +67,7 @@ import torch
 import torch.nn.functional as F
 
 from bert import onnx_backend
-from bert.checkpoint import CONFIG_NAME, Checkpoint, _fit_prefix, load_into, read_checkpoint
+from bert.checkpoint import CONFIG_NAME, Checkpoint
 from bert.checkpoint import architecture as checkpoint_architecture
 from bert.config import BertConfig, check_setting, check_task_settings
 from bert.cpu_kernels import bf16_in_hardware
@@ -75,13 +75,16 @@ from bert.distributed import resolve_device
 from bert.errors import InputError
 from bert.flags import POOLINGS, check_backend, check_dtype
 from bert.input_lines import InputItemError
+from bert.loading import (
+    ARCHITECTURES,
+    FINE_TUNING_COMMANDS,
+    build_model,
+    has_mlm_head,
+    has_pooler,
+    read_model_checkpoint,
+)
 from bert.metrics import iob_chunks
 from bert.modeling import (
-    BertForMultipleChoice,
-    BertForPreTraining,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
     BertModel,
     BertPreTrainedModel,
     pool_tokens,
@@ -111,23 +114,19 @@ from bert.utils import load_json_file
 
 logger = logging.getLogger(__name__)
 
-# architectures[0] -> (task, model class). Ours has no BertForMaskedLM: its weights (encoder and
-# cls.predictions) load into BertForPreTraining, whose next-sentence head then stays unused.
-ARCHITECTURES: dict[str, tuple[str, type]] = {
-    "BertForSequenceClassification": (CLASSIFICATION, BertForSequenceClassification),
-    "BertForTokenClassification": (NER, BertForTokenClassification),
-    "BertForQuestionAnswering": (QUESTION_ANSWERING, BertForQuestionAnswering),
-    "BertForMultipleChoice": (MULTIPLE_CHOICE, BertForMultipleChoice),
-    "BertForPreTraining": (FILL_MASK, BertForPreTraining),
-    "BertForMaskedLM": (FILL_MASK, BertForPreTraining),
-    "BertModel": (EMBEDDINGS, BertModel),
+# The task of each architecture `bert.loading.ARCHITECTURES` builds (the same names).
+TASKS = {
+    "BertForSequenceClassification": CLASSIFICATION,
+    "BertForTokenClassification": NER,
+    "BertForQuestionAnswering": QUESTION_ANSWERING,
+    "BertForMultipleChoice": MULTIPLE_CHOICE,
+    "BertForPreTraining": FILL_MASK,
+    "BertForMaskedLM": FILL_MASK,
+    "BertModel": EMBEDDINGS,
 }
 # What to do with a model that lacks a head a method needs.
 _HEAD_ADVICE = {
-    CLASSIFICATION: "fine-tune it with `bert classify`",
-    NER: "fine-tune it with `bert ner`",
-    QUESTION_ANSWERING: "fine-tune it with `bert squad`",
-    MULTIPLE_CHOICE: "fine-tune it with `bert swag`",
+    **{TASKS[name]: f"fine-tune it with `{command}`" for name, command in FINE_TUNING_COMMANDS.items()},
     FILL_MASK: "use a pre-trained BertForPreTraining or BertForMaskedLM model",
 }
 TRUNCATION_DIRECTIONS = ("right", "left")
@@ -135,7 +134,6 @@ TRUNCATION_DIRECTIONS = ("right", "left")
 WINDOWS_ADVICE = "windows read long texts whole"
 LONGER_ADVICE = "a longer --max_seq_length (up to the model's max_position_embeddings) reads more of each"
 MASK_TOKEN = "[MASK]"
-_MLM_KEY = "cls.predictions.transform.dense.weight"
 # The task modules log their first examples field by field, which would repeat on every call here.
 _TASK_LOGGERS = ("bert.tasks.glue", "bert.tasks.windows", "bert.tasks.ner", "bert.tasks.squad", "bert.tasks.swag")
 
@@ -210,55 +208,6 @@ def _json_object(path: Path, what: str, missing_ok: bool = False) -> dict:
     if not isinstance(settings, dict):
         raise InputError(f"{path}: expected a JSON object of settings; fix or delete it")
     return settings
-
-
-def _load_model(architecture: str, ckpt: Checkpoint, has_pooler: bool) -> torch.nn.Module:
-    """The model of `architecture` with the checkpoint's weights, in fp32 on the CPU.
-
-    It is built on the meta device and given zeroed storage, which skips the random initialisation
-    (minutes for BERT-Base on a busy 2-core machine, all of it overwritten by the loading); weights
-    that share a tensor (the masked-LM decoder and the word embeddings) are tied again. Only weights
-    the task never reads may be missing from the checkpoint: the next-sentence head and the pooler of a
-    masked-LM model.
-    """
-    task, model_class = ARCHITECTURES[architecture]
-    kwargs: dict[str, Any] = {}
-    if model_class is BertModel:
-        kwargs["add_pooling_layer"] = has_pooler
-    elif task in (CLASSIFICATION, NER):
-        head = ckpt.state_dict.get("classifier.bias")
-        if head is None:
-            raise InputError(
-                f"{ckpt.source}: config.json says {architecture}, but the weights have no classifier; "
-                f"{_HEAD_ADVICE[task]}"
-            )
-        kwargs["num_labels"] = head.shape[0]
-    with torch.device("meta"):
-        model = model_class(ckpt.config, **kwargs)
-    first_name: dict[int, str] = {}
-    tied = [(name, first_name.setdefault(id(p), name)) for name, p in model.named_parameters(remove_duplicate=False)]
-    model.to_empty(device="cpu")
-    with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
-    for name, source in tied:
-        if name != source:
-            owner, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(owner), attr, model.get_parameter(source))
-    load_into(model, ckpt)
-    loaded = set(_fit_prefix(ckpt.state_dict, model))
-    unused_when_missing = ("cls.seq_relationship.", "bert.pooler.") if task == FILL_MASK else ()
-    missing = [
-        name
-        for name, source in tied
-        if name == source and name not in loaded and not name.startswith(unused_when_missing)
-    ]
-    if missing:
-        raise InputError(
-            f"{ckpt.source}: the weights lack {len(missing)} of {architecture}'s (e.g. {missing[0]}); pass the "
-            "directory of a complete model"
-        )
-    return model
 
 
 def _set_dtype(model: torch.nn.Module, dtype: str, device: torch.device) -> None:
@@ -360,7 +309,7 @@ class Predictor:
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.architecture = architecture
-        self.task = ARCHITECTURES[architecture][0]
+        self.task = TASKS[architecture]
         self.device = device
         self.batch_size = batch_size
         self.source = source
@@ -489,16 +438,9 @@ class Predictor:
                 batch_size=batch_size,
                 do_lower_case=do_lower_case,
             )
-        ckpt = read_checkpoint(model_dir)
-        if ckpt.config is None:
-            raise InputError(
-                f"{model_dir}: no config.json or bert_config.json beside the weights; add the model's config"
-            )
-        if ckpt.vocab_file is None:
-            raise InputError(f"{model_dir}: no vocab.txt beside the weights; add the model's vocabulary")
+        ckpt = read_model_checkpoint(model_dir, need_vocab=True)
         architecture = checkpoint_architecture(ckpt, ARCHITECTURES, "this project runs")
-        has_pooler = any(k.endswith("pooler.dense.weight") for k in ckpt.state_dict)
-        model = _load_model(architecture, ckpt, has_pooler)
+        model = build_model(ckpt, architecture)
         if device is None and quantize == "int8":
             device = "cpu"
         device = resolve_device(str(device) if device is not None else None)
@@ -509,8 +451,8 @@ class Predictor:
             ckpt,
             architecture,
             device,
-            has_pooler,
-            _MLM_KEY in ckpt.state_dict,
+            has_pooler(ckpt),
+            has_mlm_head(ckpt),
             model_dir,
             max_seq_length=max_seq_length,
             batch_size=batch_size,
@@ -1498,7 +1440,7 @@ def cosine_similarity(vectors: np.ndarray) -> np.ndarray:
 
 
 __all__ = [
-    "ARCHITECTURES",
+    "TASKS",
     "POOLINGS",
     "TRUNCATION_DIRECTIONS",
     "Predictor",

@@ -32,6 +32,7 @@ from bert.config import BertConfig, resolve_config
 from bert.distillation import student_from_teacher_layers
 from bert.errors import InputError
 from bert.flags import LAYERS_FLAG, SHAPE_NAMES, DistillArgs, TeacherArgs
+from bert.loading import read_model_checkpoint
 from bert.tokenization import load_vocab, validate_case_matches_checkpoint
 from bert.training import CHECKPOINT_PREFIX, check_checkpoint_config, latest_checkpoint, load_training_state
 
@@ -161,9 +162,8 @@ def _check_teacher_flags(args: Any) -> list[int] | None:
 
 def _from_teacher_layers(teacher: str, layers: list[int], verify: bool) -> Checkpoint:
     """The checkpoint of a student made of `layers` of `teacher` (see the module docstring)."""
-    ckpt = read_checkpoint(teacher, verify=verify)
-    if ckpt.config is None:
-        raise InputError(f"--teacher={teacher}: no config.json beside the weights; {LAYERS_FLAG} needs the teacher's")
+    ckpt = read_model_checkpoint(teacher, verify=verify, name=f"--teacher={teacher}")
+    assert ckpt.config is not None  # read_model_checkpoint refuses weights without one
     config, state = student_from_teacher_layers(ckpt.state_dict, ckpt.config, layers)
     logger.info("starting from layers %s of the teacher %s", ",".join(map(str, layers)), teacher)
     source = f"{teacher} ({LAYERS_FLAG}={','.join(map(str, layers))})"

@@ -207,3 +207,13 @@ def test_imports_inside_functions_are_optional_or_explained():
                     above -= 1
                 explained = "#" in lines[line - 1] or lines[above].strip().startswith("#")
                 assert explained, f"{path.relative_to(REPO)}:{line}: import {module} inside a function, unexplained"
+
+
+def test_saved_models_are_built_by_the_one_loader():
+    """`bert.loading` is in the model layer (it builds `bert.modeling` classes from `bert.checkpoint`'s
+    weights), and inference, export and the training runs' starting model build through it."""
+    assert GRAPH["bert.loading"] <= {"bert.checkpoint", "bert.config", "bert.errors", "bert.modeling"}
+    for name in ("bert.inference", "bert.export", "bert.starting_model"):
+        assert "bert.loading" in _reachable(name), name
+    builders = {name for name, path in MODULES.items() if "to_empty(" in path.read_text(encoding="utf-8")}
+    assert builders == {"bert.loading"}  # a model built on the meta device and filled from weights: here only
