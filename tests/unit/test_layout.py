@@ -154,6 +154,42 @@ def test_modeling_imports_no_command_task_loop_or_format():
     assert GRAPH["bert.cpu_kernels"] == set()  # torch alone: kernels know nothing of the model
 
 
+# bert.inference's modules, bottom up: each imports only modules of the package in the layers below it.
+INFERENCE_LAYERS = [
+    {"bert.inference.common", "bert.inference.st_config"},  # task table, input checks, task-only settings
+    {"bert.inference.core"},  # loading, batching, the tokenizer's calls
+    {  # one task each, mixins on the core
+        "bert.inference.classification",
+        "bert.inference.spans",
+        "bert.inference.embeddings",
+        "bert.inference.fill_mask",
+    },
+    {"bert.inference.predictor"},  # Predictor: the core with every task
+    {"bert.inference"},
+]
+
+
+def test_inference_modules_import_downwards_and_stay_small():
+    layered = set().union(*INFERENCE_LAYERS)
+    assert layered == {m for m in MODULES if m == "bert.inference" or m.startswith("bert.inference.")}
+    below: set[str] = set()
+    for layer in INFERENCE_LAYERS:
+        for name in layer:
+            assert {m for m in GRAPH[name] if m in layered} <= below, name
+        below |= layer
+    # Outside the package, only its public face is imported: `from bert.inference import Predictor`.
+    importers = {name for name in MODULES if GRAPH[name] & (layered - {"bert.inference"})} - layered
+    assert importers == set()
+    for name in layered:
+        lines = MODULES[name].read_text(encoding="utf-8").count("\n")
+        assert lines <= 800, (name, lines)
+        for node in ast.walk(ast.parse(MODULES[name].read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef):
+                assert node.end_lineno - node.lineno < 60, (
+                    f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+                )
+
+
 def test_running_a_model_never_loads_the_training_loop():
     """Inference and the server reach the device helpers (`bert.distributed`), not the training loop."""
     for name in ("bert.inference", "bert.serving.app"):
