@@ -122,8 +122,8 @@ class PredictorCore:
         self._cut_advice = WINDOWS_ADVICE
 
     def _max_seq_length(self, given: int | None) -> int:
-        """The flag's, else config.json's, else a sentence-transformers encoder's, else the task's default
-        (see the module docstring), never above the position table."""
+        """The longest sequence: the caller's, else config.json's, else a sentence-transformers encoder's, else
+        the task's default cut to the position table (`bert.inference`'s docstring lists them)."""
         limit = self.config.max_position_embeddings
         if given is None:
             given = self.config.extra.get("max_seq_length")

@@ -120,7 +120,7 @@ class EmbeddingMixin(PredictorCore):
     def _encode(
         self,
         texts: Sequence[str | Sequence[int]],
-        fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any], list[Any]],
+        fn: EncodeFn,
         batch_size: int | None,
         truncate: bool,
         truncation_direction: str,
