@@ -58,8 +58,9 @@ import torch
 
 from bert.checkpoint import save_pretrained
 from bert.config import named_config
-from bert.export import export, load_model
+from bert.export import export
 from bert.extract_features import truncate_seq_pair
+from bert.loading import load_model
 from bert.metrics import spearman
 from bert.modeling import BertForSequenceClassification, BertModel
 from bert.onnx_backend import session

@@ -39,17 +39,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from bert.checkpoint import Checkpoint, architecture, load_pretrained, read_checkpoint
+from bert.checkpoint import Checkpoint
 from bert.config import BertConfig
 from bert.errors import InputError
 from bert.extract_features import demo_file
 from bert.flags import EXPORT_FORMATS as FORMATS
+from bert.loading import load_model
 from bert.modeling import (
-    MODEL_CLASSES,
     BertForMultipleChoice,
     BertForPreTraining,
     BertForQuestionAnswering,
     BertModel,
+    BertPreTrainedModel,
 )
 from bert.quantization import quantize_int8
 from bert.tokenization import FullTokenizer
@@ -81,7 +82,9 @@ SIDECAR_DIRS = ("1_Pooling",)
 class ExportGraph(nn.Module):
     """A model as a graph: the three id tensors in, a tuple of plain tensors (`output_names`) out."""
 
-    def __init__(self, model: nn.Module):
+    model: BertPreTrainedModel
+
+    def __init__(self, model: BertPreTrainedModel):
         super().__init__()
         self.model = model
         names = OUTPUT_NAMES[type(model).__name__]
@@ -102,40 +105,20 @@ class ExportGraph(nn.Module):
         return (out.logits,)
 
 
-# ------------------------------------------------------------------------------------------- loading
-def load_model(model_dir: str | os.PathLike) -> tuple[nn.Module, Checkpoint]:
-    """The model of a native or transformers directory (or any checkpoint `read_checkpoint` reads), in eval mode."""
-    ckpt = read_checkpoint(model_dir)
-    if ckpt.config is None:
-        raise InputError(f"{model_dir}: no config.json or bert_config.json beside the weights; add the model's config")
-    name = architecture(ckpt, MODEL_CLASSES, "export supports")
-    kwargs = {}
-    if name == "BertModel":
-        kwargs["add_pooling_layer"] = any(k.endswith("pooler.dense.weight") for k in ckpt.state_dict)
-    model = load_pretrained(MODEL_CLASSES[name], model_dir, config=ckpt.config, checkpoint=ckpt, **kwargs)
-    return model.eval(), ckpt
-
-
 # ---------------------------------------------------------------------------------------- the inputs
-def _shape(model: nn.Module, batch: int, choices: int, seq_len: int) -> tuple[int, ...]:
+def _shape(model: BertPreTrainedModel, batch: int, choices: int, seq_len: int) -> tuple[int, ...]:
     return (batch, choices, seq_len) if isinstance(model, BertForMultipleChoice) else (batch, seq_len)
 
 
-def check_batches(model: nn.Module, tokenizer: FullTokenizer | None, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+def check_batches(
+    model: BertPreTrainedModel, tokenizer: FullTokenizer | None, seed: int = 0
+) -> list[dict[str, torch.Tensor]]:
     """Padded batches of three sizes and lengths: rows of real text (the built-in demo sentences) when the
     model has a vocab, random ids otherwise; every row but the first of a batch is shorter, so padded."""
     config = model.config
     max_len = min(128, config.max_position_embeddings)
     generator = torch.Generator().manual_seed(seed)
-    if tokenizer is not None:
-        with open(demo_file("input.txt"), encoding="utf-8") as f:
-            text = " ".join(line.replace("|||", " ") for line in f)
-        stream = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(text))
-        stream = torch.tensor(stream * (max_len // max(len(stream), 1) + 1))
-        cls_id, sep_id = tokenizer.convert_tokens_to_ids(["[CLS]", "[SEP]"])
-    else:
-        stream = torch.randint(0, config.vocab_size, (max_len,), generator=generator)
-        cls_id = sep_id = None
+    stream, special = _id_stream(config, tokenizer, max_len, generator)
     batches = []
     for batch, choices, seq_len in ((1, 2, min(5, max_len)), (3, 3, min(17, max_len)), (8, 4, max_len)):
         rows = batch * (choices if isinstance(model, BertForMultipleChoice) else 1)
@@ -146,8 +129,8 @@ def check_batches(model: nn.Module, tokenizer: FullTokenizer | None, seed: int =
             n = max(2, seq_len - r * (seq_len - 2) // rows)
             start = int(torch.randint(0, len(stream) - n + 1, (1,), generator=generator))
             ids[r, :n] = stream[start : start + n]
-            if cls_id is not None:
-                ids[r, 0], ids[r, n - 1] = cls_id, sep_id
+            if special is not None:
+                ids[r, 0], ids[r, n - 1] = special
             mask[r, :n] = 1
             if config.type_vocab_size > 1:
                 types[r, n // 2 : n] = 1  # a sentence pair: segment B is the second half
@@ -158,7 +141,21 @@ def check_batches(model: nn.Module, tokenizer: FullTokenizer | None, seed: int =
     return batches
 
 
-def _example(model: nn.Module) -> tuple[torch.Tensor, ...]:
+def _id_stream(
+    config: BertConfig, tokenizer: FullTokenizer | None, max_len: int, generator: torch.Generator
+) -> tuple[torch.Tensor, tuple[int, int] | None]:
+    """The ids the check batches are cut from, at least `max_len` of them (the demo sentences' pieces, else
+    random ids), and the ([CLS], [SEP]) ids that frame each row (None for random ids)."""
+    if tokenizer is None:
+        return torch.randint(0, config.vocab_size, (max_len,), generator=generator), None
+    with open(demo_file("input.txt"), encoding="utf-8") as f:
+        text = " ".join(line.replace("|||", " ") for line in f)
+    pieces = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(text))
+    cls_id, sep_id = tokenizer.convert_tokens_to_ids(["[CLS]", "[SEP]"])
+    return torch.tensor(pieces * (max_len // max(len(pieces), 1) + 1)), (cls_id, sep_id)
+
+
+def _example(model: BertPreTrainedModel) -> tuple[torch.Tensor, ...]:
     """The traced example: 2 x (2 x) 8, sizes no check batch has, and none of them 1 (torch.export would fix
     an axis of size 1 to that size)."""
     shape = _shape(model, 2, 2, min(8, model.config.max_position_embeddings))
@@ -215,6 +212,7 @@ def export_onnx(graph: ExportGraph, path: Path) -> None:
             dynamo=True,
             verbose=False,
         )
+        assert program is not None  # dynamo=True returns the program
         # One file: protobuf's 2 GB limit is above BERT-Large's 1.3 GB.
         program.save(str(path), external_data=False)
 
@@ -349,7 +347,7 @@ def export(
         raise InputError("--optimize applies ONNX Runtime's optimizer to ONNX graphs; use --format=onnx or drop it")
     if fmt == "onnx":
         require_onnx()
-    model, ckpt = load_model(model_dir)
+    model, ckpt = load_model(model_dir, OUTPUT_NAMES, "export supports")
     model.set_unpad(False)
     if quantize == "int8" and fmt == "torchscript":
         quantize_int8(model)
@@ -431,7 +429,7 @@ def _check_exported(
     return result
 
 
-def _write_sidecars(model: nn.Module, ckpt: Checkpoint, out_dir: Path) -> None:
+def _write_sidecars(model: BertPreTrainedModel, ckpt: Checkpoint, out_dir: Path) -> None:
     """config.json (naming the exported architecture) and the model directory's tokenizer and pooling files."""
     config = model.config.to_dict()
     config["architectures"] = [type(model).__name__]

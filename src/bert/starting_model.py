@@ -25,17 +25,40 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from torch import nn
 
 from bert.checkpoint import Checkpoint, load_into, read_checkpoint
 from bert.config import BertConfig, resolve_config
 from bert.distillation import student_from_teacher_layers
 from bert.errors import InputError
 from bert.flags import LAYERS_FLAG, SHAPE_NAMES, DistillArgs, TeacherArgs
+from bert.loading import read_model_checkpoint
 from bert.tokenization import load_vocab, validate_case_matches_checkpoint
 from bert.training import CHECKPOINT_PREFIX, check_checkpoint_config, latest_checkpoint, load_training_state
 
 logger = logging.getLogger(__name__)
+
+
+class StartingFlags(Protocol):
+    """The flags the start of a run reads: `flags.TrainingArgs`' and `flags.ModelArgs`' (`bert pretrain` declares
+    the model flags one by one, hence a protocol and not a class)."""
+
+    @property
+    def output_dir(self) -> str: ...
+    @property
+    def do_train(self) -> bool: ...
+    @property
+    def ignore_checkpoint_digest(self) -> bool: ...
+    @property
+    def init_checkpoint(self) -> str | None: ...
+    @property
+    def bert_config_file(self) -> str | None: ...
+    @property
+    def vocab_file(self) -> str | None: ...
+    @property
+    def max_seq_length(self) -> int: ...
 
 
 @dataclass
@@ -46,7 +69,9 @@ class StartingModel:
     resume_dir: Path | None  # the newest checkpoint of --output_dir: the run resumes from it
     init: Checkpoint | None  # --init_checkpoint, read; None when resuming or when none was given
 
-    def load_weights(self, model: Any, args: Any, exported: Path, state_name: str) -> tuple[int, dict[str, Any] | None]:
+    def load_weights(
+        self, model: nn.Module, args: StartingFlags, exported: Path, state_name: str
+    ) -> tuple[int, dict[str, Any] | None]:
         """Put the weights the run `args` (`--do_train`, `--init_checkpoint`, `--ignore_checkpoint_digest`)
         continues from into `model`; returns the step they come from and the
         training state to resume (None unless training resumes).
@@ -80,7 +105,7 @@ class StartingModel:
 
 
 def resolve_starting_model(
-    args: Any,
+    args: StartingFlags,
     *,
     need_vocab: bool = True,
     do_lower_case: bool | None = None,
@@ -96,14 +121,14 @@ def resolve_starting_model(
     """
     verify = not args.ignore_checkpoint_digest
     resume_dir = latest_checkpoint(args.output_dir)
-    layers = _check_teacher_flags(args)
+    teacher_layers = _check_teacher_flags(args)
     if do_lower_case is not None:
         validate_case_matches_checkpoint(do_lower_case, args.init_checkpoint)
     init = read_checkpoint(args.init_checkpoint, verify=verify) if args.init_checkpoint and not resume_dir else None
     init_flag = f"--init_checkpoint={args.init_checkpoint}"
-    if layers is not None and not resume_dir:
-        init = _from_teacher_layers(args.teacher, layers, verify)
-        init_flag = f"--teacher={args.teacher}"
+    if teacher_layers is not None and not resume_dir:
+        init = _from_teacher_layers(*teacher_layers, verify)
+        init_flag = f"--teacher={teacher_layers[0]}"
     source = init
     if resume_dir is not None and not (args.bert_config_file and args.vocab_file):
         source = read_checkpoint(resume_dir, verify=verify)
@@ -133,14 +158,13 @@ def resolve_starting_model(
     return StartingModel(config, vocab_file, vocab, resume_dir, init)
 
 
-def _check_teacher_flags(args: Any) -> list[int] | None:
+def _check_teacher_flags(args: StartingFlags) -> tuple[str, list[int]] | None:
     """The teacher flags of a command that takes them (`TeacherArgs`; `DistillArgs` where it distils): checked
-    here, where every training command resolves its model; returns --init_from_teacher_layers' indices."""
+    here, where every training command resolves its model; returns --teacher with --init_from_teacher_layers'
+    indices (None without them)."""
     if not isinstance(args, TeacherArgs):
         return None
-    # ModelArgs' flags, which every command with TeacherArgs has (pretrain takes them one by one).
-    init_checkpoint: str | None = getattr(args, "init_checkpoint", None)
-    bert_config_file: str | None = getattr(args, "bert_config_file", None)
+    init_checkpoint, bert_config_file = args.init_checkpoint, args.bert_config_file
     if isinstance(args, DistillArgs):
         args.check_distill_flags(init_checkpoint)
     else:
@@ -151,19 +175,21 @@ def _check_teacher_flags(args: Any) -> list[int] | None:
                 f"{LAYERS_FLAG}=0,2,... or drop --teacher"
             )
     layers = args.teacher_layers()
-    if layers is not None and bert_config_file:
+    if layers is None:
+        return None
+    assert args.teacher is not None  # check_teacher_flags: the layers need a teacher
+    if bert_config_file:
         raise InputError(
             f"{LAYERS_FLAG}: the student's config is --teacher's with {len(layers)} layers; drop "
             f"--bert_config_file={bert_config_file}"
         )
-    return layers
+    return args.teacher, layers
 
 
 def _from_teacher_layers(teacher: str, layers: list[int], verify: bool) -> Checkpoint:
     """The checkpoint of a student made of `layers` of `teacher` (see the module docstring)."""
-    ckpt = read_checkpoint(teacher, verify=verify)
-    if ckpt.config is None:
-        raise InputError(f"--teacher={teacher}: no config.json beside the weights; {LAYERS_FLAG} needs the teacher's")
+    ckpt = read_model_checkpoint(teacher, verify=verify, name=f"--teacher={teacher}")
+    assert ckpt.config is not None  # read_model_checkpoint refuses weights without one
     config, state = student_from_teacher_layers(ckpt.state_dict, ckpt.config, layers)
     logger.info("starting from layers %s of the teacher %s", ",".join(map(str, layers)), teacher)
     source = f"{teacher} ({LAYERS_FLAG}={','.join(map(str, layers))})"

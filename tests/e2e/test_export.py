@@ -14,7 +14,8 @@ import torch
 
 from bert.checkpoint import save_pretrained
 from bert.cli import main
-from bert.export import INPUT_NAMES, OUTPUT_NAMES, RUNNERS, ExportGraph, load_model
+from bert.export import INPUT_NAMES, OUTPUT_NAMES, RUNNERS, ExportGraph
+from bert.loading import load_model
 from bert.modeling import MODEL_CLASSES, BertForMultipleChoice
 from conftest import FIXTURES, cli_error
 

@@ -154,6 +154,42 @@ def test_modeling_imports_no_command_task_loop_or_format():
     assert GRAPH["bert.cpu_kernels"] == set()  # torch alone: kernels know nothing of the model
 
 
+# bert.inference's modules, bottom up: each imports only modules of the package in the layers below it.
+INFERENCE_LAYERS = [
+    {"bert.inference.common", "bert.inference.st_config"},  # task table, input checks, task-only settings
+    {"bert.inference.core"},  # loading, batching, the tokenizer's calls
+    {  # one task each, mixins on the core
+        "bert.inference.classification",
+        "bert.inference.spans",
+        "bert.inference.embeddings",
+        "bert.inference.fill_mask",
+    },
+    {"bert.inference.predictor"},  # Predictor: the core with every task
+    {"bert.inference"},
+]
+
+
+def test_inference_modules_import_downwards_and_stay_small():
+    layered = set().union(*INFERENCE_LAYERS)
+    assert layered == {m for m in MODULES if m == "bert.inference" or m.startswith("bert.inference.")}
+    below: set[str] = set()
+    for layer in INFERENCE_LAYERS:
+        for name in layer:
+            assert {m for m in GRAPH[name] if m in layered} <= below, name
+        below |= layer
+    # Outside the package, only its public face is imported: `from bert.inference import Predictor`.
+    importers = {name for name in MODULES if GRAPH[name] & (layered - {"bert.inference"})} - layered
+    assert importers == set()
+    for name in layered:
+        lines = MODULES[name].read_text(encoding="utf-8").count("\n")
+        assert lines <= 800, (name, lines)
+        for node in ast.walk(ast.parse(MODULES[name].read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef):
+                assert node.end_lineno - node.lineno < 60, (
+                    f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+                )
+
+
 def test_running_a_model_never_loads_the_training_loop():
     """Inference and the server reach the device helpers (`bert.distributed`), not the training loop."""
     for name in ("bert.inference", "bert.serving.app"):
@@ -207,3 +243,13 @@ def test_imports_inside_functions_are_optional_or_explained():
                     above -= 1
                 explained = "#" in lines[line - 1] or lines[above].strip().startswith("#")
                 assert explained, f"{path.relative_to(REPO)}:{line}: import {module} inside a function, unexplained"
+
+
+def test_saved_models_are_built_by_the_one_loader():
+    """`bert.loading` is in the model layer (it builds `bert.modeling` classes from `bert.checkpoint`'s
+    weights), and inference, export and the training runs' starting model build through it."""
+    assert GRAPH["bert.loading"] <= {"bert.checkpoint", "bert.config", "bert.errors", "bert.modeling"}
+    for name in ("bert.inference", "bert.export", "bert.starting_model"):
+        assert "bert.loading" in _reachable(name), name
+    builders = {name for name, path in MODULES.items() if "to_empty(" in path.read_text(encoding="utf-8")}
+    assert builders == {"bert.loading"}  # a model built on the meta device and filled from weights: here only

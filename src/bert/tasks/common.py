@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from bert.errors import InputError
+
+T = TypeVar("T")  # a token or its id
 
 # The original's feature names (run_classifier.py `InputFeatures`, the pre-training records) -> the
 # model's argument names (transformers').
@@ -145,7 +147,7 @@ def sigmoid(logits: np.ndarray) -> np.ndarray:
     return (0.5 * (1.0 + np.tanh(0.5 * x))).astype(np.float32)  # = 1 / (1 + exp(-x)), without overflow
 
 
-def truncate_seq_pair(tokens_a: list[str], tokens_b: list[str], max_length: int) -> None:
+def truncate_seq_pair(tokens_a: list[T], tokens_b: list[T], max_length: int) -> None:
     """Truncates a sequence pair in place to `max_length` tokens in all, one token at a time from the end
     of the longer sequence (of B when they are equal), as the original's `_truncate_seq_pair`."""
     # Truncating the longer side makes more sense than an equal share: when one sequence is very short,

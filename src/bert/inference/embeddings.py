@@ -1,0 +1,311 @@
+"""The `Predictor`'s embeddings: `embed` (pooled, normalized, Matryoshka-cut, long texts in windows),
+`token_embeddings` and `similarity`, with sentence-transformers' prompts and pooling defaults."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from bert.errors import InputError
+from bert.flags import POOLINGS
+from bert.inference.common import check_truncation_direction, checked_windows, quiet_task_logs, require_texts
+from bert.inference.core import PredictorCore
+from bert.input_lines import InputItemError
+from bert.modeling import pool_tokens
+from bert.tasks.classification import LONG_DOCUMENT
+from bert.tasks.glue import InputExample, InputFeatures
+from bert.tasks.windows import convert_examples_to_windows, pool_windows
+from bert.tokenization import SPECIAL_TOKENS
+
+# What `_encode` runs on each batch: (last layer [B, T, H], pooling mask [B, T], attention mask [B, T],
+# the encoder's output) -> a result per row.
+EncodeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any], list[Any]]
+
+
+class EmbeddingMixin(PredictorCore):
+    @property
+    def default_pooling(self) -> str:
+        """The sentence-transformers model's pooling, else mean pooling (see `embed`)."""
+        st = self.sentence_transformers
+        if st is None:
+            return "mean"
+        if st.pooling is None:
+            raise InputError(
+                f"{self.source}: the sentence-transformers configuration asks for {st.unsupported}, which this "
+                f"project does not implement; choose a pooling ({', '.join(POOLINGS)}) explicitly"
+            )
+        return st.pooling
+
+    @property
+    def default_normalize(self) -> bool:
+        return self.sentence_transformers.normalize if self.sentence_transformers is not None else False
+
+    def embedding_sequences(
+        self,
+        texts: Sequence[str | Sequence[int]],
+        *,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        prompt: str | None = None,
+    ) -> tuple[list[tuple[list[int], list[int]]], list[int]]:
+        """The model inputs `embed` runs: ([(token ids, segment ids), ...], prompt lengths).
+
+        A text becomes `[CLS] prompt+text [SEP]` (the prompt prepended to the text before tokenization, as
+        sentence-transformers does); a list of token ids is the whole sequence as given (TEI's token-id
+        inputs: no [CLS] or [SEP] added), or with a prompt `[CLS] prompt ids [SEP]` without the special
+        tokens among the ids. Longer than
+        `max_seq_length`: cut, keeping the start ("right") or the end ("left") of the text's tokens, or
+        with `truncate=False` an `InputItemError` naming the input. A prompt length counts [CLS] and the
+        prompt's tokens (sentence-transformers' `prompt_length`, the positions `include_prompt=False` leaves
+        out of the pooling).
+        """
+        check_truncation_direction(truncation_direction)
+        if isinstance(texts, str):
+            raise TypeError("expected a list of texts, got one string")
+        strings = {i: (prompt or "") + t for i, t in enumerate(texts) if isinstance(t, str)}
+        encoded = dict(zip(strings, self.tokenizer.encode_batch(list(strings.values()))))
+        prompt_ids = self.tokenizer.encode(prompt) if prompt else None
+        sequences, prompt_lengths = [], []
+        for i, text in enumerate(texts):
+            head, body, tail = self._sequence_parts(i, text, encoded, prompt_ids)
+            if not isinstance(text, str):
+                prompt_length = len(head)
+            else:
+                prompt_length = 1 + len(prompt_ids) if prompt_ids is not None else 0
+            room = self.max_seq_length - len(head) - len(tail)
+            if len(body) > room:
+                if not truncate:
+                    raise InputItemError(
+                        i,
+                        f"{len(head) + len(body) + len(tail)} tokens, more than max_seq_length="
+                        f"{self.max_seq_length}; shorten it or let it be truncated",
+                    )
+                body = body[:room] if truncation_direction == "right" else body[len(body) - max(room, 0) :]
+            ids = [*head, *body, *tail]
+            sequences.append((ids, [0] * len(ids)))
+            prompt_lengths.append(min(prompt_length, len(ids) - 1))
+        return sequences, prompt_lengths
+
+    def _sequence_parts(
+        self, i: int, text: str | Sequence[int], encoded: dict[int, list[int]], prompt_ids: list[int] | None
+    ) -> tuple[list[int], list[int], list[int]]:
+        """Input `i` as (head, body, tail) ids, the body the part truncation cuts (see `embedding_sequences`):
+        a text's pieces (`encoded[i]`, with the prompt) between [CLS] and [SEP], or a list of token ids (with
+        the prompt's ids, None without a prompt)."""
+        cls_id, sep_id = self._special_ids()
+        if isinstance(text, str):
+            if not text.strip():
+                raise InputItemError(i, "empty text; give some text or leave the item out")
+            return [cls_id], encoded[i], [sep_id]
+        ids: list[int] = [t for t in text if type(t) is int] if isinstance(text, Sequence) else []
+        if not isinstance(text, Sequence) or len(ids) != len(text):
+            raise InputItemError(i, f"expected a text or a list of token ids, got {type(text).__name__}")
+        if not ids:
+            raise InputItemError(i, "an empty list of token ids; give at least one")
+        vocab_size = self.config.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise InputItemError(i, f"token id {bad} is outside the vocabulary (0 to {vocab_size - 1})")
+        if prompt_ids is None:
+            return [], ids, []
+        # As TEI, which decodes the ids without their special tokens and encodes the prompt and that text:
+        # [CLS] prompt ids [SEP].
+        special = {self.tokenizer.vocab.get(t) for t in SPECIAL_TOKENS}
+        return [cls_id, *prompt_ids], [t for t in ids if t not in special], [sep_id]
+
+    def _encode(
+        self,
+        texts: Sequence[str | Sequence[int]],
+        fn: EncodeFn,
+        batch_size: int | None,
+        truncate: bool,
+        truncation_direction: str,
+        prompt_name: str | None,
+        prompt: str | None,
+        doc_stride: int | None = None,
+    ) -> tuple[list[Any], list[InputFeatures] | None]:
+        """`fn(last layer [B, T, H], pooling mask [B, T], attention mask [B, T], encoder output)` over the
+        embedding sequences of `texts`; the pooling mask is the attention mask without the prompt when the
+        model's Pooling says `include_prompt: false`. With `doc_stride`, the sequences are the windows of
+        each text as classification cuts them (`bert.tasks.windows.convert_examples_to_windows`), returned
+        with the rows as their features (else None), which say the text each window is of."""
+        prompt = self.resolve_prompt(prompt_name, prompt)
+        st = self.sentence_transformers
+        exclude_prompt = st is not None and not st.include_prompt
+        windows = None
+        with self._lock:
+            if doc_stride is None:
+                sequences, prompt_lengths = self.embedding_sequences(
+                    texts, truncate=truncate, truncation_direction=truncation_direction, prompt=prompt
+                )
+            else:
+                if prompt:
+                    raise InputError("a prompt and windows do not go together: the prompt would be in one window only")
+                require_texts(texts)  # strings only: token-id inputs have no text to cut into windows
+                examples = [InputExample(str(i), text, None, 0.0) for i, text in enumerate(cast(list[str], texts))]
+                with quiet_task_logs():
+                    windows = convert_examples_to_windows(
+                        examples, [None], self.max_seq_length, self.tokenizer, doc_stride, pad=False
+                    )
+                sequences = [(f.input_ids, f.segment_ids) for f in windows]
+                prompt_lengths = [0] * len(sequences)
+            skip = torch.tensor(prompt_lengths if exclude_prompt else [0] * len(sequences))
+
+            def run(ids, mask, types, idx):
+                out = self.encoder(ids, mask, types)
+                hidden = out.sequence_output.float()  # [B, T, H]
+                positions = torch.arange(ids.shape[1], device=ids.device)[None, :]  # [1, T]
+                pool_mask = mask * (positions >= skip[idx].to(ids.device)[:, None])  # [B, T]
+                return fn(hidden, pool_mask, mask, out)
+
+            return self._run(sequences, run, batch_size), windows
+
+    def embed(
+        self,
+        texts: Sequence[str | Sequence[int]],
+        pooling: str | None = None,
+        normalize: bool | None = None,
+        batch_size: int | None = None,
+        *,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        dimensions: int | None = None,
+        long_document: str = "truncate",
+        doc_stride: int | None = None,
+    ) -> np.ndarray:
+        """One float32 vector per text, [len(texts), dimensions or hidden_size].
+
+        Each text is `[CLS] text [SEP]`, cut to `max_seq_length` tokens (as sentence-transformers does);
+        see `embedding_sequences` for token-id inputs, prompts and truncation.
+
+        Args:
+            texts: texts, or lists of token ids (TEI's and OpenAI's token-id inputs).
+            pooling: "cls" (the last layer at [CLS]), "mean" (the mean of the last layer over the real
+                tokens, [CLS] and [SEP] included, as sentence-transformers), "max" (their element-wise
+                maximum) or "pooler" (the pre-training pooler: tanh(dense([CLS]))). Default: the
+                sentence-transformers configuration beside the model, else "mean" (better than [CLS] for
+                similarity without fine-tuning, Reimers & Gurevych 2019).
+            normalize: scale each vector to unit length (default: as the sentence-transformers
+                configuration says, else False).
+            truncate: False raises `InputItemError` for an input longer than `max_seq_length`.
+            truncation_direction: "right" keeps the start of a long input, "left" its end.
+            prompt_name, prompt: the prompt to prepend (`resolve_prompt`); its tokens are pooled unless the
+                model's Pooling configuration says `include_prompt: false`, as in sentence-transformers.
+            dimensions: keep the first `dimensions` components (Matryoshka truncation), then normalize
+                (when normalizing), as sentence-transformers' `truncate_dim` and TEI's `dimensions`.
+            long_document: "truncate" (above), or "windows": a text longer than `max_seq_length` is read
+                whole in windows `doc_stride` pieces apart, cut as classification cuts them
+                (`bert.tasks.windows.window_spans`); each window's vector is what `embed` gives for it alone,
+                the text's vector their mean (`bert.tasks.windows.pool_windows`), normalized again when
+                normalizing. A text that fits one window gets its "truncate" vector.
+            doc_stride: pieces between window starts (default: the config's `doc_stride`, else 128).
+        """
+        pooling, normalize, doc_stride = self._embed_options(pooling, normalize, dimensions, long_document, doc_stride)
+        pool = _pooler(pooling, normalize, dimensions)
+        vectors, windows = self._encode(
+            texts, pool, batch_size, truncate, truncation_direction, prompt_name, prompt, doc_stride
+        )
+        if not vectors:
+            return np.zeros((0, dimensions or self.config.hidden_size), dtype=np.float32)
+        out = np.stack(vectors).astype(np.float32, copy=False)  # [N or windows, D]
+        if windows is not None:
+            out = pool_windows(list(out), windows, len(texts), "mean")  # [N, D]
+            if normalize:
+                out = F.normalize(torch.from_numpy(out), p=2, dim=1).numpy()
+        return out
+
+    def _embed_options(
+        self,
+        pooling: str | None,
+        normalize: bool | None,
+        dimensions: int | None,
+        long_document: str,
+        doc_stride: int | None,
+    ) -> tuple[str, bool, int | None]:
+        """`embed`'s pooling and normalisation (defaults filled in) and window stride (None: no windows),
+        each checked."""
+        if long_document not in LONG_DOCUMENT:
+            raise InputError(f"long_document={long_document!r} must be one of {', '.join(LONG_DOCUMENT)}")
+        if long_document == "windows":
+            doc_stride = checked_windows({"doc_stride": doc_stride}, "embed").get("doc_stride", self.doc_stride)
+        else:
+            doc_stride = None
+        pooling = pooling or self.default_pooling
+        normalize = self.default_normalize if normalize is None else normalize
+        if pooling not in POOLINGS:
+            raise InputError(f"pooling={pooling!r} must be one of {', '.join(POOLINGS)}")
+        if pooling == "pooler" and not self.has_pooler:
+            raise InputError(f"{self.source} has no pooler weights; use pooling cls, mean or max")
+        hidden_size = self.config.hidden_size
+        if dimensions is not None and not 1 <= dimensions <= hidden_size:
+            raise InputError(f"dimensions={dimensions} must be between 1 and the model's {hidden_size}")
+        return pooling, normalize, doc_stride
+
+    def token_embeddings(
+        self,
+        texts: Sequence[str | Sequence[int]],
+        batch_size: int | None = None,
+        *,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+    ) -> list[np.ndarray]:
+        """The last layer at every token of each text, [CLS] and [SEP] included: float32 [tokens, hidden_size]
+        per text (TEI's /embed_all); inputs as `embed` takes them."""
+
+        def rows(hidden, pool_mask, attention_mask, out):
+            return [h[: int(n)].cpu().numpy() for h, n in zip(hidden, attention_mask.sum(1))]
+
+        return self._encode(texts, rows, batch_size, truncate, truncation_direction, prompt_name, prompt)[0]
+
+    def similarity(
+        self,
+        source: str,
+        sentences: Sequence[str],
+        *,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        prompt_name: str | None = None,
+        pooling: str | None = None,
+        batch_size: int | None = None,
+    ) -> list[float]:
+        """The cosine similarity of `source`'s embedding with each sentence's (TEI's /similarity; `rank` of an
+        embedding model); the embeddings as `embed` makes them."""
+        vectors = self.embed(
+            [source, *sentences],
+            batch_size=batch_size,
+            pooling=pooling,
+            normalize=True,
+            truncate=truncate,
+            truncation_direction=truncation_direction,
+            prompt_name=prompt_name,
+        )
+        return [float(s) for s in vectors[1:] @ vectors[0]]
+
+
+def _pooler(pooling: str, normalize: bool, dimensions: int | None) -> EncodeFn:
+    """`embed`'s vectors from a batch's encoder outputs: pooled, cut to `dimensions`, normalized."""
+
+    def pool(hidden: torch.Tensor, mask: torch.Tensor, attention_mask: torch.Tensor, out: Any) -> list[np.ndarray]:
+        # mask: the tokens pooled (without the prompt's when the model's pooling excludes it)
+        vectors = out.pooled_output.float() if pooling == "pooler" else pool_tokens(hidden, mask, pooling)
+        vectors = vectors[:, :dimensions]
+        if normalize:
+            vectors = F.normalize(vectors, p=2, dim=1)
+        return list(vectors.cpu().numpy())
+
+    return pool
+
+
+def cosine_similarity(vectors: np.ndarray) -> np.ndarray:
+    """The [N, N] cosine similarity matrix of N vectors."""
+    v = torch.from_numpy(np.asarray(vectors, dtype=np.float32))
+    v = F.normalize(v, p=2, dim=1)
+    return (v @ v.T).numpy()

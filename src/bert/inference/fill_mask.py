@@ -1,0 +1,114 @@
+"""The `Predictor`'s fill-mask: the likeliest tokens at each `[MASK]` by the pre-training masked-LM head,
+with whole-word readings of `##` pieces."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from bert.errors import InputError
+from bert.inference.common import MASK_TOKEN, require_texts
+from bert.inference.core import PredictorCore
+from bert.input_lines import InputItemError
+from bert.tasks.common import FILL_MASK
+
+
+class FillMaskMixin(PredictorCore):
+    def fill_mask(self, texts: Sequence[str], top_k: int = 5, batch_size: int | None = None) -> list[dict[str, Any]]:
+        """The `top_k` likeliest tokens at each `[MASK]` of each text, by the pre-training MLM head.
+
+        Each `[MASK]` in the text (written exactly so) is one masked position; the rest is tokenized as
+        usual. Returns, per text, {"sequence", "masks": [{"start", "end", "predictions": [{"token",
+        "token_id", "score", "word"}, ...]}, ...]}: the probabilities (softmax over the vocabulary) in
+        descending order; `start`/`end` locate the `[MASK]` in the text. Whole words: a prediction that
+        continues a word (a `##` piece) reads as part of the word before the mask, so its "word" is that
+        word with the piece's text appended (`"play[MASK]"` with `##ing` -> "playing"), and otherwise
+        "word" is the token itself. "sequence" is the text with every mask replaced by its top
+        prediction, a `##` piece joined to the word before it (the whitespace before the mask dropped).
+        """
+        self._require(FILL_MASK)
+        if top_k < 1:
+            raise InputError(f"top_k={top_k} must be at least 1")
+        require_texts(texts)
+        with self._lock:
+            sequences, positions = self._masked_sequences(texts)
+
+            def predict(ids, mask, types, idx):
+                rows = [b for b, i in enumerate(idx) for _ in positions[i]]
+                cols = [p for i in idx for p in positions[i]]
+                if self.backend == "onnx":  # the exported graph's head runs at every position
+                    logits = self.model(ids, mask, types).mlm_logits[rows, cols]  # [B, T, V] -> [M, V]
+                else:  # the head at the masks only
+                    hidden = self.encoder(ids, mask, types).sequence_output  # [B, T, H]
+                    logits = self.model.cls.predictions(hidden[rows, cols])  # [M, H] -> [M, V]
+                probs = torch.softmax(logits.float(), dim=-1)  # [M, V]
+                values, tokens = probs.topk(min(top_k, probs.shape[-1]), dim=-1)  # [M, k]
+                values, tokens = values.cpu().tolist(), tokens.cpu().tolist()
+                out, m = [], 0
+                for i in idx:
+                    n = len(positions[i])
+                    out.append(list(zip(tokens[m : m + n], values[m : m + n])))
+                    m += n
+                return out
+
+            found = self._run(sequences, predict, batch_size)
+        return [self._fill_result(text, per_mask) for text, per_mask in zip(texts, found)]
+
+    def _masked_sequences(self, texts: Sequence[str]) -> tuple[list[tuple[list[int], list[int]]], list[list[int]]]:
+        """`[CLS] text [SEP]` of each text with a `[MASK]` id for each `[MASK]`, and the masks' positions."""
+        mask_id = self._special[MASK_TOKEN]
+        if mask_id is None:
+            raise InputError(f"{self.source}: the vocabulary has no {MASK_TOKEN} token")
+        cls_id, sep_id = self._special_ids()
+        sequences, positions = [], []
+        for i, text in enumerate(texts):
+            parts = text.split(MASK_TOKEN)
+            if len(parts) == 1:
+                advice = f"write {MASK_TOKEN} where a word is to be guessed"
+                raise InputItemError(i, f"no {MASK_TOKEN} in the text; {advice}")
+            ids, where = [cls_id], []
+            for j, part in enumerate(parts):
+                ids += self.tokenizer.encode(part)
+                if j < len(parts) - 1:
+                    where.append(len(ids))
+                    ids.append(mask_id)
+            ids.append(sep_id)
+            if len(ids) > self.max_seq_length:
+                raise InputItemError(
+                    i,
+                    f"{len(ids)} tokens with [CLS] and [SEP], more than max_seq_length={self.max_seq_length}; "
+                    "shorten the text around its masks",
+                )
+            sequences.append((ids, [0] * len(ids)))
+            positions.append(where)
+        return sequences, positions
+
+    def _fill_result(self, text: str, per_mask: list[tuple[list[int], list[float]]]) -> dict[str, Any]:
+        inv = self.tokenizer.inv_vocab
+        masks = []
+        sequence = ""
+        pos = 0
+        for token_ids, scores in per_mask:
+            start = text.index(MASK_TOKEN, pos)
+            sequence += text[pos:start]
+            before = _last_word(sequence.rstrip())
+            predictions: list[dict[str, Any]] = []
+            for token_id, score in zip(token_ids, scores):
+                token = inv.get(token_id, f"[{token_id}]")
+                word = before + token[2:] if token.startswith("##") else token
+                predictions.append({"token": token, "token_id": token_id, "score": score, "word": word})
+            top = predictions[0]["token"]
+            sequence = sequence.rstrip() + top[2:] if top.startswith("##") else sequence + top
+            pos = start + len(MASK_TOKEN)
+            masks.append({"start": start, "end": pos, "predictions": predictions})
+        return {"sequence": sequence + text[pos:], "masks": masks}
+
+
+def _last_word(text: str) -> str:
+    """The non-space characters that end `text` ("" when it ends in a space or is empty)."""
+    match = re.search(r"\S*$", text)
+    assert match is not None  # `\S*$` matches every string, if only the empty end
+    return match.group(0)

@@ -1,0 +1,101 @@
+"""`Predictor`: the core (`bert.inference.core`: loading, batching, the tokenizer) with every task's methods,
+and `rank`, which is a cross-encoder's classification or an encoder's embeddings."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from bert.errors import InputError
+from bert.inference.classification import ClassificationMixin
+from bert.inference.common import ClassificationHead, TaggingHead, checked_pairs, quiet_task_logs, require_texts
+from bert.inference.embeddings import EmbeddingMixin
+from bert.inference.fill_mask import FillMaskMixin
+from bert.inference.spans import SpanTasksMixin
+
+
+class Predictor(ClassificationMixin, SpanTasksMixin, EmbeddingMixin, FillMaskMixin):
+    """A model with its tokenizer and settings, ready for raw text. Build it with `from_pretrained`; see
+    `bert.inference` for what each head offers and `bert.inference.core.PredictorCore` for its attributes."""
+
+    @property
+    def labels(self) -> list[str] | None:
+        """The label list of a classification or NER head (else None)."""
+        return self.head.labels if isinstance(self.head, ClassificationHead | TaggingHead) else None
+
+    @property
+    def problem_type(self) -> str | None:
+        """A classifier's problem type (see the module docstring of `bert.inference`), else None."""
+        return self.head.problem_type if isinstance(self.head, ClassificationHead) else None
+
+    @property
+    def label_thresholds(self) -> dict[str, float]:
+        """A multi-label classifier's threshold per label ({} for other heads)."""
+        return self.head.label_thresholds if isinstance(self.head, ClassificationHead) else {}
+
+    def rank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_k: int | None = None,
+        *,
+        raw_scores: bool = False,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        batch_size: int | None = None,
+        pooling: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """The documents by relevance to `query`: [{"index", "score"}, ...], best first, `top_k` of them
+        (None: all).
+
+        A cross-encoder (`is_cross_encoder`) reads each `[CLS] query [SEP] document [SEP]` (the pair cut to
+        `max_seq_length` as `classify` cuts it) and its score is the sigmoid of the logit (the logit
+        itself with `raw_scores`), as TEI's /rerank and sentence-transformers' CrossEncoder; any other
+        model except a classifier scores the cosine similarity of the embeddings (`embed`'s, with
+        `pooling`; `raw_scores` changes nothing then).
+        """
+        if isinstance(documents, str):
+            raise TypeError("expected a list of documents, got one string")
+        if top_k is not None and top_k < 1:
+            raise InputError(f"top_k={top_k} must be at least 1")
+        if self.is_cross_encoder:
+            direction = truncation_direction
+            scores = self._cross_encoder_scores(query, documents, raw_scores, truncate, direction, batch_size)
+        elif isinstance(self.head, ClassificationHead):
+            raise InputError(
+                f"{self.source} is a classifier with {len(self.head.labels)} labels, not a cross-encoder (one "
+                "output); rank with a cross-encoder or an embedding model"
+            )
+        else:
+            require_texts([query], "query")
+            scores = self.similarity(
+                query,
+                documents,
+                truncate=truncate,
+                truncation_direction=truncation_direction,
+                pooling=pooling,
+                batch_size=batch_size,
+            )
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])[:top_k]
+        return [{"index": i, "score": scores[i]} for i in order]
+
+    def _cross_encoder_scores(
+        self,
+        query: str,
+        documents: Sequence[str],
+        raw_scores: bool,
+        truncate: bool,
+        truncation_direction: str,
+        batch_size: int | None,
+    ) -> list[float]:
+        pairs = checked_pairs([(query, d) for d in documents])
+        with self._lock, quiet_task_logs():
+            sequences = self._pair_sequences(pairs, truncate, truncation_direction)
+
+            def run(ids, mask, types, idx):
+                return self.model(ids, mask, types).logits[:, 0].float().cpu().tolist()
+
+            logits = torch.tensor(self._run(sequences, run, batch_size), dtype=torch.float32)
+        return (logits if raw_scores else torch.sigmoid(logits)).tolist()
