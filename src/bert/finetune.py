@@ -74,7 +74,7 @@ from bert.flags import (
     check_flag_values,
 )
 from bert.formats.results import write_results
-from bert.modeling import MODEL_CLASSES, num_parameters
+from bert.modeling import MODEL_CLASSES, FineTuningHead, num_parameters
 from bert.starting_model import StartingModel, resolve_starting_model
 from bert.tasks.common import FinetuneTask, num_train_steps, num_warmup_steps
 from bert.tokenization import FullTokenizer
@@ -376,9 +376,10 @@ class _FinetuneRun:
         if not args.do_train:
             task.use_saved_config(self.files.saved_config)
         self.evaluate_during_training = args.do_train and args.eval_every_steps > 0
-        self.train_examples = task.read_examples("train") if args.do_train else None
-        self.dev_examples = task.read_examples("dev") if args.do_eval or self.evaluate_during_training else None
-        self.test_examples = task.read_examples("test") if args.do_predict else None
+        # The splits the run uses (empty when no --do_* asks for one).
+        self.train_examples = task.read_examples("train") if args.do_train else []
+        self.dev_examples = task.read_examples("dev") if args.do_eval or self.evaluate_during_training else []
+        self.test_examples = task.read_examples("test") if args.do_predict else []
         labels = task.labels()
         if args.do_train and self.resume_dir is not None and self.files.saved_labels not in (None, labels):
             raise InputError(
@@ -478,8 +479,8 @@ class _FinetuneRun:
     def run(self) -> dict[str, Any]:
         args = self.args
         # 2. Tokenizer and features.
-        self.tokenizer = FullTokenizer(self.files.start.vocab_file, do_lower_case=args.do_lower_case)
-        self.dev_features = self.features_of(self.dev_examples) if self.dev_examples is not None else None
+        self.tokenizer = FullTokenizer(self.vocab_file, do_lower_case=args.do_lower_case)
+        self.dev_features = self.features_of(self.dev_examples) if self.dev_examples else []
         # 3. The model, 4. training and 5. the exported model.
         self.model, self.global_step, state = self.load_model()
         result: dict[str, Any] = {"output_dir": str(self.output_dir), "num_train_steps": self.total_steps}
@@ -518,12 +519,20 @@ class _FinetuneRun:
         args = self.args
         return self.task.convert(examples, self.tokenizer, args.max_seq_length, pad=args.pad_to_max_seq_length)
 
-    def load_model(self) -> tuple[torch.nn.Module, int, dict | None]:
+    @property
+    def vocab_file(self) -> str:
+        vocab_file = self.files.start.vocab_file
+        assert vocab_file is not None  # resolve_starting_model refuses a fine-tuning run without a vocabulary
+        return vocab_file
+
+    def load_model(self) -> tuple[FineTuningHead, int, dict | None]:
         """The model, the step its weights come from, and the training state to resume (or None): see
         `StartingModel.load_weights`."""
         args, start = self.args, self.files.start
         training.set_seed(args.seed)
-        model = MODEL_CLASSES[self.task.head](start.config, **self.task.model_kwargs())
+        head = MODEL_CLASSES[self.task.head]
+        assert issubclass(head, FineTuningHead)  # a task's head is a fine-tuning head
+        model = head(start.config, **self.task.model_kwargs())
         global_step, state = start.load_weights(model, args, self.exported, FINETUNE_STATE_NAME)
         logger.info("%s: %d parameters", type(model).__name__, num_parameters(model))
         self.wrapped = training.prepare_model(model, args, self.dist)
@@ -589,7 +598,7 @@ class _FinetuneRun:
             dist,
             num_train_steps=self.total_steps,
             num_warmup_steps=self.warmup_steps,
-            vocab_file=self.files.start.vocab_file,
+            vocab_file=self.vocab_file,
             do_lower_case=args.do_lower_case,
             desc=f"{task.command} train",
             keep_checkpoint_max=0 if self.evaluate_during_training else None,
@@ -598,7 +607,7 @@ class _FinetuneRun:
         if state is not None:
             self.restore(trainer, state, len(features))
         plan = BatchPlan(
-            [task.feature_length(f) for f in features], args.train_batch_size, args.seed, args.group_by_length
+            np.array([task.feature_length(f) for f in features]), args.train_batch_size, args.seed, args.group_by_length
         )
         logger.info("***** Running training *****")
         logger.info("  Num examples = %d", len(self.train_examples) + len(self.transfer_examples))

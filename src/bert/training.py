@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -51,6 +51,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import FSDPModule
+from torch.nn.parallel import DistributedDataParallel
 
 from bert.checkpoint import CONFIG_NAME, load_into, read_checkpoint, save_pretrained, write_vocab
 from bert.config import SHAPE_FIELDS, BertConfig
@@ -60,10 +61,14 @@ from bert.flags import PRECISIONS, PerformanceArgs, TrainingArgs
 from bert.formats.tensorboard import EventWriter
 from bert.metrics import greater_is_better
 from bert.model_card import write_model_card
+from bert.modeling import BertPreTrainedModel
 from bert.optimization import clip_grad_norm, create_optimizer
 from bert.outputs import atomic_directory, claim, remove_temporaries
 from bert.plotting import CURVES_NAME, METRICS_NAME, try_plot
 from bert.utils import atomic_write, load_json_file, log_to_file, progress, write_run_info
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +135,7 @@ def _stop_together(dist: DistContext, error: BaseException | None) -> None:
 def run_directory(
     output_dir: str | os.PathLike,
     command: str,
-    args: Any,
+    args: TrainingArgs,
     dist: DistContext,
     inputs: dict[str, Any] | None = None,
 ) -> Iterator[Path]:
@@ -155,7 +160,12 @@ def run_directory(
 
 
 def finish_run(
-    output_dir: Path, exported: Path, command: str, args: Any, results: dict[str, Any] | None, dist: DistContext
+    output_dir: Path,
+    exported: Path,
+    command: str,
+    args: TrainingArgs,
+    results: dict[str, Any] | None,
+    dist: DistContext,
 ) -> None:
     """The end of a training command's run (rank 0): the curves drawn and the exported model's card written
     with the final evaluation's figures."""
@@ -192,7 +202,9 @@ def _effective_args(output_dir: Path, saved: dict) -> dict[str, Any]:
     return args
 
 
-def changed_flags(args: Any, saved: dict[str, Any], saved_cwd: str, scopes: set[str]) -> dict[str, dict[str, Any]]:
+def changed_flags(
+    args: DataclassInstance, saved: dict[str, Any], saved_cwd: str, scopes: set[str]
+) -> dict[str, dict[str, Any]]:
     """{flag: {"was", "now"}} for the run-defining flags of `args` (of the given scopes) whose value differs
     from `saved`; flags `saved` does not know (added since) are not compared."""
     changes = {}
@@ -223,7 +235,7 @@ def _remove_results(output_dir: Path, why: str) -> None:
         logger.warning("%s: removed the results of the earlier run (%s), %s", output_dir, ", ".join(removed), why)
 
 
-def record_run(output_dir: Path, command: str, args: Any) -> None:
+def record_run(output_dir: Path, command: str, args: TrainingArgs) -> None:
     """Record this run in `output_dir` and check that it continues the run there.
 
     A run that trains from scratch (no checkpoint to resume), or that reuses nothing of the directory,
@@ -234,7 +246,7 @@ def record_run(output_dir: Path, command: str, args: Any) -> None:
     adds a line to the history.
     """
     saved = load_json_file(output_dir / ARGS_NAME, "the run's flags", missing_ok=True)
-    training = bool(getattr(args, "do_train", False))
+    training = args.do_train
     resumes = latest_checkpoint(output_dir) is not None
     reuses = resumes or (output_dir / MODEL_DIR / CONFIG_NAME).is_file()
     if saved is None or (training and not resumes) or not reuses:
@@ -249,7 +261,7 @@ def record_run(output_dir: Path, command: str, args: Any) -> None:
         )
     scopes = {"train", "data", "model"} if training else {"model"}
     changes = changed_flags(args, _effective_args(output_dir, saved), saved.get("cwd", os.getcwd()), scopes)
-    if changes and not getattr(args, "allow_changed_flags", False):
+    if changes and not args.allow_changed_flags:
         listed = ", ".join(f"--{k}={v['now']} (the run has {v['was']})" for k, v in changes.items())
         what = "resume its training" if training else "reuse its model"
         raise InputError(
@@ -270,7 +282,7 @@ def record_run(output_dir: Path, command: str, args: Any) -> None:
         "argv": sys.argv,
         "cwd": os.getcwd(),
         "changed": changes,
-        "args": _jsonable(dataclasses.asdict(args)) if dataclasses.is_dataclass(args) else {},
+        "args": _jsonable(dataclasses.asdict(args)),
     }
     history = output_dir / ARGS_HISTORY_NAME
     previous = history.read_text(encoding="utf-8") if history.is_file() else ""
@@ -278,7 +290,9 @@ def record_run(output_dir: Path, command: str, args: Any) -> None:
         f.write(previous + json.dumps(entry, sort_keys=True) + "\n")
 
 
-def prepare_model(model: nn.Module, args: PerformanceArgs, dist: DistContext, fsdp: bool = False) -> nn.Module:
+def prepare_model(
+    model: BertPreTrainedModel, args: PerformanceArgs, dist: DistContext, fsdp: bool = False
+) -> nn.Module:
     """Gradient checkpointing and `--compile` as the flags say, then `wrap_model`; returns the wrapped model."""
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -387,7 +401,9 @@ class RecordStream:
 def get_rng_state() -> dict[str, Any]:
     """Python, NumPy and torch RNG states, as tensors, lists and numbers (loadable with weights_only)."""
     version, mt, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    # The legacy generator's state is this tuple (`legacy=True`, the default); the stubs also allow a dict.
+    legacy = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
+    name, keys, pos, has_gauss, cached = legacy
     state: dict[str, Any] = {
         "python": {"version": version, "state": list(mt), "gauss": gauss},
         "numpy": {"name": name, "keys": keys.tolist(), "pos": int(pos), "has_gauss": int(has_gauss), "cached": cached},
@@ -416,7 +432,7 @@ def list_checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     A checkpoint directory appears under its final name only when complete (it is renamed into place),
     so temporary `.checkpoint-*` directories of an interrupted save are never listed.
     """
-    out = []
+    out: list[tuple[int, Path]] = []
     d = Path(output_dir)
     if not d.is_dir():
         return out
@@ -516,7 +532,8 @@ def _save_torch(obj: Any, path: Path) -> str:
     with atomic_write(path, "wb") as f:
         out = _Hashing(f)
         try:
-            torch.save(obj, out)
+            # torch.save calls only `write` and `flush`; its annotation asks for a whole binary file.
+            torch.save(obj, cast(IO[bytes], out))
         except RuntimeError as e:
             cause = e.__cause__ or e.__context__
             if isinstance(cause, OSError):
@@ -718,7 +735,9 @@ class Trainer:
     # ---------------------------------------------------------------------------------- state
     def _model_state(self) -> dict[str, torch.Tensor]:
         if self.fsdp:
-            return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            # A model's state is tensors (the declared value type covers optimizer states too).
+            return cast(dict[str, torch.Tensor], state)
         return self.model.state_dict()
 
     def _optimizer_state(self) -> dict[str, Any]:
@@ -745,7 +764,9 @@ class Trainer:
             return self.model
         # save_pretrained wants a module: rebuild an unsharded copy on the CPU, of the class FSDP wrapped.
 
-        cls = next(c for c in type(self.model).__mro__ if not issubclass(c, FSDPModule))
+        cls = next(
+            c for c in type(self.model).__mro__ if issubclass(c, BertPreTrainedModel) and not issubclass(c, FSDPModule)
+        )
         with torch.random.fork_rng(devices=[]):  # its initialisation must not advance the dropout RNG
             model = cls(self.model.config)
         model.load_state_dict(model_state)
@@ -880,7 +901,7 @@ class Trainer:
                 if totals_fn is not None:
                     parts = [totals_fn(b) for b in micro_batches]
                     keys = sorted(parts[0])
-                    summed = torch.stack([sum(p[k].float() for p in parts) for k in keys])
+                    summed = torch.stack([sum((p[k].float() for p in parts[1:]), parts[0][k].float()) for k in keys])
                     totals = dict(zip(keys, dist.all_reduce_sum(summed)))
                 lr = self.optimizer.param_groups[0]["lr"]
                 step_metrics, loss = self._forward_backward(micro_batches, loss_fn, totals)
@@ -960,10 +981,10 @@ class Trainer:
         n = len(micro_batches)
         for i, batch in enumerate(micro_batches):
             sync = i == n - 1  # reduce gradients across ranks only after the last micro-batch
-            if self.fsdp:
+            if isinstance(self.wrapped, FSDPModule):
                 self.wrapped.set_requires_gradient_sync(sync)
                 ctx: contextlib.AbstractContextManager = contextlib.nullcontext()
-            elif self.dist.distributed and not sync:
+            elif isinstance(self.wrapped, DistributedDataParallel) and not sync:
                 ctx = self.wrapped.no_sync()
             else:
                 ctx = contextlib.nullcontext()
@@ -1039,7 +1060,7 @@ def make_trainer(
 # ------------------------------------------------------------------------------ evaluations during training
 
 
-def check_early_stopping(args: Any) -> None:
+def check_early_stopping(args: EvaluationFlags) -> None:
     """`--early_stopping_patience` counts evaluations during training, so it needs `--eval_every_steps`."""
     if args.early_stopping_patience and not args.eval_every_steps:
         raise InputError("--early_stopping_patience needs evaluations during training: set --eval_every_steps=N")
@@ -1053,6 +1074,13 @@ def check_best_metric(metric: str | None, names: list[str], results_of: str) -> 
             f"--metric_for_best_model={metric} is not an evaluation result of {results_of}; use one of "
             f"{', '.join(names)}"
         )
+
+
+class EvaluationFlags(Protocol):
+    """The flags of evaluations during training (`FinetuneArgs`' and the sentence commands')."""
+
+    eval_every_steps: int
+    early_stopping_patience: int
 
 
 class EvalHistory:

@@ -95,7 +95,7 @@ class TFRecordSource:
         if n == 0:
             raise InputError(f"--input_file: {', '.join(self.paths)} hold no records")
         # Compact storage: ids fit int32, masks and labels int8.
-        self.arrays = {
+        self.arrays: dict[str, np.ndarray] = {
             "input_ids": np.stack(columns["input_ids"]).astype(np.int32),
             "input_mask": np.stack(columns["input_mask"]).astype(np.int8),
             "segment_ids": np.stack(columns["segment_ids"]).astype(np.int8),

@@ -282,6 +282,7 @@ class _Run:
     model_class: type = BertModel
     default_metric = ""
     next_command = ""  # the result block's next step, `{model}` the exported model
+    loss: str  # the --loss the run uses, a default resolved (set by each command's run)
 
     def __init__(self, args: Any, dist: DistContext):
         self.args, self.dist = args, dist
@@ -351,7 +352,9 @@ class _Run:
 
     def run(self) -> dict[str, Any]:
         args = self.args
-        self.tokenizer = FullTokenizer(self.files.vocab_file, do_lower_case=args.do_lower_case)
+        vocab_file = self.files.vocab_file
+        assert vocab_file is not None  # resolve_starting_model refuses a run without a vocabulary
+        self.tokenizer = FullTokenizer(vocab_file, do_lower_case=args.do_lower_case)
         self.prepare()
         self.load_model()
         result: dict[str, Any] = {"output_dir": str(self.output_dir), "num_train_steps": self.total_steps}
