@@ -64,6 +64,7 @@ import numpy as np
 import torch
 
 from bert import distillation, grid, training
+from bert.batching import BatchPlan
 from bert.config import BertConfig
 from bert.distributed import DistContext, autocast, distributed
 from bert.errors import InputError
@@ -78,14 +79,12 @@ from bert.modeling import MODEL_CLASSES, FineTuningHead, num_parameters
 from bert.starting_model import StartingModel, resolve_starting_model
 from bert.tasks.common import FinetuneTask, num_train_steps, num_warmup_steps
 from bert.tokenization import FullTokenizer
-from bert.training import EVAL_HISTORY_NAME, MODEL_DIR, EvalHistory, RecordStream, to_device
+from bert.training import EVAL_HISTORY_NAME, MODEL_DIR, EvalHistory, to_device
 from bert.utils import atomic_write, format_scores, print_result, progress
 
 logger = logging.getLogger(__name__)
 
 FINETUNE_STATE_NAME = "finetune_state.json"  # in model/: the step its weights come from
-# Batches per length-grouped mega-batch (the usual choice of length-grouped samplers).
-GROUP_BATCHES = 50
 
 
 # ------------------------------------------------------------------------------------------------- tasks
@@ -113,59 +112,6 @@ def _example_rows(features: Sequence) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------- batches
-class BatchPlan:
-    """Which training features make up the batch of each step (see the module docstring, point 4).
-
-    Args:
-        lengths: each feature's length, for grouping.
-        batch_size: features per step (the global batch).
-        seed: seeds every epoch's permutation and every mega-batch's batch order.
-        group_by_length: sort within mega-batches of `group_batches` batches.
-    """
-
-    def __init__(
-        self,
-        lengths: np.ndarray,
-        batch_size: int,
-        seed: int,
-        group_by_length: bool = True,
-        group_batches: int = GROUP_BATCHES,
-    ):
-        self.lengths = np.asarray(lengths)
-        self.n = len(self.lengths)
-        self.batch_size = batch_size
-        self.seed = seed
-        self.group_by_length = group_by_length
-        self.group_batches = group_batches if group_by_length else 1
-        self.stream = RecordStream(self.n, seed)
-        self._group: tuple[int, list[np.ndarray]] | None = None
-
-    def batch(self, step: int) -> np.ndarray:
-        """The feature indices of 0-based step `step`'s batch (sorted by length when grouping)."""
-        g, k = divmod(step, self.group_batches)
-        if self._group is None or self._group[0] != g:
-            size = self.group_batches * self.batch_size
-            indices, _ = self.stream.take(g * size, size)
-            if self.group_by_length:
-                indices = indices[np.argsort(-self.lengths[indices], kind="stable")]
-                batches = [indices[i : i + self.batch_size] for i in range(0, size, self.batch_size)]
-                perm = np.random.default_rng([self.seed, 1 << 20, g]).permutation(len(batches))
-                batches = [batches[i] for i in perm]
-            else:
-                batches = [indices]
-            self._group = (g, batches)
-        return self._group[1][k]
-
-    def state(self, step: int) -> dict[str, Any]:
-        return {
-            "step": step,
-            "num_features": self.n,
-            "seed": self.seed,
-            "batch_size": self.batch_size,
-            "group_by_length": self.group_by_length,
-        }
-
-
 def to_tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(v) for k, v in arrays.items()}
 
@@ -606,9 +552,8 @@ class _FinetuneRun:
         torch.manual_seed(args.seed + dist.rank)  # dropout differs across ranks, as their examples do
         if state is not None:
             self.restore(trainer, state, len(features))
-        plan = BatchPlan(
-            np.array([task.feature_length(f) for f in features]), args.train_batch_size, args.seed, args.group_by_length
-        )
+        lengths = [task.feature_length(f) for f in features]
+        plan = BatchPlan(lengths, args.train_batch_size, args.seed, group_by_length=args.group_by_length)
         logger.info("***** Running training *****")
         logger.info("  Num examples = %d", len(self.train_examples) + len(self.transfer_examples))
         logger.info("  Batch size = %d", args.train_batch_size)

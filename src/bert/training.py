@@ -353,50 +353,6 @@ def compile_model(model: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Mod
     return model
 
 
-class RecordStream:
-    """The endless stream of record indices: epoch e is a permutation of all N records seeded by (seed, e).
-
-    Position `a` (an absolute count of records taken) is (epoch a // N, index a % N).
-
-    Args:
-        num_records: N.
-        seed: the data-order seed.
-        shuffle: False gives 0..N-1 every epoch (evaluation reads sequentially, as the original does).
-    """
-
-    def __init__(self, num_records: int, seed: int, shuffle: bool = True):
-        self.n = num_records
-        self.seed = seed
-        self.shuffle = shuffle
-        self._cache: dict[int, np.ndarray] = {}
-
-    def order(self, epoch: int) -> np.ndarray:
-        if not self.shuffle:
-            return np.arange(self.n)
-        if epoch not in self._cache:
-            if len(self._cache) > 2:
-                self._cache.pop(min(self._cache))
-            self._cache[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.n)
-        return self._cache[epoch]
-
-    def take(self, position: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """Record indices and their epochs at stream positions `position .. position + count - 1`."""
-        absolute = np.arange(position, position + count, dtype=np.int64)
-        epochs, within = np.divmod(absolute, self.n)
-        indices = np.empty(count, dtype=np.int64)
-        for e in np.unique(epochs):
-            m = epochs == e
-            indices[m] = self.order(int(e))[within[m]]
-        return indices, epochs
-
-    def position(self, epoch: int, index: int) -> int:
-        return epoch * self.n + index
-
-    def state(self, position: int) -> dict[str, int]:
-        epoch, index = divmod(position, self.n)
-        return {"epoch": int(epoch), "index": int(index), "num_records": self.n, "seed": self.seed}
-
-
 # -------------------------------------------------------------------------------------- RNG states
 def get_rng_state() -> dict[str, Any]:
     """Python, NumPy and torch RNG states, as tensors, lists and numbers (loadable with weights_only)."""

@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 import torch
 
+from bert.batching import GROUP_BATCHES, BatchPlan, RecordStream
 from bert.config import BertConfig
 from bert.distributed import DistContext
 from bert.finetune import (
-    GROUP_BATCHES,
-    BatchPlan,
     Predictions,
     loss_metrics,
     predict,
@@ -24,7 +23,7 @@ from bert.finetune import (
     train_batches,
 )
 from bert.tasks.common import FinetuneTask, pad_2d
-from bert.training import EvalHistory, RecordStream
+from bert.training import EvalHistory
 
 CPU = DistContext(torch.device("cpu"))
 

@@ -129,6 +129,7 @@ TORCH_FREE += ["bert.cli"]
 TORCH_FREE += ["bert.commands.tokenize", "bert.commands.prepare_corpus", "bert.commands.evaluate_squad"]
 TORCH_FREE += ["bert.vocab", "bert.commands.build_vocab"]
 TORCH_FREE += ["bert.plotting", "bert.flags", "bert.hub", "bert.input_lines"]
+TORCH_FREE += ["bert.batching"]  # which records each step reads: NumPy only
 # Every command module: bert.cli imports one to parse its flags, so a flag error costs no torch; a command
 # imports the library it drives inside its run function.
 TORCH_FREE += ["bert.commands"]

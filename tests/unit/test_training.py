@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from bert.batching import RecordStream
 from bert.errors import InputError
 from bert.modeling import BertForPreTraining
 from bert.optimization import create_optimizer
@@ -18,7 +19,6 @@ from bert.training import (
     TRAINING_STATE_NAME,
     DistContext,
     MetricsLogger,
-    RecordStream,
     Trainer,
     TrainerSettings,
     check_checkpoint_config,

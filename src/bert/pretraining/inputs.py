@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bert.batching import RecordStream
 from bert.errors import InputError
 from bert.formats.native import MANIFEST_NAME, NativeDataset, check_manifest, open_native_dataset
 from bert.formats.tfrecord import read_examples
 from bert.tasks.common import model_inputs
-from bert.training import RecordStream
 from bert.utils import expand_input_files
 
 FEATURE_LENGTHS = {  # feature -> which flag fixes its length

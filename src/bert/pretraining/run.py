@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from bert import training
+from bert.batching import RecordStream
 from bert.checkpoint import Checkpoint, load_into, read_checkpoint
 from bert.config import BertConfig
 from bert.distributed import distributed
@@ -57,7 +58,6 @@ from bert.pretraining.inputs import (
 )
 from bert.pretraining.teacher import DistillationLoss, load_teacher, relation_heads
 from bert.starting_model import resolve_starting_model
-from bert.training import RecordStream
 from bert.utils import expand_input_files, format_scores, print_result
 
 logger = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ every N steps and at the last, keeps the best checkpoint (`--metric_for_best_mod
 `--do_eval` writes the final scores to `eval_results.txt`/`.json`; `curves.png` is drawn at the end.
 
 Batches. Each epoch is a permutation of the examples seeded by `(--seed, epoch)`, cut into batches of
-`--train_batch_size` (`bert.sentence.data.BatchPlan`; with the in-batch-negative losses no text appears
+`--train_batch_size` (`bert.batching.BatchPlan`; with the in-batch-negative losses no text appears
 twice in a batch). Sequences are `[CLS] text [SEP]` (pairs for the reranker: `[CLS] query [SEP] document
 [SEP]`, the longer text cut first), padded per column to its longest. The bi-encoder's losses need the
 whole batch at once, so its `--gradient_accumulation_steps` must stay 1: `--loss=cached_mnrl` gives the
@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from bert import training
+from bert.batching import BatchPlan
 from bert.cpu_kernels import release_packed_weights
 from bert.distributed import DistContext, distributed
 from bert.errors import InputError
@@ -55,7 +56,6 @@ from bert.sentence.data import (
     SCORED,
     TEXTS,
     TUPLES,
-    BatchPlan,
     Corpus,
     TrainingData,
     read_beir,
@@ -761,7 +761,7 @@ class RerankerRun(_Run):
                 args.mine_negatives, data, args.num_negatives, args.device, args.eval_batch_size, not self.dist.is_main
             )
             self.data = data
-            self.plan.data = data
+            self.plan.records = data
         if data.kind == SCORED:
             groups = [[(a, b)] for a, b in zip(*data.columns)]
             self.labels = np.asarray(data.scores, dtype=np.float32)[:, None]
