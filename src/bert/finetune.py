@@ -63,11 +63,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from bert import distillation, grid, training
+from bert import checkpointing, distillation, evaluations, grid, run_dir, training
 from bert.batching import BatchPlan
 from bert.config import BertConfig
 from bert.distributed import DistContext, autocast, distributed
 from bert.errors import InputError
+from bert.evaluations import EVAL_HISTORY_NAME, EvalHistory
 from bert.flags import (
     DistillArgs,
     FinetuneArgs,
@@ -76,10 +77,11 @@ from bert.flags import (
 )
 from bert.formats.results import write_results
 from bert.modeling import MODEL_CLASSES, FineTuningHead, num_parameters
+from bert.run_dir import MODEL_DIR
 from bert.starting_model import StartingModel, resolve_starting_model
 from bert.tasks.common import FinetuneTask, num_train_steps, num_warmup_steps
 from bert.tokenization import FullTokenizer
-from bert.training import EVAL_HISTORY_NAME, MODEL_DIR, EvalHistory, to_device
+from bert.training import to_device
 from bert.utils import atomic_write, format_scores, print_result, progress
 
 logger = logging.getLogger(__name__)
@@ -218,9 +220,9 @@ def _check_flags(args: FinetuneArgs, task: FinetuneTask, world_size: int) -> Non
     check_flag_values(args)
     if args.do_train:
         check_batch_division(args.train_batch_size, world_size, args.gradient_accumulation_steps)
-    training.check_early_stopping(args)
+    evaluations.check_early_stopping(args)
     names = [*task.metric_names(), "eval_loss", "loss"]
-    training.check_best_metric(args.metric_for_best_model, names, f"`bert {task.command}`")
+    evaluations.check_best_metric(args.metric_for_best_model, names, f"`bert {task.command}`")
     task.check_flags()
     if isinstance(args, DistillArgs) and args.teacher is not None:
         _check_teacher_use(args)
@@ -274,11 +276,11 @@ def run_finetune(args: FinetuneArgs, task: FinetuneTask) -> dict[str, Any]:
         for cell in cells:  # every run's flags checked before the first starts
             _check_flags(cell.args, task, world_size=1)
         metric = args.metric_for_best_model or task.default_metric
-        return grid.run_grid(args, cells, task.command, metric, inputs, training.RESULT_NAMES, MODEL_DIR)
+        return grid.run_grid(args, cells, task.command, metric, inputs, run_dir.RESULT_NAMES, MODEL_DIR)
     with distributed(args.device) as dist:
-        with training.claim_output_dir(args.output_dir, task.command, dist, inputs):
+        with run_dir.claim_output_dir(args.output_dir, task.command, dist, inputs):
             run = _FinetuneRun(args, task, dist)
-            with training.run_directory(args.output_dir, task.command, args, dist):
+            with run_dir.run_directory(args.output_dir, task.command, args, dist):
                 result = run.run()
     if dist.is_main:
         _print_result(task.command, result, Path(args.output_dir))
@@ -296,7 +298,7 @@ def _print_result(command: str, result: dict[str, Any], output_dir: Path) -> Non
     files = [v for v in predicted.values() if isinstance(v, str)]
     if files:
         lines.append(f"predictions: {', '.join(files)}")
-    lines.append(training.written_line(output_dir))
+    lines.append(run_dir.written_line(output_dir))
     if (output_dir / MODEL_DIR).is_dir():
         lines.append(f"next: bert predict --model={output_dir / MODEL_DIR} --input_file=TEXTS.txt")
     print_result(command, *lines)
@@ -445,7 +447,7 @@ class _FinetuneRun:
             result["eval"] = ev["results"]
         if args.do_predict:
             result["predict"] = self.predict_test_set()
-        training.finish_run(self.output_dir, self.exported, self.task.command, args, result.get("eval"), self.dist)
+        run_dir.finish_run(self.output_dir, self.exported, self.task.command, args, result.get("eval"), self.dist)
         return result
 
     def save_tuned_config(self) -> None:
@@ -475,7 +477,7 @@ class _FinetuneRun:
         """The model, the step its weights come from, and the training state to resume (or None): see
         `StartingModel.load_weights`."""
         args, start = self.args, self.files.start
-        training.set_seed(args.seed)
+        checkpointing.set_seed(args.seed)
         head = MODEL_CLASSES[self.task.head]
         assert issubclass(head, FineTuningHead)  # a task's head is a fine-tuning head
         model = head(start.config, **self.task.model_kwargs())
@@ -568,7 +570,7 @@ class _FinetuneRun:
                 plan, task, features, step, dist.rank, dist.world_size, accumulation, self.pad_to, extra
             )
 
-        last = training.train_with_evaluations(
+        last = evaluations.train_with_evaluations(
             trainer,
             batches,
             loss_fn,

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from bert import training
+from bert import checkpointing, run_dir, training
 from bert.batching import RecordStream
 from bert.checkpoint import Checkpoint, load_into, read_checkpoint
 from bert.config import BertConfig
@@ -105,7 +105,7 @@ def run_pretraining(args: Any) -> dict[str, Any]:
     last logged metrics, "eval": results}."""
     with (
         distributed(args.device) as dist,
-        training.claim_output_dir(args.output_dir, "pretrain", dist, _inputs(args)),
+        run_dir.claim_output_dir(args.output_dir, "pretrain", dist, _inputs(args)),
     ):
         # 1. Flags, vocab, data, config, output directory: all checked before any model is built.
         _check_flags(args, dist.world_size)
@@ -144,7 +144,7 @@ def run_pretraining(args: Any) -> dict[str, Any]:
         manifests = train_source.manifests
         do_lower_case = bool(manifests[0]["do_lower_case"]) if manifests and "do_lower_case" in manifests[0] else None
 
-        with training.run_directory(args.output_dir, "pretrain", args, dist):
+        with run_dir.run_directory(args.output_dir, "pretrain", args, dist):
             # 2. The model and the trainer.
             model, state = _load_model(args, config, start.resume_dir, start.init)
             wrapped = training.prepare_model(model, args, dist, fsdp=args.fsdp)
@@ -173,7 +173,7 @@ def run_pretraining(args: Any) -> dict[str, Any]:
             if args.do_eval:
                 result["eval"] = _evaluate(args, wrapped, eval_source, dist, trainer.global_step)
             output_dir = Path(args.output_dir)
-            training.finish_run(output_dir, output_dir / "model", "pretrain", args, result.get("eval"), dist)
+            run_dir.finish_run(output_dir, output_dir / "model", "pretrain", args, result.get("eval"), dist)
             if dist.is_main:
                 _print_result(args, result)
             return result
@@ -206,7 +206,7 @@ def _inputs(args: Any) -> dict[str, Any]:
 def _check_resumed_optimizer(args: Any, resume_dir: Path | None) -> None:
     """The checkpoint to resume was trained with this --optimizer."""
     if resume_dir is not None:
-        info_path = resume_dir / training.TRAINER_STATE_NAME
+        info_path = resume_dir / checkpointing.TRAINER_STATE_NAME
         info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
         if args.do_train and info.get("optimizer", args.optimizer) != args.optimizer:
             raise InputError(
@@ -220,7 +220,7 @@ def _load_model(
 ) -> tuple[BertForPreTraining, dict | None]:
     """The model (resumed, or from --init_checkpoint, or random) and the training state to resume; logs
     the features and variables as run_pretraining.py does."""
-    training.set_seed(args.seed)
+    checkpointing.set_seed(args.seed)
     model = BertForPreTraining(config)
     state = None
     if resume_dir is not None:
@@ -229,7 +229,7 @@ def _load_model(
         else:
             logger.info("resuming from %s", resume_dir)
         init = read_checkpoint(resume_dir, verify=not args.ignore_checkpoint_digest)
-        state = training.load_training_state(resume_dir, verify=not args.ignore_checkpoint_digest)
+        state = checkpointing.load_training_state(resume_dir, verify=not args.ignore_checkpoint_digest)
     elif init is None and not args.do_train:
         logger.warning("evaluating a randomly initialised model: no checkpoint in --output_dir, no --init_checkpoint")
     restored: set[str] = set()

@@ -35,11 +35,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from bert import training
+from bert import checkpointing, evaluations, run_dir, training
 from bert.batching import BatchPlan
 from bert.cpu_kernels import release_packed_weights
 from bert.distributed import DistContext, distributed
 from bert.errors import InputError
+from bert.evaluations import EVAL_HISTORY_NAME, EvalHistory
 from bert.flags import check_batch_division, check_flag_values
 from bert.formats.results import write_results
 from bert.inference import LONGER_ADVICE, Predictor, SentenceTransformersConfig, read_sentence_transformers_config
@@ -50,6 +51,7 @@ from bert.modeling import (
     num_parameters,
     pool_tokens,
 )
+from bert.run_dir import MODEL_DIR
 from bert.sentence import evaluation, losses, teachers
 from bert.sentence.data import (
     PAIRS,
@@ -67,7 +69,6 @@ from bert.starting_model import resolve_starting_model
 from bert.tasks.common import num_warmup_steps, pad_2d
 from bert.tasks.glue import InputExample, convert_examples_to_features
 from bert.tokenization import FullTokenizer
-from bert.training import EVAL_HISTORY_NAME, MODEL_DIR, EvalHistory
 from bert.utils import format_scores, print_result, progress
 
 logger = logging.getLogger(__name__)
@@ -222,7 +223,7 @@ def _check_common(args: Any, accumulates: bool = False) -> None:
         raise InputError(f"--teacher={args.teacher} teaches a training run: add --do_train=true or remove it")
     if (args.do_eval or args.eval_every_steps) and args.eval_file is None:
         raise InputError("evaluation needs --eval_file=PATH (scored pairs, or a BEIR directory)")
-    training.check_early_stopping(args)
+    evaluations.check_early_stopping(args)
 
 
 def parse_dims(value: str | None, hidden_size: int) -> list[int]:
@@ -303,7 +304,7 @@ class _Run:
                 "training steps; use a smaller batch or more epochs"
             )
         results_of = f"`bert {self.command}` on {args.eval_file}"
-        training.check_best_metric(args.metric_for_best_model, self.metric_names(), results_of)
+        evaluations.check_best_metric(args.metric_for_best_model, self.metric_names(), results_of)
         self.metric = args.metric_for_best_model or self.default_metric
         self.history = EvalHistory(self.output_dir / EVAL_HISTORY_NAME, self.metric, args.early_stopping_patience)
 
@@ -341,7 +342,7 @@ class _Run:
     # The run.
     def load_model(self) -> None:
         args, files = self.args, self.files
-        training.set_seed(args.seed)
+        checkpointing.set_seed(args.seed)
         model = self.model_class(files.config, **self.model_kwargs())
         self.global_step, self.state = files.load_weights(model, args, self.exported, STATE_NAME)
         logger.info("%s: %d parameters", type(model).__name__, num_parameters(model))
@@ -370,7 +371,7 @@ class _Run:
             result["eval"] = scores
         # The card names the loss the run used, a default included.
         used = dataclasses.replace(args, loss=self.loss)
-        training.finish_run(self.output_dir, self.exported, self.command, used, result.get("eval"), self.dist)
+        run_dir.finish_run(self.output_dir, self.exported, self.command, used, result.get("eval"), self.dist)
         return result
 
     def prepare(self) -> None:
@@ -397,7 +398,7 @@ class _Run:
         logger.info("  Batch size = %d", args.train_batch_size)
         logger.info("  Num steps = %d", self.total_steps)
         logger.info("  Warmup steps = %d", self.warmup_steps)
-        last = training.train_with_evaluations(
+        last = evaluations.train_with_evaluations(
             trainer,
             self.batches,
             self.loss_fn(),
@@ -676,7 +677,7 @@ def print_run_result(cls: type[_Run], result: dict[str, Any]) -> None:
         cls.command,
         f"global step {result['global_step']} of {result['num_train_steps']}",
         *eval_lines(result.get("eval", {})),
-        training.written_line(output_dir),
+        run_dir.written_line(output_dir),
         f"next: {cls.next_command.format(model=model)}" if model.is_dir() else "",
     )
 
@@ -691,9 +692,9 @@ def _run(cls: type[_Run], args: Any) -> dict[str, Any]:
     inputs.update({"--vocab_file": args.vocab_file, "--bert_config_file": args.bert_config_file})
     inputs.update({"--teacher": args.teacher, "--transfer_file": args.transfer_file})
     with distributed(args.device) as dist:
-        with training.claim_output_dir(args.output_dir, cls.command, dist, inputs):
+        with run_dir.claim_output_dir(args.output_dir, cls.command, dist, inputs):
             run = cls(args, dist)
-            with training.run_directory(args.output_dir, cls.command, args, dist):
+            with run_dir.run_directory(args.output_dir, cls.command, args, dist):
                 result = run.run()
     if dist.is_main:
         print_run_result(cls, result)
