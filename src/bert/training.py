@@ -256,6 +256,22 @@ class TrainerSettings:
     max_nonfinite_steps: int = 0
 
 
+class _LogWindow:
+    """The applied steps since the last log line: their summed metrics and learning rates, and when it began."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.steps = 0
+        self.lr_sum = 0.0
+        self.start = time.perf_counter()
+
+    def add(self, metrics: dict[str, torch.Tensor], lr: float) -> None:
+        for k, v in metrics.items():
+            self.sums[k] = self.sums[k] + v if k in self.sums else v
+        self.lr_sum += lr
+        self.steps += 1
+
+
 class Trainer:
     """Runs optimizer steps, logs, saves and resumes checkpoints.
 
@@ -430,61 +446,31 @@ class Trainer:
         Returns:
             The metrics of the last log window (empty when no step ran).
         """
-        dist, device = self.dist, self.dist.device
-        if dist.is_main:
+        if self.dist.is_main:
             remove_incomplete(self.output_dir)
-        metrics_logger = MetricsLogger(self.output_dir, self.global_step) if dist.is_main else None
+        metrics_logger = MetricsLogger(self.output_dir, self.global_step) if self.dist.is_main else None
         bar = progress(
             total=num_train_steps,
             initial=self.global_step,
             desc=self.settings.desc,
             unit="step",
-            disable=not dist.is_main,
+            disable=not self.dist.is_main,
         )
         self.wrapped.train()
-        window: dict[str, torch.Tensor] = {}
-        window_steps = 0
-        window_lr = 0.0
-        window_start = last_save = time.perf_counter()
+        window = _LogWindow()
+        last_save = time.perf_counter()
         last: dict[str, float] = {}
         try:
             while self.global_step < num_train_steps:
-                micro_batches = [to_device(b, device) for b in next(batches)]
-                totals: dict[str, torch.Tensor] = {}
-                if totals_fn is not None:
-                    parts = [totals_fn(b) for b in micro_batches]
-                    keys = sorted(parts[0])
-                    summed = torch.stack([sum((p[k].float() for p in parts[1:]), parts[0][k].float()) for k in keys])
-                    totals = dict(zip(keys, dist.all_reduce_sum(summed)))
-                lr = self.optimizer.param_groups[0]["lr"]
-                step_metrics, loss = self._forward_backward(micro_batches, loss_fn, totals)
-                if self.scaler is not None:
-                    self.scaler.unscale_(self.optimizer)
-                grad_norm = clip_grad_norm(self.model.parameters(), self.settings.max_grad_norm)
-                if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor
-                    grad_norm = grad_norm.full_tensor()
-                apply = self._guard(loss, grad_norm)
-                if self.scaler is not None:
-                    self.scaler.step(self.optimizer)  # skips the update itself when the gradient is not finite
-                    self.scaler.update()
-                elif apply:
-                    self.optimizer.step()
-                self.scheduler.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                self.global_step += 1
+                micro_batches = [to_device(b, self.dist.device) for b in next(batches)]
+                step_metrics, lr = self._step(micro_batches, loss_fn, totals_fn)
                 bar.update(1)
-
-                step_metrics["grad_norm"] = grad_norm.detach().float()
-                if apply:  # a skipped step's values would make the window's means NaN
-                    for k, v in step_metrics.items():
-                        window[k] = window.get(k, 0) + v
-                    window_lr += float(lr)
-                    window_steps += 1
+                if step_metrics is not None:  # a skipped step's values would make the window's means NaN
+                    window.add(step_metrics, lr)
                 final = self.global_step == num_train_steps
-                if (self.global_step % self.log_every == 0 or final) and window_steps:
-                    seconds = time.perf_counter() - window_start
-                    last = self._log(window, window_steps, window_lr, seconds, metrics_logger, bar)
-                    window, window_steps, window_lr, window_start = {}, 0, 0.0, time.perf_counter()
+                if (self.global_step % self.log_every == 0 or final) and window.steps:
+                    last = self._log(window, metrics_logger, bar)
+                    window = _LogWindow()
                 if self.global_step % self.settings.save_checkpoints_steps == 0 or final or self._save_due(last_save):
                     self.save_checkpoint(self.global_step, data_state(self.global_step), checkpoint_info)
                     last_save = time.perf_counter()
@@ -493,6 +479,41 @@ class Trainer:
             if metrics_logger is not None:
                 metrics_logger.close()
         return last
+
+    def _step(
+        self, micro_batches: list[dict[str, torch.Tensor]], loss_fn: LossFn, totals_fn: TotalsFn | None
+    ) -> tuple[dict[str, torch.Tensor] | None, float]:
+        """One optimizer step over the micro-batches; returns its metrics with the gradient norm (None when its
+        update was skipped, see `_guard`) and the learning rate it used."""
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        step_metrics, loss = self._forward_backward(micro_batches, loss_fn, self._totals(micro_batches, totals_fn))
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        grad_norm = clip_grad_norm(self.model.parameters(), self.settings.max_grad_norm)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP: a replicated DTensor
+            grad_norm = grad_norm.full_tensor()
+        apply = self._guard(loss, grad_norm)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)  # skips the update itself when the gradient is not finite
+            self.scaler.update()
+        elif apply:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.global_step += 1
+        step_metrics["grad_norm"] = grad_norm.detach().float()
+        return (step_metrics if apply else None), lr
+
+    def _totals(
+        self, micro_batches: list[dict[str, torch.Tensor]], totals_fn: TotalsFn | None
+    ) -> dict[str, torch.Tensor]:
+        """`totals_fn`'s normalisers summed over the step's micro-batches and all ranks (none without it)."""
+        if totals_fn is None:
+            return {}
+        parts = [totals_fn(b) for b in micro_batches]
+        keys = sorted(parts[0])
+        summed = torch.stack([sum((p[k].float() for p in parts[1:]), parts[0][k].float()) for k in keys])
+        return dict(zip(keys, self.dist.all_reduce_sum(summed)))
 
     def _guard(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
         """Whether this step's update may be applied: the loss and the gradient norm must be finite on every
@@ -552,15 +573,17 @@ class Trainer:
                 sums[k] = sums.get(k, 0) + v.detach().float()
         return sums, loss_sum
 
-    def _log(self, window, steps: int, lr_sum: float, seconds: float, metrics_logger, bar) -> dict[str, float]:
+    def _log(self, window: _LogWindow, metrics_logger: MetricsLogger | None, bar: Any) -> dict[str, float]:
         # Metric contributions are summed over ranks; the gradient norm is the same on every rank.
-        keys = sorted(k for k in window if k != "grad_norm")
+        steps, sums = window.steps, window.sums
+        seconds = time.perf_counter() - window.start
+        keys = sorted(k for k in sums if k != "grad_norm")
         out: dict[str, float] = {}
         if keys:
-            values = self.dist.all_reduce_sum(torch.stack([window[k] for k in keys])) / steps
+            values = self.dist.all_reduce_sum(torch.stack([sums[k] for k in keys])) / steps
             out = {k: float(v) for k, v in zip(keys, values.tolist())}
-        out["grad_norm"] = float(window["grad_norm"]) / steps
-        out["learning_rate"] = lr_sum / steps
+        out["grad_norm"] = float(sums["grad_norm"]) / steps
+        out["learning_rate"] = window.lr_sum / steps
         out["sequences_per_second"] = self.settings.examples_per_step * steps / max(seconds, 1e-9)
         if self.nonfinite_steps:
             out["nonfinite_steps"] = self.nonfinite_steps
