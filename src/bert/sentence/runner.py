@@ -30,7 +30,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -70,6 +70,10 @@ from bert.tasks.common import num_warmup_steps, pad_2d
 from bert.tasks.glue import InputExample, convert_examples_to_features
 from bert.tokenization import FullTokenizer
 from bert.utils import format_scores, print_result, progress
+
+if TYPE_CHECKING:
+    from bert.commands.train_embeddings import TrainEmbeddingsArgs
+    from bert.commands.train_reranker import TrainRerankerArgs
 
 logger = logging.getLogger(__name__)
 
@@ -279,13 +283,15 @@ def pair_sequences(tokenizer: FullTokenizer, pairs: list[tuple[str, str]], max_s
 class _Run:
     """What both commands share: checks, model files, the training loop with evaluations, the export."""
 
+    args: TrainEmbeddingsArgs | TrainRerankerArgs
+
     command = ""
     model_class: type = BertModel
     default_metric = ""
     next_command = ""  # the result block's next step, `{model}` the exported model
-    loss: str  # the --loss the run uses, a default resolved (set by each command's run)
+    loss: str | None  # the --loss the run uses, a default resolved (set by each command's run; None: no training)
 
-    def __init__(self, args: Any, dist: DistContext):
+    def __init__(self, args: TrainEmbeddingsArgs | TrainRerankerArgs, dist: DistContext):
         self.args, self.dist = args, dist
         self.output_dir = Path(args.output_dir)
         self.exported = self.output_dir / MODEL_DIR
@@ -425,12 +431,13 @@ class EmbeddingRun(_Run):
     command = "train-embeddings"
     model_class = BertModel
     next_command = "bert embed --model={model} --input_file=TEXTS.txt"
+    args: TrainEmbeddingsArgs
 
     def model_kwargs(self) -> dict[str, Any]:
         # Pooling reads the last layer; an untrained pooler would have no optimizer state to resume.
         return {"add_pooling_layer": False}
 
-    def __init__(self, args: Any, dist: DistContext):
+    def __init__(self, args: TrainEmbeddingsArgs, dist: DistContext):
         _check_common(args)
         super().__init__(args, dist)
         st = None
@@ -682,12 +689,12 @@ def print_run_result(cls: type[_Run], result: dict[str, Any]) -> None:
     )
 
 
-def train_embeddings(args: Any) -> dict[str, Any]:
+def train_embeddings(args: TrainEmbeddingsArgs) -> dict[str, Any]:
     """Train and/or evaluate a sentence-embedding model (see the module docstring)."""
     return _run(EmbeddingRun, args)
 
 
-def _run(cls: type[_Run], args: Any) -> dict[str, Any]:
+def _run(cls: type[_Run], args: TrainEmbeddingsArgs | TrainRerankerArgs) -> dict[str, Any]:
     inputs = {"--train_file": args.train_file, "--eval_file": args.eval_file, "--init_checkpoint": args.init_checkpoint}
     inputs.update({"--vocab_file": args.vocab_file, "--bert_config_file": args.bert_config_file})
     inputs.update({"--teacher": args.teacher, "--transfer_file": args.transfer_file})
@@ -707,8 +714,9 @@ class RerankerRun(_Run):
     model_class = BertForSequenceClassification
     next_command = "bert rerank --model={model} --input_file=CANDIDATES.jsonl"
     default_metric = "eval_ndcg@10"
+    args: TrainRerankerArgs
 
-    def __init__(self, args: Any, dist: DistContext):
+    def __init__(self, args: TrainRerankerArgs, dist: DistContext):
         _check_common(args, accumulates=True)
         super().__init__(args, dist)
         self.loss = args.loss or "bce"
@@ -758,6 +766,7 @@ class RerankerRun(_Run):
             return
         args, data = self.args, self.data
         if data.kind == PAIRS:
+            assert args.mine_negatives is not None  # pairs without negatives were refused without it
             data = mine_negatives(
                 args.mine_negatives, data, args.num_negatives, args.device, args.eval_batch_size, not self.dist.is_main
             )
@@ -815,8 +824,9 @@ class RerankerRun(_Run):
 
     def evaluate(self) -> dict[str, float]:
         args, corpus = self.args, self.eval_data
-        assert corpus is not None  # checked with the flags
-        retriever = Predictor.from_pretrained(args.eval_retriever or args.mine_negatives, device=args.device)
+        retriever_dir = args.eval_retriever or args.mine_negatives
+        assert corpus is not None and retriever_dir is not None  # checked with the flags
+        retriever = Predictor.from_pretrained(retriever_dir, device=args.device)
         qids, dids = list(corpus.queries), list(corpus.documents)
         hide, size = not self.dist.is_main, args.eval_batch_size
         q = embed_texts(retriever, [corpus.queries[i] for i in qids], "eval: queries", hide, size)
@@ -877,6 +887,6 @@ def mine_negatives(
     return TrainingData(data.source, columns)
 
 
-def train_reranker(args: Any) -> dict[str, Any]:
+def train_reranker(args: TrainRerankerArgs) -> dict[str, Any]:
     """Train and/or evaluate a reranker (see the module docstring)."""
     return _run(RerankerRun, args)
