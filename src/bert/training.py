@@ -1,4 +1,4 @@
-"""One small training loop, used by `bert pretrain` and meant for the fine-tuning commands too.
+"""The one training loop (`Trainer`), used by pre-training, fine-tuning and the sentence commands alike.
 
 It knows models, optimizers and checkpoints, but no task: a task hands it the model, an iterator of
 per-step micro-batches and a loss function. What it does, in the order of one step:
@@ -14,11 +14,11 @@ per-step micro-batches and a loss function. What it does, in the order of one st
    scheduler step.
 
 Around it: device and precision (fp32; bf16 autocast; fp16 autocast with a GradScaler), DDP or FSDP
-under `torchrun`, a tqdm bar, metrics every `log_every` steps to `metrics.jsonl` and TensorBoard, and
-checkpoints `output_dir/checkpoint-<step>/` written into a temporary directory and renamed, holding the
-weights in the native layout (`bert.checkpoint.save_pretrained`) and `training_state.pt` (optimizer,
-scheduler, scaler, step, every rank's RNG states and the task's data position) readable with
-`torch.load(weights_only=True)`. Rerunning with the same output directory resumes from the newest one.
+under `torchrun`, a tqdm bar, metrics every `log_every` steps to `metrics.jsonl` and TensorBoard, a guard
+against non-finite steps, and checkpoints `output_dir/checkpoint-<step>/` of the weights and the training
+state (`bert.checkpointing` writes and reads them; rerunning with the same output directory resumes from
+the newest one). The rest of a run has modules of its own: the output directory (`bert.run_dir`),
+evaluations during training (`bert.evaluations`) and the batches (`bert.batching`).
 """
 
 from __future__ import annotations
