@@ -63,10 +63,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from bert import distillation, grid, training
+from bert import checkpointing, distillation, evaluations, grid, run_dir, training
+from bert.batching import BatchPlan
 from bert.config import BertConfig
 from bert.distributed import DistContext, autocast, distributed
 from bert.errors import InputError
+from bert.evaluations import EVAL_HISTORY_NAME, EvalHistory
 from bert.flags import (
     DistillArgs,
     FinetuneArgs,
@@ -74,18 +76,17 @@ from bert.flags import (
     check_flag_values,
 )
 from bert.formats.results import write_results
-from bert.modeling import MODEL_CLASSES, num_parameters
+from bert.modeling import MODEL_CLASSES, FineTuningHead, num_parameters
+from bert.run_dir import MODEL_DIR
 from bert.starting_model import StartingModel, resolve_starting_model
 from bert.tasks.common import FinetuneTask, num_train_steps, num_warmup_steps
 from bert.tokenization import FullTokenizer
-from bert.training import EVAL_HISTORY_NAME, MODEL_DIR, EvalHistory, RecordStream, to_device
+from bert.training import to_device
 from bert.utils import atomic_write, format_scores, print_result, progress
 
 logger = logging.getLogger(__name__)
 
 FINETUNE_STATE_NAME = "finetune_state.json"  # in model/: the step its weights come from
-# Batches per length-grouped mega-batch (the usual choice of length-grouped samplers).
-GROUP_BATCHES = 50
 
 
 # ------------------------------------------------------------------------------------------------- tasks
@@ -113,59 +114,6 @@ def _example_rows(features: Sequence) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------- batches
-class BatchPlan:
-    """Which training features make up the batch of each step (see the module docstring, point 4).
-
-    Args:
-        lengths: each feature's length, for grouping.
-        batch_size: features per step (the global batch).
-        seed: seeds every epoch's permutation and every mega-batch's batch order.
-        group_by_length: sort within mega-batches of `group_batches` batches.
-    """
-
-    def __init__(
-        self,
-        lengths: np.ndarray,
-        batch_size: int,
-        seed: int,
-        group_by_length: bool = True,
-        group_batches: int = GROUP_BATCHES,
-    ):
-        self.lengths = np.asarray(lengths)
-        self.n = len(self.lengths)
-        self.batch_size = batch_size
-        self.seed = seed
-        self.group_by_length = group_by_length
-        self.group_batches = group_batches if group_by_length else 1
-        self.stream = RecordStream(self.n, seed)
-        self._group: tuple[int, list[np.ndarray]] | None = None
-
-    def batch(self, step: int) -> np.ndarray:
-        """The feature indices of 0-based step `step`'s batch (sorted by length when grouping)."""
-        g, k = divmod(step, self.group_batches)
-        if self._group is None or self._group[0] != g:
-            size = self.group_batches * self.batch_size
-            indices, _ = self.stream.take(g * size, size)
-            if self.group_by_length:
-                indices = indices[np.argsort(-self.lengths[indices], kind="stable")]
-                batches = [indices[i : i + self.batch_size] for i in range(0, size, self.batch_size)]
-                perm = np.random.default_rng([self.seed, 1 << 20, g]).permutation(len(batches))
-                batches = [batches[i] for i in perm]
-            else:
-                batches = [indices]
-            self._group = (g, batches)
-        return self._group[1][k]
-
-    def state(self, step: int) -> dict[str, Any]:
-        return {
-            "step": step,
-            "num_features": self.n,
-            "seed": self.seed,
-            "batch_size": self.batch_size,
-            "group_by_length": self.group_by_length,
-        }
-
-
 def to_tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(v) for k, v in arrays.items()}
 
@@ -272,9 +220,9 @@ def _check_flags(args: FinetuneArgs, task: FinetuneTask, world_size: int) -> Non
     check_flag_values(args)
     if args.do_train:
         check_batch_division(args.train_batch_size, world_size, args.gradient_accumulation_steps)
-    training.check_early_stopping(args)
+    evaluations.check_early_stopping(args)
     names = [*task.metric_names(), "eval_loss", "loss"]
-    training.check_best_metric(args.metric_for_best_model, names, f"`bert {task.command}`")
+    evaluations.check_best_metric(args.metric_for_best_model, names, f"`bert {task.command}`")
     task.check_flags()
     if isinstance(args, DistillArgs) and args.teacher is not None:
         _check_teacher_use(args)
@@ -328,11 +276,11 @@ def run_finetune(args: FinetuneArgs, task: FinetuneTask) -> dict[str, Any]:
         for cell in cells:  # every run's flags checked before the first starts
             _check_flags(cell.args, task, world_size=1)
         metric = args.metric_for_best_model or task.default_metric
-        return grid.run_grid(args, cells, task.command, metric, inputs, training.RESULT_NAMES, MODEL_DIR)
+        return grid.run_grid(args, cells, task.command, metric, inputs, run_dir.RESULT_NAMES, MODEL_DIR)
     with distributed(args.device) as dist:
-        with training.claim_output_dir(args.output_dir, task.command, dist, inputs):
+        with run_dir.claim_output_dir(args.output_dir, task.command, dist, inputs):
             run = _FinetuneRun(args, task, dist)
-            with training.run_directory(args.output_dir, task.command, args, dist):
+            with run_dir.run_directory(args.output_dir, task.command, args, dist):
                 result = run.run()
     if dist.is_main:
         _print_result(task.command, result, Path(args.output_dir))
@@ -350,7 +298,7 @@ def _print_result(command: str, result: dict[str, Any], output_dir: Path) -> Non
     files = [v for v in predicted.values() if isinstance(v, str)]
     if files:
         lines.append(f"predictions: {', '.join(files)}")
-    lines.append(training.written_line(output_dir))
+    lines.append(run_dir.written_line(output_dir))
     if (output_dir / MODEL_DIR).is_dir():
         lines.append(f"next: bert predict --model={output_dir / MODEL_DIR} --input_file=TEXTS.txt")
     print_result(command, *lines)
@@ -376,9 +324,10 @@ class _FinetuneRun:
         if not args.do_train:
             task.use_saved_config(self.files.saved_config)
         self.evaluate_during_training = args.do_train and args.eval_every_steps > 0
-        self.train_examples = task.read_examples("train") if args.do_train else None
-        self.dev_examples = task.read_examples("dev") if args.do_eval or self.evaluate_during_training else None
-        self.test_examples = task.read_examples("test") if args.do_predict else None
+        # The splits the run uses (empty when no --do_* asks for one).
+        self.train_examples = task.read_examples("train") if args.do_train else []
+        self.dev_examples = task.read_examples("dev") if args.do_eval or self.evaluate_during_training else []
+        self.test_examples = task.read_examples("test") if args.do_predict else []
         labels = task.labels()
         if args.do_train and self.resume_dir is not None and self.files.saved_labels not in (None, labels):
             raise InputError(
@@ -489,8 +438,8 @@ class _FinetuneRun:
     def run(self) -> dict[str, Any]:
         args = self.args
         # 2. Tokenizer and features.
-        self.tokenizer = FullTokenizer(self.files.start.vocab_file, do_lower_case=args.do_lower_case)
-        self.dev_features = self.features_of(self.dev_examples) if self.dev_examples is not None else None
+        self.tokenizer = FullTokenizer(self.vocab_file, do_lower_case=args.do_lower_case)
+        self.dev_features = self.features_of(self.dev_examples) if self.dev_examples else []
         # 3. The model, 4. training and 5. the exported model.
         self.model, self.global_step, state = self.load_model()
         result: dict[str, Any] = {"output_dir": str(self.output_dir), "num_train_steps": self.total_steps}
@@ -509,7 +458,7 @@ class _FinetuneRun:
             result["eval"] = ev["results"]
         if args.do_predict:
             result["predict"] = self.predict_test_set()
-        training.finish_run(self.output_dir, self.exported, self.task.command, args, result.get("eval"), self.dist)
+        run_dir.finish_run(self.output_dir, self.exported, self.task.command, args, result.get("eval"), self.dist)
         return result
 
     def save_tuned_config(self) -> None:
@@ -529,12 +478,20 @@ class _FinetuneRun:
         args = self.args
         return self.task.convert(examples, self.tokenizer, args.max_seq_length, pad=args.pad_to_max_seq_length)
 
-    def load_model(self) -> tuple[torch.nn.Module, int, dict | None]:
+    @property
+    def vocab_file(self) -> str:
+        vocab_file = self.files.start.vocab_file
+        assert vocab_file is not None  # resolve_starting_model refuses a fine-tuning run without a vocabulary
+        return vocab_file
+
+    def load_model(self) -> tuple[FineTuningHead, int, dict | None]:
         """The model, the step its weights come from, and the training state to resume (or None): see
         `StartingModel.load_weights`."""
         args, start = self.args, self.files.start
-        training.set_seed(args.seed)
-        model = MODEL_CLASSES[self.task.head](start.config, **self.task.model_kwargs())
+        checkpointing.set_seed(args.seed)
+        head = MODEL_CLASSES[self.task.head]
+        assert issubclass(head, FineTuningHead)  # a task's head is a fine-tuning head
+        model = head(start.config, **self.task.model_kwargs())
         global_step, state = start.load_weights(model, args, self.exported, FINETUNE_STATE_NAME)
         logger.info("%s: %d parameters", type(model).__name__, num_parameters(model))
         self.wrapped = training.prepare_model(model, args, self.dist)
@@ -600,7 +557,7 @@ class _FinetuneRun:
             dist,
             num_train_steps=self.total_steps,
             num_warmup_steps=self.warmup_steps,
-            vocab_file=self.files.start.vocab_file,
+            vocab_file=self.vocab_file,
             do_lower_case=args.do_lower_case,
             desc=f"{task.command} train",
             keep_checkpoint_max=0 if self.evaluate_during_training else None,
@@ -608,9 +565,8 @@ class _FinetuneRun:
         torch.manual_seed(args.seed + dist.rank)  # dropout differs across ranks, as their examples do
         if state is not None:
             self.restore(trainer, state, len(features))
-        plan = BatchPlan(
-            [task.feature_length(f) for f in features], args.train_batch_size, args.seed, args.group_by_length
-        )
+        lengths = [task.feature_length(f) for f in features]
+        plan = BatchPlan(lengths, args.train_batch_size, args.seed, group_by_length=args.group_by_length)
         logger.info("***** Running training *****")
         logger.info("  Num examples = %d", len(self.train_examples) + len(self.transfer_examples))
         logger.info("  Batch size = %d", args.train_batch_size)
@@ -625,7 +581,7 @@ class _FinetuneRun:
                 plan, task, features, step, dist.rank, dist.world_size, accumulation, self.pad_to, extra
             )
 
-        last = training.train_with_evaluations(
+        last = evaluations.train_with_evaluations(
             trainer,
             batches,
             loss_fn,

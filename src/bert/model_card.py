@@ -2,7 +2,7 @@
 (base model, library, pipeline tag, tags, datasets, metrics), then what it was trained from, on what, with
 which command line, its evaluation figures and how to load it, so `hf upload` publishes the directory as it is.
 
-`write_model_card` is called once per run, by `training.finish_run`, after the final evaluation.
+`write_model_card` is called once per run, by `run_dir.finish_run`, after the final evaluation.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -408,7 +409,8 @@ class BertModel(BertPreTrainedModel):
         positions hold the projections of zeros: mask them.
         """
         inputs = out.all_encoder_layers[-2] if len(out.all_encoder_layers) > 1 else out.embedding_output
-        attention = self.encoder.layer[-1].attention.self
+        # A ModuleList's items are typed as plain modules.
+        attention = cast(BertLayer, self.encoder.layer[-1]).attention.self
         if self.encoder_dtype is not None:
             inputs = inputs.to(self.encoder_dtype)
         q, k, v = (
@@ -563,14 +565,14 @@ def _task_output(
     loss_normalizers: dict[str, torch.Tensor] | None,
     hidden: EncoderOutput,
 ) -> TaskOutput:
-    if example_loss is None:
+    if example_loss is None or example_count is None:  # both or neither: a head given no labels
         return TaskOutput(logits, hidden=hidden)
     count = loss_normalizers["count"] if loss_normalizers is not None else example_count.sum()
     loss = example_loss.sum() / count.clamp(min=1.0)
     return TaskOutput(logits, loss, example_loss, example_count, hidden)
 
 
-class _FineTuningHead(BertPreTrainedModel):
+class FineTuningHead(BertPreTrainedModel):
     """What every fine-tuning head shares: one loss term per example unless a head says otherwise."""
 
     @staticmethod
@@ -595,7 +597,7 @@ def multi_label_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
     return F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="none").sum(-1)
 
 
-class BertForSequenceClassification(_FineTuningHead):
+class BertForSequenceClassification(FineTuningHead):
     """Pooled output -> dropout -> linear, as `run_classifier.create_model`; num_labels=1 is regression.
 
     `problem_type="multi_label_classification"` (the argument, else the config's `problem_type`) makes
@@ -641,10 +643,10 @@ class BertForSequenceClassification(_FineTuningHead):
         labels = batch.get("labels")
         if labels is not None and labels.dim() == 2:  # multi-label [B, L]: a loss term per label
             return {"count": torch.tensor(float(labels.numel()), device=labels.device)}
-        return _FineTuningHead.loss_normalizers(batch)
+        return FineTuningHead.loss_normalizers(batch)
 
 
-class BertForQuestionAnswering(_FineTuningHead):
+class BertForQuestionAnswering(FineTuningHead):
     """Start and end logits per token, as `run_squad.create_model` (`cls/squad` in TF)."""
 
     def __init__(self, config: BertConfig):
@@ -682,7 +684,7 @@ class BertForQuestionAnswering(_FineTuningHead):
         return _task_output(logits, example_loss, count, loss_normalizers, out)
 
 
-class BertForTokenClassification(_FineTuningHead):
+class BertForTokenClassification(FineTuningHead):
     """A label per token (NER); labels of -100 (non-first sub-tokens, padding) are ignored by the loss."""
 
     def __init__(self, config: BertConfig, num_labels: int = 2):
@@ -716,7 +718,7 @@ class BertForTokenClassification(_FineTuningHead):
         return {"count": (batch["labels"] != IGNORE_INDEX).sum().float()}
 
 
-class BertForMultipleChoice(_FineTuningHead):
+class BertForMultipleChoice(FineTuningHead):
     """One score per choice from its pooled output (SWAG); inputs are [B, C, T]."""
 
     def __init__(self, config: BertConfig):
@@ -746,7 +748,7 @@ class BertForMultipleChoice(_FineTuningHead):
         return _task_output(logits, example_loss, count, loss_normalizers, out)
 
 
-MODEL_CLASSES = {
+MODEL_CLASSES: dict[str, type[BertPreTrainedModel]] = {
     cls.__name__: cls
     for cls in (
         BertModel,

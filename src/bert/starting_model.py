@@ -30,13 +30,13 @@ from typing import Any, Protocol
 from torch import nn
 
 from bert.checkpoint import Checkpoint, load_into, read_checkpoint
+from bert.checkpointing import CHECKPOINT_PREFIX, check_checkpoint_config, latest_checkpoint, load_training_state
 from bert.config import BertConfig, resolve_config
 from bert.distillation import student_from_teacher_layers
 from bert.errors import InputError
 from bert.flags import LAYERS_FLAG, SHAPE_NAMES, DistillArgs, TeacherArgs
 from bert.loading import read_model_checkpoint
 from bert.tokenization import load_vocab, validate_case_matches_checkpoint
-from bert.training import CHECKPOINT_PREFIX, check_checkpoint_config, latest_checkpoint, load_training_state
 
 logger = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 
+from bert.checkpointing import TRAINING_STATE_NAME, list_checkpoints, load_training_state
 from bert.commands.pretrain import PretrainArgs, run_pretrain
 from bert.distributed import DistContext
 from bert.errors import InputError
 from bert.pretraining.evaluation import EVAL_KEYS, evaluate
 from bert.pretraining.inputs import open_pretraining_data
-from bert.training import TRAINING_STATE_NAME, list_checkpoints, load_training_state
 from conftest import (
     FIXTURES,
     assert_model_card,

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 import torch
 
+from bert.checkpointing import TRAINING_STATE_NAME, list_checkpoints
 from bert.commands.create_pretraining_data import CreatePretrainingDataArgs, run_create_pretraining_data
 from bert.commands.pretrain import PretrainArgs, run_pretrain
 from bert.errors import InputError
 from bert.formats.native import open_native_dataset
 from bert.pretraining.inputs import open_pretraining_data
-from bert.training import TRAINING_STATE_NAME, list_checkpoints
 from conftest import (
     REPO,
     assert_same_weights,

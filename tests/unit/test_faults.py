@@ -396,13 +396,13 @@ def test_lock_without_flock_judges_the_pid(monkeypatch, tmp_path):
 # ------------------------------------------------------------------------------------- crash leftovers
 KILL_IN_EXPORT = """
 import os, signal, sys
-from bert import training
-real = training.save_pretrained
+from bert import checkpointing
+real = checkpointing.save_pretrained
 def save_pretrained(model, path, *args, **kwargs):
     real(model, path, *args, **kwargs)
     if ".model.tmp-" in str(path):
         os.kill(os.getpid(), signal.SIGKILL)
-training.save_pretrained = save_pretrained
+checkpointing.save_pretrained = save_pretrained
 from bert.cli import main
 sys.exit(main(sys.argv[1:]))
 """

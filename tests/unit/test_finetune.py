@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from bert.batching import GROUP_BATCHES, BatchPlan, RecordStream
 from bert.config import BertConfig
 from bert.distributed import DistContext
+from bert.evaluations import EvalHistory
 from bert.finetune import (
-    GROUP_BATCHES,
-    BatchPlan,
     Predictions,
     loss_metrics,
     predict,
@@ -24,7 +24,6 @@ from bert.finetune import (
     train_batches,
 )
 from bert.tasks.common import FinetuneTask, pad_2d
-from bert.training import EvalHistory, RecordStream
 
 CPU = DistContext(torch.device("cpu"))
 
@@ -165,7 +164,7 @@ def test_early_stopping_after_patience_evaluations_without_improvement(tmp_path,
     history = EvalHistory(tmp_path / "h.json", "eval_f1", patience=2)
     stops = [history.add(step, {"eval_f1": f1}) for step, f1 in ((1, 0.2), (2, 0.4), (3, 0.3), (4, 0.5), (5, 0.5))]
     assert stops == [False] * 5  # 0.5 at step 4 improved; step 5 is one evaluation without improvement
-    with caplog.at_level(logging.INFO, logger="bert.training"):
+    with caplog.at_level(logging.INFO, logger="bert.evaluations"):
         assert history.add(6, {"eval_f1": 0.45})
     assert history.stopped_at == 6 and history.best()["step"] == 4
     assert "has not improved for 2 evaluations (best 0.5 at step 4)" in caplog.text
@@ -194,7 +193,7 @@ def test_saved_history_loads_only_the_evaluations_up_to_the_resumed_step(tmp_pat
     finished.load(30)
     assert len(finished.evaluations) == 3 and finished.stopped_at == 30
     # Another metric ranks the same evaluations, with a warning; no file leaves the history empty.
-    with caplog.at_level(logging.WARNING, logger="bert.training"):
+    with caplog.at_level(logging.WARNING, logger="bert.evaluations"):
         other = EvalHistory(path, "loss", patience=0)
         other.load(30)
     assert "ranked by eval_loss, now by loss" in caplog.text

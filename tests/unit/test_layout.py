@@ -6,7 +6,8 @@
   module (a command imports the library it drives inside its run function);
 - `bert.formats` imports nothing of the package above `bert.errors` and `bert.utils`;
 - `bert.modeling` imports no command, task, loop or format code (`bert.checkpoint` loads and saves it);
-- running a model (`bert.inference`, `bert.serving`) never imports the training loop (`bert.training`);
+- running a model (`bert.inference`, `bert.serving`) never imports the training loop (`bert.training`) nor the
+  other modules of a training run (`TRAINING_MODULES`), which import one another downwards only;
 - no import cycle anywhere in `bert`;
 - `bert.serving` is imported only by `bert serve`, and its modules import one another downwards only
   (`SERVING_LAYERS`: the route table below the handlers, the handlers below the app);
@@ -129,6 +130,7 @@ TORCH_FREE += ["bert.cli"]
 TORCH_FREE += ["bert.commands.tokenize", "bert.commands.prepare_corpus", "bert.commands.evaluate_squad"]
 TORCH_FREE += ["bert.vocab", "bert.commands.build_vocab"]
 TORCH_FREE += ["bert.plotting", "bert.flags", "bert.hub", "bert.input_lines"]
+TORCH_FREE += ["bert.batching"]  # which records each step reads: NumPy only
 # Every command module: bert.cli imports one to parse its flags, so a flag error costs no torch; a command
 # imports the library it drives inside its run function.
 TORCH_FREE += ["bert.commands"]
@@ -194,6 +196,22 @@ def test_running_a_model_never_loads_the_training_loop():
     """Inference and the server reach the device helpers (`bert.distributed`), not the training loop."""
     for name in ("bert.inference", "bert.serving.app"):
         assert "bert.training" not in _reachable(name), name
+        assert not _reachable(name) & set(TRAINING_MODULES), name
+
+
+# The training run's modules, one job each, and what each may import of the others: the checkpoints and RNG
+# states below the loop (`Trainer`) and the run directory, evaluations during training above the loop.
+TRAINING_MODULES = {
+    "bert.checkpointing": set(),
+    "bert.run_dir": {"bert.checkpointing"},
+    "bert.training": {"bert.checkpointing"},
+    "bert.evaluations": {"bert.checkpointing", "bert.training"},
+}
+
+
+def test_training_modules_import_one_another_downwards():
+    for name, allowed in TRAINING_MODULES.items():
+        assert GRAPH[name] & set(TRAINING_MODULES) <= allowed, name
 
 
 # bert.serving's modules, bottom up: each imports only modules of the package in the layers below it.

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from bert.batching import RecordStream
 from bert.pretraining.inputs import (
     MaskingVocab,
     dynamic_mask,
@@ -19,7 +20,6 @@ from bert.pretraining.inputs import (
     restore_original_tokens,
     whole_word_positions,
 )
-from bert.training import RecordStream
 from conftest import FIXTURES
 
 SAMPLE = FIXTURES / "pretraining_tfrecord" / "sample_text_nowwm.tfrecord"

@@ -8,8 +8,9 @@ import json
 import numpy as np
 import pytest
 
+from bert.batching import BatchPlan
 from bert.errors import InputError
-from bert.sentence.data import PAIRS, SCORED, TUPLES, BatchPlan, TrainingData, read_beir, read_training_data
+from bert.sentence.data import PAIRS, SCORED, TUPLES, TrainingData, read_beir, read_training_data
 from bert.sentence.evaluation import ranking_metrics, search
 from conftest import shared_path
 

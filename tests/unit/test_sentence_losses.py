@@ -272,7 +272,7 @@ def test_reranker_distillation_losses(models):
 def test_every_loss_choice_is_in_the_runners_table():
     """--loss's choices (flags, torch-free) and the runner's table of what each needs are the same names."""
     from bert.flags import EMBEDDING_LOSSES, RERANKER_LOSSES
-    from bert.sentence.runner import EMBEDDING_LOSS_TABLE, RERANKER_LOSS_TABLE
+    from bert.sentence.loss_table import EMBEDDING_LOSS_TABLE, RERANKER_LOSS_TABLE
 
     assert tuple(EMBEDDING_LOSS_TABLE) == EMBEDDING_LOSSES and tuple(RERANKER_LOSS_TABLE) == RERANKER_LOSSES
     distill = {name for name, spec in {**EMBEDDING_LOSS_TABLE, **RERANKER_LOSS_TABLE}.items() if spec.teacher}

@@ -11,25 +11,22 @@ import numpy as np
 import pytest
 import torch
 
-from bert.errors import InputError
-from bert.modeling import BertForPreTraining
-from bert.optimization import create_optimizer
-from bert.training import (
+from bert.batching import RecordStream
+from bert.checkpointing import (
     TRAINING_STATE_NAME,
-    DistContext,
-    MetricsLogger,
-    RecordStream,
-    Trainer,
-    TrainerSettings,
     check_checkpoint_config,
     get_rng_state,
     latest_checkpoint,
     list_checkpoints,
     load_training_state,
-    prefetch,
     remove_incomplete,
     set_rng_state,
 )
+from bert.distributed import DistContext
+from bert.errors import InputError
+from bert.modeling import BertForPreTraining
+from bert.optimization import create_optimizer
+from bert.training import MetricsLogger, Trainer, TrainerSettings, prefetch
 
 
 def _draws() -> tuple:

@@ -117,7 +117,10 @@ def _validate(args: CreatePretrainingDataArgs) -> tuple[list[str], list[str], st
                 raise InputError(f"--output_file={o} is a directory; a TFRecord output is a file")
     streaming = args.streaming or args.num_workers > 1 or args.num_shards > 1
     # Streaming bounds the tokenizer's memo too (compat holds the whole corpus anyway).
-    tokenizer = FullTokenizer(args.vocab_file, args.do_lower_case, **({"cache_size": 1 << 16} if streaming else {}))
+    if streaming:
+        tokenizer = FullTokenizer(args.vocab_file, args.do_lower_case, cache_size=1 << 16)
+    else:
+        tokenizer = FullTokenizer(args.vocab_file, args.do_lower_case)
     missing = [t for t in SPECIAL_TOKENS if t not in tokenizer.vocab]
     if missing:
         raise InputError(
@@ -135,10 +138,12 @@ def run_create_pretraining_data(args: CreatePretrainingDataArgs) -> dict[str, An
     output, since the output itself appears only when it is complete.
     """
     inputs, outputs, fmt, tokenizer = _validate(args)
-    kind = "trees" if fmt == "native" else "files"
-    derived = {} if fmt == "native" else {"--output_file": [".stats.json"]}
     read = {"--input_file": inputs, "--vocab_file": args.vocab_file}
-    claimed = claim("create-pretraining-data", **{kind: {"--output_file": outputs}}, inputs=read, derived=derived)
+    if fmt == "native":  # one directory, replaced whole
+        claimed = claim("create-pretraining-data", trees={"--output_file": outputs[0]}, inputs=read)
+    else:
+        derived = {"--output_file": [".stats.json"]}
+        claimed = claim("create-pretraining-data", files={"--output_file": outputs}, inputs=read, derived=derived)
     with claimed, log_to_file(f"{Path(outputs[0])}.log.txt"):
         stats = _create(args, inputs, outputs, fmt, tokenizer)
     print_result(

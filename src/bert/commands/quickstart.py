@@ -131,6 +131,10 @@ def _seconds_per_step(vocab_file: Path, seq: int, device: str | None) -> float:
     return sum(times[1:]) / 2
 
 
+# A command the quickstart ran, as the summary prints it: its name and its flags.
+Step = tuple[str, "CreatePretrainingDataArgs | PretrainArgs | ClassifyArgs"]
+
+
 def _announce(args: QuickstartArgs, data: dict[str, Path], seq: int) -> None:
     """What the run will do and about how long it takes on this machine (measured now, not a constant)."""
     train = _examples(data["train.tsv"])
@@ -149,7 +153,9 @@ def _announce(args: QuickstartArgs, data: dict[str, Path], seq: int) -> None:
     )
 
 
-def _print_summary(out: Path, data: dict[str, Path], results: dict, stages: list, steps: list) -> None:
+def _print_summary(
+    out: Path, data: dict[str, Path], results: dict, stages: list[tuple[str, float]], steps: list[Step]
+) -> None:
     """The result block: dev metrics of both fine-tuned models, the time of each stage, where things are."""
     names = list(results)
     keys = sorted({k for r in results.values() for k in r} - {"global_step", "loss"})
@@ -193,8 +199,39 @@ def _run(args: QuickstartArgs, out: Path) -> dict:
     seq = 64
     _announce(args, data, seq)
     stages: list[tuple[str, float]] = []  # (title, seconds)
-    steps = []
-    create = CreatePretrainingDataArgs(
+    steps: list[Step] = []
+    create = _create_args(args, out, data, seq)
+    steps.append(("bert create-pretraining-data", create))
+    start = time.perf_counter()
+    stats = run_create_pretraining_data(create)
+    stages.append((f"create-pretraining-data: {stats['instances']:,} instances", time.perf_counter() - start))
+
+    pretrain = _pretrain_args(args, out, create, seq)
+    steps.append(("bert pretrain", pretrain))
+    start = time.perf_counter()
+    pre = run_pretrain(pretrain)["eval"]
+    title = f"pretrain: {args.pretrain_steps} steps, masked LM accuracy {pre['masked_lm_accuracy']:.3f}"
+    stages.append((title, time.perf_counter() - start))
+
+    results = {}
+    runs = []
+    for name, init, config in (
+        ("pre-trained", str(out / "pretrain" / "model"), None),
+        ("random init", None, str(out / "pretrain" / "model" / "config.json")),
+    ):
+        classify = _classify_args(args, out, data, seq, init, config)
+        steps.append(("bert classify", classify))
+        start = time.perf_counter()
+        results[name] = run_classify(classify)["eval"]
+        stages.append((f"classify: {name}", time.perf_counter() - start))
+        runs.append(classify.output_dir)
+    try_plot(runs, out / CURVES_NAME, labels=list(results))
+    _print_summary(out, data, results, stages, steps)
+    return {"pretrain": pre, **results, "seconds": dict(stages)}
+
+
+def _create_args(args: QuickstartArgs, out: Path, data: dict[str, Path], seq: int) -> CreatePretrainingDataArgs:
+    return CreatePretrainingDataArgs(
         input_file=str(data["corpus.txt"]),
         output_file=str(out / "pretraining_data"),
         vocab_file=str(data["vocab.txt"]),
@@ -205,12 +242,10 @@ def _run(args: QuickstartArgs, out: Path) -> dict:
         output_format="native",
         streaming=True,
     )
-    steps.append(("bert create-pretraining-data", create))
-    start = time.perf_counter()
-    stats = run_create_pretraining_data(create)
-    stages.append((f"create-pretraining-data: {stats['instances']:,} instances", time.perf_counter() - start))
 
-    pretrain = PretrainArgs(
+
+def _pretrain_args(args: QuickstartArgs, out: Path, create: CreatePretrainingDataArgs, seq: int) -> PretrainArgs:
+    return PretrainArgs(
         input_file=create.output_file,
         output_dir=str(out / "pretrain"),
         bert_config_file="tiny",
@@ -230,42 +265,28 @@ def _run(args: QuickstartArgs, out: Path) -> dict:
         log_every=max(1, args.pretrain_steps // 20),
         device=args.device,
     )
-    steps.append(("bert pretrain", pretrain))
-    start = time.perf_counter()
-    pre = run_pretrain(pretrain)["eval"]
-    title = f"pretrain: {args.pretrain_steps} steps, masked LM accuracy {pre['masked_lm_accuracy']:.3f}"
-    stages.append((title, time.perf_counter() - start))
 
-    results = {}
-    runs = []
-    for name, init, config in (
-        ("pre-trained", str(out / "pretrain" / "model"), None),
-        ("random init", None, str(out / "pretrain" / "model" / "config.json")),
-    ):
-        classify = ClassifyArgs(
-            task_name="generic",
-            data_dir=str(out / "data"),
-            output_dir=str(out / ("classify" if init else "classify_random_init")),
-            init_checkpoint=init,
-            bert_config_file=config,
-            vocab_file=str(data["vocab.txt"]),
-            has_header=True,
-            do_train=True,
-            do_eval=True,
-            max_seq_length=seq,
-            train_batch_size=32,
-            eval_batch_size=64,
-            learning_rate=1e-4,
-            num_train_epochs=args.num_train_epochs,
-            seed=args.seed,
-            log_every=5,
-            device=args.device,
-        )
-        steps.append(("bert classify", classify))
-        start = time.perf_counter()
-        results[name] = run_classify(classify)["eval"]
-        stages.append((f"classify: {name}", time.perf_counter() - start))
-        runs.append(classify.output_dir)
-    try_plot(runs, out / CURVES_NAME, labels=list(results))
-    _print_summary(out, data, results, stages, steps)
-    return {"pretrain": pre, **results, "seconds": dict(stages)}
+
+def _classify_args(
+    args: QuickstartArgs, out: Path, data: dict[str, Path], seq: int, init: str | None, config: str | None
+) -> ClassifyArgs:
+    """The fine-tuning run from the pre-trained model (`init`), or from random weights of its `config`."""
+    return ClassifyArgs(
+        task_name="generic",
+        data_dir=str(out / "data"),
+        output_dir=str(out / ("classify" if init else "classify_random_init")),
+        init_checkpoint=init,
+        bert_config_file=config,
+        vocab_file=str(data["vocab.txt"]),
+        has_header=True,
+        do_train=True,
+        do_eval=True,
+        max_seq_length=seq,
+        train_batch_size=32,
+        eval_batch_size=64,
+        learning_rate=1e-4,
+        num_train_epochs=args.num_train_epochs,
+        seed=args.seed,
+        log_every=5,
+        device=args.device,
+    )

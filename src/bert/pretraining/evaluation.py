@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from bert.batching import RecordStream
 from bert.distributed import autocast
 from bert.pretraining.inputs import features_to_model_inputs
-from bert.training import RecordStream
 from bert.utils import progress
 
 # The keys of eval_results.txt, as run_pretraining.py writes them.

@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bert.batching import RecordStream
 from bert.errors import InputError
 from bert.formats.native import MANIFEST_NAME, NativeDataset, check_manifest, open_native_dataset
 from bert.formats.tfrecord import read_examples
 from bert.tasks.common import model_inputs
-from bert.training import RecordStream
 from bert.utils import expand_input_files
 
 FEATURE_LENGTHS = {  # feature -> which flag fixes its length
@@ -95,7 +95,7 @@ class TFRecordSource:
         if n == 0:
             raise InputError(f"--input_file: {', '.join(self.paths)} hold no records")
         # Compact storage: ids fit int32, masks and labels int8.
-        self.arrays = {
+        self.arrays: dict[str, np.ndarray] = {
             "input_ids": np.stack(columns["input_ids"]).astype(np.int32),
             "input_mask": np.stack(columns["input_mask"]).astype(np.int8),
             "segment_ids": np.stack(columns["segment_ids"]).astype(np.int8),

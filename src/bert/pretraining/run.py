@@ -32,11 +32,12 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from bert import training
+from bert import checkpointing, run_dir, training
+from bert.batching import RecordStream
 from bert.checkpoint import Checkpoint, load_into, read_checkpoint
 from bert.config import BertConfig
 from bert.distributed import distributed
@@ -56,14 +57,16 @@ from bert.pretraining.inputs import (
     rank_batches,
 )
 from bert.pretraining.teacher import DistillationLoss, load_teacher, relation_heads
-from bert.starting_model import resolve_starting_model
-from bert.training import RecordStream
+from bert.starting_model import StartingModel, resolve_starting_model
 from bert.utils import expand_input_files, format_scores, print_result
+
+if TYPE_CHECKING:
+    from bert.commands.pretrain import PretrainArgs
 
 logger = logging.getLogger(__name__)
 
 
-def _check_flags(args: Any, world_size: int) -> None:
+def _check_flags(args: PretrainArgs, world_size: int) -> None:
     """Everything that can be checked from the flags alone, before any file is read."""
     if not args.do_train and not args.do_eval:
         raise InputError("At least one of `do_train` or `do_eval` must be True: pass --do_train and/or --do_eval")
@@ -100,51 +103,29 @@ def _check_flags(args: Any, world_size: int) -> None:
         logger.warning("--fsdp has no effect in a single process; start with torchrun --nproc_per_node=N")
 
 
-def run_pretraining(args: Any) -> dict[str, Any]:
+def run_pretraining(args: PretrainArgs) -> dict[str, Any]:
     """Train and/or evaluate as `args` (the flags of `bert pretrain`) say; returns {"global_step", "train":
     last logged metrics, "eval": results}."""
     with (
         distributed(args.device) as dist,
-        training.claim_output_dir(args.output_dir, "pretrain", dist, _inputs(args)),
+        run_dir.claim_output_dir(args.output_dir, "pretrain", dist, _inputs(args)),
     ):
         # 1. Flags, vocab, data, config, output directory: all checked before any model is built.
         _check_flags(args, dist.world_size)
-        sources: dict[str, ConcatSource] = {}
-
-        def open_data(vocab_file: str | None) -> list[int]:
-            sources["train"] = open_pretraining_data(
-                args.input_file, args.max_seq_length, args.max_predictions_per_seq, vocab_file
-            )
-            return [int(m["vocab_size"]) for m in sources["train"].manifests if "vocab_size" in m]
-
-        start = resolve_starting_model(args, need_vocab=False, open_data=open_data)
+        start, train_source, eval_source = _open_data(args)
         args = dataclasses.replace(args, vocab_file=start.vocab_file)
         masking = None
         if args.dynamic_masking:
-            if start.vocab is None:
+            if start.vocab is None or args.vocab_file is None:  # one is read from the other
                 raise InputError("--dynamic_masking needs --vocab_file (for the [MASK], [CLS] and [SEP] ids)")
             masking = (args.seed, masking_vocab(start.vocab, args.vocab_file, args.do_whole_word_mask))
-        train_source = eval_source = sources["train"]
-        if args.do_eval and args.eval_files:
-            eval_source = open_pretraining_data(
-                args.eval_files, args.max_seq_length, args.max_predictions_per_seq, args.vocab_file, "--eval_files"
-            )
         config = start.config
-        for source in {id(train_source): train_source, id(eval_source): eval_source}.values():
-            source.check_ids(config.vocab_size, config.type_vocab_size)
-        loss_fn: training.LossFn = pretraining_loss
-        totals_fn: training.TotalsFn = BertForPreTraining.loss_normalizers
-        if args.teacher and args.do_train and (args.distill_alpha > 0 or args.distill_attention):
-            teacher = load_teacher(args, config, args.vocab_file, dist.device)
-            train_source.check_ids(teacher.config.vocab_size, teacher.config.type_vocab_size)
-            heads = relation_heads(args, config, teacher.config)
-            distillation = DistillationLoss(teacher, args.temperature, args.distill_alpha, heads)
-            loss_fn, totals_fn = distillation, distillation.loss_normalizers
+        loss_fn, totals_fn = _loss(args, config, train_source, dist.device)
         _check_resumed_optimizer(args, start.resume_dir)
         manifests = train_source.manifests
         do_lower_case = bool(manifests[0]["do_lower_case"]) if manifests and "do_lower_case" in manifests[0] else None
 
-        with training.run_directory(args.output_dir, "pretrain", args, dist):
+        with run_dir.run_directory(args.output_dir, "pretrain", args, dist):
             # 2. The model and the trainer.
             model, state = _load_model(args, config, start.resume_dir, start.init)
             wrapped = training.prepare_model(model, args, dist, fsdp=args.fsdp)
@@ -173,13 +154,49 @@ def run_pretraining(args: Any) -> dict[str, Any]:
             if args.do_eval:
                 result["eval"] = _evaluate(args, wrapped, eval_source, dist, trainer.global_step)
             output_dir = Path(args.output_dir)
-            training.finish_run(output_dir, output_dir / "model", "pretrain", args, result.get("eval"), dist)
+            run_dir.finish_run(output_dir, output_dir / "model", "pretrain", args, result.get("eval"), dist)
             if dist.is_main:
                 _print_result(args, result)
             return result
 
 
-def _print_result(args: Any, result: dict[str, Any]) -> None:
+def _open_data(args: PretrainArgs) -> tuple[StartingModel, ConcatSource, ConcatSource]:
+    """The model the run starts from (its vocabulary checked against the data's), the training data and the
+    evaluation data (`--eval_files`, else the training data), their ids checked against the model's tables."""
+    sources: dict[str, ConcatSource] = {}
+
+    def open_data(vocab_file: str | None) -> list[int]:
+        sources["train"] = open_pretraining_data(
+            args.input_file, args.max_seq_length, args.max_predictions_per_seq, vocab_file
+        )
+        return [int(m["vocab_size"]) for m in sources["train"].manifests if "vocab_size" in m]
+
+    start = resolve_starting_model(args, need_vocab=False, open_data=open_data)
+    train_source = eval_source = sources["train"]
+    if args.do_eval and args.eval_files:
+        eval_source = open_pretraining_data(
+            args.eval_files, args.max_seq_length, args.max_predictions_per_seq, start.vocab_file, "--eval_files"
+        )
+    config = start.config
+    for source in {id(train_source): train_source, id(eval_source): eval_source}.values():
+        source.check_ids(config.vocab_size, config.type_vocab_size)
+    return start, train_source, eval_source
+
+
+def _loss(
+    args: PretrainArgs, config: BertConfig, train_source: ConcatSource, device: torch.device
+) -> tuple[training.LossFn, training.TotalsFn]:
+    """The training loss and its normalisers: the heads' own, or the distillation loss against `--teacher`."""
+    if args.teacher and args.do_train and (args.distill_alpha > 0 or args.distill_attention):
+        teacher = load_teacher(args, config, args.vocab_file, device)
+        train_source.check_ids(teacher.config.vocab_size, teacher.config.type_vocab_size)
+        heads = relation_heads(args, config, teacher.config)
+        distillation = DistillationLoss(teacher, args.temperature, args.distill_alpha, heads)
+        return distillation, distillation.loss_normalizers
+    return pretraining_loss, BertForPreTraining.loss_normalizers
+
+
+def _print_result(args: PretrainArgs, result: dict[str, Any]) -> None:
     model = Path(args.output_dir) / "model"
     print_result(
         "pretrain",
@@ -193,7 +210,7 @@ def _print_result(args: Any, result: dict[str, Any]) -> None:
     )
 
 
-def _inputs(args: Any) -> dict[str, Any]:
+def _inputs(args: PretrainArgs) -> dict[str, Any]:
     """The paths the run reads, which --output_dir must not be."""
     inputs: dict[str, Any] = {"--input_file": expand_input_files(args.input_file, directories=True)}
     inputs.update({"--init_checkpoint": args.init_checkpoint, "--vocab_file": args.vocab_file})
@@ -203,10 +220,10 @@ def _inputs(args: Any) -> dict[str, Any]:
     return inputs
 
 
-def _check_resumed_optimizer(args: Any, resume_dir: Path | None) -> None:
+def _check_resumed_optimizer(args: PretrainArgs, resume_dir: Path | None) -> None:
     """The checkpoint to resume was trained with this --optimizer."""
     if resume_dir is not None:
-        info_path = resume_dir / training.TRAINER_STATE_NAME
+        info_path = resume_dir / checkpointing.TRAINER_STATE_NAME
         info = json.loads(info_path.read_text(encoding="utf-8")) if info_path.is_file() else {}
         if args.do_train and info.get("optimizer", args.optimizer) != args.optimizer:
             raise InputError(
@@ -216,11 +233,11 @@ def _check_resumed_optimizer(args: Any, resume_dir: Path | None) -> None:
 
 
 def _load_model(
-    args: Any, config: BertConfig, resume_dir: Path | None, init: Checkpoint | None
+    args: PretrainArgs, config: BertConfig, resume_dir: Path | None, init: Checkpoint | None
 ) -> tuple[BertForPreTraining, dict | None]:
     """The model (resumed, or from --init_checkpoint, or random) and the training state to resume; logs
     the features and variables as run_pretraining.py does."""
-    training.set_seed(args.seed)
+    checkpointing.set_seed(args.seed)
     model = BertForPreTraining(config)
     state = None
     if resume_dir is not None:
@@ -229,7 +246,7 @@ def _load_model(
         else:
             logger.info("resuming from %s", resume_dir)
         init = read_checkpoint(resume_dir, verify=not args.ignore_checkpoint_digest)
-        state = training.load_training_state(resume_dir, verify=not args.ignore_checkpoint_digest)
+        state = checkpointing.load_training_state(resume_dir, verify=not args.ignore_checkpoint_digest)
     elif init is None and not args.do_train:
         logger.warning("evaluating a randomly initialised model: no checkpoint in --output_dir, no --init_checkpoint")
     restored: set[str] = set()
@@ -249,7 +266,7 @@ def _load_model(
     return model, state
 
 
-def _restore(args: Any, trainer: training.Trainer, state: dict, stream: RecordStream) -> int:
+def _restore(args: PretrainArgs, trainer: training.Trainer, state: dict, stream: RecordStream) -> int:
     """Restore the trainer from `state`; returns the data stream position to continue from."""
     trainer.restore(state)
     # The schedule follows this run's flags, as the original rebuilds it from them on every run
@@ -274,7 +291,7 @@ def _restore(args: Any, trainer: training.Trainer, state: dict, stream: RecordSt
 
 
 def _train(
-    args: Any,
+    args: PretrainArgs,
     trainer: training.Trainer,
     dist,
     source,
@@ -325,7 +342,7 @@ def _train(
         batches.close()
 
 
-def _evaluate(args: Any, wrapped: torch.nn.Module, source, dist, global_step: int) -> dict[str, Any]:
+def _evaluate(args: PretrainArgs, wrapped: torch.nn.Module, source, dist, global_step: int) -> dict[str, Any]:
     logger.info("***** Running evaluation ***** batch size %d, %d steps", args.eval_batch_size, args.max_eval_steps)
     metrics = evaluate(wrapped, source, args.eval_batch_size, args.max_eval_steps, dist, args.precision)
     metrics["global_step"] = global_step

@@ -92,9 +92,9 @@ class BufferProcessor:
         chain = itertools.chain.from_iterable
         for start in range(0, len(lines), TOKENIZE_BATCH):
             ids = self.tokenizer.encode_batch(lines[start : start + TOKENIZE_BATCH])
-            n = list(map(len, ids))
-            lengths.extend(n)
-            chunks.append(np.fromiter(chain(ids), dtype=np.int32, count=sum(n)))
+            sizes = list(map(len, ids))
+            lengths.extend(sizes)
+            chunks.append(np.fromiter(chain(ids), dtype=np.int32, count=sum(sizes)))
         flat = np.concatenate(chunks) if chunks else np.zeros(0, np.int32)
         sent_start = [0]
         doc_first = [0]

@@ -104,6 +104,8 @@ def per_dimension(
     return out
 
 
-def rerank(top: Sequence[Sequence[str]], scores: Sequence[Sequence[float]] | np.ndarray) -> list[list[str]]:
+def rerank(
+    top: Sequence[Sequence[str]], scores: Sequence[Sequence[float] | np.ndarray] | np.ndarray
+) -> list[list[str]]:
     """Each query's candidates re-ordered by the reranker's scores, best first (ties keep the retriever's order)."""
     return [[docs[j] for j in np.argsort(-np.asarray(s), kind="stable")] for docs, s in zip(top, scores)]

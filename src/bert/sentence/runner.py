@@ -8,7 +8,7 @@ every N steps and at the last, keeps the best checkpoint (`--metric_for_best_mod
 `--do_eval` writes the final scores to `eval_results.txt`/`.json`; `curves.png` is drawn at the end.
 
 Batches. Each epoch is a permutation of the examples seeded by `(--seed, epoch)`, cut into batches of
-`--train_batch_size` (`bert.sentence.data.BatchPlan`; with the in-batch-negative losses no text appears
+`--train_batch_size` (`bert.batching.BatchPlan`; with the in-batch-negative losses no text appears
 twice in a batch). Sequences are `[CLS] text [SEP]` (pairs for the reranker: `[CLS] query [SEP] document
 [SEP]`, the longer text cut first), padded per column to its longest. The bi-encoder's losses need the
 whole batch at once, so its `--gradient_accumulation_steps` must stay 1: `--loss=cached_mnrl` gives the
@@ -30,15 +30,17 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from bert import training
+from bert import checkpointing, evaluations, run_dir, training
+from bert.batching import BatchPlan
 from bert.cpu_kernels import release_packed_weights
 from bert.distributed import DistContext, distributed
 from bert.errors import InputError
+from bert.evaluations import EVAL_HISTORY_NAME, EvalHistory
 from bert.flags import check_batch_division, check_flag_values
 from bert.formats.results import write_results
 from bert.inference import LONGER_ADVICE, Predictor, SentenceTransformersConfig, read_sentence_transformers_config
@@ -49,26 +51,35 @@ from bert.modeling import (
     num_parameters,
     pool_tokens,
 )
+from bert.run_dir import MODEL_DIR
 from bert.sentence import evaluation, losses, teachers
 from bert.sentence.data import (
     PAIRS,
     SCORED,
     TEXTS,
-    TUPLES,
-    BatchPlan,
     Corpus,
     TrainingData,
     read_beir,
     read_training_data,
     unique_texts,
 )
+from bert.sentence.loss_table import (
+    EMBEDDING_LOSS_TABLE,
+    RERANKER_LOSS_TABLE,
+    check_data,
+    check_loss,
+    with_transfer,
+)
 from bert.sentence.st_format import sentence_transformers_files
 from bert.starting_model import resolve_starting_model
 from bert.tasks.common import num_warmup_steps, pad_2d
 from bert.tasks.glue import InputExample, convert_examples_to_features
 from bert.tokenization import FullTokenizer
-from bert.training import EVAL_HISTORY_NAME, MODEL_DIR, EvalHistory
 from bert.utils import format_scores, print_result, progress
+
+if TYPE_CHECKING:
+    from bert.commands.train_embeddings import TrainEmbeddingsArgs
+    from bert.commands.train_reranker import TrainRerankerArgs
 
 logger = logging.getLogger(__name__)
 
@@ -78,125 +89,6 @@ STATE_NAME = "sentence_state.json"  # in model/: the step its weights come from
 # and memory holds one block's sequences and outputs, never those of a whole corpus or of every query's
 # candidates at once.
 BLOCK_BATCHES = 16
-
-
-# -------------------------------------------------------------------------------------------- losses
-@dataclass(frozen=True)
-class LossSpec:
-    """A `--loss`: what it trains on and its value on a batch.
-
-    needs: the kinds of training data it reads (`bert.sentence.data`: PAIRS, TUPLES, SCORED, TEXTS).
-    value: `(outputs, batch, args) -> loss`, the outputs being the columns' embeddings ([B, H] each) of
-        `bert train-embeddings`, or the logits of each query's pairs ([B, group]) of `bert train-reranker`;
-        `batch["scores"]` holds scored pairs' scores, `batch["labels"]` the reranker's 0/1 or soft labels,
-        `batch["teacher"]` the teacher's outputs.
-    teacher: None, or what `--teacher` gives for each example: "embeddings" (an embedding model's vector of
-        the text) or "scores" (a cross-encoder's logit of each (query, document) of the group).
-    in_batch: each example is compared with the whole batch, so no text may appear twice in one.
-    cached: gradient caching (`losses.cached_mnrl_backward`).
-    """
-
-    needs: tuple[str, ...]
-    value: Callable[[Any, dict[str, torch.Tensor], Any], torch.Tensor]
-    teacher: str | None = None
-    in_batch: bool = False
-    cached: bool = False
-
-
-EMBEDDING_LOSS_TABLE: dict[str, LossSpec] = {
-    "mnrl": LossSpec((PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e), in_batch=True),
-    "mnrl_symmetric": LossSpec((PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e, symmetric=True), in_batch=True),
-    "cached_mnrl": LossSpec((PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e), in_batch=True, cached=True),
-    "cached_mnrl_symmetric": LossSpec(
-        (PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e, symmetric=True), in_batch=True, cached=True
-    ),
-    "cosent": LossSpec((SCORED,), lambda e, b, a: losses.cosent(e[0], e[1], b["scores"])),
-    "cosine_mse": LossSpec((SCORED,), lambda e, b, a: losses.cosine_mse(e[0], e[1], b["scores"])),
-    # Any text: every column of the training file and --transfer_file, one column of distinct texts.
-    "mse": LossSpec((TEXTS, PAIRS, TUPLES, SCORED), lambda e, b, a: losses.mse(e, [b["teacher"]]), "embeddings"),
-    "margin_mse": LossSpec(
-        (TUPLES,), lambda e, b, a: losses.margin_mse(losses.dot_scores(e), b["teacher"]), teacher="scores"
-    ),
-    "distill_kl": LossSpec(
-        (TUPLES,),
-        lambda e, b, a: losses.distill_kl(losses.dot_scores(e), b["teacher"], a.temperature),
-        teacher="scores",
-    ),
-}
-# Pairs are groups once --mine_negatives has mined their negatives.
-RERANKER_LOSS_TABLE: dict[str, LossSpec] = {
-    "bce": LossSpec((PAIRS, TUPLES, SCORED), lambda g, b, a: losses.pointwise_bce(g.reshape(-1), b["labels"])),
-    "listwise": LossSpec((PAIRS, TUPLES), lambda g, b, a: losses.listwise_ce(g)),
-    "margin_mse": LossSpec((PAIRS, TUPLES), lambda g, b, a: losses.margin_mse(g, b["teacher"]), teacher="scores"),
-    "distill_kl": LossSpec(
-        (PAIRS, TUPLES), lambda g, b, a: losses.distill_kl(g, b["teacher"], a.temperature), teacher="scores"
-    ),
-}
-_HOLDS = {
-    PAIRS: "(anchor, positive) pairs",
-    TUPLES: "(anchor, positive, negatives...) tuples",
-    SCORED: "scored pairs",
-    TEXTS: "texts",
-}
-
-
-def _default(args: Any, flag: str) -> Any:
-    return next(f.default for f in dataclasses.fields(args) if f.name == flag)
-
-
-def _check_loss(name: str, table: dict[str, LossSpec], args: Any) -> LossSpec:
-    """`table[name]`, with the distillation flags it needs; flags it would ignore are errors."""
-    spec = table[name]
-    if spec.teacher and not args.teacher:
-        model = "an embedding model" if spec.teacher == "embeddings" else "a cross-encoder"
-        raise InputError(f"--loss={name} learns a teacher's outputs: pass --teacher=MODEL ({model} directory)")
-    if not spec.teacher:
-        # Without a distillation loss a teacher only gives the starting layers (--init_from_teacher_layers).
-        distill = ", ".join(n for n, s in table.items() if s.teacher)
-        if args.teacher and not args.init_from_teacher_layers:
-            raise InputError(
-                f"--teacher={args.teacher} is for the distillation losses (--loss={distill}) or "
-                f"--init_from_teacher_layers, not --loss={name} alone"
-            )
-        args.check_outputs_learned(f"--loss={name}; the distillation losses are --loss={distill}")
-    if name != "distill_kl" and args.temperature != _default(args, "temperature"):
-        raise InputError(f"--temperature={args.temperature} is for --loss=distill_kl; remove it or change --loss")
-    if args.distill_alpha != _default(args, "distill_alpha"):
-        raise InputError(
-            f"--distill_alpha={args.distill_alpha}: these losses learn the teacher's outputs alone, as "
-            "sentence-transformers' do; leave it at 1"
-        )
-    return spec
-
-
-def _check_data(name: str, spec: LossSpec, data: TrainingData, scored_losses: str) -> None:
-    """The training data `--loss=name` reads; `scored_losses`: the losses to suggest for scored pairs."""
-    if data.kind not in spec.needs:
-        needs = " or ".join(_HOLDS[k] for k in spec.needs)
-        hint = f" (use --loss={scored_losses})" if data.kind == SCORED else ""
-        raise InputError(f"--loss={name} needs {needs}; {data.source} holds {_HOLDS[data.kind]}{hint}")
-
-
-def with_transfer(data: TrainingData | None, transfer_file: str | None, texts: bool) -> TrainingData:
-    """The examples a distillation run trains on: the training file's and `--transfer_file`'s (read as training
-    files are; the teacher labels both). `texts`: every distinct text of both, one column (for a loss on
-    texts); else the examples of both, of one shape."""
-    transfer = read_training_data(transfer_file) if transfer_file else None
-    parts = [d for d in (data, transfer) if d is not None]
-    if not parts:
-        raise InputError("distillation needs examples: pass --train_file and/or --transfer_file")
-    source = " and ".join(d.source for d in parts)
-    if texts:
-        return TrainingData(source, [list(dict.fromkeys(t for d in parts for column in d.columns for t in column))])
-    if data is None or transfer is None:
-        return parts[0]
-    if (transfer.kind, len(transfer.columns)) != (data.kind, len(data.columns)):
-        raise InputError(
-            f"--transfer_file={transfer_file} holds {_HOLDS[transfer.kind]} of {len(transfer.columns)} texts, "
-            f"--train_file={data.source} {_HOLDS[data.kind]} of {len(data.columns)}: give both the same shape"
-        )
-    scores = data.scores + transfer.scores if data.scores is not None and transfer.scores is not None else None
-    return TrainingData(source, [a + b for a, b in zip(data.columns, transfer.columns)], scores)
 
 
 # ------------------------------------------------------------------------------------------- checks
@@ -222,7 +114,7 @@ def _check_common(args: Any, accumulates: bool = False) -> None:
         raise InputError(f"--teacher={args.teacher} teaches a training run: add --do_train=true or remove it")
     if (args.do_eval or args.eval_every_steps) and args.eval_file is None:
         raise InputError("evaluation needs --eval_file=PATH (scored pairs, or a BEIR directory)")
-    training.check_early_stopping(args)
+    evaluations.check_early_stopping(args)
 
 
 def parse_dims(value: str | None, hidden_size: int) -> list[int]:
@@ -278,12 +170,15 @@ def pair_sequences(tokenizer: FullTokenizer, pairs: list[tuple[str, str]], max_s
 class _Run:
     """What both commands share: checks, model files, the training loop with evaluations, the export."""
 
+    args: TrainEmbeddingsArgs | TrainRerankerArgs
+
     command = ""
     model_class: type = BertModel
     default_metric = ""
     next_command = ""  # the result block's next step, `{model}` the exported model
+    loss: str | None  # the --loss the run uses, a default resolved (set by each command's run; None: no training)
 
-    def __init__(self, args: Any, dist: DistContext):
+    def __init__(self, args: TrainEmbeddingsArgs | TrainRerankerArgs, dist: DistContext):
         self.args, self.dist = args, dist
         self.output_dir = Path(args.output_dir)
         self.exported = self.output_dir / MODEL_DIR
@@ -302,7 +197,7 @@ class _Run:
                 "training steps; use a smaller batch or more epochs"
             )
         results_of = f"`bert {self.command}` on {args.eval_file}"
-        training.check_best_metric(args.metric_for_best_model, self.metric_names(), results_of)
+        evaluations.check_best_metric(args.metric_for_best_model, self.metric_names(), results_of)
         self.metric = args.metric_for_best_model or self.default_metric
         self.history = EvalHistory(self.output_dir / EVAL_HISTORY_NAME, self.metric, args.early_stopping_patience)
 
@@ -340,7 +235,7 @@ class _Run:
     # The run.
     def load_model(self) -> None:
         args, files = self.args, self.files
-        training.set_seed(args.seed)
+        checkpointing.set_seed(args.seed)
         model = self.model_class(files.config, **self.model_kwargs())
         self.global_step, self.state = files.load_weights(model, args, self.exported, STATE_NAME)
         logger.info("%s: %d parameters", type(model).__name__, num_parameters(model))
@@ -351,7 +246,9 @@ class _Run:
 
     def run(self) -> dict[str, Any]:
         args = self.args
-        self.tokenizer = FullTokenizer(self.files.vocab_file, do_lower_case=args.do_lower_case)
+        vocab_file = self.files.vocab_file
+        assert vocab_file is not None  # resolve_starting_model refuses a run without a vocabulary
+        self.tokenizer = FullTokenizer(vocab_file, do_lower_case=args.do_lower_case)
         self.prepare()
         self.load_model()
         result: dict[str, Any] = {"output_dir": str(self.output_dir), "num_train_steps": self.total_steps}
@@ -367,7 +264,7 @@ class _Run:
             result["eval"] = scores
         # The card names the loss the run used, a default included.
         used = dataclasses.replace(args, loss=self.loss)
-        training.finish_run(self.output_dir, self.exported, self.command, used, result.get("eval"), self.dist)
+        run_dir.finish_run(self.output_dir, self.exported, self.command, used, result.get("eval"), self.dist)
         return result
 
     def prepare(self) -> None:
@@ -394,7 +291,7 @@ class _Run:
         logger.info("  Batch size = %d", args.train_batch_size)
         logger.info("  Num steps = %d", self.total_steps)
         logger.info("  Warmup steps = %d", self.warmup_steps)
-        last = training.train_with_evaluations(
+        last = evaluations.train_with_evaluations(
             trainer,
             self.batches,
             self.loss_fn(),
@@ -421,12 +318,13 @@ class EmbeddingRun(_Run):
     command = "train-embeddings"
     model_class = BertModel
     next_command = "bert embed --model={model} --input_file=TEXTS.txt"
+    args: TrainEmbeddingsArgs
 
     def model_kwargs(self) -> dict[str, Any]:
         # Pooling reads the last layer; an untrained pooler would have no optimizer state to resume.
         return {"add_pooling_layer": False}
 
-    def __init__(self, args: Any, dist: DistContext):
+    def __init__(self, args: TrainEmbeddingsArgs, dist: DistContext):
         _check_common(args)
         super().__init__(args, dist)
         st = None
@@ -452,11 +350,11 @@ class EmbeddingRun(_Run):
             return
         kind = self.data.kind if self.data is not None else TEXTS
         self.loss = args.loss or ("mse" if args.teacher else "cosent" if kind == SCORED else "mnrl")
-        self.spec = _check_loss(self.loss, EMBEDDING_LOSS_TABLE, args)
+        self.spec = check_loss(self.loss, EMBEDDING_LOSS_TABLE, args)
         if self.spec.teacher:
             self.data = with_transfer(self.data, args.transfer_file, texts=self.spec.teacher == "embeddings")
         assert self.data is not None  # --do_train needs a --train_file, or a --transfer_file to distil on
-        _check_data(self.loss, self.spec, self.data, "cosent or cosine_mse")
+        check_data(self.loss, self.spec, self.data, "cosent or cosine_mse")
         if self.spec.cached and args.precision == "fp16":
             raise InputError(f"--loss={self.loss} computes its own backward pass: use --precision=bf16 or fp32")
         if self.spec.teacher == "embeddings":
@@ -673,24 +571,24 @@ def print_run_result(cls: type[_Run], result: dict[str, Any]) -> None:
         cls.command,
         f"global step {result['global_step']} of {result['num_train_steps']}",
         *eval_lines(result.get("eval", {})),
-        training.written_line(output_dir),
+        run_dir.written_line(output_dir),
         f"next: {cls.next_command.format(model=model)}" if model.is_dir() else "",
     )
 
 
-def train_embeddings(args: Any) -> dict[str, Any]:
+def train_embeddings(args: TrainEmbeddingsArgs) -> dict[str, Any]:
     """Train and/or evaluate a sentence-embedding model (see the module docstring)."""
     return _run(EmbeddingRun, args)
 
 
-def _run(cls: type[_Run], args: Any) -> dict[str, Any]:
+def _run(cls: type[_Run], args: TrainEmbeddingsArgs | TrainRerankerArgs) -> dict[str, Any]:
     inputs = {"--train_file": args.train_file, "--eval_file": args.eval_file, "--init_checkpoint": args.init_checkpoint}
     inputs.update({"--vocab_file": args.vocab_file, "--bert_config_file": args.bert_config_file})
     inputs.update({"--teacher": args.teacher, "--transfer_file": args.transfer_file})
     with distributed(args.device) as dist:
-        with training.claim_output_dir(args.output_dir, cls.command, dist, inputs):
+        with run_dir.claim_output_dir(args.output_dir, cls.command, dist, inputs):
             run = cls(args, dist)
-            with training.run_directory(args.output_dir, cls.command, args, dist):
+            with run_dir.run_directory(args.output_dir, cls.command, args, dist):
                 result = run.run()
     if dist.is_main:
         print_run_result(cls, result)
@@ -703,8 +601,9 @@ class RerankerRun(_Run):
     model_class = BertForSequenceClassification
     next_command = "bert rerank --model={model} --input_file=CANDIDATES.jsonl"
     default_metric = "eval_ndcg@10"
+    args: TrainRerankerArgs
 
-    def __init__(self, args: Any, dist: DistContext):
+    def __init__(self, args: TrainRerankerArgs, dist: DistContext):
         _check_common(args, accumulates=True)
         super().__init__(args, dist)
         self.loss = args.loss or "bce"
@@ -712,11 +611,11 @@ class RerankerRun(_Run):
         self.teacher: Predictor | None = None
         self.teacher_outputs: np.ndarray | None = None
         if args.do_train:
-            self.spec = _check_loss(self.loss, RERANKER_LOSS_TABLE, args)
+            self.spec = check_loss(self.loss, RERANKER_LOSS_TABLE, args)
             if self.spec.teacher:
                 self.data = with_transfer(self.data, args.transfer_file, texts=False)
             assert self.data is not None  # --do_train needs a --train_file, or a --transfer_file to distil on
-            _check_data(self.loss, self.spec, self.data, "bce")
+            check_data(self.loss, self.spec, self.data, "bce")
             if self.data.kind == SCORED:
                 bad = [s for s in self.data.scores or [] if not 0 <= s <= 1]
                 if bad:
@@ -754,11 +653,12 @@ class RerankerRun(_Run):
             return
         args, data = self.args, self.data
         if data.kind == PAIRS:
+            assert args.mine_negatives is not None  # pairs without negatives were refused without it
             data = mine_negatives(
                 args.mine_negatives, data, args.num_negatives, args.device, args.eval_batch_size, not self.dist.is_main
             )
             self.data = data
-            self.plan.data = data
+            self.plan.records = data
         if data.kind == SCORED:
             groups = [[(a, b)] for a, b in zip(*data.columns)]
             self.labels = np.asarray(data.scores, dtype=np.float32)[:, None]
@@ -811,8 +711,9 @@ class RerankerRun(_Run):
 
     def evaluate(self) -> dict[str, float]:
         args, corpus = self.args, self.eval_data
-        assert corpus is not None  # checked with the flags
-        retriever = Predictor.from_pretrained(args.eval_retriever or args.mine_negatives, device=args.device)
+        retriever_dir = args.eval_retriever or args.mine_negatives
+        assert corpus is not None and retriever_dir is not None  # checked with the flags
+        retriever = Predictor.from_pretrained(retriever_dir, device=args.device)
         qids, dids = list(corpus.queries), list(corpus.documents)
         hide, size = not self.dist.is_main, args.eval_batch_size
         q = embed_texts(retriever, [corpus.queries[i] for i in qids], "eval: queries", hide, size)
@@ -873,6 +774,6 @@ def mine_negatives(
     return TrainingData(data.source, columns)
 
 
-def train_reranker(args: Any) -> dict[str, Any]:
+def train_reranker(args: TrainRerankerArgs) -> dict[str, Any]:
     """Train and/or evaluate a reranker (see the module docstring)."""
     return _run(RerankerRun, args)

@@ -47,7 +47,7 @@ from bert.tasks.windows import WINDOW_POOLINGS, convert_examples_to_windows, poo
 from bert.utils import atomic_write
 
 if TYPE_CHECKING:
-    pass
+    from bert.commands.classify import ClassifyArgs
 
 logger = logging.getLogger(__name__)
 
@@ -141,11 +141,11 @@ class ClassificationTask(FinetuneTask):
     head = "BertForSequenceClassification"
     classifier_dropout = 0.1  # run_classifier.create_model: keep_prob=0.9, not read from the config
 
-    def __init__(self, args: Any):
+    def __init__(self, args: ClassifyArgs):
         self.args = args
         name = args.task_name.lower()
         self.name = ALIASES.get(name, name)
-        self.processor = None
+        self._processor: DataProcessor | None = None
         self.saved_thresholds: dict[str, float] = {}
         self.tuned_thresholds: np.ndarray | None = None
 
@@ -223,7 +223,14 @@ class ClassificationTask(FinetuneTask):
                 label_separator=self.label_separator,
                 allow_empty_labels=a.allow_empty_labels,
             )
-        self.processor = get_processor(self.name, **kwargs)
+        self._processor = get_processor(self.name, **kwargs)
+
+    @property
+    def processor(self) -> DataProcessor:
+        """The task's reader, built by `setup` (which the runner calls before reading any data)."""
+        if self._processor is None:
+            raise RuntimeError("ClassificationTask.setup builds the processor: call it before reading data")
+        return self._processor
 
     def use_saved_config(self, config: dict[str, Any]) -> None:
         thresholds = config.get("label_thresholds")
@@ -262,8 +269,15 @@ class ClassificationTask(FinetuneTask):
             )
         return labels
 
+    def class_labels(self) -> list[str]:
+        """The labels of a classification task (a regression task has none)."""
+        labels = self.labels()
+        if labels is None:
+            raise RuntimeError(f"--task_name={self.name} is a regression task: it has no labels")
+        return labels
+
     def model_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"num_labels": 1 if self.is_regression else len(self.labels())}
+        kwargs: dict[str, Any] = {"num_labels": 1 if self.is_regression else len(self.class_labels())}
         if self.is_multi_label:
             kwargs["problem_type"] = MULTI_LABEL
         return kwargs
@@ -271,8 +285,8 @@ class ClassificationTask(FinetuneTask):
     def base_thresholds(self) -> np.ndarray:
         """[L] each label's threshold before any tuning: --threshold, else the saved one, else 0.5."""
         if self.args.threshold is not None:
-            return np.full(len(self.labels()), self.args.threshold)
-        return np.array([self.saved_thresholds.get(label, DEFAULT_THRESHOLD) for label in self.labels()])
+            return np.full(len(self.class_labels()), self.args.threshold)
+        return np.array([self.saved_thresholds.get(label, DEFAULT_THRESHOLD) for label in self.class_labels()])
 
     def thresholds(self) -> np.ndarray:
         """[L] the thresholds in force (see the class docstring)."""
@@ -323,7 +337,7 @@ class ClassificationTask(FinetuneTask):
         return {"label_thresholds": self._threshold_map(self.tuned_thresholds)}
 
     def _threshold_map(self, thresholds: np.ndarray) -> dict[str, float]:
-        return {label: float(t) for label, t in zip(self.labels(), thresholds)}
+        return {label: float(t) for label, t in zip(self.class_labels(), thresholds)}
 
     def example_logits(self, examples: Sequence, features: Sequence, outputs: list[np.ndarray]) -> np.ndarray:
         """[N, L] one row of logits per example: a long document's windows pooled (`window_pooling`)."""
@@ -374,7 +388,7 @@ class ClassificationTask(FinetuneTask):
         scores = per_label_scores(probs >= thresholds, np.array(_example_label_ids(features, len(examples))))
         with atomic_write(output_dir / LABEL_SCORES_NAME) as f:
             f.write("label\tthreshold\tprecision\trecall\tf1\tsupport\n")
-            for j, label in enumerate(self.labels()):
+            for j, label in enumerate(self.class_labels()):
                 row = [thresholds[j], scores["precision"][j], scores["recall"][j], scores["f1"][j]]
                 f.write("\t".join([label, *(f"{x:.6g}" for x in row), str(scores["support"][j])]) + "\n")
 
@@ -392,7 +406,7 @@ class ClassificationTask(FinetuneTask):
         write_test_results(path, values, num_examples=len(examples))
         written: dict[str, Any] = {"test_results": str(path), "num_examples": len(examples)}
         if self.is_multi_label:
-            labels, chosen = self.labels(), values >= self.thresholds()
+            labels, chosen = self.class_labels(), values >= self.thresholds()
             with atomic_write(output_dir / PREDICTED_LABELS_NAME) as f:
                 for row in chosen:
                     f.write(self.label_separator.join(label for label, on in zip(labels, row) if on) + "\n")

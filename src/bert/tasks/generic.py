@@ -146,8 +146,8 @@ class GenericProcessor(DataProcessor):
         """A multi-label cell (a separated string, or a JSON list) -> its distinct labels, in cell order."""
         if cell is None:
             return []
-        names = cell if isinstance(cell, list) else cell.split(self.label_separator)
-        names = (x if isinstance(x, str) else json.dumps(x) for x in names if x is not None)
+        cells = cell if isinstance(cell, list) else cell.split(self.label_separator)
+        names = (x if isinstance(x, str) else json.dumps(x) for x in cells if x is not None)
         return list(dict.fromkeys(x.strip() for x in names if x.strip()))
 
     # --- reading ---------------------------------------------------------------------------------
@@ -196,6 +196,7 @@ class GenericProcessor(DataProcessor):
                     "column -1, would take another field here): fix or remove this line"
                 )
             a, b, lab = (row[i] if i is not None else None for i in index)
+            assert a is not None  # the text_a column is always given (a number or a name)
             count += 1
             yield line, f"{set_type}-{line}", (a, b, lab)
         if not count:
@@ -231,7 +232,7 @@ class GenericProcessor(DataProcessor):
                 raise InputError(f"{path}:{line}: {e}") from None
             if not isinstance(record, dict):
                 raise InputError(f"{path}:{line}: expected a JSON object per line, found {type(record).__name__}")
-            values = []
+            values: list[Any] = []
             for c in cols:
                 if c is None:
                     values.append(None)
@@ -258,7 +259,7 @@ class GenericProcessor(DataProcessor):
         labels = None if self.is_regression else self.get_labels()
         examples = []
         for line, guid, (a, b, label) in records:
-            if self.multi_label:
+            if self.multi_label and labels is not None:  # always: a multi-label task is no regression
                 label = [] if set_type == "test" else self._label_set(path, line, label, labels, where, set_type)
             elif set_type == "test":
                 label = 0.0 if labels is None else labels[0]

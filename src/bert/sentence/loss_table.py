@@ -1,0 +1,140 @@
+"""The `--loss` choices of `bert train-embeddings` and `bert train-reranker`, as a table of what each needs.
+
+Each `LossSpec` says which kinds of training data a loss reads, its value on a batch (the functions of
+`bert.sentence.losses`), whether it learns a teacher's outputs and whether it compares each example with the
+whole batch (so no text may appear twice in one). `check_loss` and `check_data` refuse a loss without what
+it needs, and flags it would ignore; `with_transfer` joins `--transfer_file`'s examples to a distillation
+run's training data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from bert.errors import InputError
+from bert.flags import DistillArgs
+from bert.sentence import losses
+from bert.sentence.data import PAIRS, SCORED, TEXTS, TUPLES, TrainingData, read_training_data
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """A `--loss`: what it trains on and its value on a batch.
+
+    needs: the kinds of training data it reads (`bert.sentence.data`: PAIRS, TUPLES, SCORED, TEXTS).
+    value: `(outputs, batch, args) -> loss`, the outputs being the columns' embeddings ([B, H] each) of
+        `bert train-embeddings`, or the logits of each query's pairs ([B, group]) of `bert train-reranker`;
+        `batch["scores"]` holds scored pairs' scores, `batch["labels"]` the reranker's 0/1 or soft labels,
+        `batch["teacher"]` the teacher's outputs.
+    teacher: None, or what `--teacher` gives for each example: "embeddings" (an embedding model's vector of
+        the text) or "scores" (a cross-encoder's logit of each (query, document) of the group).
+    in_batch: each example is compared with the whole batch, so no text may appear twice in one.
+    cached: gradient caching (`losses.cached_mnrl_backward`).
+    """
+
+    needs: tuple[str, ...]
+    value: Callable[[Any, dict[str, torch.Tensor], Any], torch.Tensor]
+    teacher: str | None = None
+    in_batch: bool = False
+    cached: bool = False
+
+
+EMBEDDING_LOSS_TABLE: dict[str, LossSpec] = {
+    "mnrl": LossSpec((PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e), in_batch=True),
+    "mnrl_symmetric": LossSpec((PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e, symmetric=True), in_batch=True),
+    "cached_mnrl": LossSpec((PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e), in_batch=True, cached=True),
+    "cached_mnrl_symmetric": LossSpec(
+        (PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e, symmetric=True), in_batch=True, cached=True
+    ),
+    "cosent": LossSpec((SCORED,), lambda e, b, a: losses.cosent(e[0], e[1], b["scores"])),
+    "cosine_mse": LossSpec((SCORED,), lambda e, b, a: losses.cosine_mse(e[0], e[1], b["scores"])),
+    # Any text: every column of the training file and --transfer_file, one column of distinct texts.
+    "mse": LossSpec((TEXTS, PAIRS, TUPLES, SCORED), lambda e, b, a: losses.mse(e, [b["teacher"]]), "embeddings"),
+    "margin_mse": LossSpec(
+        (TUPLES,), lambda e, b, a: losses.margin_mse(losses.dot_scores(e), b["teacher"]), teacher="scores"
+    ),
+    "distill_kl": LossSpec(
+        (TUPLES,),
+        lambda e, b, a: losses.distill_kl(losses.dot_scores(e), b["teacher"], a.temperature),
+        teacher="scores",
+    ),
+}
+# Pairs are groups once --mine_negatives has mined their negatives.
+RERANKER_LOSS_TABLE: dict[str, LossSpec] = {
+    "bce": LossSpec((PAIRS, TUPLES, SCORED), lambda g, b, a: losses.pointwise_bce(g.reshape(-1), b["labels"])),
+    "listwise": LossSpec((PAIRS, TUPLES), lambda g, b, a: losses.listwise_ce(g)),
+    "margin_mse": LossSpec((PAIRS, TUPLES), lambda g, b, a: losses.margin_mse(g, b["teacher"]), teacher="scores"),
+    "distill_kl": LossSpec(
+        (PAIRS, TUPLES), lambda g, b, a: losses.distill_kl(g, b["teacher"], a.temperature), teacher="scores"
+    ),
+}
+_HOLDS = {
+    PAIRS: "(anchor, positive) pairs",
+    TUPLES: "(anchor, positive, negatives...) tuples",
+    SCORED: "scored pairs",
+    TEXTS: "texts",
+}
+
+
+def _default(args: DistillArgs, flag: str) -> Any:
+    return next(f.default for f in dataclasses.fields(args) if f.name == flag)
+
+
+def check_loss(name: str, table: dict[str, LossSpec], args: DistillArgs) -> LossSpec:
+    """`table[name]`, with the distillation flags it needs; flags it would ignore are errors."""
+    spec = table[name]
+    if spec.teacher and not args.teacher:
+        model = "an embedding model" if spec.teacher == "embeddings" else "a cross-encoder"
+        raise InputError(f"--loss={name} learns a teacher's outputs: pass --teacher=MODEL ({model} directory)")
+    if not spec.teacher:
+        # Without a distillation loss a teacher only gives the starting layers (--init_from_teacher_layers).
+        distill = ", ".join(n for n, s in table.items() if s.teacher)
+        if args.teacher and not args.init_from_teacher_layers:
+            raise InputError(
+                f"--teacher={args.teacher} is for the distillation losses (--loss={distill}) or "
+                f"--init_from_teacher_layers, not --loss={name} alone"
+            )
+        args.check_outputs_learned(f"--loss={name}; the distillation losses are --loss={distill}")
+    if name != "distill_kl" and args.temperature != _default(args, "temperature"):
+        raise InputError(f"--temperature={args.temperature} is for --loss=distill_kl; remove it or change --loss")
+    if args.distill_alpha != _default(args, "distill_alpha"):
+        raise InputError(
+            f"--distill_alpha={args.distill_alpha}: these losses learn the teacher's outputs alone, as "
+            "sentence-transformers' do; leave it at 1"
+        )
+    return spec
+
+
+def check_data(name: str, spec: LossSpec, data: TrainingData, scored_losses: str) -> None:
+    """The training data `--loss=name` reads; `scored_losses`: the losses to suggest for scored pairs."""
+    if data.kind not in spec.needs:
+        needs = " or ".join(_HOLDS[k] for k in spec.needs)
+        hint = f" (use --loss={scored_losses})" if data.kind == SCORED else ""
+        raise InputError(f"--loss={name} needs {needs}; {data.source} holds {_HOLDS[data.kind]}{hint}")
+
+
+def with_transfer(data: TrainingData | None, transfer_file: str | None, texts: bool) -> TrainingData:
+    """The examples a distillation run trains on: the training file's and `--transfer_file`'s (read as training
+    files are; the teacher labels both). `texts`: every distinct text of both, one column (for a loss on
+    texts); else the examples of both, of one shape."""
+    transfer = read_training_data(transfer_file) if transfer_file else None
+    parts = [d for d in (data, transfer) if d is not None]
+    if not parts:
+        raise InputError("distillation needs examples: pass --train_file and/or --transfer_file")
+    source = " and ".join(d.source for d in parts)
+    if texts:
+        return TrainingData(source, [list(dict.fromkeys(t for d in parts for column in d.columns for t in column))])
+    if data is None or transfer is None:
+        return parts[0]
+    if (transfer.kind, len(transfer.columns)) != (data.kind, len(data.columns)):
+        raise InputError(
+            f"--transfer_file={transfer_file} holds {_HOLDS[transfer.kind]} of {len(transfer.columns)} texts, "
+            f"--train_file={data.source} {_HOLDS[data.kind]} of {len(data.columns)}: give both the same shape"
+        )
+    scores = data.scores + transfer.scores if data.scores is not None and transfer.scores is not None else None
+    return TrainingData(source, [a + b for a, b in zip(data.columns, transfer.columns)], scores)
