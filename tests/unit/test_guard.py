@@ -138,6 +138,11 @@ def _cases(tmp: Path, m: dict) -> dict[str, tuple[list[str], Path, str]]:
             text,
             "is also",
         ),  # fmt: skip
+        "index": (
+            [f"--corpus_embeddings={text}", f"--output_dir={m['pretrained']}", f"--model={m['pretrained']}"],
+            m["pretrained"],
+            "is also --model",
+        ),  # fmt: skip
         "convert": ([f"--input={m['pretrained']}", f"--output={m['pretrained']}"], m["pretrained"], "is also --input"),
         "export": ([f"--model={m['pretrained']}", f"--output={m['pretrained']}/"], m["pretrained"], "is a file of"),
         "evaluate-squad": ([str(squad), str(preds), f"--out-file={preds}"], preds, "is also"),
