@@ -15,6 +15,9 @@ whole batch at once, so its `--gradient_accumulation_steps` must stay 1: `--loss
 large batch in the memory of `--mini_batch_size` sequences instead. The reranker's losses are means over
 queries, so its batch may be cut into `--gradient_accumulation_steps` micro-batches of whole queries: the
 same gradient, in the activations' memory of one micro-batch's pairs (batch x (1 + negatives) / steps).
+Under torchrun every process embeds the whole batch, except with `--gather_across_devices` (the in-batch
+losses): each embeds its share of it and gathers the others' embeddings, differentiably, so that each anchor
+meets the whole batch's positives and negatives and the processes' losses add up to the whole batch's.
 
 The bi-encoder (`BertModel` plus `--pooling` and `--normalize`) is exported to `model/` in the native
 layout with the sentence-transformers files (`bert.sentence.st_format`); the reranker
@@ -104,11 +107,19 @@ class LossSpec:
 
 
 EMBEDDING_LOSS_TABLE: dict[str, LossSpec] = {
-    "mnrl": LossSpec((PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e), in_batch=True),
-    "mnrl_symmetric": LossSpec((PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e, symmetric=True), in_batch=True),
-    "cached_mnrl": LossSpec((PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e), in_batch=True, cached=True),
+    # b.get("anchors"): under --gather_across_devices, this process's rows of the gathered batch.
+    "mnrl": LossSpec((PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e, anchors=b.get("anchors")), in_batch=True),
+    "mnrl_symmetric": LossSpec(
+        (PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e, symmetric=True, anchors=b.get("anchors")), in_batch=True
+    ),
+    "cached_mnrl": LossSpec(
+        (PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e, anchors=b.get("anchors")), in_batch=True, cached=True
+    ),
     "cached_mnrl_symmetric": LossSpec(
-        (PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e, symmetric=True), in_batch=True, cached=True
+        (PAIRS, TUPLES),
+        lambda e, b, a: losses.mnrl(e, symmetric=True, anchors=b.get("anchors")),
+        in_batch=True,
+        cached=True,
     ),
     "cosent": LossSpec((SCORED,), lambda e, b, a: losses.cosent(e[0], e[1], b["scores"])),
     "cosine_mse": LossSpec((SCORED,), lambda e, b, a: losses.cosine_mse(e[0], e[1], b["scores"])),
@@ -447,6 +458,8 @@ class EmbeddingRun(_Run):
         self.teacher_outputs: np.ndarray | None = None
         self.teacher: Predictor | None = None
         if not args.do_train:
+            if args.gather_across_devices:
+                raise InputError("--gather_across_devices is for training: add --do_train=true or remove it")
             self.loss = args.loss
             self.setup_training(0)
             return
@@ -457,6 +470,8 @@ class EmbeddingRun(_Run):
             self.data = with_transfer(self.data, args.transfer_file, texts=self.spec.teacher == "embeddings")
         assert self.data is not None  # --do_train needs a --train_file, or a --transfer_file to distil on
         _check_data(self.loss, self.spec, self.data, "cosent or cosine_mse")
+        if args.gather_across_devices:
+            _check_gather(self.loss, self.spec, args.train_batch_size, dist)
         if self.spec.cached and args.precision == "fp16":
             raise InputError(f"--loss={self.loss} computes its own backward pass: use --precision=bf16 or fp32")
         if self.spec.teacher == "embeddings":
@@ -498,6 +513,12 @@ class EmbeddingRun(_Run):
         while True:
             idx = self.plan.batch(step)
             batch: dict[str, torch.Tensor] = {}
+            if self.args.gather_across_devices:
+                # This process's share of the global batch: its rows of the gathered columns are its anchors.
+                share = len(idx) // self.dist.world_size
+                own = slice(self.dist.rank * share, (self.dist.rank + 1) * share)
+                idx = idx[own]
+                batch["anchors"] = torch.arange(own.start, own.stop)
             for c, rows in enumerate(self.rows):
                 batch.update({f"{k}_{c}": v for k, v in self.sequences.collate(rows[idx]).items()})
             if self.scores is not None:
@@ -520,6 +541,11 @@ class EmbeddingRun(_Run):
             return torch.nn.functional.normalize(vectors, p=2, dim=-1) if normalize else vectors
 
         def of_embeddings(embeddings: list[torch.Tensor], batch) -> torch.Tensor:
+            if "anchors" in batch:
+                # Every process's rows; its loss is the mean over its own anchors, a 1/world share of the
+                # global batch's, which the Trainer and cached_mnrl_backward sum over processes.
+                embeddings = [self.dist.all_gather_rows(e) for e in embeddings]
+                return losses.matryoshka(lambda e: spec.value(e, batch, args), embeddings, dims) / world
             return losses.matryoshka(lambda e: spec.value(e, batch, args), embeddings, dims)
 
         def fn(model, batch, totals):
@@ -567,6 +593,21 @@ class EmbeddingRun(_Run):
         return sentence_transformers_files(
             self.pooling, self.normalize, self.args.max_seq_length, self.files.config.hidden_size
         )
+
+
+def _check_gather(loss: str, spec: LossSpec, train_batch_size: int, dist: DistContext) -> None:
+    """--gather_across_devices: an in-batch loss, under torchrun, a global batch the processes share equally."""
+    if not spec.in_batch:
+        raise InputError(
+            f"--gather_across_devices shares in-batch negatives, which --loss={loss} has none of: remove it or use "
+            "--loss=mnrl, mnrl_symmetric, cached_mnrl or cached_mnrl_symmetric"
+        )
+    if not dist.distributed:
+        raise InputError(
+            "--gather_across_devices gathers the batch of every torchrun process; this run is one process: remove "
+            "it, or start the run with torchrun --nproc_per_node=N"
+        )
+    check_batch_division(train_batch_size, dist.world_size, 1)
 
 
 def _read_eval(path: str, split: str) -> TrainingData | Corpus:
