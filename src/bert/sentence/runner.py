@@ -541,12 +541,12 @@ class EmbeddingRun(_Run):
             return torch.nn.functional.normalize(vectors, p=2, dim=-1) if normalize else vectors
 
         def of_embeddings(embeddings: list[torch.Tensor], batch) -> torch.Tensor:
+            """This process's 1/world share of the global batch's loss (the Trainer and cached_mnrl_backward
+            sum the shares over processes): the whole batch's loss, which every process computes, or under
+            --gather_across_devices the mean over its own anchors of every process's rows."""
             if "anchors" in batch:
-                # Every process's rows; its loss is the mean over its own anchors, a 1/world share of the
-                # global batch's, which the Trainer and cached_mnrl_backward sum over processes.
                 embeddings = [self.dist.all_gather_rows(e) for e in embeddings]
-                return losses.matryoshka(lambda e: spec.value(e, batch, args), embeddings, dims) / world
-            return losses.matryoshka(lambda e: spec.value(e, batch, args), embeddings, dims)
+            return losses.matryoshka(lambda e: spec.value(e, batch, args), embeddings, dims) / world
 
         def fn(model, batch, totals):
             if spec.cached:
