@@ -56,8 +56,8 @@ def mnrl(
 ) -> torch.Tensor:
     """`embeddings`: anchors [B, H], positives [B, H], then any hard-negative columns [B, H].
 
-    `anchors`: the rows whose loss this is (default: all), a mean over them; every row's positive and
-    negatives are their in-batch negatives all the same. Under `--gather_across_devices` the columns are
+    `anchors`: the rows whose loss this is, a mean over them (default: all rows); the positives and
+    negatives of every row are their in-batch negatives all the same. Under `--gather_across_devices` the columns are
     every process's rows and `anchors` this process's (MultipleNegativesRankingLoss with
     gather_across_devices=True): the processes' losses average to the whole batch's.
     """
