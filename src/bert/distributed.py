@@ -58,6 +58,31 @@ class DistContext:
         if self.distributed:
             torch.distributed.barrier()
 
+    def all_gather_rows(self, t: torch.Tensor) -> torch.Tensor:
+        """Every rank's `t` ([n, ...], the same shape on each), concatenated in rank order, differentiably:
+        the gradient of the gathered rows goes back to the rank each came from, summed over the ranks that
+        used them (a single process: `t` itself)."""
+        return _AllGatherRows.apply(t) if self.distributed else t
+
+
+class _AllGatherRows(torch.autograd.Function):
+    """All-gather along dim 0 whose backward sums every rank's gradient of the gathered rows and keeps this
+    rank's slice. An all-reduce rather than a reduce-scatter: gloo has no reduce-scatter."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:
+        parts = [torch.empty_like(t) for _ in range(torch.distributed.get_world_size())]
+        torch.distributed.all_gather(parts, t.contiguous())
+        ctx.rows = t.shape[0]
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.contiguous().clone()  # reduced in place: autograd may hold the incoming one
+        torch.distributed.all_reduce(grad, op=torch.distributed.ReduceOp.SUM)
+        start = torch.distributed.get_rank() * ctx.rows
+        return grad[start : start + ctx.rows]
+
 
 def resolve_device(spec: str | None, local_rank: int = 0) -> torch.device:
     """`spec` as a torch device; None or "auto" is CUDA (this process's local GPU) if available, else CPU."""

@@ -86,6 +86,31 @@ def test_symmetric_mnrl(models):
     assert abs(float(ours) - float(losses.mnrl(our_embeddings(models, ANCHORS, POSITIVES)))) > 1e-4
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_mnrl_of_one_process_anchors_equals_gather_across_devices(models, symmetric, monkeypatch):
+    """--gather_across_devices on rank 1 of 2: our loss of the gathered columns over that rank's anchors equals
+    sentence-transformers' with gather_across_devices=True, its gather given the same global columns; the
+    ranks' losses average to the whole batch's, and differ from the loss of the rank's own rows alone."""
+    columns = (ANCHORS + POSITIVES, POSITIVES + NEGATIVES, NEGATIVES + ANCHORS)  # 8 distinct rows
+    gathered = [e.detach() for e in our_embeddings(models, *columns)]
+    mnrl_module = st_losses.MultipleNegativesRankingLoss.__module__
+    # Their loss gathers the rank's own rows into these global columns; rank 1 owns the last 4 rows.
+    local = [g[4:] for g in gathered]
+    by_local = {id(e): g for e, g in zip(local, gathered)}
+    monkeypatch.setattr(f"{mnrl_module}.all_gather_with_grad", lambda t: by_local[id(t)])
+    monkeypatch.setattr(f"{mnrl_module}.get_rank", lambda: 1)
+    directions = ("query_to_doc", "doc_to_query") if symmetric else ("query_to_doc",)
+    loss = st_losses.MultipleNegativesRankingLoss(
+        models[2], directions=directions, partition_mode="per_direction", gather_across_devices=True
+    )
+    expected = float(loss.compute_loss_from_embeddings(local, torch.zeros(4)))
+    rows = [torch.arange(0, 4), torch.arange(4, 8)]
+    ours = [float(losses.mnrl(gathered, symmetric=symmetric, anchors=r)) for r in rows]
+    assert abs(ours[1] - expected) <= 1e-5
+    assert abs((ours[0] + ours[1]) / 2 - float(losses.mnrl(gathered, symmetric=symmetric))) <= 1e-5
+    assert abs(ours[1] - float(losses.mnrl(local, symmetric=symmetric))) > 1e-3
+
+
 def test_cosent_and_cosine_mse(models):
     a, b = our_embeddings(models, ANCHORS, POSITIVES)
     labels = torch.tensor(SCORES)

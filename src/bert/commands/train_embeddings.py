@@ -114,6 +114,15 @@ class TrainEmbeddingsArgs(SentenceTrainingArgs):
         default=32,
         metadata={"min": 1, "help": "cached_mnrl: sequences per forward/backward pass (the memory it needs)."},
     )
+    gather_across_devices: bool = field(
+        default=False,
+        metadata={
+            "help": "Under torchrun, with the in-batch losses (mnrl, mnrl_symmetric and their cached_ forms): "
+            "--train_batch_size is split over the processes and each anchor is compared with every process's "
+            "positives and negatives, as one process with the whole batch would (sentence-transformers' "
+            "gather_across_devices); without it every process embeds the whole batch. An error in one process."
+        },
+    )
     score_scale: float = field(
         default=1.0,
         metadata={

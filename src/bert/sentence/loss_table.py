@@ -45,11 +45,19 @@ class LossSpec:
 
 
 EMBEDDING_LOSS_TABLE: dict[str, LossSpec] = {
-    "mnrl": LossSpec((PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e), in_batch=True),
-    "mnrl_symmetric": LossSpec((PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e, symmetric=True), in_batch=True),
-    "cached_mnrl": LossSpec((PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e), in_batch=True, cached=True),
+    # b.get("anchors"): under --gather_across_devices, this process's rows of the gathered batch.
+    "mnrl": LossSpec((PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e, anchors=b.get("anchors")), in_batch=True),
+    "mnrl_symmetric": LossSpec(
+        (PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e, symmetric=True, anchors=b.get("anchors")), in_batch=True
+    ),
+    "cached_mnrl": LossSpec(
+        (PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e, anchors=b.get("anchors")), in_batch=True, cached=True
+    ),
     "cached_mnrl_symmetric": LossSpec(
-        (PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e, symmetric=True), in_batch=True, cached=True
+        (PAIRS, TUPLES),
+        lambda e, b, a: losses.mnrl(e, symmetric=True, anchors=b.get("anchors")),
+        in_batch=True,
+        cached=True,
     ),
     "cosent": LossSpec((SCORED,), lambda e, b, a: losses.cosent(e[0], e[1], b["scores"])),
     "cosine_mse": LossSpec((SCORED,), lambda e, b, a: losses.cosine_mse(e[0], e[1], b["scores"])),

@@ -48,16 +48,28 @@ def cos_sim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.normalize(a, p=2, dim=-1) @ F.normalize(b, p=2, dim=-1).T
 
 
-def mnrl(embeddings: Sequence[torch.Tensor], scale: float = MNRL_SCALE, symmetric: bool = False) -> torch.Tensor:
-    """`embeddings`: anchors [B, H], positives [B, H], then any hard-negative columns [B, H]."""
-    anchors, positives = embeddings[0], embeddings[1]
+def mnrl(
+    embeddings: Sequence[torch.Tensor],
+    scale: float = MNRL_SCALE,
+    symmetric: bool = False,
+    anchors: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`embeddings`: anchors [B, H], positives [B, H], then any hard-negative columns [B, H].
+
+    `anchors`: the rows whose loss this is, a mean over them (default: all rows); the positives and
+    negatives of every row are their in-batch negatives all the same. Under `--gather_across_devices` the columns are
+    every process's rows and `anchors` this process's (MultipleNegativesRankingLoss with
+    gather_across_devices=True): the processes' losses average to the whole batch's.
+    """
+    queries, positives = embeddings[0], embeddings[1]
     docs = torch.cat(list(embeddings[1:]), dim=0)  # [B * (1 + k), H]: positives first
-    rows = torch.arange(anchors.shape[0], device=anchors.device)
-    forward = cos_sim(anchors, docs) * scale  # [B, B * (1 + k)]
-    positive = forward[rows, rows]
+    own = torch.arange(queries.shape[0], device=queries.device) if anchors is None else anchors  # [b]
+    rows = torch.arange(own.shape[0], device=queries.device)
+    forward = cos_sim(queries[own], docs) * scale  # [b, B * (1 + k)]
+    positive = forward[rows, own]
     log_z = torch.logsumexp(forward, dim=1)
     if symmetric:
-        backward = cos_sim(positives, anchors) * scale  # [B, B]
+        backward = cos_sim(positives[own], queries) * scale  # [b, B]
         log_z = (log_z + torch.logsumexp(backward, dim=1)) / 2
     return (log_z - positive).mean()
 

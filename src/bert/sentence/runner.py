@@ -15,6 +15,9 @@ whole batch at once, so its `--gradient_accumulation_steps` must stay 1: `--loss
 large batch in the memory of `--mini_batch_size` sequences instead. The reranker's losses are means over
 queries, so its batch may be cut into `--gradient_accumulation_steps` micro-batches of whole queries: the
 same gradient, in the activations' memory of one micro-batch's pairs (batch x (1 + negatives) / steps).
+Under torchrun every process embeds the whole batch, except with `--gather_across_devices` (the in-batch
+losses): each embeds its share of it and gathers the others' embeddings, differentiably, so that each anchor
+meets the whole batch's positives and negatives and the processes' losses add up to the whole batch's.
 
 The bi-encoder (`BertModel` plus `--pooling` and `--normalize`) is exported to `model/` in the native
 layout with the sentence-transformers files (`bert.sentence.st_format`); the reranker
@@ -66,6 +69,7 @@ from bert.sentence.data import (
 from bert.sentence.loss_table import (
     EMBEDDING_LOSS_TABLE,
     RERANKER_LOSS_TABLE,
+    LossSpec,
     check_data,
     check_loss,
     with_transfer,
@@ -345,6 +349,8 @@ class EmbeddingRun(_Run):
         self.teacher_outputs: np.ndarray | None = None
         self.teacher: Predictor | None = None
         if not args.do_train:
+            if args.gather_across_devices:
+                raise InputError("--gather_across_devices is for training: add --do_train=true or remove it")
             self.loss = args.loss
             self.setup_training(0)
             return
@@ -355,6 +361,8 @@ class EmbeddingRun(_Run):
             self.data = with_transfer(self.data, args.transfer_file, texts=self.spec.teacher == "embeddings")
         assert self.data is not None  # --do_train needs a --train_file, or a --transfer_file to distil on
         check_data(self.loss, self.spec, self.data, "cosent or cosine_mse")
+        if args.gather_across_devices:
+            _check_gather(self.loss, self.spec, args.train_batch_size, dist)
         if self.spec.cached and args.precision == "fp16":
             raise InputError(f"--loss={self.loss} computes its own backward pass: use --precision=bf16 or fp32")
         if self.spec.teacher == "embeddings":
@@ -396,6 +404,12 @@ class EmbeddingRun(_Run):
         while True:
             idx = self.plan.batch(step)
             batch: dict[str, torch.Tensor] = {}
+            if self.args.gather_across_devices:
+                # This process's share of the global batch: its rows of the gathered columns are its anchors.
+                share = len(idx) // self.dist.world_size
+                own = slice(self.dist.rank * share, (self.dist.rank + 1) * share)
+                idx = idx[own]
+                batch["anchors"] = torch.arange(own.start, own.stop)
             for c, rows in enumerate(self.rows):
                 batch.update({f"{k}_{c}": v for k, v in self.sequences.collate(rows[idx]).items()})
             if self.scores is not None:
@@ -418,7 +432,12 @@ class EmbeddingRun(_Run):
             return torch.nn.functional.normalize(vectors, p=2, dim=-1) if normalize else vectors
 
         def of_embeddings(embeddings: list[torch.Tensor], batch) -> torch.Tensor:
-            return losses.matryoshka(lambda e: spec.value(e, batch, args), embeddings, dims)
+            """This process's 1/world share of the global batch's loss (the Trainer and cached_mnrl_backward
+            sum the shares over processes): the whole batch's loss, which every process computes, or under
+            --gather_across_devices the mean over its own anchors of every process's rows."""
+            if "anchors" in batch:
+                embeddings = [self.dist.all_gather_rows(e) for e in embeddings]
+            return losses.matryoshka(lambda e: spec.value(e, batch, args), embeddings, dims) / world
 
         def fn(model, batch, totals):
             if spec.cached:
@@ -465,6 +484,21 @@ class EmbeddingRun(_Run):
         return sentence_transformers_files(
             self.pooling, self.normalize, self.args.max_seq_length, self.files.config.hidden_size
         )
+
+
+def _check_gather(loss: str, spec: LossSpec, train_batch_size: int, dist: DistContext) -> None:
+    """--gather_across_devices: an in-batch loss, under torchrun, a global batch the processes share equally."""
+    if not spec.in_batch:
+        raise InputError(
+            f"--gather_across_devices shares in-batch negatives, which --loss={loss} has none of: remove it or use "
+            f"--loss={', '.join(n for n, s in EMBEDDING_LOSS_TABLE.items() if s.in_batch)}"
+        )
+    if not dist.distributed:
+        raise InputError(
+            "--gather_across_devices gathers the batch of every torchrun process; this run is one process: remove "
+            "it, or start the run with torchrun --nproc_per_node=N"
+        )
+    check_batch_division(train_batch_size, dist.world_size, 1)
 
 
 def _read_eval(path: str, split: str) -> TrainingData | Corpus:
