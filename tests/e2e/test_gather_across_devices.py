@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from bert.commands.train_embeddings import TrainEmbeddingsArgs, run_train_embeddings
+from bert.commands.train_reranker import TrainRerankerArgs, run_train_reranker
 from conftest import args_for, cli_error, model_flags, read_metrics, read_weights
 
 # Dropout off: each process draws its own masks, which no one process could replay.
@@ -31,10 +32,10 @@ def _tuples(path):
     return path
 
 
-def _two_processes(model_files, output_dir, flags: dict, *extra: str) -> list[str]:
-    """`bert train-embeddings` with `flags` under `torchrun --standalone --nproc_per_node=2`."""
+def _two_processes(model_files, output_dir, flags: dict, *extra: str, command: str = "train-embeddings") -> list[str]:
+    """`bert COMMAND` with `flags` under `torchrun --standalone --nproc_per_node=2`."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "bert"]
-    cmd += ["train-embeddings", *model_flags(model_files, output_dir), "--do_train"]
+    cmd += [command, *model_flags(model_files, output_dir), "--do_train"]
     return cmd + [f"--{k}={v}" for k, v in flags.items()] + list(extra)
 
 
@@ -88,6 +89,20 @@ def test_two_processes_without_gathering_each_step_on_the_whole_batch(model_file
     run_train_embeddings(args_for(TrainEmbeddingsArgs, model_files, one, **flags, do_train=True))
     two = tmp_path / "two"
     cmd = _two_processes(model_files, two, flags)
+    _check(subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT))
+    _assert_same_run(one, two)
+
+
+@pytest.mark.slow  # a two-process torchrun and a one-process reference: about 20 s on two cores
+def test_two_reranker_processes_share_each_batch_and_train_as_one(model_files, tmp_path):
+    """A reranker's loss is a mean over queries: each process scores its half of the step's queries (in
+    micro-batches too), and the weights, loss and gradient norm are one process's on the whole batch."""
+    data = _tuples(tmp_path / "tuples.jsonl")
+    flags = {**FLAGS, "loss": "listwise", "train_file": str(data)}
+    one = tmp_path / "one"
+    run_train_reranker(args_for(TrainRerankerArgs, model_files, one, **flags, do_train=True))
+    two = tmp_path / "two"
+    cmd = _two_processes(model_files, two, flags, "--gradient_accumulation_steps=2", command="train-reranker")
     _check(subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT))
     _assert_same_run(one, two)
 

@@ -96,16 +96,16 @@ BLOCK_BATCHES = 16
 
 
 # ------------------------------------------------------------------------------------------- checks
-def _check_common(args: Any, accumulates: bool = False) -> None:
+def _check_common(args: Any, accumulates: bool = False, world_size: int = 1) -> None:
     """The flags both commands check; `accumulates`: the losses are means over queries, so that a batch may be
-    cut into --gradient_accumulation_steps micro-batches (the reranker's)."""
+    split over `world_size` processes and cut into --gradient_accumulation_steps micro-batches (the
+    reranker's)."""
     if not (args.do_train or args.do_eval):
         raise InputError("nothing to do: pass --do_train=true and/or --do_eval=true")
     args.check_no_tpu()
     check_flag_values(args)  # choices, minimums and finite numbers, from the flags' metadata
     if accumulates:
-        # Every rank steps on the whole batch (nothing is split over processes), cut into micro-batches.
-        check_batch_division(args.train_batch_size, 1, args.gradient_accumulation_steps)
+        check_batch_division(args.train_batch_size, world_size, args.gradient_accumulation_steps)
     elif args.gradient_accumulation_steps != 1:
         raise InputError(
             f"--gradient_accumulation_steps={args.gradient_accumulation_steps}: these losses compare every example "
@@ -638,7 +638,7 @@ class RerankerRun(_Run):
     args: TrainRerankerArgs
 
     def __init__(self, args: TrainRerankerArgs, dist: DistContext):
-        _check_common(args, accumulates=True)
+        _check_common(args, accumulates=True, world_size=dist.world_size)
         super().__init__(args, dist)
         self.loss = args.loss or "bce"
         self.data = read_training_data(args.train_file) if args.do_train and args.train_file else None
@@ -716,12 +716,14 @@ class RerankerRun(_Run):
 
     def batches(self, start_step: int) -> Iterator[list[dict[str, torch.Tensor]]]:
         """Each step's queries in --gradient_accumulation_steps micro-batches, each with all of its queries'
-        pairs: activations are held for one micro-batch's pairs at a time."""
+        pairs: activations are held for one micro-batch's pairs at a time. Under torchrun each process takes
+        its share of the step's queries (a reranker's loss has no in-batch terms)."""
         step, k = start_step, self.group_size
         while True:
             idx = self.plan.batch(step)
             micro_batches = []
-            for part in np.array_split(idx, self.args.gradient_accumulation_steps):
+            own = np.array_split(idx, self.dist.world_size)[self.dist.rank]
+            for part in np.array_split(own, self.args.gradient_accumulation_steps):
                 rows = (part[:, None] * k + np.arange(k)[None, :]).reshape(-1)  # [b * k], query-major
                 batch = self.sequences.collate(rows)
                 batch["labels"] = torch.from_numpy(self.labels[part].reshape(-1))
@@ -737,7 +739,8 @@ class RerankerRun(_Run):
 
         def fn(model, batch, totals):
             logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits[:, 0]
-            # Every loss is a mean over the queries (of equal groups): the micro-batches' shares add up to it.
+            # Every loss is a mean over the queries (of equal groups): the shares of the micro-batches of every
+            # process add up to it.
             value = spec.value(logits.view(-1, k), batch, args) * batch["share"]  # [b, k]: each query's pairs
             return value, {"loss": value.detach()}
 
