@@ -83,42 +83,24 @@ def build(engine: str, model_dir: Path, work: Path, threads: int, batch_size: in
 
 
 def build_openvino_int8(local: Path, calibration: Path | None):
+    from optimum.intel import OVQuantizationConfig
     from sentence_transformers import SentenceTransformer, export_static_quantized_openvino_model
 
-    model = SentenceTransformer(str(local), device="cpu", backend="openvino")
-    if calibration is not None:
-        try:
-            from optimum.intel import OVQuantizationConfig
-
-            # Its default calibration set is GLUE SST-2 train (from the Hub); the same sentences, read locally.
-            export_static_quantized_openvino_model(
-                model,
-                OVQuantizationConfig(),
-                str(local),
-                dataset_name=str(calibration),
-                dataset_config_name="default",
-                dataset_split="train",
-                column_name="sentence",
-            )
-            file_name = "openvino/openvino_model_qint8_quantized.xml"
-            quantized = SentenceTransformer(
-                str(local), device="cpu", backend="openvino", model_kwargs={"file_name": file_name}
-            )
-            return quantized, "export_static_quantized_openvino_model (static int8, SST-2 train calibration)"
-        except Exception as error:  # noqa: BLE001  (the bench reports which int8 it measured)
-            print(f"static int8 failed ({type(error).__name__}: {error}); weight-only int8 instead", file=sys.stderr)
-    # Without calibration data: optimum-intel's int8 weight compression, the dynamic-style fallback.
-    from optimum.intel import OVModelForFeatureExtraction, OVWeightQuantizationConfig
-
-    out = local.parent / "openvino_int8_weights"
-    OVModelForFeatureExtraction.from_pretrained(
-        str(local / "openvino"), quantization_config=OVWeightQuantizationConfig(bits=8)
-    ).save_pretrained(str(out))
-    shutil.copytree(out, local / "openvino_w8")
-    quantized = SentenceTransformer(
-        str(local), device="cpu", backend="openvino", model_kwargs={"file_name": "openvino_w8/openvino_model.xml"}
+    if calibration is None:
+        raise SystemExit("--calibration: st_openvino_int8 needs the folder of a train.csv with a `sentence` column")
+    # Its default calibration set is GLUE SST-2 train, from the Hub: the same sentences, read from a local CSV.
+    export_static_quantized_openvino_model(
+        SentenceTransformer(str(local), device="cpu", backend="openvino"),
+        OVQuantizationConfig(),
+        str(local),
+        dataset_name=str(calibration),
+        dataset_config_name="default",
+        dataset_split="train",
+        column_name="sentence",
     )
-    return quantized, "weight-only int8 (OVWeightQuantizationConfig(bits=8)): static int8 failed"
+    file_name = "openvino/openvino_model_qint8_quantized.xml"
+    model = SentenceTransformer(str(local), device="cpu", backend="openvino", model_kwargs={"file_name": file_name})
+    return model, "export_static_quantized_openvino_model, static int8 calibrated on SST-2 train"
 
 
 def build_fastembed(local: Path, work: Path, threads: int, batch_size: int):
@@ -129,6 +111,13 @@ def build_fastembed(local: Path, work: Path, threads: int, batch_size: int):
     exported = work / "onnx"
     if not (exported / "model.onnx").exists():
         main_export(str(local), output=str(exported), task="feature-extraction")
+        # fastembed truncates at tokenizer_config.json's max_length, which the export copies from tokenizer.json's
+        # 128; the model's max_seq_length (256, what sentence-transformers and ours read) instead, so that every
+        # engine embeds the same tokens of a passage.
+        config_file = exported / "tokenizer_config.json"
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        config["max_length"] = json.loads((local / "sentence_bert_config.json").read_text())["max_seq_length"]
+        config_file.write_text(json.dumps(config, indent=2), encoding="utf-8")
     name = "bench/all-MiniLM-L6-v2"
     TextEmbedding.add_custom_model(
         model=name,
@@ -143,7 +132,22 @@ def build_fastembed(local: Path, work: Path, threads: int, batch_size: int):
     def embed(texts: list[str]) -> np.ndarray:
         return np.stack(list(model.embed(texts, batch_size=batch_size))).astype(np.float32)
 
-    return embed, "optimum main_export + TextEmbedding.add_custom_model (mean pooling, normalized)"
+    max_length = json.loads((exported / "tokenizer_config.json").read_text(encoding="utf-8"))["max_length"]
+    return embed, f"optimum main_export, TextEmbedding.add_custom_model, mean pooling, max_length {max_length}"
+
+
+def versions(engine: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    names = ["transformers", "sentence-transformers", "torch", "onnxruntime", "openvino", "optimum", "fastembed"]
+    names += ["optimum-onnx" if "onnx" in engine or engine == "fastembed" else "optimum-intel"]
+    found = []
+    for name in names:
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            continue
+    return ", ".join(found)
 
 
 def main() -> None:
@@ -161,7 +165,7 @@ def main() -> None:
     sys.stdout = sys.stderr
     texts = json.loads(args.texts.read_text(encoding="utf-8"))
     embed, note = build(args.engine, args.model, args.work, args.threads, args.batch_size, args.calibration)
-    answers.write(json.dumps({"ready": True, "note": note}) + "\n")
+    answers.write(json.dumps({"ready": True, "note": note, "versions": versions(args.engine)}) + "\n")
     for line in sys.stdin:
         name = line.strip()
         start = time.perf_counter()
