@@ -97,7 +97,7 @@ def window_logits(teacher: Path, data: Path) -> np.ndarray:
 def test_squad_student_learns_the_teachers_spans_once_cached(data, teacher, tmp_path, caplog, monkeypatch):
     from bert.checkpoint import read_checkpoint
 
-    monkeypatch.setattr("bert.training.try_plot", lambda *a, **k: None)  # curves are test_squad's; 2 s a run here
+    monkeypatch.setattr("bert.run_dir.try_plot", lambda *a, **k: None)  # curves are test_squad's; 2 s a run here
 
     cache = tmp_path / "cache"
     result = run_squad(student_args(data, teacher, tmp_path / "a", teacher_cache_dir=str(cache)))
@@ -124,7 +124,7 @@ def test_squad_student_learns_the_teachers_spans_once_cached(data, teacher, tmp_
 def test_squad_v2_student_learns_the_teacher_alone_at_alpha_1(data, teacher, tmp_path, monkeypatch):
     """SQuAD 2.0 distils as 1.1 does, the null answer being [CLS] of each window: at --distill_alpha=1 the loss is
     the teacher's alone, unanswerable questions' windows included."""
-    monkeypatch.setattr("bert.training.try_plot", lambda *a, **k: None)
+    monkeypatch.setattr("bert.run_dir.try_plot", lambda *a, **k: None)
     flags = dict(train_file=str(data / "train-v2.json"), transfer_file=None, distill_alpha=1.0)
     run_squad(student_args(data, teacher, tmp_path / "v2", version_2_with_negative=True, **flags))
     logged = [m for m in read_metrics(tmp_path / "v2") if "kd_loss" in m]
