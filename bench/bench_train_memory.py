@@ -154,7 +154,7 @@ def main() -> None:
                 ]  # fmt: skip
                 r = peak_rss(command, version == "before", flags)
                 results[f"{part}_{version}"] = r
-                print(f"{command} ({version}): peak {r['peak_rss_mb']:.0f} MB, {r['wall_s']:.0f} s", flush=True)
+                print(f"{command} ({part}, {version}): peak {r['peak_rss_mb']:.0f} MB, {r['wall_s']:.0f} s", flush=True)
     if "step" in parts:
         results["step"] = step_times(opts.step_batch, opts.rounds)
     if opts.json:
