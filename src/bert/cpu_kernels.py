@@ -183,52 +183,48 @@ class Dropout(nn.Dropout):
 
 class _AttentionDropout(torch.autograd.Function):
     """dropout(softmax(q k^T * scale + mask_bias)) v, keeping for backward only q, k, v, the mask bias and the
-    dropout mask (bool). Autograd through these ops keeps the softmax, the dropout mask and the dropped
-    probabilities: 9 bytes per [B, N, T, T] element and layer where this keeps 1 (all-MiniLM-L6-v2, 96
-    sequences of 256 tokens: 680 MB a layer, 75 MB here). The backward pass computes the dropped
-    probabilities again under autograd, with the forward's autocast and that mask, one layer at a time; the
-    mask is kept rather than drawn again, which would cost more than the recomputed product and softmax
-    together. The ops and the random stream are `_CpuDropout`'s, so the gradients are the same bit for bit."""
+    dropout mask (bool), and recomputing the probabilities there. Autograd through the plain ops keeps the
+    softmax, the dropout mask and the dropped probabilities: 9 bytes per [B, N, T, T] element and layer where
+    this keeps 1 (all-MiniLM-L6-v2, 96 sequences of 256 tokens: 680 MB a layer, 75 MB here). The mask is kept
+    rather than drawn again, which would cost more than the recomputed product and softmax together. The ops,
+    their order and the random stream are `_CpuDropout`'s and autograd's, so the gradients are theirs."""
 
     @staticmethod
-    def _dropped(q, k, mask_bias: torch.Tensor | None, keep: torch.Tensor, scale: float, p: float) -> torch.Tensor:
+    def _probs(q, k, mask_bias: torch.Tensor | None, scale: float) -> torch.Tensor:
         scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [B, N, T, T]
         if mask_bias is not None:
             scores = scores + mask_bias
-        return scores.softmax(-1).mul(keep).mul_(1.0 / (1.0 - p))
+        return scores.softmax(-1)
 
     @staticmethod
     def forward(ctx, q, k, v, mask_bias: torch.Tensor | None, scale: float, p: float) -> torch.Tensor:
-        keep = torch.rand(q.shape[:-1] + k.shape[-2:-1]) >= p  # [B, N, T, T], as `_CpuDropout` draws it
+        probs = _AttentionDropout._probs(q, k, mask_bias, scale)
+        keep = torch.rand(probs.shape) >= p  # as `_CpuDropout` draws it
         ctx.save_for_backward(q, k, v, mask_bias, keep)
-        ctx.scale, ctx.p = scale, p
-        ctx.autocast = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
-        return torch.matmul(_AttentionDropout._dropped(q, k, mask_bias, keep, scale, p), v)  # [B, N, T, D]
+        ctx.scale, ctx.keep_scale = scale, 1.0 / (1.0 - p)
+        return torch.matmul(probs.mul_(keep).mul_(ctx.keep_scale), v)  # [B, N, T, D]
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        saved_q, saved_k, saved_v, saved_mask, keep = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        q, k, v = (t.detach().requires_grad_(n) for t, n in zip((saved_q, saved_k, saved_v), need))
-        mask_bias = None if saved_mask is None else saved_mask.detach().requires_grad_(need[3])
-        enabled, dtype = ctx.autocast
-        with torch.enable_grad(), torch.autocast("cpu", dtype=dtype, enabled=enabled):
-            dropped = _AttentionDropout._dropped(q, k, mask_bias, keep, ctx.scale, ctx.p)
-            # the casts autocast's matmul makes; the product itself is not run again, only its gradients:
-            dropped_in, v_in = (t.to(dtype) if enabled else t for t in (dropped, v))
-        grad_dropped = torch.matmul(grad, v_in.detach().transpose(-1, -2))  # [B, N, T, T]
-        grad_v_in = torch.matmul(dropped_in.detach().transpose(-1, -2), grad)  # [B, N, T, D]
-        outputs = [(o, g) for o, g in ((dropped_in, grad_dropped), (v_in, grad_v_in)) if o.requires_grad]
-        wanted = [t for t in (q, k, v, mask_bias) if t is not None and t.requires_grad]
-        found = iter(torch.autograd.grad([o for o, _ in outputs], wanted, [g for _, g in outputs], allow_unused=True))
-        grads = [next(found) if t is not None and t.requires_grad else None for t in (q, k, v, mask_bias)]
-        return (*grads, None, None)
+        q, k, v, mask_bias, keep = ctx.saved_tensors
+        probs = _AttentionDropout._probs(q, k, mask_bias, ctx.scale)
+        grad_v = torch.matmul(probs.mul(keep).mul_(ctx.keep_scale).transpose(-1, -2), grad)  # [B, N, T, D]
+        grad_probs = torch.matmul(grad, v.transpose(-1, -2)).mul_(keep).mul_(ctx.keep_scale)  # [B, N, T, T]
+        grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
+        grad_mask = grad_scores.sum_to_size(mask_bias.shape) if ctx.needs_input_grad[3] else None
+        grad_scores = grad_scores * ctx.scale
+        grad_q = torch.matmul(grad_scores, k)
+        grad_k = torch.matmul(q.transpose(-1, -2), grad_scores).transpose(-1, -2)
+        return grad_q, grad_k, grad_v, grad_mask, None, None
 
 
 def attention_dropout(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_bias: torch.Tensor | None, scale: float, p: float
 ) -> torch.Tensor:
     """dropout(softmax(q k^T * scale + mask_bias), p) v in training on the CPU, where SDPA has no dropout, with
-    the probabilities recomputed in the backward pass (`_AttentionDropout`)."""
+    the probabilities recomputed in the backward pass (`_AttentionDropout`). Under autocast the plain ops run
+    (autograd keeps the probabilities): the backward pass would have to make autocast's casts again."""
+    if torch.is_autocast_enabled("cpu"):
+        return torch.matmul(dropout(_AttentionDropout._probs(q, k, mask_bias, scale), p, True), v)
     return _AttentionDropout.apply(q, k, v, mask_bias, scale, p)

@@ -437,7 +437,7 @@ def test_cpu_training_attention_dropout_recomputes_probabilities_with_the_same_g
 
 @pytest.mark.parametrize("autocast", [False, True])
 def test_attention_dropout_gradients_equal_the_plain_ops_including_the_mask_bias(autocast):
-    """Also under bfloat16 autocast, whose casts the backward pass's recomputation must make again."""
+    """Also under bfloat16 autocast (which takes the plain ops)."""
     x = torch.randn(2, 5, 12, requires_grad=True)
     weight = torch.randn(36, 12, requires_grad=True)
     mask_bias = torch.randn(2, 1, 1, 5, requires_grad=True)
