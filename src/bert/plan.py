@@ -8,11 +8,11 @@ Memory per device, in bytes:
   of s tokens, hidden h, a heads, intermediate i), counted on this implementation's CPU kernels with dropout
   on (the released configs): fp32 copies of 8 [b, s, h] tensors and two bool dropout masks of that shape,
   2 [b, s, i] (the GELU's input and output), the bool dropout mask of the [b, a, s, s] attention
-  probabilities (the backward pass recomputes the probabilities: `cpu_kernels.attention_dropout`), and
-  LayerNorm statistics. On CUDA (not measured: no GPU here) the plan
-  counts 10 [b, s, h] and the fused SDPA kernels' [b, a, s] instead of [b, a, s, s]; bf16/fp16 halve the
-  tensors autocast computes. The embeddings keep 2 [b, s, h] and a bool mask, and the heads 4 h + V values
-  per masked position (the log-softmax over the vocabulary).
+  probabilities (the backward pass recomputes the probabilities: `cpu_kernels.attention_dropout`; under
+  autocast the probabilities before and after dropout too), and LayerNorm statistics. On CUDA (not
+  measured: no GPU here) the plan counts 10 [b, s, h] and the fused SDPA kernels' [b, a, s] instead of
+  [b, a, s, s]; bf16/fp16 halve the tensors autocast computes. The embeddings keep 2 [b, s, h] and a bool
+  mask, and the heads 4 h + V values per masked position (the log-softmax over the vocabulary).
   With `--gradient_checkpointing` each layer keeps its input only, and one layer's activations exist again
   while it is recomputed.
 - the peak: weights, optimizer state and the activations at the end of the forward pass, plus the larger
@@ -76,8 +76,9 @@ def _layer_bytes(config: BertConfig, shape: Shape, cuda: bool, half: bool) -> in
     b, s, h, i, a = shape.batch, shape.seq, config.hidden_size, config.intermediate_size, config.num_attention_heads
     if cuda:  # the fused SDPA kernels keep [b, a, s] log-sum-exps instead of the probabilities
         return (2 if half else FP32) * (10 * b * s * h + 2 * b * s * i) + b * a * s * FP32 + FP32 * 4 * b * s
-    # two bool dropout masks [b, s, h] and the attention probabilities' [b, a, s, s]
-    masks_and_scores = 2 * b * s * h + b * a * s * s
+    # two bool dropout masks [b, s, h] and the attention probabilities' [b, a, s, s]; under autocast the plain
+    # ops keep the probabilities (fp32: the mask bias promotes them) before and after dropout too
+    masks_and_scores = 2 * b * s * h + (2 * FP32 + 1 if half else 1) * b * a * s * s
     return (2 if half else FP32) * (8 * b * s * h + 2 * b * s * i) + masks_and_scores + FP32 * 4 * b * s
 
 
