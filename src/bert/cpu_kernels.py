@@ -1,7 +1,9 @@
 """CPU kernels of the model's layers, chosen at run time: oneDNN's Linear (with the feed-forward activation
-fused in inference), weights packed once for inference mode, and a faster dropout mask. Numerically each is the
-plain PyTorch operation it replaces (`F.linear`, `F.dropout`; tests/unit/test_modeling.py compares them), so
-`bert.modeling` reads as the original's `modeling.py` and calls these where it multiplies or drops out.
+fused in inference), weights packed once for inference mode, a faster dropout mask, and training's attention
+with dropout, its probabilities recomputed in the backward pass. Numerically each is the plain PyTorch
+operation it replaces (`F.linear`, `F.dropout`, autograd through softmax and matmul; tests/unit/test_modeling.py
+compares them), so `bert.modeling` reads as the original's `modeling.py` and calls these where it multiplies
+or drops out.
 """
 
 from __future__ import annotations
@@ -177,3 +179,52 @@ class Dropout(nn.Dropout):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dropout(x, self.p, self.training)
+
+
+class _AttentionDropout(torch.autograd.Function):
+    """dropout(softmax(q k^T * scale + mask_bias)) v, keeping for backward only q, k, v, the mask bias and the
+    dropout mask (bool), and recomputing the probabilities there. Autograd through the plain ops keeps the
+    softmax, the dropout mask and the dropped probabilities: 9 bytes per [B, N, T, T] element and layer where
+    this keeps 1 (all-MiniLM-L6-v2, 96 sequences of 256 tokens: 680 MB a layer, 75 MB here). The mask is kept
+    rather than drawn again, which would cost more than the recomputed product and softmax together. The ops,
+    their order and the random stream are `_CpuDropout`'s and autograd's, so the gradients are theirs."""
+
+    @staticmethod
+    def _probs(q, k, mask_bias: torch.Tensor | None, scale: float) -> torch.Tensor:
+        scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [B, N, T, T]
+        if mask_bias is not None:
+            scores = scores + mask_bias
+        return scores.softmax(-1)
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask_bias: torch.Tensor | None, scale: float, p: float) -> torch.Tensor:
+        probs = _AttentionDropout._probs(q, k, mask_bias, scale)
+        keep = torch.rand(probs.shape) >= p  # as `_CpuDropout` draws it
+        ctx.save_for_backward(q, k, v, mask_bias, keep)
+        ctx.scale, ctx.keep_scale = scale, 1.0 / (1.0 - p)
+        return torch.matmul(probs.mul_(keep).mul_(ctx.keep_scale), v)  # [B, N, T, D]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        q, k, v, mask_bias, keep = ctx.saved_tensors
+        probs = _AttentionDropout._probs(q, k, mask_bias, ctx.scale)
+        grad_v = torch.matmul(probs.mul(keep).mul_(ctx.keep_scale).transpose(-1, -2), grad)  # [B, N, T, D]
+        grad_probs = torch.matmul(grad, v.transpose(-1, -2)).mul_(keep).mul_(ctx.keep_scale)  # [B, N, T, T]
+        grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
+        grad_mask = grad_scores.sum_to_size(mask_bias.shape) if ctx.needs_input_grad[3] else None
+        grad_scores = grad_scores * ctx.scale
+        grad_q = torch.matmul(grad_scores, k)
+        grad_k = torch.matmul(q.transpose(-1, -2), grad_scores).transpose(-1, -2)
+        return grad_q, grad_k, grad_v, grad_mask, None, None
+
+
+def attention_dropout(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_bias: torch.Tensor | None, scale: float, p: float
+) -> torch.Tensor:
+    """dropout(softmax(q k^T * scale + mask_bias), p) v in training on the CPU, where SDPA has no dropout, with
+    the probabilities recomputed in the backward pass (`_AttentionDropout`). Under autocast the plain ops run
+    (autograd keeps the probabilities): the backward pass would have to make autocast's casts again."""
+    if torch.is_autocast_enabled("cpu"):
+        return torch.matmul(dropout(_AttentionDropout._probs(q, k, mask_bias, scale), p, True), v)
+    return _AttentionDropout.apply(q, k, v, mask_bias, scale, p)

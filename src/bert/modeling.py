@@ -154,12 +154,8 @@ class BertSelfAttention(nn.Module):
         q, k, v = self._heads(q), self._heads(k), self._heads(v)  # [B, N, T, D]
         # softmax(q k^T / sqrt(D) + mask_bias) v, mask_bias [B, 1, 1, T] masks padded keys only.
         if self.training and self.dropout_p > 0.0 and q.device.type == "cpu" and kernels.native_kernels():
-            # SDPA's CPU kernels have no dropout: it would take this same math path, with F.dropout's mask.
-            scores = torch.matmul(q, k.transpose(-1, -2)) * self.head_size**-0.5  # [B, N, T, T]
-            if mask_bias is not None:
-                scores = scores + mask_bias
-            probs = kernels.dropout(scores.softmax(-1), self.dropout_p, True)
-            context = torch.matmul(probs, v)  # [B, N, T, D]
+            # SDPA's CPU kernels have no dropout: it would take this math path, keeping [B, N, T, T] tensors.
+            context = kernels.attention_dropout(q, k, v, mask_bias, self.head_size**-0.5, self.dropout_p)
         else:
             context = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask_bias, dropout_p=self.dropout_p if self.training else 0.0

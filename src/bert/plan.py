@@ -7,11 +7,12 @@ Memory per device, in bytes:
 - activations: what autograd keeps for the backward pass of one micro-batch. Per encoder layer (b sequences
   of s tokens, hidden h, a heads, intermediate i), counted on this implementation's CPU kernels with dropout
   on (the released configs): fp32 copies of 8 [b, s, h] tensors and two bool dropout masks of that shape,
-  2 [b, s, i] (the GELU's input and output), the [b, a, s, s] attention probabilities before and after
-  dropout and its bool mask, and LayerNorm statistics. On CUDA (not measured: no GPU here) the plan
-  counts 10 [b, s, h] and the fused SDPA kernels' [b, a, s] instead of [b, a, s, s]; bf16/fp16 halve the
-  tensors autocast computes. The embeddings keep 2 [b, s, h] and a bool mask, and the heads 4 h + V values
-  per masked position (the log-softmax over the vocabulary).
+  2 [b, s, i] (the GELU's input and output), the bool dropout mask of the [b, a, s, s] attention
+  probabilities (the backward pass recomputes the probabilities: `cpu_kernels.attention_dropout`; under
+  autocast the probabilities before and after dropout too), and LayerNorm statistics. On CUDA (not
+  measured: no GPU here) the plan counts 10 [b, s, h] and the fused SDPA kernels' [b, a, s] instead of
+  [b, a, s, s]; bf16/fp16 halve the tensors autocast computes. The embeddings keep 2 [b, s, h] and a bool
+  mask, and the heads 4 h + V values per masked position (the log-softmax over the vocabulary).
   With `--gradient_checkpointing` each layer keeps its input only, and one layer's activations exist again
   while it is recomputed.
 - the peak: weights, optimizer state and the activations at the end of the forward pass, plus the larger
@@ -21,7 +22,8 @@ Memory per device, in bytes:
 
 FLOPs per step: matrix products only (2 multiply-adds per weight per token, attention's two products of
 s x s x h per sequence), forward x 3 for forward and backward (x 4 for the encoder with gradient
-checkpointing, which recomputes its forward), over the global batch. `tests/unit/test_plan.py` checks the
+checkpointing, which recomputes its forward; on the CPU with attention dropout plus QK^T once more, which
+its backward pass recomputes), over the global batch. `tests/unit/test_plan.py` checks the
 count against `torch.utils.flop_counter.FlopCounterMode`.
 
 Time: FLOPs / (devices x peak FLOP/s x MFU). The peaks are the vendors' dense figures (`DEVICES`).
@@ -74,8 +76,9 @@ def _layer_bytes(config: BertConfig, shape: Shape, cuda: bool, half: bool) -> in
     b, s, h, i, a = shape.batch, shape.seq, config.hidden_size, config.intermediate_size, config.num_attention_heads
     if cuda:  # the fused SDPA kernels keep [b, a, s] log-sum-exps instead of the probabilities
         return (2 if half else FP32) * (10 * b * s * h + 2 * b * s * i) + b * a * s * FP32 + FP32 * 4 * b * s
-    # two bool dropout masks [b, s, h]; the probabilities before and after dropout and its bool mask
-    masks_and_scores = 2 * b * s * h + (2 * FP32 + 1) * b * a * s * s
+    # two bool dropout masks [b, s, h] and the attention probabilities' [b, a, s, s]; under autocast the plain
+    # ops keep the probabilities (fp32: the mask bias promotes them) before and after dropout too
+    masks_and_scores = 2 * b * s * h + (2 * FP32 + 1 if half else 1) * b * a * s * s
     return (2 if half else FP32) * (8 * b * s * h + 2 * b * s * i) + masks_and_scores + FP32 * 4 * b * s
 
 
@@ -93,14 +96,18 @@ def activation_bytes(
     return config.num_hidden_layers * layer + embeddings + heads
 
 
-def step_flops(config: BertConfig, shape: Shape, gradient_checkpointing: bool = False) -> int:
-    """Matrix-product FLOPs of one training step on `shape` (forward and backward)."""
+def step_flops(
+    config: BertConfig, shape: Shape, gradient_checkpointing: bool = False, recompute_attention: bool = False
+) -> int:
+    """Matrix-product FLOPs of one training step on `shape` (forward and backward); `recompute_attention`:
+    QK^T once more per layer, as the CPU's attention dropout recomputes it (`cpu_kernels.attention_dropout`)."""
     b, s, m = shape.batch, shape.seq, shape.predictions
     h, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
     layer = b * s * (2 * 4 * h * h + 2 * 2 * h * i) + 2 * 2 * b * s * s * h  # QKV + output, FFN; QK^T and PV
     encoder = config.num_hidden_layers * layer
     heads = b * m * (2 * h * h + 2 * h * v) + b * (2 * h * h + 2 * h * 2)  # MLM transform + decoder; pooler + NSP
-    return 3 * (encoder + heads) + (encoder if gradient_checkpointing else 0)
+    recomputed = config.num_hidden_layers * 2 * b * s * s * h if recompute_attention else 0
+    return 3 * (encoder + heads) + (encoder if gradient_checkpointing else 0) + recomputed
 
 
 def parse_devices(spec: str) -> tuple[int, str]:
@@ -175,8 +182,9 @@ def make_plan(
             "activations": act,
             "peak": weights + states + act + max(weights, head_grads),
         }
+    recompute = not cuda and config.attention_probs_dropout_prob > 0
     flops = {
-        name: step_flops(config, Shape(train_batch_size, max_seq_length, max_predictions_per_seq), ckpt)
+        name: step_flops(config, Shape(train_batch_size, max_seq_length, max_predictions_per_seq), ckpt, recompute)
         for name, ckpt in (("no_checkpointing", False), ("gradient_checkpointing", True))
     }
     if kind == "cpu":

@@ -1,5 +1,6 @@
 import pytest
 import torch
+import torch.nn.functional as F
 
 from bert import cpu_kernels
 from bert.errors import InputError
@@ -389,3 +390,64 @@ def test_bfloat16_encoder_runs_onednn_where_the_cpu_multiplies_bfloat16(tiny_con
     calls = sum(e.count for e in prof.key_averages() if e.key == "mkldnn::_linear_pointwise")
     # six per block where oneDNN multiplies bfloat16; the float32 pooler's one always
     assert calls == (6 * tiny_config.num_hidden_layers if cpu_kernels.bf16_in_hardware() else 0) + 1
+
+
+def _plain_attention(q, k, v, mask_bias, scale, p):
+    """The attention core through autograd's plain ops, which keep every [B, N, T, T] tensor for backward."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if mask_bias is not None:
+        scores = scores + mask_bias
+    return torch.matmul(cpu_kernels.dropout(scores.softmax(-1), p, True), v)
+
+
+def test_cpu_training_attention_dropout_recomputes_probabilities_with_the_same_gradients(tiny_config, monkeypatch):
+    """With attention dropout on the CPU, backward keeps no float [B, N, T, T] tensor (only the bool dropout
+    mask) and the loss and every gradient equal autograd's through the plain ops, from the same seed."""
+    tiny_config.attention_probs_dropout_prob = 0.3
+    ids, mask, types = _inputs(tiny_config)
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(tiny_config, num_labels=2).train()
+    labels = torch.ones(B, dtype=torch.long)
+
+    def step():
+        torch.manual_seed(1)
+        model.zero_grad()
+        square = []  # the shapes of the [B, N, T, T] tensors autograd keeps, with their dtype
+
+        def pack(t):
+            if t.dim() == 4 and t.shape[-2:] == (T, T):
+                square.append(t.dtype)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model(ids, mask, types, labels=labels).loss
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()], square
+
+    loss, grads, square = step()
+    with monkeypatch.context() as m:
+        m.setattr(cpu_kernels, "attention_dropout", _plain_attention)
+        expected_loss, expected, plain_square = step()
+    assert square == [torch.bool] * tiny_config.num_hidden_layers
+    assert torch.float32 in plain_square  # the test sees what the plain ops keep
+    assert torch.equal(loss, expected_loss)
+    for a, b in zip(grads, expected):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_attention_dropout_gradients_equal_the_plain_ops_including_the_mask_bias(autocast):
+    """Also under bfloat16 autocast (which takes the plain ops)."""
+    x = torch.randn(2, 5, 12, requires_grad=True)
+    weight = torch.randn(36, 12, requires_grad=True)
+    mask_bias = torch.randn(2, 1, 1, 5, requires_grad=True)
+    grads = []
+    for fn in (cpu_kernels.attention_dropout, _plain_attention):
+        torch.manual_seed(0)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            q, k, v = (t.view(2, 5, 3, 4).transpose(1, 2) for t in F.linear(x, weight).split(12, -1))
+            out = fn(q, k, v, mask_bias, 0.5, 0.2)
+        weights = torch.arange(out.numel()).view_as(out) / 7.0
+        grads.append(torch.autograd.grad((out.float() * weights).sum(), (x, weight, mask_bias)))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)

@@ -45,7 +45,8 @@ def test_flops_per_step_equal_torchs_flop_counter(checkpointing, monkeypatch):
     model.gradient_checkpointing_enable(checkpointing)
     with FlopCounterMode(display=False) as counter:
         model(**_batch(config, shape)).total_loss.backward()
-    assert step_flops(config, shape, checkpointing) == counter.get_total_flops()
+    # attention dropout on the CPU recomputes QK^T in the backward pass (`cpu_kernels.attention_dropout`)
+    assert step_flops(config, shape, checkpointing, recompute_attention=True) == counter.get_total_flops()
 
 
 SHAPES = [({}, Shape(4, 32, 5)), (dict(num_attention_heads=8, intermediate_size=96), Shape(2, 48, 7))]
