@@ -5,7 +5,6 @@ multiple choice, and bad input (exit 2, one line, nothing written)."""
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from bert.commands.squad import SquadArgs, run_squad
 from bert.inference import Predictor
 from bert.metrics import iob_chunks
 from bert.tasks.ner import read_prediction_file
-from conftest import cli_error, save_tiny_model, shared_path
+from conftest import cli_error, save_tiny_model, shared_path, squad_slice
 
 
 @pytest.fixture(scope="module")
@@ -84,32 +83,11 @@ def test_predict_equals_classify_test_results(uncased_model, tmp_path):
 
 
 # ------------------------------------------------------------------------------------- question answering
-def squad_slice(start: int, count: int, path: Path, training: bool) -> Path:
-    """Questions `start .. start + count - 1` of dev-v1.1 with their paragraphs (one answer each for training)."""
-    with gzip.open(shared_path("data", "squad", "dev-v1.1.json.gz"), "rt", encoding="utf-8") as f:
-        dev = json.load(f)
-    data, index = [], 0
-    for article in dev["data"]:
-        paragraphs = []
-        for paragraph in article["paragraphs"]:
-            qas = []
-            for qa in paragraph["qas"]:
-                if start <= index < start + count:
-                    qas.append({**qa, "answers": qa["answers"][:1]} if training else qa)
-                index += 1
-            if qas:
-                paragraphs.append({"context": paragraph["context"], "qas": qas})
-        if paragraphs:
-            data.append({"title": article["title"], "paragraphs": paragraphs})
-    path.write_text(json.dumps({"version": "1.1", "data": data}), encoding="utf-8")
-    return path
-
-
 def test_predict_answers_equal_squad_predictions(tmp_path_factory):
     d = tmp_path_factory.mktemp("squad")
     files = save_tiny_model(d, shared_path("data", "vocab", "uncased.txt"), True, max_position_embeddings=128)
-    train = squad_slice(0, 16, d / "train.json", training=True)
-    predict = squad_slice(200, 30, d / "predict.json", training=False)
+    train = squad_slice("1.1", 0, 16, d / "train.json", training=True)
+    predict = squad_slice("1.1", 200, 30, d / "predict.json", training=False)
     out = d / "out"
     windows = dict(max_seq_length=128, max_query_length=32, doc_stride=32)
     run_squad(
