@@ -9,9 +9,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from conftest import REPO
 
 
+@pytest.mark.slow  # a pytest run in a subprocess: 7 s of the 10-minute default run
 def test_the_run_ends_by_counting_the_tests_skipped_for_missing_shared_data(tmp_path):
     tests = tmp_path / "tests"
     tests.mkdir()

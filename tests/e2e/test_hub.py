@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -160,3 +161,16 @@ def test_train_embeddings_starts_from_a_hub_id_and_its_card_names_it(offline, mo
     assert card.data.base_model == "org/tiny" and card.data.pipeline_tag == "sentence-similarity"
     snapshot = offline / "models--org--tiny" / "snapshots" / MAIN
     assert f"--init_checkpoint={snapshot}" in card.text  # the command line as run: the snapshot it read
+
+
+def test_the_readmes_hub_id_recipe_embeds_from_the_cache(offline, local_vectors, tmp_path):
+    """The README's `bert embed --model=ORG/NAME` line, run as written in a shell against the cache (its
+    `hf download` line needs the network, which the test cache stands in for)."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    block = next(b for b in readme.split("```sh\n")[1:] if "HF_HUB_OFFLINE=1 bert embed" in b).split("```")[0]
+    command = next(c for c in block.replace("\\\n", " ").splitlines() if c.startswith("HF_HUB_OFFLINE=1 bert embed"))
+    assert f"--model={REPO}" in command
+    (tmp_path / "sentences.txt").write_text("\n".join(SENTENCES) + "\n")
+    done = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    np.testing.assert_array_equal(np.load(tmp_path / "vectors.npy"), local_vectors)
