@@ -454,6 +454,8 @@ class FeatureTeacher:
     kind = ""  # the distillation loss's kind (`KINDS`)
     outputs_name = ""  # what the cache holds, in its key
     columns: list[int]  # the teacher's output columns, in the student's order (set by the subclass)
+    architecture = ""  # the head the teacher must be (config.json's architectures), when the subclass names one
+    made_by = ""  # where such a teacher comes from, for the error
 
     def __init__(
         self,
@@ -466,6 +468,13 @@ class FeatureTeacher:
     ):
         self.teacher, self.dtype, self.quantize = teacher, dtype, quantize
         config = teacher_config(teacher)
+        if self.architecture:
+            named = (config.extra.get("architectures") or ["none named"])[0]
+            if named != self.architecture:
+                raise InputError(
+                    f"--teacher={teacher} is a {named} (config.json architectures), not a {self.architecture}; "
+                    f"distil from {self.made_by}"
+                )
         base = _teacher_base(teacher)
         if not (base / VOCAB_NAME).is_file() or load_vocab(base / VOCAB_NAME) != load_vocab(vocab_file):
             raise InputError(
@@ -570,24 +579,9 @@ class SpanTeacher(FeatureTeacher):
 
     kind = "span"
     outputs_name = "span_logits"
-
-    def __init__(
-        self,
-        teacher: str,
-        vocab_file: str,
-        do_lower_case: bool,
-        max_seq_length: int,
-        dtype: str = "float32",
-        quantize: str = "none",
-    ):
-        architectures = teacher_config(teacher).extra.get("architectures") or ["none named"]
-        if architectures[0] != "BertForQuestionAnswering":
-            raise InputError(
-                f"--teacher={teacher} is a {architectures[0]} (config.json architectures), not a "
-                "BertForQuestionAnswering; distil from a SQuAD model, such as OUTPUT/model of `bert squad`"
-            )
-        super().__init__(teacher, vocab_file, do_lower_case, max_seq_length, dtype, quantize)
-        self.columns = [0, 1]  # start, end
+    columns = [0, 1]  # start, end
+    architecture = "BertForQuestionAnswering"
+    made_by = "a SQuAD model, such as OUTPUT/model of `bert squad`"
 
 
 def _read_tokenizer_casing(base: Path) -> bool | None:
