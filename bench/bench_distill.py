@@ -10,6 +10,7 @@ The teacher is all-MiniLM-L6-v2 fine-tuned by `bert classify` on the task (`--te
   paper's three settings (Turc et al. 2019): pre-trained distillation (its weights + the teacher), distillation
   alone (random init of its shape + the teacher), fine-tuning alone (its weights, labels only), and random init
   on the labels alone.
+With `--mrpc_transfer_stsb`, MRPC's transfer set adds STS-B's train and test pairs (unlabelled) to its test pairs.
 All students: `--student_lr`, batch 32, 3 epochs, max_seq_length 128 (SST-2: 64). SST-2's 67,349 training
 sentences would take the teacher hours on a CPU: its runs train on `--sst2_train_examples` of them drawn with
 seed 0, and its transfer set is `--sst2_transfer_examples` other training sentences without their labels.
@@ -278,6 +279,22 @@ def task_data(task: str, runs: Path, train_examples: int | None, transfer_exampl
     return data, data / "transfer.tsv"
 
 
+def mrpc_transfer_with_stsb(runs: Path) -> Path:
+    """MRPC's test pairs and STS-B's train and test pairs (news headlines, forum posts, captions), without
+    labels, in MRPC's test layout: a transfer set four times MRPC's own, of sentence pairs the teacher labels."""
+    path = runs / "MRPC" / "transfer_test_stsb.tsv"
+    if not path.is_file():
+        glue = SHARED / "glue"
+        lines = (glue / "MRPC" / "test.tsv").read_text(encoding="utf-8-sig").splitlines()
+        for split in ("train", "test"):
+            rows = (glue / "STS-B" / f"{split}.tsv").read_text(encoding="utf-8").splitlines()[1:]
+            cells = [row.split("\t") for row in rows]
+            lines += [f"{len(lines) - 1}\tstsb\tstsb\t{c[7]}\t{c[8]}" for c in cells]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
 def classify(out: Path, task: str, data: Path, *flags: str) -> dict:
     """`bert classify` on the shared GLUE task into `out` (skipped when it finished before); its dev results."""
     results = out / "eval_results.json"
@@ -315,6 +332,8 @@ def part_a(args, tmp: Path, seeds: list[int]) -> dict:
         teacher_dir = runs / task / "teacher"
         sample = args.sst2_train_examples if task == "SST-2" else None
         data, transfer_file = task_data(task, runs, sample, args.sst2_transfer_examples)
+        if task == "MRPC" and args.mrpc_transfer_stsb:
+            transfer_file = mrpc_transfer_with_stsb(runs)
         teacher = classify(
             teacher_dir, task, data, f"--init_checkpoint={minilm()}", f"--learning_rate={args.teacher_lr}"
         )
@@ -503,6 +522,9 @@ def main() -> None:
     p.add_argument("--compact_seeds", default=None, help="(a) the seeds of the compact rows (default: --seeds)")
     p.add_argument("--sst2_train_examples", type=int, default=4000, help="(a) SST-2 training examples drawn")
     p.add_argument("--sst2_transfer_examples", type=int, default=8000, help="(a) other SST-2 sentences, unlabelled")
+    p.add_argument(
+        "--mrpc_transfer_stsb", action="store_true", help="(a) MRPC's transfer set: its test pairs and STS-B's"
+    )
     p.add_argument("--teacher_lr", default="2e-5", help="(a) the teacher's fine-tuning learning rate")
     p.add_argument("--student_lr", default="1e-4", help="(a) the students' learning rate")
     p.add_argument("--distill_alpha", default="0.5", help="(a) the distilled students' --distill_alpha")
