@@ -365,6 +365,27 @@ def _make_dirs(path: Path, created: list[Path]) -> None:
         created.append(d)
 
 
+def _outputs(
+    files: Mapping[str, str | os.PathLike | Sequence[str | os.PathLike] | None],
+    dirs: Mapping[str, str | os.PathLike | None],
+    trees: Mapping[str, str | os.PathLike | None],
+    derived: Mapping[str, Iterable[str]],
+) -> list[Output]:
+    """`claim`'s outputs, each path resolved (the unset ones left out)."""
+    outs = []
+    tables: tuple[tuple[str, Mapping[str, Any]], ...] = (("file", files), ("dir", dirs), ("tree", trees))
+    for kind, table in tables:
+        for flag, value in table.items():
+            values = [value] if value is None or isinstance(value, (str, os.PathLike)) else value
+            for v in values:
+                if v is None or str(v) == "":
+                    continue
+                path = _resolved(v)
+                suffixes = tuple(derived.get(flag, ()))
+                outs.append(Output(flag, path, kind, tuple(path.name + s for s in suffixes)))
+    return outs
+
+
 @contextlib.contextmanager
 def claim(
     command: str,
@@ -393,16 +414,7 @@ def claim(
     Raises:
         InputError: a path of the wrong kind, not writable, also an input, or in use by another run.
     """
-    outs = []
-    for kind, table in (("file", files or {}), ("dir", dirs or {}), ("tree", trees or {})):
-        for flag, value in table.items():
-            values = [value] if value is None or isinstance(value, (str, os.PathLike)) else value
-            for v in values:
-                if v is None or str(v) == "":
-                    continue
-                path = _resolved(v)
-                suffixes = tuple((derived or {}).get(flag, ()))
-                outs.append(Output(flag, path, kind, tuple(path.name + s for s in suffixes)))
+    outs = _outputs(files or {}, dirs or {}, trees or {}, derived or {})
     for out in outs:
         check_output(out)
         check_not_an_input(out, inputs or {}, inputs_inside)
