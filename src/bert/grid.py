@@ -51,12 +51,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bert.errors import InputError
 from bert.metrics import greater_is_better
 from bert.outputs import atomic_directory, claim
 from bert.utils import atomic_write, load_json_file, log_to_file, print_result, progress, write_run_info
+
+if TYPE_CHECKING:
+    from bert.flags import FinetuneArgs, TrainingArgs
 
 logger = logging.getLogger(__name__)
 
@@ -72,10 +75,10 @@ class Cell:
 
     name: str
     values: dict[str, Any]
-    args: Any
+    args: FinetuneArgs
 
 
-def grid_fields(args: Any) -> list[dataclasses.Field]:
+def grid_fields(args: TrainingArgs | type[TrainingArgs]) -> list[dataclasses.Field]:
     """The grid flags of an Args class or instance, in field order."""
     return [f for f in dataclasses.fields(args) if f.metadata.get("grid")]
 
@@ -103,7 +106,7 @@ def list_type(scalar: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
-def is_grid(args: Any) -> bool:
+def is_grid(args: FinetuneArgs) -> bool:
     """Whether a grid flag of `args` holds a list (of values to run a grid over)."""
     return any(isinstance(getattr(args, f.name), list) for f in grid_fields(args))
 
@@ -116,7 +119,7 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-def expand(args: Any, dev_flag: str) -> list[Cell] | None:
+def expand(args: FinetuneArgs, dev_flag: str) -> list[Cell] | None:
     """The cells of a grid, or None for an ordinary run (after the checks that concern it).
 
     `dev_flag` is the task's flag that scores the dev set (`FinetuneTask.dev_flag`), which ranks the cells.
@@ -160,7 +163,7 @@ def expand(args: Any, dev_flag: str) -> list[Cell] | None:
     return cells
 
 
-def _values(args: Any, f: dataclasses.Field) -> list[Any]:
+def _values(args: FinetuneArgs, f: dataclasses.Field) -> list[Any]:
     value = getattr(args, f.name)
     return list(value) if isinstance(value, list) else [value]
 
@@ -173,7 +176,7 @@ def _flag_text(value: Any) -> str:
     return str(value)
 
 
-def command_line(args: Any) -> list[str]:
+def command_line(args: TrainingArgs) -> list[str]:
     """The flags that make `bert COMMAND` run with `args`: every flag whose value is not its default (so a
     flag added to a command later is passed on too).
 
@@ -367,7 +370,7 @@ def _check_output_dir(output_dir: Path) -> None:
 
 
 def run_grid(
-    args: Any,
+    args: FinetuneArgs,
     cells: Sequence[Cell],
     command: str,
     metric: str,

@@ -443,7 +443,7 @@ def claim(
 
 
 # ------------------------------------------------------------------------------------------ OS errors
-def _flag_of(path: str, args: Any) -> str | None:
+def _flag_of(path: str, args: object) -> str | None:
     """The flag of `args` whose value is `path` or a directory above it."""
     if args is None or not dataclasses.is_dataclass(args):
         return None
@@ -471,7 +471,7 @@ def final_path(path: str) -> str:
     return str(Path(*[(m.group("base") if (m := TEMP_NAME.match(part)) else part) for part in parts]))
 
 
-def os_error_message(e: OSError, args: Any = None) -> str:
+def os_error_message(e: OSError, args: object = None) -> str:
     """One line for an `OSError` met while reading or writing: what, where, which flag, and the fix."""
     path = final_path(str(e.filename)) if e.filename is not None else None
     flag = _flag_of(path, args) if path else None

@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -45,6 +45,9 @@ from bert.pretraining.streaming import (
 )
 from bert.utils import atomic_write, progress, text_size, write_run_info
 
+if TYPE_CHECKING:
+    from bert.commands.create_pretraining_data import CreatePretrainingDataArgs
+
 logger = logging.getLogger(__name__)
 
 _LOGGED_EXAMPLES = 20  # the original logs its first 20 instances
@@ -60,7 +63,7 @@ def create_pretraining_data(
     num_workers: int = 1,
     buffer_mb: float = 4.0,
     decode_errors: str = "strict",
-    run_args: Any = None,
+    run_args: CreatePretrainingDataArgs | None = None,
     shard: tuple[int, int] = (0, 1),
 ) -> dict[str, Any]:
     """Write the instances of `inputs` to `outputs` and return the corpus statistics.
@@ -197,7 +200,7 @@ class _Sink:
         tokenizer: Any,
         num_workers: int,
         buffer_mb: float,
-        run_args: Any = None,
+        run_args: CreatePretrainingDataArgs | None = None,
         shard: tuple[int, int] = (0, 1),
     ) -> None:
         self.settings, self.inputs, self.outputs, self.fmt, self.mode = settings, inputs, outputs, fmt, mode

@@ -47,7 +47,7 @@ from bert.tokenization import FullTokenizer
 from bert.utils import format_scores, print_result, progress
 
 if TYPE_CHECKING:
-    from bert.commands.train_embeddings import TrainEmbeddingsArgs
+    from bert.commands.train_embeddings import SentenceTrainingArgs, TrainEmbeddingsArgs
     from bert.commands.train_reranker import TrainRerankerArgs
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ BLOCK_BATCHES = 16
 
 
 # ------------------------------------------------------------------------------------------- checks
-def check_common(args: Any, accumulates: bool = False, world_size: int = 1) -> None:
+def check_common(args: SentenceTrainingArgs, accumulates: bool = False, world_size: int = 1) -> None:
     """The flags both commands check; `accumulates`: the losses are means over queries, so that a batch may be
     split over `world_size` processes and cut into --gradient_accumulation_steps micro-batches (the
     reranker's)."""
