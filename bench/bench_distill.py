@@ -78,7 +78,7 @@ from bert.commands.train_embeddings import TrainEmbeddingsArgs
 from bert.inference import Predictor
 from bert.sentence import evaluation
 from bert.sentence.data import read_beir, read_training_data
-from bert.sentence.runner import train_embeddings
+from bert.sentence.embedding_run import train_embeddings
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 LAYERS = [0, 2, 4]

@@ -47,7 +47,9 @@ from bert.commands.train_reranker import TrainRerankerArgs
 from bert.inference import Predictor
 from bert.sentence import evaluation
 from bert.sentence.data import read_beir, read_training_data
-from bert.sentence.runner import mine_negatives, train_embeddings, train_reranker
+from bert.sentence.embedding_run import train_embeddings
+from bert.sentence.reranker_run import train_reranker
+from bert.sentence.runner import mine_negatives
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

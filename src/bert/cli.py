@@ -243,6 +243,17 @@ def _group(parser: argparse.ArgumentParser, groups: dict, args_cls: type, name: 
     return groups[owner]
 
 
+def _help_text(f: dataclasses.Field, has_default: bool, default: Any) -> str:
+    """A flag's help: its field's, with its default and, for a model, the Hub ids it also takes."""
+    help_text = f.metadata.get("help", "")
+    # A None default means "unset"; where unset does something, the help text says what.
+    if has_default and default is not None:
+        help_text += f" (default: {default})"
+    if f.metadata.get("model"):
+        help_text += " Or a Hugging Face Hub id, org/name[@revision], read from the Hugging Face cache (bert.hub)."
+    return help_text
+
+
 def add_dataclass_flags(parser: argparse.ArgumentParser, args_cls: type) -> None:
     """Add one `--name` flag per field of `args_cls`; fields without a default are required. Flags of
     shared groups (base classes) are listed under their group's title in `--help`.
@@ -261,12 +272,7 @@ def add_dataclass_flags(parser: argparse.ArgumentParser, args_cls: type) -> None
         tp, _ = _field_type(f, hints)
         has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
         default = f.default if f.default is not dataclasses.MISSING else None
-        help_text = f.metadata.get("help", "")
-        # A None default means "unset"; where unset does something, the help text says what.
-        if has_default and default is not None:
-            help_text += f" (default: {default})"
-        if f.metadata.get("model"):
-            help_text += " Or a Hugging Face Hub id, org/name[@revision], read from the Hugging Face cache (bert.hub)."
+        help_text = _help_text(f, has_default, default)
         flag = f"--{f.name}"
         if f.metadata.get("positional"):
             many = typing.get_origin(hints[f.name]) is list

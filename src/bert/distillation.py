@@ -177,23 +177,7 @@ def cached_teacher_outputs(
     tmp = Path(tmp_name)
     shape = (int(num_rows), *(int(d) for d in row_shape))
     try:
-        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
-        starts = range(0, num_rows, batch_rows)
-        for start in progress(starts, desc=desc, unit="chunk", total=len(starts)):
-            stop = min(start + batch_rows, num_rows)
-            with torch.inference_mode():  # the teacher is never trained: no graph, no gradients
-                rows = np.asarray(compute(start, stop), dtype=np.float32)
-            if rows.shape != (stop - start, *shape[1:]):
-                raise ValueError(f"{desc}: compute({start}, {stop}) returned shape {rows.shape}, not {shape[1:]}")
-            if not np.isfinite(rows).all():
-                bad = start + int(np.argwhere(~np.isfinite(rows.reshape(len(rows), -1)).all(axis=1))[0, 0])
-                raise InputError(
-                    f"{desc}: the teacher's output for row {bad} is not a finite number (NaN or inf); check the "
-                    "teacher model (run it with `bert predict`) or the data"
-                )
-            out[start:stop] = rows
-        out.flush()
-        del out
+        _compute_into(tmp, shape, compute, batch_rows, desc)
         os.replace(tmp, array_path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -202,6 +186,31 @@ def cached_teacher_outputs(
         f.write(json.dumps(expected, indent=2, sort_keys=True) + "\n")
     logger.info("%s: %d outputs computed and cached in %s", desc, num_rows, array_path)
     return np.load(array_path, mmap_mode="r")
+
+
+def _compute_into(
+    path: Path, shape: tuple[int, ...], compute: Callable[[int, int], np.ndarray], batch_rows: int, desc: str
+) -> None:
+    """`compute`'s rows, `batch_rows` at a time under a progress bar, written into a new float32 .npy file at
+    `path` (memory-mapped: memory holds one chunk); a row that is not finite is an `InputError`."""
+    num_rows = shape[0]
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=shape)
+    starts = range(0, num_rows, batch_rows)
+    for start in progress(starts, desc=desc, unit="chunk", total=len(starts)):
+        stop = min(start + batch_rows, num_rows)
+        with torch.inference_mode():  # the teacher is never trained: no graph, no gradients
+            rows = np.asarray(compute(start, stop), dtype=np.float32)
+        if rows.shape != (stop - start, *shape[1:]):
+            raise ValueError(f"{desc}: compute({start}, {stop}) returned shape {rows.shape}, not {shape[1:]}")
+        if not np.isfinite(rows).all():
+            bad = start + int(np.argwhere(~np.isfinite(rows.reshape(len(rows), -1)).all(axis=1))[0, 0])
+            raise InputError(
+                f"{desc}: the teacher's output for row {bad} is not a finite number (NaN or inf); check the "
+                "teacher model (run it with `bert predict`) or the data"
+            )
+        out[start:stop] = rows
+    out.flush()
+    del out
 
 
 # ------------------------------------------------------------------------------- students from layers

@@ -594,14 +594,19 @@ class _FinetuneRun:
             totals_fn=type(self.model).loss_normalizers,
             checkpoint_info={"command": task.command, "num_train_steps": self.total_steps, "seed": args.seed},
         )
+        self.export(trainer)
+        return last
+
+    def export(self, trainer: training.Trainer) -> None:
+        """Export the final model to model/: the best checkpoint's when the dev set was scored during training,
+        else the last step's."""
         self.global_step = trainer.global_step
         if self.evaluate_during_training:
-            verify = not args.ignore_checkpoint_digest
+            verify = not self.args.ignore_checkpoint_digest
             self.global_step = self.history.restore_best(self.model, self.output_dir, self.global_step, verify)
-        state_file = {FINETUNE_STATE_NAME: {"command": task.command, "global_step": self.global_step}}
+        state_file = {FINETUNE_STATE_NAME: {"command": self.task.command, "global_step": self.global_step}}
         trainer.export_model(self.exported, extra_files=state_file)
         logger.info("saved the model of step %d to %s", self.global_step, self.exported)
-        return last
 
     def restore(self, trainer: training.Trainer, state: dict, num_features: int) -> None:
         """Resume `trainer` from a checkpoint's `state`, warning when the data or batch size differ from its."""

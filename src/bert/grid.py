@@ -51,12 +51,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bert.errors import InputError
 from bert.metrics import greater_is_better
 from bert.outputs import atomic_directory, claim
 from bert.utils import atomic_write, load_json_file, log_to_file, print_result, progress, write_run_info
+
+if TYPE_CHECKING:
+    from bert.flags import FinetuneArgs, TrainingArgs
 
 logger = logging.getLogger(__name__)
 
@@ -72,10 +75,10 @@ class Cell:
 
     name: str
     values: dict[str, Any]
-    args: Any
+    args: FinetuneArgs
 
 
-def grid_fields(args: Any) -> list[dataclasses.Field]:
+def grid_fields(args: TrainingArgs | type[TrainingArgs]) -> list[dataclasses.Field]:
     """The grid flags of an Args class or instance, in field order."""
     return [f for f in dataclasses.fields(args) if f.metadata.get("grid")]
 
@@ -103,7 +106,7 @@ def list_type(scalar: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
-def is_grid(args: Any) -> bool:
+def is_grid(args: FinetuneArgs) -> bool:
     """Whether a grid flag of `args` holds a list (of values to run a grid over)."""
     return any(isinstance(getattr(args, f.name), list) for f in grid_fields(args))
 
@@ -116,7 +119,7 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-def expand(args: Any, dev_flag: str) -> list[Cell] | None:
+def expand(args: FinetuneArgs, dev_flag: str) -> list[Cell] | None:
     """The cells of a grid, or None for an ordinary run (after the checks that concern it).
 
     `dev_flag` is the task's flag that scores the dev set (`FinetuneTask.dev_flag`), which ranks the cells.
@@ -160,7 +163,7 @@ def expand(args: Any, dev_flag: str) -> list[Cell] | None:
     return cells
 
 
-def _values(args: Any, f: dataclasses.Field) -> list[Any]:
+def _values(args: FinetuneArgs, f: dataclasses.Field) -> list[Any]:
     value = getattr(args, f.name)
     return list(value) if isinstance(value, list) else [value]
 
@@ -173,7 +176,7 @@ def _flag_text(value: Any) -> str:
     return str(value)
 
 
-def command_line(args: Any) -> list[str]:
+def command_line(args: TrainingArgs) -> list[str]:
     """The flags that make `bert COMMAND` run with `args`: every flag whose value is not its default (so a
     flag added to a command later is passed on too).
 
@@ -367,7 +370,7 @@ def _check_output_dir(output_dir: Path) -> None:
 
 
 def run_grid(
-    args: Any,
+    args: FinetuneArgs,
     cells: Sequence[Cell],
     command: str,
     metric: str,
@@ -395,20 +398,11 @@ def run_grid(
     """
     output_dir = Path(args.output_dir)
     fields = [f.name for f in grid_fields(args)]
-    jobs = args.grid_jobs
     with claim(command, dirs={"--output_dir": output_dir}, inputs=inputs):
         _check_output_dir(output_dir)
         with log_to_file(output_dir / "log.txt"):
             earlier = _earlier_rows(output_dir)
-            rows: dict[str, dict[str, Any]] = {}
-            pending = []
-            for cell in cells:
-                if _finished(cell, command, earlier.get(cell.name)):
-                    rows[cell.name] = earlier[cell.name]
-                    logger.info("%s: finished in an earlier run of the grid, not run again", cell.name)
-                else:
-                    rows[cell.name] = {"cell": cell.name, **cell.values, "status": "pending"}
-                    pending.append(cell)
+            rows, pending = _first_rows(cells, command, earlier)
             order = [cell.name for cell in cells]
 
             def save() -> None:
@@ -417,42 +411,25 @@ def run_grid(
             save()  # first: the directory is a grid's from now on (`_check_output_dir`)
             write_run_info(output_dir, command, args)
             logger.info(
-                "grid of %d runs (%d to run, %d at once) in %s", len(cells), len(pending), jobs, output_dir / GRID_DIR
+                "grid of %d runs (%d to run, %d at once) in %s",
+                len(cells),
+                len(pending),
+                args.grid_jobs,
+                output_dir / GRID_DIR,
             )
-            env = cell_environment(jobs)
-            with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-                futures = {pool.submit(_run_cell, cell, command, env): cell for cell in pending}
-                done = concurrent.futures.as_completed(futures)
-                for future in progress(done, total=len(futures), desc=f"{command} grid", unit="run"):
-                    cell = futures[future]
-                    code, seconds = future.result()
-                    before = earlier.get(cell.name) or {}
-                    if before.get("flags") == [command, *command_line(cell.args)]:
-                        seconds += before.get("seconds") or 0.0  # the earlier, interrupted or failed, tries
-                    row = rows[cell.name] = _row(cell, command, metric, code, seconds)
-                    if row["status"] == "ok":
-                        logger.info("%s: %s = %s (%.0f s)", cell.name, metric, row[metric], seconds)
-                    else:
-                        logger.warning("grid run %s failed: %s", cell.name, row["error"])
-                    save()
+            _run_cells(pending, command, metric, args.grid_jobs, earlier, rows, save)
             table = [rows[n] for n in order]
             best = best_row(table, metric)
             if best is not None:
                 best_dir = output_dir / GRID_DIR / best["cell"]
                 _export(best_dir, output_dir, result_names)
                 logger.info("best: %s (%s = %s), exported to %s", best["cell"], metric, best[metric], output_dir)
-    failed = [r for r in table if r["status"] != "ok"]
-    lines = [
-        f"grid of {len(table)} runs in {output_dir / GRID_DIR}, ranked by {metric} "
-        f"({'higher' if greater_is_better(metric) else 'lower'} is better):",
-        *table_lines(table, fields, metric),
-        f"{len(failed)} of {len(table)} runs failed (their error is in the table)" if failed else "",
-        f"best: {best['cell']}; its model and results copied to {output_dir}" if best else "",
-        f"written to {output_dir}: {RESULTS_NAME}.tsv, {RESULTS_NAME}.json"
-        + (f", {model_dir}/, eval_results.txt" if best else ""),
-        f"next: bert predict --model={output_dir / model_dir} --input_file=TEXTS.txt" if best else "",
-    ]
-    print_result(command, *lines)
+    _print_table(command, output_dir, table, fields, metric, model_dir)
+    return _result(output_dir, metric, table, best)
+
+
+def _result(output_dir: Path, metric: str, table: list[dict[str, Any]], best: dict[str, Any] | None) -> dict[str, Any]:
+    """`run_grid`'s result, or its error when every cell failed."""
     if best is None:
         raise InputError(
             f"every run of the grid failed (the table above, {output_dir / RESULTS_NAME}.tsv); the first: "
@@ -468,3 +445,67 @@ def run_grid(
         "global_step": best["global_step"],
         "num_train_steps": None,
     }
+
+
+def _first_rows(
+    cells: Sequence[Cell], command: str, earlier: dict[str, dict[str, Any]]
+) -> tuple[dict[str, dict[str, Any]], list[Cell]]:
+    """Each cell's row before the grid runs (an earlier run's when it finished the cell, else pending), and
+    the cells to run."""
+    rows: dict[str, dict[str, Any]] = {}
+    pending = []
+    for cell in cells:
+        if _finished(cell, command, earlier.get(cell.name)):
+            rows[cell.name] = earlier[cell.name]
+            logger.info("%s: finished in an earlier run of the grid, not run again", cell.name)
+        else:
+            rows[cell.name] = {"cell": cell.name, **cell.values, "status": "pending"}
+            pending.append(cell)
+    return rows, pending
+
+
+def _run_cells(
+    pending: Sequence[Cell],
+    command: str,
+    metric: str,
+    jobs: int,
+    earlier: dict[str, dict[str, Any]],
+    rows: dict[str, dict[str, Any]],
+    save: Callable[[], None],
+) -> None:
+    """Run the pending cells, `jobs` at once, each one's row put in `rows` and saved as it ends."""
+    env = cell_environment(jobs)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(_run_cell, cell, command, env): cell for cell in pending}
+        done = concurrent.futures.as_completed(futures)
+        for future in progress(done, total=len(futures), desc=f"{command} grid", unit="run"):
+            cell = futures[future]
+            code, seconds = future.result()
+            before = earlier.get(cell.name) or {}
+            if before.get("flags") == [command, *command_line(cell.args)]:
+                seconds += before.get("seconds") or 0.0  # the earlier, interrupted or failed, tries
+            row = rows[cell.name] = _row(cell, command, metric, code, seconds)
+            if row["status"] == "ok":
+                logger.info("%s: %s = %s (%.0f s)", cell.name, metric, row[metric], seconds)
+            else:
+                logger.warning("grid run %s failed: %s", cell.name, row["error"])
+            save()
+
+
+def _print_table(
+    command: str, output_dir: Path, table: Sequence[dict[str, Any]], fields: Sequence[str], metric: str, model_dir: str
+) -> None:
+    """The grid's result block: the table, the failures, the best cell and the command that uses its model."""
+    best = best_row(table, metric)
+    failed = [r for r in table if r["status"] != "ok"]
+    lines = [
+        f"grid of {len(table)} runs in {output_dir / GRID_DIR}, ranked by {metric} "
+        f"({'higher' if greater_is_better(metric) else 'lower'} is better):",
+        *table_lines(table, fields, metric),
+        f"{len(failed)} of {len(table)} runs failed (their error is in the table)" if failed else "",
+        f"best: {best['cell']}; its model and results copied to {output_dir}" if best else "",
+        f"written to {output_dir}: {RESULTS_NAME}.tsv, {RESULTS_NAME}.json"
+        + (f", {model_dir}/, eval_results.txt" if best else ""),
+        f"next: bert predict --model={output_dir / model_dir} --input_file=TEXTS.txt" if best else "",
+    ]
+    print_result(command, *lines)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 import re
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -402,6 +402,20 @@ def _prf(correct: int, guessed: int, gold: int) -> dict[str, float | int]:
     }
 
 
+def _split_tags(
+    gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]
+) -> Iterator[tuple[bool, str, str, str, str]]:
+    """(whether it is a token, gold chunk tag, gold type, predicted chunk tag, predicted type) for each token of
+    each sentence, and after each sentence its break (both sides O, not counted as a token)."""
+    for n, (gold_sent, pred_sent) in enumerate(zip(gold, pred)):
+        if len(gold_sent) != len(pred_sent):
+            raise ValueError(f"sentence {n}: {len(gold_sent)} gold tags but {len(pred_sent)} predicted")
+        for gold_tag, pred_tag in zip(gold_sent, pred_sent):
+            (c, ct), (g, gt) = _split_tag(gold_tag), _split_tag(pred_tag)
+            yield True, c, ct, g, gt
+        yield False, "O", "", "O", ""
+
+
 def ner_metrics(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> dict:
     """Entity-level scores of predicted tag sequences against gold ones, exactly as `conlleval` counts.
 
@@ -436,30 +450,22 @@ def ner_metrics(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) ->
         elif end_c != end_g or gt != ct:
             in_correct = False
 
-    for n, (gold_sent, pred_sent) in enumerate(zip(gold, pred)):
-        if len(gold_sent) != len(pred_sent):
-            raise ValueError(f"sentence {n}: {len(gold_sent)} gold tags but {len(pred_sent)} predicted")
-        for gold_tag, pred_tag in [*zip(gold_sent, pred_sent), (None, None)]:
-            if gold_tag is None:  # sentence break: both sides O, not counted as a token
-                c, ct, g, gt = "O", "", "O", ""
-            else:
-                assert pred_tag is not None  # the two lists are None together, at the sentence break only
-                (c, ct), (g, gt) = _split_tag(gold_tag), _split_tag(pred_tag)
-            close(c, ct, g, gt)
-            start_c = _start_of_chunk(last_c, c, last_ct, ct)
-            start_g = _start_of_chunk(last_g, g, last_gt, gt)
-            if start_c and start_g and gt == ct:
-                in_correct = True
-            if start_c:
-                found_gold += 1
-                per_gold[ct] += 1
-            if start_g:
-                found_guessed += 1
-                per_guessed[gt] += 1
-            if gold_tag is not None:
-                correct_tags += c == g and ct == gt
-                tokens += 1
-            last_c, last_ct, last_g, last_gt = c, ct, g, gt
+    for is_token, c, ct, g, gt in _split_tags(gold, pred):
+        close(c, ct, g, gt)
+        start_c = _start_of_chunk(last_c, c, last_ct, ct)
+        start_g = _start_of_chunk(last_g, g, last_gt, gt)
+        if start_c and start_g and gt == ct:
+            in_correct = True
+        if start_c:
+            found_gold += 1
+            per_gold[ct] += 1
+        if start_g:
+            found_guessed += 1
+            per_guessed[gt] += 1
+        if is_token:
+            correct_tags += c == g and ct == gt
+            tokens += 1
+        last_c, last_ct, last_g, last_gt = c, ct, g, gt
     if in_correct:
         correct_chunk += 1
         per_correct[last_ct] += 1

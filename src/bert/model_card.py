@@ -12,12 +12,15 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bert.errors import InputError
 from bert.grid import command_line
 from bert.hub import hub_id_of
 from bert.utils import atomic_write
+
+if TYPE_CHECKING:
+    from bert.flags import TrainingArgs
 
 CARD_NAME = "README.md"
 # What each command's model is, in the Hub's terms: (pipeline tag, library that loads it).
@@ -34,7 +37,7 @@ _KINDS = {
 _GLUE_TASKS = {"cola", "mnli", "mrpc", "qnli", "qqp", "rte", "sst-2", "sts-b", "wnli"}
 
 
-def _base_model(args: Any) -> tuple[str | None, str | None]:
+def _base_model(args: TrainingArgs) -> tuple[str | None, str | None]:
     """(Hub id or None, what the card names) of the model the run started from."""
     start = getattr(args, "init_checkpoint", None)
     if start is None:
@@ -43,7 +46,7 @@ def _base_model(args: Any) -> tuple[str | None, str | None]:
     return (found[0], found[0]) if found else (None, os.path.basename(os.path.normpath(start)) or start)
 
 
-def _dataset(command: str, args: Any) -> tuple[str | None, str]:
+def _dataset(command: str, args: TrainingArgs) -> tuple[str | None, str]:
     """(Hub id or None, what the card names) of the training data."""
     task = str(getattr(args, "task_name", "") or "").lower() if command == "classify" else ""
     if task in _GLUE_TASKS:
@@ -58,7 +61,7 @@ def _yaml(value: Any) -> str:
     return json.dumps(value)  # a JSON scalar or list is YAML too, quoted where YAML would misread it
 
 
-def _command(command: str, args: Any) -> str:
+def _command(command: str, args: TrainingArgs) -> str:
     try:
         flags = command_line(args)
     except InputError:  # a flag set in Python to what no command line gives: the flags as recorded
@@ -94,7 +97,9 @@ def _usage(command: str) -> str:
     )
 
 
-def write_model_card(model_dir: str | os.PathLike, command: str, args: Any, results: dict[str, Any] | None) -> Path:
+def write_model_card(
+    model_dir: str | os.PathLike, command: str, args: TrainingArgs, results: dict[str, Any] | None
+) -> Path:
     """Write `model_dir/README.md` for the model `bert COMMAND` trained with `args` (its Args dataclass),
     evaluated to `results` (the run's final `eval_results`, None without an evaluation)."""
     path = Path(model_dir) / CARD_NAME

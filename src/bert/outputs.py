@@ -365,6 +365,27 @@ def _make_dirs(path: Path, created: list[Path]) -> None:
         created.append(d)
 
 
+def _outputs(
+    files: Mapping[str, str | os.PathLike | Sequence[str | os.PathLike] | None],
+    dirs: Mapping[str, str | os.PathLike | None],
+    trees: Mapping[str, str | os.PathLike | None],
+    derived: Mapping[str, Iterable[str]],
+) -> list[Output]:
+    """`claim`'s outputs, each path resolved (the unset ones left out)."""
+    outs = []
+    tables: tuple[tuple[str, Mapping[str, Any]], ...] = (("file", files), ("dir", dirs), ("tree", trees))
+    for kind, table in tables:
+        for flag, value in table.items():
+            values = [value] if value is None or isinstance(value, (str, os.PathLike)) else value
+            for v in values:
+                if v is None or str(v) == "":
+                    continue
+                path = _resolved(v)
+                suffixes = tuple(derived.get(flag, ()))
+                outs.append(Output(flag, path, kind, tuple(path.name + s for s in suffixes)))
+    return outs
+
+
 @contextlib.contextmanager
 def claim(
     command: str,
@@ -393,16 +414,7 @@ def claim(
     Raises:
         InputError: a path of the wrong kind, not writable, also an input, or in use by another run.
     """
-    outs = []
-    for kind, table in (("file", files or {}), ("dir", dirs or {}), ("tree", trees or {})):
-        for flag, value in table.items():
-            values = [value] if value is None or isinstance(value, (str, os.PathLike)) else value
-            for v in values:
-                if v is None or str(v) == "":
-                    continue
-                path = _resolved(v)
-                suffixes = tuple((derived or {}).get(flag, ()))
-                outs.append(Output(flag, path, kind, tuple(path.name + s for s in suffixes)))
+    outs = _outputs(files or {}, dirs or {}, trees or {}, derived or {})
     for out in outs:
         check_output(out)
         check_not_an_input(out, inputs or {}, inputs_inside)
@@ -431,7 +443,7 @@ def claim(
 
 
 # ------------------------------------------------------------------------------------------ OS errors
-def _flag_of(path: str, args: Any) -> str | None:
+def _flag_of(path: str, args: object) -> str | None:
     """The flag of `args` whose value is `path` or a directory above it."""
     if args is None or not dataclasses.is_dataclass(args):
         return None
@@ -459,7 +471,7 @@ def final_path(path: str) -> str:
     return str(Path(*[(m.group("base") if (m := TEMP_NAME.match(part)) else part) for part in parts]))
 
 
-def os_error_message(e: OSError, args: Any = None) -> str:
+def os_error_message(e: OSError, args: object = None) -> str:
     """One line for an `OSError` met while reading or writing: what, where, which flag, and the fix."""
     path = final_path(str(e.filename)) if e.filename is not None else None
     flag = _flag_of(path, args) if path else None

@@ -165,23 +165,7 @@ def make_plan(
     micro = Shape(train_batch_size // parts, max_seq_length, max_predictions_per_seq)
     cuda, half = kind != "cpu", precision in ("bf16", "fp16")
     n = num_parameters(config)
-    shard = count if fsdp else 1
-    weights = n * FP32 // shard
-    states = OPTIMIZER_STATES[optimizer] * n * FP32 // shard
-    # At the start of the backward pass the masked-LM head's gradients (log-probabilities, logits, the word
-    # embeddings' decoder part) join the activations; later the weights' gradients do, as activations go.
-    v, h = config.vocab_size, config.hidden_size
-    head_grads = FP32 * (2 * micro.batch * micro.predictions * v + v * h)
-    memory = {}
-    for name, ckpt in (("no_checkpointing", False), ("gradient_checkpointing", True)):
-        act = activation_bytes(config, micro, cuda, half, ckpt)
-        memory[name] = {
-            "parameters": weights,
-            "gradients": weights,
-            "optimizer_state": states,
-            "activations": act,
-            "peak": weights + states + act + max(weights, head_grads),
-        }
+    memory = _memory_per_device(config, micro, cuda, half, n, count if fsdp else 1, optimizer)
     recompute = not cuda and config.attention_probs_dropout_prob > 0
     flops = {
         name: step_flops(config, Shape(train_batch_size, max_seq_length, max_predictions_per_seq), ckpt, recompute)
@@ -212,6 +196,30 @@ def make_plan(
         "hours_for_run": {k: t * num_train_steps / 3600 for k, t in step_seconds.items()},
         "num_train_steps": num_train_steps,
     }
+
+
+def _memory_per_device(
+    config: BertConfig, micro: Shape, cuda: bool, half: bool, n: int, shard: int, optimizer: str
+) -> dict[str, dict[str, int]]:
+    """Each device's bytes of a step, without and with gradient checkpointing, of `n` parameters (sharded over
+    `shard` devices)."""
+    weights = n * FP32 // shard
+    states = OPTIMIZER_STATES[optimizer] * n * FP32 // shard
+    # At the start of the backward pass the masked-LM head's gradients (log-probabilities, logits, the word
+    # embeddings' decoder part) join the activations; later the weights' gradients do, as activations go.
+    v, h = config.vocab_size, config.hidden_size
+    head_grads = FP32 * (2 * micro.batch * micro.predictions * v + v * h)
+    memory = {}
+    for name, ckpt in (("no_checkpointing", False), ("gradient_checkpointing", True)):
+        act = activation_bytes(config, micro, cuda, half, ckpt)
+        memory[name] = {
+            "parameters": weights,
+            "gradients": weights,
+            "optimizer_state": states,
+            "activations": act,
+            "peak": weights + states + act + max(weights, head_grads),
+        }
+    return memory
 
 
 def _rss(field: str) -> int:

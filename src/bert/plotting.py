@@ -130,26 +130,10 @@ def plot_runs(
     drawn: list[dict[str, Any]] = []
     any_eval = False
     for i, run in enumerate(runs):
-        color = f"C{i % 10}"
         tag = f"{run['label']}: " if len(runs) > 1 else ""
-        kept: dict[str, Any] = {"label": run["label"], "dir": run["dir"], "train": {}, "eval": {}}
-        for key, ax in (("loss", ax_loss), ("learning_rate", ax_lr)):
-            s = run["train"].get(key)
-            if s:
-                ax.plot(s["steps"], s["values"], color=color, label=f"{tag}training {key}".replace("_", " "))
-                kept["train"][key] = s
-        markers = "osD^v<>ph*"
-        others = [k for k in run["eval"] if k != "eval_loss" and not any(w in k for w in _NOT_A_CURVE + ("loss",))]
-        for j, key in enumerate(["eval_loss", *others]):
-            s = run["eval"].get(key)
-            if not s or not all(math.isfinite(v) for v in s["values"]):
-                continue
-            ax = ax_loss if key == "eval_loss" else ax_eval
-            style = "--" if key == "eval_loss" else "-"
-            ax.plot(s["steps"], s["values"], style, color=color, marker=markers[j % len(markers)], label=f"{tag}{key}")
-            kept["eval"][key] = s
-            any_eval |= key != "eval_loss"
+        kept, evaluated = _draw_run(run, f"C{i % 10}", tag, ax_loss, ax_eval, ax_lr)
         drawn.append(kept)
+        any_eval |= evaluated
     ax_loss.set_title("loss")
     ax_eval.set_title("evaluation")
     ax_lr.set_title("learning rate")
@@ -170,6 +154,32 @@ def plot_runs(
         json.dump(record, f, indent=1)
         f.write("\n")
     return record
+
+
+def _draw_run(
+    run: dict[str, Any], color: str, tag: str, ax_loss: Any, ax_eval: Any, ax_lr: Any
+) -> tuple[dict[str, Any], bool]:
+    """One run's curves on the three axes, in `color`, its legend entries prefixed with `tag`; (the series
+    drawn, whether an evaluation metric other than the loss was)."""
+    kept: dict[str, Any] = {"label": run["label"], "dir": run["dir"], "train": {}, "eval": {}}
+    for key, ax in (("loss", ax_loss), ("learning_rate", ax_lr)):
+        s = run["train"].get(key)
+        if s:
+            ax.plot(s["steps"], s["values"], color=color, label=f"{tag}training {key}".replace("_", " "))
+            kept["train"][key] = s
+    markers = "osD^v<>ph*"
+    others = [k for k in run["eval"] if k != "eval_loss" and not any(w in k for w in _NOT_A_CURVE + ("loss",))]
+    any_eval = False
+    for j, key in enumerate(["eval_loss", *others]):
+        s = run["eval"].get(key)
+        if not s or not all(math.isfinite(v) for v in s["values"]):
+            continue
+        ax = ax_loss if key == "eval_loss" else ax_eval
+        style = "--" if key == "eval_loss" else "-"
+        ax.plot(s["steps"], s["values"], style, color=color, marker=markers[j % len(markers)], label=f"{tag}{key}")
+        kept["eval"][key] = s
+        any_eval |= key != "eval_loss"
+    return kept, any_eval
 
 
 _missing_matplotlib_reported = False

@@ -337,25 +337,7 @@ def iter_lines(
     except OSError as e:
         raise InputError(f"{name}: cannot open ({e.strerror or e}); check the path and permissions") from e
     with f:
-        rest = b""
-        while True:
-            try:
-                block = f.read(_BLOCK_BYTES)
-            except (OSError, EOFError, zlib.error) as e:
-                raise InputError(
-                    f"{name}: cannot read ({_read_error(e)}); is the file complete and not corrupt?"
-                ) from e
-            if not block:
-                data, rest = rest, b""
-                if not data:
-                    return
-            else:
-                block = rest + block
-                cut = block.rfind(b"\n") + 1
-                if cut == 0:
-                    rest = block
-                    continue
-                data, rest = block[:cut], block[cut:]
+        for data, last in _line_blocks(f, name):
             if bom is not None:
                 data, bom = data.removeprefix(bom), None
             try:
@@ -369,8 +351,30 @@ def iter_lines(
                 lines.pop()  # the text after the final newline of the block
             line_no += data.count(b"\n")
             yield from lines
-            if not block:
+            if last:
                 return
+
+
+def _line_blocks(f: IO[bytes], name: str) -> Iterator[tuple[bytes, bool]]:
+    """The bytes of `f` in blocks of whole lines (about _BLOCK_BYTES each), each with whether it is the last
+    (which may end without a newline); nothing for an empty file."""
+    rest = b""
+    while True:
+        try:
+            block = f.read(_BLOCK_BYTES)
+        except (OSError, EOFError, zlib.error) as e:
+            raise InputError(f"{name}: cannot read ({_read_error(e)}); is the file complete and not corrupt?") from e
+        if not block:
+            if rest:
+                yield rest, True
+            return
+        block = rest + block
+        cut = block.rfind(b"\n") + 1
+        if cut == 0:
+            rest = block
+            continue
+        rest = block[cut:]
+        yield block[:cut], False
 
 
 def decode_line(raw: bytes, name: str, line: int, errors: str = "strict", hint: str = "--decode_errors=ignore") -> str:

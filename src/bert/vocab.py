@@ -217,12 +217,7 @@ def build_vocab(
     """
     specials = vocab_layout(num_unused)
     start = time.time()
-    counts = count_words(files, do_lower_case, decode_errors, desc="build-vocab" if progress else None)
-    if not counts:
-        names = ", ".join(files) if len(files) <= 3 else f"{files[0]} and {len(files) - 1} more files"
-        raise InputError(
-            f"--input_file: no words in {names}: the files are empty or blank; give text files, one sentence per line"
-        )
+    counts = _count_training_words(files, do_lower_case, decode_errors, progress)
     heldout = None
     if heldout_files:
         heldout = count_words(heldout_files, do_lower_case, decode_errors, desc="held-out" if progress else None)
@@ -230,24 +225,8 @@ def build_vocab(
 
     alphabet, chars_left_out = choose_alphabet(counts, limit_alphabet)
     continuing = continuation_pieces(alphabet)
-    needed = len(specials) + len(alphabet) + len(continuing)
-    if vocab_size < needed:
-        raise InputError(
-            f"--vocab_size={vocab_size} is too small: {len(specials)} special and unused tokens, "
-            f"{len(alphabet)} characters and {len(continuing)} '##' characters need "
-            f"{needed}; raise --vocab_size, or lower --limit_alphabet or --num_unused"
-        )
-    allowed = set(alphabet)
-    max_chars = WordpieceTokenizer({}, fast=False).max_input_chars_per_word  # longer words are [UNK]
-    train_counts = {w: c for w, c in counts.items() if trainable(w, allowed, max_chars)}
-    logger.info(
-        "Read %d words (%d distinct) in %.1f s; training on %d distinct words with %d characters",
-        counts.total(),
-        len(counts),
-        read_seconds,
-        len(train_counts),
-        len(alphabet),
-    )
+    _check_room(vocab_size, specials, alphabet, continuing)
+    train_counts = _trainable_counts(counts, alphabet, read_seconds)
     start = time.time()
     pieces = train_pieces(train_counts, alphabet, vocab_size - len(specials), min_frequency)
     train_seconds = time.time() - start
@@ -255,15 +234,7 @@ def build_vocab(
     if len(set(tokens)) != len(tokens):  # cannot happen: learned pieces have no brackets
         raise RuntimeError("the trainer produced a piece equal to a special token")
     if len(tokens) < vocab_size:
-        logger.warning(
-            "The corpus gave %d pieces, so the vocab has %d entries, not --vocab_size=%d: no pair of pieces "
-            "left occurs --min_frequency=%d times. Set vocab_size=%d in bert_config.json, or give more text.",
-            len(pieces),
-            len(tokens),
-            vocab_size,
-            min_frequency,
-            len(tokens),
-        )
+        _warn_short(len(pieces), len(tokens), vocab_size, min_frequency)
     vocab = {t: i for i, t in enumerate(tokens)}
     stats: dict[str, Any] = {
         "words": counts.total(),
@@ -280,3 +251,55 @@ def build_vocab(
         "train_seconds": round(train_seconds, 3),
     }
     return tokens, stats
+
+
+def _count_training_words(
+    files: Sequence[str], do_lower_case: bool, decode_errors: str, progress: bool
+) -> collections.Counter[str]:
+    """`count_words` of the training files, refusing files without a word."""
+    counts = count_words(files, do_lower_case, decode_errors, desc="build-vocab" if progress else None)
+    if not counts:
+        names = ", ".join(files) if len(files) <= 3 else f"{files[0]} and {len(files) - 1} more files"
+        raise InputError(
+            f"--input_file: no words in {names}: the files are empty or blank; give text files, one sentence per line"
+        )
+    return counts
+
+
+def _check_room(vocab_size: int, specials: list[str], alphabet: list[str], continuing: list[str]) -> None:
+    """The vocabulary holds at least the specials, the alphabet and its '##' characters."""
+    needed = len(specials) + len(alphabet) + len(continuing)
+    if vocab_size < needed:
+        raise InputError(
+            f"--vocab_size={vocab_size} is too small: {len(specials)} special and unused tokens, "
+            f"{len(alphabet)} characters and {len(continuing)} '##' characters need "
+            f"{needed}; raise --vocab_size, or lower --limit_alphabet or --num_unused"
+        )
+
+
+def _warn_short(pieces: int, tokens: int, vocab_size: int, min_frequency: int) -> None:
+    logger.warning(
+        "The corpus gave %d pieces, so the vocab has %d entries, not --vocab_size=%d: no pair of pieces "
+        "left occurs --min_frequency=%d times. Set vocab_size=%d in bert_config.json, or give more text.",
+        pieces,
+        tokens,
+        vocab_size,
+        min_frequency,
+        tokens,
+    )
+
+
+def _trainable_counts(counts: collections.Counter[str], alphabet: list[str], read_seconds: float) -> dict[str, int]:
+    """The words the pieces are learned from: those of the alphabet's characters, not too long for WordPiece."""
+    allowed = set(alphabet)
+    max_chars = WordpieceTokenizer({}, fast=False).max_input_chars_per_word  # longer words are [UNK]
+    train_counts = {w: c for w, c in counts.items() if trainable(w, allowed, max_chars)}
+    logger.info(
+        "Read %d words (%d distinct) in %.1f s; training on %d distinct words with %d characters",
+        counts.total(),
+        len(counts),
+        read_seconds,
+        len(train_counts),
+        len(alphabet),
+    )
+    return train_counts

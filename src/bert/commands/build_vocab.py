@@ -143,11 +143,17 @@ def _build(args: BuildVocabArgs, inputs: list[str], heldout: list[str]) -> dict[
     with atomic_write(stats_path(args.output_file)) as f:
         json.dump(record, f, indent=2)
         f.write("\n")
+    _report(args.output_file, stats)
+    return {"output_file": args.output_file, "stats_file": str(stats_path(args.output_file)), **stats}
+
+
+def _report(output_file: str, stats: dict[str, Any]) -> None:
+    """The log line and the result block of a written vocabulary: its size and coverage."""
     train = stats["train"]
     logger.info(
         "Wrote %s: %d entries (%d special and unused, %d characters, %d learned pieces) from %d words in %.1f s; "
         "training text: %.4f%% [UNK] words, %.3f pieces per word",
-        args.output_file,
+        output_file,
         stats["vocab_size"],
         stats["special_and_unused"],
         stats["alphabet_size"],
@@ -173,7 +179,6 @@ def _build(args: BuildVocabArgs, inputs: list[str], heldout: list[str]) -> dict[
         f"{heldout_stats['pieces_per_word']:.3f} pieces per word"
         if heldout_stats is not None
         else "",
-        f"written to {args.output_file} (statistics: {stats_path(args.output_file)})",
-        f"next: bert create-pretraining-data --vocab_file={args.output_file} ...",
+        f"written to {output_file} (statistics: {stats_path(output_file)})",
+        f"next: bert create-pretraining-data --vocab_file={output_file} ...",
     )
-    return {"output_file": args.output_file, "stats_file": str(stats_path(args.output_file)), **stats}

@@ -98,6 +98,25 @@ def sentence_transformers_files(model_dir: Path) -> list[Path]:
     return found + [model_dir / f for f in sorted(folders) if (model_dir / f).is_dir()]
 
 
+def _check_random(random: list[str], args: ConvertArgs, own: str, model_class: str) -> None:
+    """Weights the output's architecture adds to the input's (randomly initialised): refused without
+    --add_heads, warned of with it."""
+    if random and not args.add_heads:
+        raise InputError(
+            f"--input={args.input} is a {own}; a {model_class} would add {len(random)} randomly initialised "
+            f"weights (e.g. {random[0]}); pass --add_heads to write them anyway, or leave --model_class out to "
+            "keep the input's architecture"
+        )
+    if random:
+        logger.warning(
+            "--add_heads: %d weights of %s are randomly initialised, not trained (%s): its outputs are "
+            "meaningless until it is trained",
+            len(random),
+            model_class,
+            ", ".join(sorted({k.rsplit(".", 2)[0] for k in random})),
+        )
+
+
 def _convert(args: ConvertArgs) -> dict:
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
     from bert import checkpoint
@@ -133,20 +152,7 @@ def _convert(args: ConvertArgs) -> dict:
         )
         held = set(checkpoint._fit_prefix(src.state_dict, model))
         random = sorted(k for k in model.state_dict() if k not in held and not k.endswith(checkpoint.TIED_KEY))
-        if random and not args.add_heads:
-            raise InputError(
-                f"--input={args.input} is a {own}; a {model_class} would add {len(random)} randomly initialised "
-                f"weights (e.g. {random[0]}); pass --add_heads to write them anyway, or leave --model_class out to "
-                "keep the input's architecture"
-            )
-        if random:
-            logger.warning(
-                "--add_heads: %d weights of %s are randomly initialised, not trained (%s): its outputs are "
-                "meaningless until it is trained",
-                len(random),
-                model_class,
-                ", ".join(sorted({k.rsplit(".", 2)[0] for k in random})),
-            )
+        _check_random(random, args, own, model_class)
         if args.format == "tf":
             checkpoint.export_tf(model, tmp, vocab_file=vocab_file, do_lower_case=do_lower_case)
         else:

@@ -19,10 +19,10 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,6 +42,9 @@ from bert.utils import (
     shard_file,
     shard_range,
 )
+
+if TYPE_CHECKING:
+    from bert.inference import Predictor
 
 logger = logging.getLogger(__name__)
 
@@ -376,10 +379,8 @@ def _first_difference(key: str, was: Any, now: Any) -> tuple[str, Any, Any]:
 def _run(args: EmbedArgs, output_file: str | None) -> dict[str, Any]:
     settings = args.predictor_settings()
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
-    from bert.inference import EMBEDDINGS, Predictor, cosine_similarity
-    from bert.input_lines import CHUNK_LINES, map_input_chunks, map_input_lines
-    from bert.late_chunking import late_chunk_embeddings
-    from bert.retrieval import Calibration, quantize_embeddings, quantized_shape
+    from bert.inference import Predictor
+    from bert.retrieval import quantized_shape
 
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
     pooling = "mean" if args.late_chunking else args.pooling or predictor.default_pooling
@@ -388,8 +389,6 @@ def _run(args: EmbedArgs, output_file: str | None) -> dict[str, Any]:
     dim = args.dimensions or predictor.config.hidden_size
     if dim > predictor.config.hidden_size:
         raise InputError(f"--dimensions={dim} is more than the model's {predictor.config.hidden_size}")
-    calibrate = args.precision in ("int8", "uint8")
-    name = args.input_file or "<stdin>"
     with readable_input(args.input_file) as path:
         count, source = _input_rows(args, path)
         lines = shard_range(count, args.shard_index, args.num_shards)
@@ -402,8 +401,6 @@ def _run(args: EmbedArgs, output_file: str | None) -> dict[str, Any]:
         (rows, cols), dtype = quantized_shape(total, dim, args.precision)
         if args.similarity:
             cols = total
-        kept = []
-        desc = "embed" if args.input_file is not None else None
         id_field = source.id_field if source is not None else None
         if args.late_chunking and kind == "parquet":  # DOCID#k, whatever the type of DOCID
             id_field = pyarrow()[0].field(args.id_column or "id", pyarrow()[0].string())
@@ -412,80 +409,14 @@ def _run(args: EmbedArgs, output_file: str | None) -> dict[str, Any]:
             tempfile.TemporaryFile() as spill,
             contextlib.closing(_Rows(out, kind, (rows, cols), dtype, id_field)) as writer,
         ):
-
-            def embed(texts: list[str]) -> np.ndarray | list[np.ndarray]:
-                if args.late_chunking:
-                    return late_chunk_embeddings(
-                        predictor,
-                        texts,
-                        args.chunk_size or DEFAULT_CHUNK_TOKENS,
-                        normalize=normalize,
-                        dimensions=args.dimensions,
-                        prompt_name=args.prompt_name,
-                        prompt=args.prompt,
-                    )
-                return predictor.embed(
-                    texts,
-                    pooling=pooling,
-                    normalize=normalize,
-                    prompt_name=args.prompt_name,
-                    prompt=args.prompt,
-                    dimensions=args.dimensions,
-                    long_document=args.long_document,
-                    doc_stride=args.doc_stride,
-                )
-
+            embed = _embedder(args, predictor, pooling, normalize)
             ids: collections.deque[Any] = collections.deque()
-            if source is not None:
-
-                def chunks() -> Iterator[tuple[range, list[str]]]:
-                    for first, texts, chunk_ids in source.chunks(lines, CHUNK_LINES):
-                        ids.append(chunk_ids)
-                        yield range(first, first + len(texts)), texts
-
-                results = map_input_chunks(chunks(), name, "row", embed, total, desc)
-            else:
-                only = lines if args.num_shards > 1 else None
-                results = map_input_lines(path, name, EMBEDDINGS, embed, total, desc, only)
-            calibration = Calibration()
-            written, documents = 0, iter(lines)
-            for vectors in results:
-                chunk_ids = ids.popleft() if ids else None
-                if args.late_chunking:
-                    # DOCID: the --id_column's value, else the input line or row (counted over the whole input)
-                    keys = (
-                        chunk_ids.to_pylist()
-                        if chunk_ids is not None
-                        else list(itertools.islice(documents, len(vectors)))
-                    )
-                    chunk_ids = [f"{key}#{k}" for key, doc in zip(keys, vectors) for k in range(len(doc))]
-                    vectors = np.concatenate(vectors) if len(vectors) else np.zeros((0, dim), np.float32)
-                written += len(vectors)
-                if args.similarity:
-                    kept.append(vectors)
-                elif calibrate:
-                    spill.write(np.ascontiguousarray(vectors, dtype="<f4").tobytes())
-                    calibration.add(vectors)
-                else:
-                    writer.write(quantize_embeddings(vectors, args.precision), chunk_ids)
-            if calibrate and total:
-                ranges = calibration.ranges()
-                spill.seek(0)
-                # The ids are read from the input again, in the batches it yields them in, rather than kept.
-                if source is not None and source.id_column is not None:
-                    batches: Iterator[tuple[int, Any]] = ((len(a), a) for a in source.ids(lines, CHUNK_LINES))
-                else:
-                    batches = ((min(CHUNK_LINES, total - s), None) for s in range(0, total, CHUNK_LINES))
-                for n, chunk_ids in batches:
-                    chunk = np.frombuffer(spill.read(n * dim * 4), dtype="<f4").reshape(-1, dim)
-                    writer.write(quantize_embeddings(chunk, args.precision, ranges), chunk_ids)
+            results = _embedded_chunks(args, path, source, lines, embed, ids)
+            written, kept, ranges = _write_vectors(args, results, ids, lines, dim, writer, spill)
+            if ranges is not None:
+                _write_calibrated(args, source, lines, dim, spill, ranges, writer)
             if args.similarity:
-                matrix = cosine_similarity(np.concatenate(kept)) if kept else np.zeros((0, 0), np.float32)
-                if kind == "npy":
-                    out.write(np.ascontiguousarray(matrix, dtype="<f4").tobytes())
-                else:
-                    for row in matrix:
-                        out.write("\t".join(f"{x:.4f}" for x in row) + "\n")
+                _write_similarity(kept, out, kind)
     if args.late_chunking:
         logger.info("late chunking: %d chunks of %d inputs", written, total)
     logger.info(
@@ -500,3 +431,147 @@ def _run(args: EmbedArgs, output_file: str | None) -> dict[str, Any]:
         norm = ", normalized" if normalize else ""
         print_result("embed", f"{what} ({pooling} pooling{norm})", f"written to {output_file}")
     return {"lines": total, "dim": dim, "output_file": output_file, "pooling": pooling, "normalize": normalize}
+
+
+def _embedder(
+    args: EmbedArgs, predictor: Predictor, pooling: str, normalize: bool
+) -> Callable[[list[str]], np.ndarray | list[np.ndarray]]:
+    """The vectors of a chunk of texts: one per text, or with --late_chunking one array of chunk vectors per
+    text."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.late_chunking import late_chunk_embeddings
+
+    def embed(texts: list[str]) -> np.ndarray | list[np.ndarray]:
+        if args.late_chunking:
+            return late_chunk_embeddings(
+                predictor,
+                texts,
+                args.chunk_size or DEFAULT_CHUNK_TOKENS,
+                normalize=normalize,
+                dimensions=args.dimensions,
+                prompt_name=args.prompt_name,
+                prompt=args.prompt,
+            )
+        return predictor.embed(
+            texts,
+            pooling=pooling,
+            normalize=normalize,
+            prompt_name=args.prompt_name,
+            prompt=args.prompt,
+            dimensions=args.dimensions,
+            long_document=args.long_document,
+            doc_stride=args.doc_stride,
+        )
+
+    return embed
+
+
+def _embedded_chunks(
+    args: EmbedArgs,
+    path: str,
+    source: ParquetTexts | None,
+    lines: range,
+    embed: Callable[[list[str]], Any],
+    ids: collections.deque[Any],
+) -> Iterator[Any]:
+    """`embed`'s outputs for this shard's lines, a chunk at a time in input order; a Parquet input's id column
+    of each chunk is appended to `ids` as its chunk is read."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.inference import EMBEDDINGS
+    from bert.input_lines import CHUNK_LINES, map_input_chunks, map_input_lines
+
+    name = args.input_file or "<stdin>"
+    desc = "embed" if args.input_file is not None else None
+    if source is not None:
+
+        def chunks() -> Iterator[tuple[range, list[str]]]:
+            for first, texts, chunk_ids in source.chunks(lines, CHUNK_LINES):
+                ids.append(chunk_ids)
+                yield range(first, first + len(texts)), texts
+
+        return map_input_chunks(chunks(), name, "row", embed, len(lines), desc)
+    only = lines if args.num_shards > 1 else None
+    return map_input_lines(path, name, EMBEDDINGS, embed, len(lines), desc, only)
+
+
+def _write_vectors(
+    args: EmbedArgs,
+    results: Iterator[Any],
+    ids: collections.deque[Any],
+    lines: range,
+    dim: int,
+    writer: _Rows,
+    spill: IO[bytes],
+) -> tuple[int, list[np.ndarray], np.ndarray | None]:
+    """Write each chunk's vectors as they come, except with --similarity (kept for the matrix: returned) and
+    int8/uint8 (spilled as float32 to `spill` until the ranges of all are known: returned); and the number of
+    vectors."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.retrieval import Calibration, quantize_embeddings
+
+    calibrate = args.precision in ("int8", "uint8")
+    calibration = Calibration()
+    kept = []
+    written, documents = 0, iter(lines)
+    for vectors in results:
+        chunk_ids = ids.popleft() if ids else None
+        if args.late_chunking:
+            vectors, chunk_ids = _chunk_rows(vectors, chunk_ids, documents, dim)
+        written += len(vectors)
+        if args.similarity:
+            kept.append(vectors)
+        elif calibrate:
+            spill.write(np.ascontiguousarray(vectors, dtype="<f4").tobytes())
+            calibration.add(vectors)
+        else:
+            writer.write(quantize_embeddings(vectors, args.precision), chunk_ids)
+    return written, kept, calibration.ranges() if calibrate and len(lines) else None
+
+
+def _write_calibrated(
+    args: EmbedArgs,
+    source: ParquetTexts | None,
+    lines: range,
+    dim: int,
+    spill: IO[bytes],
+    ranges: np.ndarray,
+    writer: _Rows,
+) -> None:
+    """int8/uint8: the spilled float32 vectors quantized with the ranges of all of them."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.input_lines import CHUNK_LINES
+    from bert.retrieval import quantize_embeddings
+
+    total = len(lines)
+    spill.seek(0)
+    # The ids are read from the input again, in the batches it yields them in, rather than kept.
+    if source is not None and source.id_column is not None:
+        batches: Iterator[tuple[int, Any]] = ((len(a), a) for a in source.ids(lines, CHUNK_LINES))
+    else:
+        batches = ((min(CHUNK_LINES, total - s), None) for s in range(0, total, CHUNK_LINES))
+    for n, chunk_ids in batches:
+        chunk = np.frombuffer(spill.read(n * dim * 4), dtype="<f4").reshape(-1, dim)
+        writer.write(quantize_embeddings(chunk, args.precision, ranges), chunk_ids)
+
+
+def _write_similarity(kept: list[np.ndarray], out: IO, kind: str) -> None:
+    """--similarity: the cosine matrix of every vector with every other."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.inference import cosine_similarity
+
+    matrix = cosine_similarity(np.concatenate(kept)) if kept else np.zeros((0, 0), np.float32)
+    if kind == "npy":
+        out.write(np.ascontiguousarray(matrix, dtype="<f4").tobytes())
+    else:
+        for row in matrix:
+            out.write("\t".join(f"{x:.4f}" for x in row) + "\n")
+
+
+def _chunk_rows(
+    vectors: list[np.ndarray], chunk_ids: Any | None, documents: Iterator[int], dim: int
+) -> tuple[np.ndarray, list[str]]:
+    """--late_chunking: one row per chunk of each document, named DOCID#k."""
+    # DOCID: the --id_column's value, else the input line or row (counted over the whole input)
+    keys = chunk_ids.to_pylist() if chunk_ids is not None else list(itertools.islice(documents, len(vectors)))
+    names = [f"{key}#{k}" for key, doc in zip(keys, vectors) for k in range(len(doc))]
+    return (np.concatenate(vectors) if len(vectors) else np.zeros((0, dim), np.float32)), names

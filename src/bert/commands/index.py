@@ -209,23 +209,8 @@ def _run(args: IndexArgs) -> dict[str, Any]:
             )
         faiss.write_index(index, str(tmp / INDEX_FILE))
         size = os.path.getsize(tmp / INDEX_FILE)
-        parts = getattr(stored, "parts", [stored])
-        manifest = {
-            "index_type": spec.index_type,
-            "params": spec.params(),
-            "metric": METRIC,
-            "dims": stored.dims,
-            "rows": len(stored),
-            "trained_on": trained_on,
-            "seed": args.seed,
-            "ids_file": IDS_FILE,
-            "ids_from": ids_from,
-            "embeddings": [{"name": p.path.name, "rows": len(p), "bytes": p.path.stat().st_size} for p in parts],
-            "model_digest": digest,
-            "flags": flags,
-            "bytes": size,
-            "faiss": faiss.__version__,
-        }
+        manifest = _manifest(args, spec, stored, trained_on, ids_from, digest, flags)
+        manifest.update(bytes=size, faiss=faiss.__version__)
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     what = f"{spec.index_type} index: {len(stored)} vectors of {stored.dims} ({size / len(stored):.0f} bytes each)"
     print_result("index", what, f"written to {args.output_dir}")
@@ -236,6 +221,33 @@ def _run(args: IndexArgs) -> dict[str, Any]:
         "index_type": spec.index_type,
         "output_dir": str(out),
         "bytes": size,
+    }
+
+
+def _manifest(
+    args: IndexArgs,
+    spec: IndexSpec,
+    stored: Any,
+    trained_on: int,
+    ids_from: str,
+    digest: str | None,
+    flags: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The index's manifest.json, but for the index file's size and the faiss version (`_run` adds them)."""
+    parts = getattr(stored, "parts", [stored])
+    return {
+        "index_type": spec.index_type,
+        "params": spec.params(),
+        "metric": METRIC,
+        "dims": stored.dims,
+        "rows": len(stored),
+        "trained_on": trained_on,
+        "seed": args.seed,
+        "ids_file": IDS_FILE,
+        "ids_from": ids_from,
+        "embeddings": [{"name": p.path.name, "rows": len(p), "bytes": p.path.stat().st_size} for p in parts],
+        "model_digest": digest,
+        "flags": flags,
     }
 
 

@@ -148,7 +148,7 @@ def _run(args: SearchArgs) -> dict[str, Any]:
     settings = args.predictor_settings()
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
     from bert.inference import Predictor
-    from bert.retrieval import TopK, read_texts
+    from bert.retrieval import read_texts
 
     index = _open_index(args) if args.index is not None else None
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
@@ -165,6 +165,24 @@ def _run(args: SearchArgs) -> dict[str, Any]:
     vectors = np.concatenate(parts)
     if index is not None:
         return _search_index(args, index, queries, vectors)
+    found, corpus_ids = _search_corpus(args, predictor, vectors)
+    texts = _texts(args, {row for hits in found for row, _ in hits}) if args.output_format == "rerank" else {}
+    _write(args, queries, found, corpus_ids, texts)
+    logger.info("searched %d documents for %d queries with %s", len(corpus_ids), len(queries), args.model)
+    if args.output_file is not None:  # on stdout the lines themselves are the result
+        found_what = f"the top {args.top_k} of {len(corpus_ids)} documents for {len(queries)} queries"
+        print_result("search", found_what, f"written to {args.output_file}")
+    return {"queries": len(queries), "documents": len(corpus_ids), "output_file": args.output_file}
+
+
+def _search_corpus(
+    args: SearchArgs, predictor: Predictor, vectors: np.ndarray
+) -> tuple[list[list[tuple[int, float]]], list[str]]:
+    """The exact search: each query's top --top_k rows of --corpus (embedded here, or its
+    --corpus_embeddings), read a chunk at a time; (the hits, the corpus's ids)."""
+    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
+    from bert.retrieval import TopK, read_texts
+
     assert args.corpus is not None  # _check_index_flags: the exact search reads it
     top = TopK(vectors, args.top_k)
     corpus_ids: list[str] = []
@@ -194,14 +212,7 @@ def _run(args: SearchArgs) -> dict[str, Any]:
         )
     if not corpus_ids:
         raise InputError(f"--corpus={args.corpus} holds no documents; give one per line")
-    found = top.result()
-    texts = _texts(args, {row for hits in found for row, _ in hits}) if args.output_format == "rerank" else {}
-    _write(args, queries, found, corpus_ids, texts)
-    logger.info("searched %d documents for %d queries with %s", len(corpus_ids), len(queries), args.model)
-    if args.output_file is not None:  # on stdout the lines themselves are the result
-        found_what = f"the top {args.top_k} of {len(corpus_ids)} documents for {len(queries)} queries"
-        print_result("search", found_what, f"written to {args.output_file}")
-    return {"queries": len(queries), "documents": len(corpus_ids), "output_file": args.output_file}
+    return top.result(), corpus_ids
 
 
 def _texts(args: SearchArgs, wanted: set[int]) -> dict[int, str]:

@@ -10,7 +10,7 @@ embeddings on an embedding model's, on any text (every text of the training file
 which may be plain text, one text a line); `--loss=margin_mse` and `distill_kl` learn a cross-encoder's
 scores of (query, positive, negatives...) tuples with dot products. Evaluation (`--eval_file`): STS
 Pearson/Spearman of cosine on scored pairs, or retrieval on a BEIR split (MRR@10, NDCG@10, Recall@1/10/100,
-MAP@100), per Matryoshka dimension. The runner (`bert.sentence.runner`) resumes, checkpoints, logs
+MAP@100), per Matryoshka dimension. The runner (`bert.sentence.embedding_run`) resumes, checkpoints, logs
 `metrics.jsonl` and exports `model/`: a directory `bert embed` and `sentence_transformers.SentenceTransformer`
 both load, giving the same vectors.
 """
@@ -137,6 +137,6 @@ def run_train_embeddings(args: TrainEmbeddingsArgs) -> dict[str, Any]:
     """Train and/or evaluate (see the module docstring); returns the runner's result (its result block is on
     the terminal)."""
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
-    from bert.sentence.runner import train_embeddings
+    from bert.sentence.embedding_run import train_embeddings
 
     return train_embeddings(args)

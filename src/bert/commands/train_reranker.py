@@ -69,6 +69,6 @@ def run_train_reranker(args: TrainRerankerArgs) -> dict[str, Any]:
     """Train and/or evaluate (see the module docstring); returns the runner's result (its result block is on
     the terminal)."""
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
-    from bert.sentence.runner import train_reranker
+    from bert.sentence.reranker_run import train_reranker
 
     return train_reranker(args)

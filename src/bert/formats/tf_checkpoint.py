@@ -360,6 +360,37 @@ def _read_checkpoint_state(path: Path) -> str | None:
     return codecs.escape_decode(m.group(1).encode("utf-8"))[0].decode("utf-8")
 
 
+def _prefix_in_directory(p: Path) -> str:
+    """The checkpoint a directory's `checkpoint` file names, else its one `*.index`."""
+    state = p / "checkpoint"
+    if state.is_file():
+        named = _read_checkpoint_state(state)
+        if named is None:
+            raise InputError(f"{state} has no model_checkpoint_path line; pass the checkpoint prefix instead")
+        candidates = [Path(named) if Path(named).is_absolute() else p / named, p / Path(named).name]
+        for c in candidates:
+            if Path(f"{c}.index").is_file():
+                return str(c)
+        raise InputError(
+            f"{state} names model_checkpoint_path {named!r}, but {candidates[0]}.index does not exist; "
+            "pass the prefix of a checkpoint that exists (e.g. .../model.ckpt-1000)"
+        )
+    indexes = sorted(p.glob("*.index"))
+    if len(indexes) == 1:
+        return str(indexes[0])[: -len(".index")]
+    if not indexes:
+        raise InputError(
+            f"no TensorFlow checkpoint in {p}: it has no `checkpoint` file and no *.index file; "
+            "pass the directory of a TF checkpoint or its prefix"
+        )
+    names = ", ".join(i.name for i in indexes[:5])
+    raise InputError(
+        f"{p} holds several checkpoints ({names}{', ...' if len(indexes) > 5 else ''}) and no `checkpoint` "
+        "file saying which is current; pass the prefix of one, e.g. "
+        f"{str(indexes[-1])[: -len('.index')]}"
+    )
+
+
 def resolve_checkpoint_prefix(path: str | os.PathLike) -> str:
     """The prefix of a TF checkpoint given in any of the usual ways.
 
@@ -376,33 +407,7 @@ def resolve_checkpoint_prefix(path: str | os.PathLike) -> str:
     """
     p = Path(path)
     if p.is_dir():
-        state = p / "checkpoint"
-        if state.is_file():
-            named = _read_checkpoint_state(state)
-            if named is None:
-                raise InputError(f"{state} has no model_checkpoint_path line; pass the checkpoint prefix instead")
-            candidates = [Path(named) if Path(named).is_absolute() else p / named, p / Path(named).name]
-            for c in candidates:
-                if Path(f"{c}.index").is_file():
-                    return str(c)
-            raise InputError(
-                f"{state} names model_checkpoint_path {named!r}, but {candidates[0]}.index does not exist; "
-                "pass the prefix of a checkpoint that exists (e.g. .../model.ckpt-1000)"
-            )
-        indexes = sorted(p.glob("*.index"))
-        if len(indexes) == 1:
-            return str(indexes[0])[: -len(".index")]
-        if not indexes:
-            raise InputError(
-                f"no TensorFlow checkpoint in {p}: it has no `checkpoint` file and no *.index file; "
-                "pass the directory of a TF checkpoint or its prefix"
-            )
-        names = ", ".join(i.name for i in indexes[:5])
-        raise InputError(
-            f"{p} holds several checkpoints ({names}{', ...' if len(indexes) > 5 else ''}) and no `checkpoint` "
-            "file saying which is current; pass the prefix of one, e.g. "
-            f"{str(indexes[-1])[: -len('.index')]}"
-        )
+        return _prefix_in_directory(p)
     s = str(p)
     if s.endswith(".index"):
         prefix = s[: -len(".index")]
@@ -550,6 +555,28 @@ def load_variables(
                     f"checkpoint {prefix} has no variable {name!r} (it has {len(entries)} variables, e.g. "
                     f"{known}); check the name with list_variables"
                 )
+    by_shard = _names_by_shard(prefix, wanted, entries, num_shards)
+    result: dict[str, np.ndarray] = {}
+    for shard, shard_names in sorted(by_shard.items()):
+        data_path = _data_path(prefix, shard, num_shards)
+        try:
+            f = open(data_path, "rb")
+        except FileNotFoundError:
+            raise InputError(
+                f"checkpoint {prefix} is incomplete: its data file {data_path} is missing (the .index is there); "
+                "copy the .data-* files next to the .index file"
+            ) from None
+        with f:
+            file_size = os.fstat(f.fileno()).st_size
+            for name in sorted(shard_names, key=lambda n: entries[n].offset):
+                result[name] = _read_tensor(f, file_size, data_path, name, entries[name], big_endian, verify_crc)
+    return {name: result[name] for name in wanted}
+
+
+def _names_by_shard(
+    prefix: str, wanted: list[str], entries: dict[str, _Entry], num_shards: int
+) -> dict[int, list[str]]:
+    """The variables to read per data file, each checked readable by this reader."""
     by_shard: dict[int, list[str]] = {}
     for name in wanted:
         e = entries[name]
@@ -566,21 +593,7 @@ def load_variables(
         if e.shard_id >= num_shards:
             raise InputError(f"checkpoint file {prefix}.index is corrupt: variable {name!r} is in shard {e.shard_id}")
         by_shard.setdefault(e.shard_id, []).append(name)
-    result: dict[str, np.ndarray] = {}
-    for shard, shard_names in sorted(by_shard.items()):
-        data_path = _data_path(prefix, shard, num_shards)
-        try:
-            f = open(data_path, "rb")
-        except FileNotFoundError:
-            raise InputError(
-                f"checkpoint {prefix} is incomplete: its data file {data_path} is missing (the .index is there); "
-                "copy the .data-* files next to the .index file"
-            ) from None
-        with f:
-            file_size = os.fstat(f.fileno()).st_size
-            for name in sorted(shard_names, key=lambda n: entries[n].offset):
-                result[name] = _read_tensor(f, file_size, data_path, name, entries[name], big_endian, verify_crc)
-    return {name: result[name] for name in wanted}
+    return by_shard
 
 
 def _read_tensor(f, file_size: int, data_path: str, name: str, e: _Entry, big_endian: bool, verify: bool):

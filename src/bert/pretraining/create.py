@@ -21,9 +21,9 @@ import random
 import struct
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -45,6 +45,9 @@ from bert.pretraining.streaming import (
 )
 from bert.utils import atomic_write, progress, text_size, write_run_info
 
+if TYPE_CHECKING:
+    from bert.commands.create_pretraining_data import CreatePretrainingDataArgs
+
 logger = logging.getLogger(__name__)
 
 _LOGGED_EXAMPLES = 20  # the original logs its first 20 instances
@@ -60,7 +63,7 @@ def create_pretraining_data(
     num_workers: int = 1,
     buffer_mb: float = 4.0,
     decode_errors: str = "strict",
-    run_args: Any = None,
+    run_args: CreatePretrainingDataArgs | None = None,
     shard: tuple[int, int] = (0, 1),
 ) -> dict[str, Any]:
     """Write the instances of `inputs` to `outputs` and return the corpus statistics.
@@ -197,7 +200,7 @@ class _Sink:
         tokenizer: Any,
         num_workers: int,
         buffer_mb: float,
-        run_args: Any = None,
+        run_args: CreatePretrainingDataArgs | None = None,
         shard: tuple[int, int] = (0, 1),
     ) -> None:
         self.settings, self.inputs, self.outputs, self.fmt, self.mode = settings, inputs, outputs, fmt, mode
@@ -391,33 +394,44 @@ def _generate_streaming(
                 if ours(index, buf.chars):
                     collect(worker.process(index, buf.lines, buf.doc_lines), buf.chars)
             return
-        # spawn: workers start clean (no copy of the parent's state or threads) on every platform. Unlike
-        # multiprocessing.Pool, the executor reports a worker that fails to start instead of respawning it.
-        with concurrent.futures.ProcessPoolExecutor(
-            num_workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=init_worker,
-            initargs=(settings, os.getpid()),
-        ) as pool:
-            pending: collections.deque = collections.deque()
-            try:
-                for index, buf in enumerate(buffers):
-                    if not ours(index, buf.chars):
-                        continue
-                    pending.append((pool.submit(process_buffer, (index, buf.lines, buf.doc_lines)), buf.chars))
-                    del buf
-                    # Bounded memory: at most one buffer waits for a free worker.
-                    while len(pending) > num_workers:
-                        future, chars = pending.popleft()
-                        collect(future.result(), chars)
-                while pending:
+        _process_in_pool(settings, buffers, num_workers, ours, collect)
+
+
+def _process_in_pool(
+    settings: GenerationSettings,
+    buffers: Iterator[Any],
+    num_workers: int,
+    ours: Callable[[int, int], bool],
+    collect: Callable[[tuple[int, int, dict[str, Any]], int], None],
+) -> None:
+    """Process this shard's buffers (`ours`) in `num_workers` processes, their results `collect`ed in order."""
+    # spawn: workers start clean (no copy of the parent's state or threads) on every platform. Unlike
+    # multiprocessing.Pool, the executor reports a worker that fails to start instead of respawning it.
+    with concurrent.futures.ProcessPoolExecutor(
+        num_workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=init_worker,
+        initargs=(settings, os.getpid()),
+    ) as pool:
+        pending: collections.deque = collections.deque()
+        try:
+            for index, buf in enumerate(buffers):
+                if not ours(index, buf.chars):
+                    continue
+                pending.append((pool.submit(process_buffer, (index, buf.lines, buf.doc_lines)), buf.chars))
+                del buf
+                # Bounded memory: at most one buffer waits for a free worker.
+                while len(pending) > num_workers:
                     future, chars = pending.popleft()
                     collect(future.result(), chars)
-            except concurrent.futures.process.BrokenProcessPool as e:
-                raise RuntimeError(
-                    "a create-pretraining-data worker process died (out of memory? or, when calling from "
-                    "Python, is the caller's code under `if __name__ == '__main__':`?)"
-                ) from e
-            finally:
-                for future, _ in pending:
-                    future.cancel()
+            while pending:
+                future, chars = pending.popleft()
+                collect(future.result(), chars)
+        except concurrent.futures.process.BrokenProcessPool as e:
+            raise RuntimeError(
+                "a create-pretraining-data worker process died (out of memory? or, when calling from "
+                "Python, is the caller's code under `if __name__ == '__main__':`?)"
+            ) from e
+        finally:
+            for future, _ in pending:
+                future.cancel()

@@ -385,42 +385,48 @@ def iter_buffers(
     """
     rng = random.Random(_seed_of(random_seed, -1))
     open_buffers = [_Buffer() for _ in range(_WINDOW_BUFFERS)]
-    warned_long = False
-
-    def documents() -> Iterator[tuple[list[str], int]]:
-        nonlocal warned_long
-        for path in input_files:
-            doc: list[str] = []
-            chars = lines = breaks = 0
-            for raw in iter_lines(path, "utf-8", decode_errors):
-                line = raw.strip()
-                if not line:
-                    if doc:
-                        yield doc, chars
-                        doc, chars = [], 0
-                        breaks += 1
-                    continue
-                lines += 1
-                doc.append(line)
-                chars += len(line) + 1
-                if chars >= buffer_chars:
-                    if not warned_long:
-                        logger.warning("%s: a document longer than --streaming_buffer_mb is cut into pieces", path)
-                        warned_long = True
-                    yield doc, chars
-                    doc, chars = [], 0
-            if doc:
-                yield doc, chars
-            warn_no_break(path, lines, breaks)
-
-    for doc, chars in documents():
+    for doc, chars in _documents(input_files, buffer_chars, decode_errors):
         k = rng.randrange(_WINDOW_BUFFERS)
         buf = open_buffers[k]
         buf.add(doc, chars)
         if buf.chars >= buffer_chars:
             yield buf
             open_buffers[k] = _Buffer()
-    # The rest: as few buffers as possible, of equal size (they are processed in parallel).
+    yield from _last_buffers(open_buffers, buffer_chars)
+
+
+def _documents(input_files: Sequence[str], buffer_chars: int, decode_errors: str) -> Iterator[tuple[list[str], int]]:
+    """The documents of the files in order with their characters (newlines counted), each at most about
+    `buffer_chars` long (a longer one is cut, with a warning the first time)."""
+    warned_long = False
+    for path in input_files:
+        doc: list[str] = []
+        chars = lines = breaks = 0
+        for raw in iter_lines(path, "utf-8", decode_errors):
+            line = raw.strip()
+            if not line:
+                if doc:
+                    yield doc, chars
+                    doc, chars = [], 0
+                    breaks += 1
+                continue
+            lines += 1
+            doc.append(line)
+            chars += len(line) + 1
+            if chars >= buffer_chars:
+                if not warned_long:
+                    logger.warning("%s: a document longer than --streaming_buffer_mb is cut into pieces", path)
+                    warned_long = True
+                yield doc, chars
+                doc, chars = [], 0
+        if doc:
+            yield doc, chars
+        warn_no_break(path, lines, breaks)
+
+
+def _last_buffers(open_buffers: Sequence[_Buffer], buffer_chars: int) -> Iterator[_Buffer]:
+    """The documents left in the open buffers: as few buffers as possible, of equal size (they are processed
+    in parallel)."""
     rest = [b for b in open_buffers if b.chars]
     total = sum(b.chars for b in rest)
     if not total:

@@ -22,7 +22,7 @@ only gives the student's starting weights.
 from __future__ import annotations
 
 import logging
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -36,12 +36,18 @@ from bert.modeling import BertForPreTraining
 from bert.pretraining.inputs import pretraining_metrics
 from bert.tokenization import load_vocab
 
+if TYPE_CHECKING:
+    from bert.commands.pretrain import PretrainArgs
+
 logger = logging.getLogger(__name__)
 
 
-def load_teacher(args: Any, student: BertConfig, vocab_file: str | None, device: torch.device) -> BertForPreTraining:
+def load_teacher(
+    args: PretrainArgs, student: BertConfig, vocab_file: str | None, device: torch.device
+) -> BertForPreTraining:
     """The frozen teacher `--teacher` names, on `device`, checked against the student: the same vocabulary
     (size, and entries when both have a vocab.txt), a masked-LM head, room for --max_seq_length."""
+    assert args.teacher is not None  # called for a run with --teacher only
     check_dtype(args.teacher_dtype, device=device, dashes="--teacher_")
     teacher_config(args.teacher)  # a missing teacher or config named as --teacher's, before its weights are read
     ckpt = read_checkpoint(args.teacher, verify=not args.ignore_checkpoint_digest)
@@ -91,7 +97,7 @@ def load_teacher(args: Any, student: BertConfig, vocab_file: str | None, device:
     return teacher
 
 
-def relation_heads(args: Any, student: BertConfig, teacher: BertConfig) -> int | None:
+def relation_heads(args: PretrainArgs, student: BertConfig, teacher: BertConfig) -> int | None:
     """The number of MiniLM relation heads (--relation_heads, else the student's attention heads), checked
     against both hidden sizes; None without --distill_attention."""
     if not args.distill_attention:

@@ -1,5 +1,7 @@
-"""The runs of `bert train-embeddings` (a bi-encoder) and `bert train-reranker` (a cross-encoder):
-`train_embeddings(args)` and `train_reranker(args)`.
+"""What the runs of `bert train-embeddings` (a bi-encoder, `bert.sentence.embedding_run`) and
+`bert train-reranker` (a cross-encoder, `bert.sentence.reranker_run`) share: `SentenceRun`, their flag checks,
+the token sequences of texts and pairs, embedding texts a block at a time, hard-negative mining, and
+`run_command`, which runs either in its output directory and prints its result block.
 
 Both follow the fine-tuning runner (`bert.finetune`): flags, model files and data are checked before the
 output directory is written to; `bert.training.Trainer` steps with the original optimizer and schedule,
@@ -10,19 +12,7 @@ every N steps and at the last, keeps the best checkpoint (`--metric_for_best_mod
 Batches. Each epoch is a permutation of the examples seeded by `(--seed, epoch)`, cut into batches of
 `--train_batch_size` (`bert.batching.BatchPlan`; with the in-batch-negative losses no text appears
 twice in a batch). Sequences are `[CLS] text [SEP]` (pairs for the reranker: `[CLS] query [SEP] document
-[SEP]`, the longer text cut first), padded per column to its longest. The bi-encoder's losses need the
-whole batch at once, so its `--gradient_accumulation_steps` must stay 1: `--loss=cached_mnrl` gives the
-large batch in the memory of `--mini_batch_size` sequences instead. The reranker's losses are means over
-queries, so its batch may be cut into `--gradient_accumulation_steps` micro-batches of whole queries: the
-same gradient, in the activations' memory of one micro-batch's pairs (batch x (1 + negatives) / steps).
-Under torchrun every process embeds the whole batch, except with `--gather_across_devices` (the in-batch
-losses): each embeds its share of it and gathers the others' embeddings, differentiably, so that each anchor
-meets the whole batch's positives and negatives and the processes' losses add up to the whole batch's.
-
-The bi-encoder (`BertModel` plus `--pooling` and `--normalize`) is exported to `model/` in the native
-layout with the sentence-transformers files (`bert.sentence.st_format`); the reranker
-(`BertForSequenceClassification`, one output: the relevance logit) in transformers' layout (`id2label`
-with one label), which `sentence_transformers.CrossEncoder` loads.
+[SEP]`, the longer text cut first), padded per column to its longest.
 """
 
 from __future__ import annotations
@@ -39,42 +29,17 @@ import numpy as np
 import torch
 
 from bert import checkpointing, evaluations, run_dir, training
-from bert.batching import BatchPlan
 from bert.cpu_kernels import release_packed_weights
 from bert.distributed import DistContext, distributed
 from bert.errors import InputError
 from bert.evaluations import EVAL_HISTORY_NAME, EvalHistory
 from bert.flags import check_batch_division, check_flag_values
 from bert.formats.results import write_results
-from bert.inference import LONGER_ADVICE, Predictor, SentenceTransformersConfig, read_sentence_transformers_config
-from bert.modeling import (
-    SENTENCE_POOLINGS,
-    BertForSequenceClassification,
-    BertModel,
-    num_parameters,
-    pool_tokens,
-)
+from bert.inference import Predictor
+from bert.modeling import BertModel, num_parameters
 from bert.run_dir import MODEL_DIR
-from bert.sentence import evaluation, losses, teachers
-from bert.sentence.data import (
-    PAIRS,
-    SCORED,
-    TEXTS,
-    Corpus,
-    TrainingData,
-    read_beir,
-    read_training_data,
-    unique_texts,
-)
-from bert.sentence.loss_table import (
-    EMBEDDING_LOSS_TABLE,
-    RERANKER_LOSS_TABLE,
-    LossSpec,
-    check_data,
-    check_loss,
-    with_transfer,
-)
-from bert.sentence.st_format import sentence_transformers_files
+from bert.sentence import evaluation
+from bert.sentence.data import TrainingData
 from bert.starting_model import resolve_starting_model
 from bert.tasks.common import num_warmup_steps, pad_2d
 from bert.tasks.glue import InputExample, convert_examples_to_features
@@ -82,7 +47,7 @@ from bert.tokenization import FullTokenizer
 from bert.utils import format_scores, print_result, progress
 
 if TYPE_CHECKING:
-    from bert.commands.train_embeddings import TrainEmbeddingsArgs
+    from bert.commands.train_embeddings import SentenceTrainingArgs, TrainEmbeddingsArgs
     from bert.commands.train_reranker import TrainRerankerArgs
 
 logger = logging.getLogger(__name__)
@@ -96,7 +61,7 @@ BLOCK_BATCHES = 16
 
 
 # ------------------------------------------------------------------------------------------- checks
-def _check_common(args: Any, accumulates: bool = False, world_size: int = 1) -> None:
+def check_common(args: SentenceTrainingArgs, accumulates: bool = False, world_size: int = 1) -> None:
     """The flags both commands check; `accumulates`: the losses are means over queries, so that a batch may be
     split over `world_size` processes and cut into --gradient_accumulation_steps micro-batches (the
     reranker's)."""
@@ -119,22 +84,6 @@ def _check_common(args: Any, accumulates: bool = False, world_size: int = 1) -> 
     if (args.do_eval or args.eval_every_steps) and args.eval_file is None:
         raise InputError("evaluation needs --eval_file=PATH (scored pairs, or a BEIR directory)")
     evaluations.check_early_stopping(args)
-
-
-def parse_dims(value: str | None, hidden_size: int) -> list[int]:
-    """`--matryoshka_dims` as a descending list of sizes (each at most the hidden size)."""
-    if not value:
-        return []
-    try:
-        dims = sorted({int(x) for x in value.split(",") if x.strip()}, reverse=True)
-    except ValueError:
-        raise InputError(
-            f"--matryoshka_dims={value}: expected sizes separated by commas, e.g. 384,256,128,64"
-        ) from None
-    bad = [d for d in dims if not 0 < d <= hidden_size]
-    if bad:
-        raise InputError(f"--matryoshka_dims={value}: {bad[0]} is not between 1 and the hidden size {hidden_size}")
-    return dims
 
 
 @dataclass
@@ -170,8 +119,7 @@ def pair_sequences(tokenizer: FullTokenizer, pairs: list[tuple[str, str]], max_s
     return Sequences([f.input_ids for f in features], [f.segment_ids for f in features])
 
 
-# ------------------------------------------------------------------------------------- the shared run
-class _Run:
+class SentenceRun:
     """What both commands share: checks, model files, the training loop with evaluations, the export."""
 
     args: TrainEmbeddingsArgs | TrainRerankerArgs
@@ -317,199 +265,6 @@ class _Run:
         return last
 
 
-# ------------------------------------------------------------------------------------------ bi-encoder
-class EmbeddingRun(_Run):
-    command = "train-embeddings"
-    model_class = BertModel
-    next_command = "bert embed --model={model} --input_file=TEXTS.txt"
-    args: TrainEmbeddingsArgs
-
-    def model_kwargs(self) -> dict[str, Any]:
-        # Pooling reads the last layer; an untrained pooler would have no optimizer state to resume.
-        return {"add_pooling_layer": False}
-
-    def __init__(self, args: TrainEmbeddingsArgs, dist: DistContext):
-        _check_common(args)
-        super().__init__(args, dist)
-        st = None
-        # The model the weights come from sets the default pooling and normalisation.
-        start = args.teacher if args.init_from_teacher_layers else args.init_checkpoint
-        if start and Path(start).is_dir():
-            st = read_sentence_transformers_config(start)
-        self.pooling = args.pooling or (st.pooling if st is not None and st.pooling else "mean")
-        self.normalize = args.normalize if args.normalize is not None else (st.normalize if st is not None else False)
-        if self.pooling not in SENTENCE_POOLINGS:
-            raise InputError(f"--pooling={self.pooling} must be one of {', '.join(SENTENCE_POOLINGS)}")
-        self.dims = parse_dims(args.matryoshka_dims, self.files.config.hidden_size)
-        self.files.config.extra["max_seq_length"] = args.max_seq_length
-        self.eval_data = _read_eval(args.eval_file, args.eval_split) if args.eval_file else None
-        self.default_metric = "eval_spearman" if isinstance(self.eval_data, TrainingData) else "eval_ndcg@10"
-        self.data = read_training_data(args.train_file) if args.do_train and args.train_file else None
-        self.scores: np.ndarray | None = None
-        self.teacher_outputs: np.ndarray | None = None
-        self.teacher: Predictor | None = None
-        if not args.do_train:
-            if args.gather_across_devices:
-                raise InputError("--gather_across_devices is for training: add --do_train=true or remove it")
-            self.loss = args.loss
-            self.setup_training(0)
-            return
-        kind = self.data.kind if self.data is not None else TEXTS
-        self.loss = args.loss or ("mse" if args.teacher else "cosent" if kind == SCORED else "mnrl")
-        self.spec = check_loss(self.loss, EMBEDDING_LOSS_TABLE, args)
-        if self.spec.teacher:
-            self.data = with_transfer(self.data, args.transfer_file, texts=self.spec.teacher == "embeddings")
-        assert self.data is not None  # --do_train needs a --train_file, or a --transfer_file to distil on
-        check_data(self.loss, self.spec, self.data, "cosent or cosine_mse")
-        if args.gather_across_devices:
-            _check_gather(self.loss, self.spec, args.train_batch_size, dist)
-        if self.spec.cached and args.precision == "fp16":
-            raise InputError(f"--loss={self.loss} computes its own backward pass: use --precision=bf16 or fp32")
-        if self.spec.teacher == "embeddings":
-            self.teacher = teachers.load_teacher(args, "embeddings", self.files.config.hidden_size)
-        elif self.spec.teacher == "scores":
-            self.teacher = teachers.load_teacher(args, "scores")
-        if self.data.kind == SCORED:
-            self.scores = np.asarray(self.data.scores, dtype=np.float32) / args.score_scale
-        self.plan = BatchPlan(self.data, args.train_batch_size, args.seed, no_duplicates=self.spec.in_batch)
-        self.setup_training(self.plan.batches_per_epoch())
-
-    def metric_names(self) -> list[str]:
-        keys = evaluation.STS_KEYS if isinstance(self.eval_data, TrainingData) else evaluation.RANKING_KEYS
-        prefixes = ["", *(f"dim{d}_" for d in self.dims if d < self.files.config.hidden_size)]
-        return [f"eval_{p}{k}" for p in prefixes for k in keys]
-
-    def prepare(self) -> None:
-        if self.data is None:
-            return
-        texts, self.rows = unique_texts(self.data.columns)
-        self.sequences = single_sequences(self.tokenizer, texts, self.args.max_seq_length)
-        logger.info(
-            "%d examples (%s), %d distinct texts, loss %s", len(self.data), self.data.kind, len(texts), self.loss
-        )
-        if self.teacher is not None:
-            args, cache = self.args, teachers.cache_dir(self.args)
-            if self.spec.teacher == "embeddings":
-                self.teacher_outputs = teachers.embeddings(self.teacher, args, self.data.columns[0], cache, self.dist)
-            else:
-                examples = [self.data.example(i) for i in range(len(self.data))]
-                self.teacher_outputs = teachers.cross_encoder_scores(self.teacher, args, examples, cache, self.dist)
-            self.teacher = None  # its outputs are all a run needs: free its memory for training
-
-    def data_state(self, step: int) -> dict[str, Any]:
-        return self.plan.state(step)
-
-    def batches(self, start_step: int) -> Iterator[list[dict[str, torch.Tensor]]]:
-        step = start_step
-        while True:
-            idx = self.plan.batch(step)
-            batch: dict[str, torch.Tensor] = {}
-            if self.args.gather_across_devices:
-                # This process's share of the global batch: its rows of the gathered columns are its anchors.
-                share = len(idx) // self.dist.world_size
-                own = slice(self.dist.rank * share, (self.dist.rank + 1) * share)
-                idx = idx[own]
-                batch["anchors"] = torch.arange(own.start, own.stop)
-            for c, rows in enumerate(self.rows):
-                batch.update({f"{k}_{c}": v for k, v in self.sequences.collate(rows[idx]).items()})
-            if self.scores is not None:
-                batch["scores"] = torch.from_numpy(self.scores[idx])
-            if self.teacher_outputs is not None:
-                batch["teacher"] = torch.from_numpy(self.teacher_outputs[idx])  # a copy of the memory-mapped rows
-            yield [batch]
-            step += 1
-
-    def loss_fn(self) -> Callable:
-        args, spec, dims, pooling, normalize = self.args, self.spec, self.dims, self.pooling, self.normalize
-        num_columns = len(self.rows)
-        world = self.dist.world_size
-        device = self.dist.device
-
-        def embed(model, batch, c: int, rows: slice = slice(None)) -> torch.Tensor:
-            mask = batch[f"attention_mask_{c}"][rows]
-            out = model(batch[f"input_ids_{c}"][rows], mask, batch[f"token_type_ids_{c}"][rows])
-            vectors = pool_tokens(out.sequence_output, mask, pooling)
-            return torch.nn.functional.normalize(vectors, p=2, dim=-1) if normalize else vectors
-
-        def of_embeddings(embeddings: list[torch.Tensor], batch) -> torch.Tensor:
-            """This process's 1/world share of the global batch's loss (the Trainer and cached_mnrl_backward
-            sum the shares over processes): the whole batch's loss, which every process computes, or under
-            --gather_across_devices the mean over its own anchors of every process's rows."""
-            if "anchors" in batch:
-                embeddings = [self.dist.all_gather_rows(e) for e in embeddings]
-            return losses.matryoshka(lambda e: spec.value(e, batch, args), embeddings, dims) / world
-
-        def fn(model, batch, totals):
-            if spec.cached:
-                n = batch["input_ids_0"].shape[0]
-                no_sync = getattr(model, "no_sync", None)
-                value = losses.cached_mnrl_backward(
-                    lambda c, rows: embed(model, batch, c, rows),
-                    n,
-                    num_columns,
-                    args.mini_batch_size,
-                    lambda e: of_embeddings(e, batch),
-                    device,
-                    grad_scale=world,
-                    no_sync=no_sync,
-                )
-                # The gradients are in place already; the Trainer's backward pass on a leaf adds nothing.
-                return value.requires_grad_(), {"loss": value}
-            value = of_embeddings([embed(model, batch, c) for c in range(num_columns)], batch)
-            return value, {"loss": value.detach()}
-
-        return fn
-
-    def evaluate(self) -> dict[str, float]:
-        st = SentenceTransformersConfig(self.pooling, self.normalize, self.args.max_seq_length)
-        predictor = Predictor(
-            self.model,
-            self.tokenizer,
-            "BertModel",
-            self.dist.device,
-            max_seq_length=self.args.max_seq_length,
-            batch_size=self.args.eval_batch_size,
-            has_pooler=False,
-            sentence_transformers=st,
-            source=self.args.output_dir,
-        )
-        was_training = self.model.training
-        assert self.eval_data is not None  # checked with the flags
-        try:
-            return evaluate_embeddings(predictor, self.eval_data, self.dims, disable=not self.dist.is_main)
-        finally:
-            self.model.train(was_training)
-
-    def export_files(self) -> dict[str, Any]:
-        return sentence_transformers_files(
-            self.pooling, self.normalize, self.args.max_seq_length, self.files.config.hidden_size
-        )
-
-
-def _check_gather(loss: str, spec: LossSpec, train_batch_size: int, dist: DistContext) -> None:
-    """--gather_across_devices: an in-batch loss, under torchrun, a global batch the processes share equally."""
-    if not spec.in_batch:
-        raise InputError(
-            f"--gather_across_devices shares in-batch negatives, which --loss={loss} has none of: remove it or use "
-            f"--loss={', '.join(n for n, s in EMBEDDING_LOSS_TABLE.items() if s.in_batch)}"
-        )
-    if not dist.distributed:
-        raise InputError(
-            "--gather_across_devices gathers the batch of every torchrun process; this run is one process: remove "
-            "it, or start the run with torchrun --nproc_per_node=N"
-        )
-    check_batch_division(train_batch_size, dist.world_size, 1)
-
-
-def _read_eval(path: str, split: str) -> TrainingData | Corpus:
-    if Path(path).is_dir():
-        return read_beir(path, split)
-    data = read_training_data(path)
-    if data.kind != SCORED:
-        raise InputError(f"--eval_file={path}: expected scored pairs (STS) or a BEIR directory, got {data.kind}")
-    return data
-
-
 def embed_texts(
     predictor: Predictor, texts: Sequence[str], desc: str, disable: bool = False, batch_size: int | None = None
 ) -> np.ndarray:
@@ -521,66 +276,6 @@ def embed_texts(
             parts.append(predictor.embed(list(texts[start : start + size]), batch_size=batch_size))
             bar.update(len(parts[-1]))
     return np.concatenate(parts) if parts else predictor.embed([])
-
-
-def rerank_logits(
-    reranker: Predictor,
-    queries: Sequence[str],
-    candidates: Sequence[Sequence[str]],
-    desc: str,
-    disable: bool = False,
-    batch_size: int | None = None,
-) -> list[np.ndarray]:
-    """The cross-encoder's logit of each query with each of its candidate documents, the queries taken a block
-    at a time (BLOCK_BATCHES batches of pairs), under the progress bar `desc`: memory holds one block's pairs,
-    not every query's candidates. Inputs cut to the model's length are warned of once."""
-    size = (batch_size or reranker.batch_size) * BLOCK_BATCHES
-    out: list[np.ndarray] = []
-    with (
-        progress(total=len(queries), unit="query", desc=desc, disable=disable) as bar,
-        reranker.counting_truncations(LONGER_ADVICE),
-    ):
-        start = 0
-        while start < len(queries):
-            stop, pairs = start, 0
-            while stop < len(queries) and (stop == start or pairs + len(candidates[stop]) <= size):
-                pairs += len(candidates[stop])
-                stop += 1
-            block = [(queries[i], d) for i in range(start, stop) for d in candidates[i]]
-            logits = reranker.classification_logits(block, batch_size)[:, 0]
-            for i in range(start, stop):
-                out.append(logits[: len(candidates[i])])
-                logits = logits[len(candidates[i]) :]
-            bar.update(stop - start)
-            start = stop
-    return out
-
-
-def evaluate_embeddings(
-    predictor: Predictor, data: TrainingData | Corpus, dims: list[int], disable: bool = False
-) -> dict[str, float]:
-    """STS correlations (scored pairs) or retrieval metrics (a BEIR split), full size and per Matryoshka
-    dimension, keys prefixed `eval_`; `disable` hides the progress bars (ranks other than the first)."""
-    full = predictor.config.hidden_size
-    if isinstance(data, TrainingData):
-        a = embed_texts(predictor, data.columns[0], "eval: first texts", disable)
-        b = embed_texts(predictor, data.columns[1], "eval: second texts", disable)
-
-        def sts(d: int | None) -> dict[str, float]:
-            return evaluation.sts_metrics(evaluation.truncate(a, d), evaluation.truncate(b, d), data.scores or [])
-
-        scores = evaluation.per_dimension(sts, dims, full)
-    else:
-        qids, dids = list(data.queries), list(data.documents)
-        q = embed_texts(predictor, [data.queries[i] for i in qids], "eval: queries", disable)
-        docs = embed_texts(predictor, [data.documents[i] for i in dids], "eval: corpus", disable)
-        relevant = [data.qrels[i] for i in qids]
-
-        def retrieval(d: int | None) -> dict[str, float]:
-            return evaluation.retrieval_metrics(evaluation.truncate(q, d), evaluation.truncate(docs, d), dids, relevant)
-
-        scores = evaluation.per_dimension(retrieval, dims, full)
-    return {f"eval_{k}": v for k, v in scores.items()}
 
 
 def eval_lines(scores: dict[str, Any]) -> list[str]:
@@ -597,7 +292,7 @@ def eval_lines(scores: dict[str, Any]) -> list[str]:
     return [f"{labels.get(p, f'eval at {p[3:-1]} dims')}: {format_scores(v)}" for p, v in groups.items()]
 
 
-def print_run_result(cls: type[_Run], result: dict[str, Any]) -> None:
+def print_run_result(cls: type[SentenceRun], result: dict[str, Any]) -> None:
     """The run's result block: the steps, the final evaluation, the files and the command that uses the model."""
     output_dir = Path(result["output_dir"])
     model = output_dir / MODEL_DIR
@@ -610,12 +305,7 @@ def print_run_result(cls: type[_Run], result: dict[str, Any]) -> None:
     )
 
 
-def train_embeddings(args: TrainEmbeddingsArgs) -> dict[str, Any]:
-    """Train and/or evaluate a sentence-embedding model (see the module docstring)."""
-    return _run(EmbeddingRun, args)
-
-
-def _run(cls: type[_Run], args: TrainEmbeddingsArgs | TrainRerankerArgs) -> dict[str, Any]:
+def run_command(cls: type[SentenceRun], args: TrainEmbeddingsArgs | TrainRerankerArgs) -> dict[str, Any]:
     inputs = {"--train_file": args.train_file, "--eval_file": args.eval_file, "--init_checkpoint": args.init_checkpoint}
     inputs.update({"--vocab_file": args.vocab_file, "--bert_config_file": args.bert_config_file})
     inputs.update({"--teacher": args.teacher, "--transfer_file": args.transfer_file})
@@ -627,159 +317,6 @@ def _run(cls: type[_Run], args: TrainEmbeddingsArgs | TrainRerankerArgs) -> dict
     if dist.is_main:
         print_run_result(cls, result)
     return result
-
-
-# ------------------------------------------------------------------------------------------ reranker
-class RerankerRun(_Run):
-    command = "train-reranker"
-    model_class = BertForSequenceClassification
-    next_command = "bert rerank --model={model} --input_file=CANDIDATES.jsonl"
-    default_metric = "eval_ndcg@10"
-    args: TrainRerankerArgs
-
-    def __init__(self, args: TrainRerankerArgs, dist: DistContext):
-        _check_common(args, accumulates=True, world_size=dist.world_size)
-        super().__init__(args, dist)
-        self.loss = args.loss or "bce"
-        self.data = read_training_data(args.train_file) if args.do_train and args.train_file else None
-        self.teacher: Predictor | None = None
-        self.teacher_outputs: np.ndarray | None = None
-        if args.do_train:
-            self.spec = check_loss(self.loss, RERANKER_LOSS_TABLE, args)
-            if self.spec.teacher:
-                self.data = with_transfer(self.data, args.transfer_file, texts=False)
-            assert self.data is not None  # --do_train needs a --train_file, or a --transfer_file to distil on
-            check_data(self.loss, self.spec, self.data, "bce")
-            if self.data.kind == SCORED:
-                bad = [s for s in self.data.scores or [] if not 0 <= s <= 1]
-                if bad:
-                    raise InputError(f"{self.data.source}: score {bad[0]} is not between 0 and 1, as --loss=bce needs")
-            elif self.data.kind == PAIRS and not args.mine_negatives:
-                raise InputError(
-                    f"{self.data.source} holds (query, positive) pairs without negatives: pass --mine_negatives=MODEL "
-                    "(a bi-encoder) to mine them, or give negatives in the file"
-                )
-            if self.spec.teacher:
-                self.teacher = teachers.load_teacher(args, "scores")
-            self.plan = BatchPlan(self.data, args.train_batch_size, args.seed, no_duplicates=False)
-            self.setup_training(self.plan.batches_per_epoch())
-        else:
-            self.setup_training(0)
-        self.eval_data = read_beir(args.eval_file, args.eval_split) if args.eval_file else None
-        if self.eval_data is not None and not (args.eval_retriever or args.mine_negatives):
-            raise InputError("evaluation reranks a bi-encoder's top results: pass --eval_retriever=MODEL")
-        for flag in ("mine_negatives", "eval_retriever"):
-            value = getattr(args, flag)
-            if value and not Path(value).exists():
-                raise InputError(f"--{flag}={value}: no such model directory")
-        self.files.config.extra.update(
-            id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0}, max_seq_length=args.max_seq_length
-        )
-
-    def model_kwargs(self) -> dict[str, Any]:
-        return {"num_labels": 1}
-
-    def metric_names(self) -> list[str]:
-        return [f"eval_{p}{k}" for p in ("", "retriever_") for k in evaluation.RANKING_KEYS]
-
-    def prepare(self) -> None:
-        if self.data is None:
-            return
-        args, data = self.args, self.data
-        if data.kind == PAIRS:
-            assert args.mine_negatives is not None  # pairs without negatives were refused without it
-            data = mine_negatives(
-                args.mine_negatives, data, args.num_negatives, args.device, args.eval_batch_size, not self.dist.is_main
-            )
-            self.data = data
-            self.plan.records = data
-        if data.kind == SCORED:
-            groups = [[(a, b)] for a, b in zip(*data.columns)]
-            self.labels = np.asarray(data.scores, dtype=np.float32)[:, None]
-        else:
-            groups = [[(ex[0], t) for t in ex[1:]] for ex in (data.example(i) for i in range(len(data)))]
-            self.labels = np.zeros((len(data), len(groups[0])), dtype=np.float32)
-            self.labels[:, 0] = 1.0
-        self.group_size = len(groups[0])
-        pairs = [p for g in groups for p in g]
-        self.sequences = pair_sequences(self.tokenizer, pairs, args.max_seq_length)
-        logger.info("%d queries x %d pairs, loss %s", len(data), self.group_size, self.loss)
-        if self.teacher is not None:
-            examples = [data.example(i) for i in range(len(data))]
-            self.teacher_outputs = teachers.cross_encoder_scores(
-                self.teacher, args, examples, teachers.cache_dir(args), self.dist
-            )
-            self.teacher = None  # its outputs are all a run needs: free its memory for training
-
-    def data_state(self, step: int) -> dict[str, Any]:
-        return self.plan.state(step)
-
-    def batches(self, start_step: int) -> Iterator[list[dict[str, torch.Tensor]]]:
-        """Each step's queries in --gradient_accumulation_steps micro-batches, each with all of its queries'
-        pairs: activations are held for one micro-batch's pairs at a time. Under torchrun each process takes
-        its share of the step's queries (a reranker's loss has no in-batch terms)."""
-        step, k = start_step, self.group_size
-        while True:
-            idx = self.plan.batch(step)
-            micro_batches = []
-            own = np.array_split(idx, self.dist.world_size)[self.dist.rank]
-            for part in np.array_split(own, self.args.gradient_accumulation_steps):
-                rows = (part[:, None] * k + np.arange(k)[None, :]).reshape(-1)  # [b * k], query-major
-                batch = self.sequences.collate(rows)
-                batch["labels"] = torch.from_numpy(self.labels[part].reshape(-1))
-                if self.teacher_outputs is not None:
-                    batch["teacher"] = torch.from_numpy(self.teacher_outputs[part])  # [b, k], a copy of mapped rows
-                batch["share"] = torch.tensor(len(part) / len(idx))
-                micro_batches.append(batch)
-            yield micro_batches
-            step += 1
-
-    def loss_fn(self) -> Callable:
-        args, spec, k = self.args, self.spec, self.group_size
-
-        def fn(model, batch, totals):
-            logits = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits[:, 0]
-            # Every loss is a mean over the queries (of equal groups): the shares of the micro-batches of every
-            # process add up to it.
-            value = spec.value(logits.view(-1, k), batch, args) * batch["share"]  # [b, k]: each query's pairs
-            return value, {"loss": value.detach()}
-
-        return fn
-
-    def evaluate(self) -> dict[str, float]:
-        args, corpus = self.args, self.eval_data
-        retriever_dir = args.eval_retriever or args.mine_negatives
-        assert corpus is not None and retriever_dir is not None  # checked with the flags
-        retriever = Predictor.from_pretrained(retriever_dir, device=args.device)
-        qids, dids = list(corpus.queries), list(corpus.documents)
-        hide, size = not self.dist.is_main, args.eval_batch_size
-        q = embed_texts(retriever, [corpus.queries[i] for i in qids], "eval: queries", hide, size)
-        d = embed_texts(retriever, [corpus.documents[i] for i in dids], "eval: corpus", hide, size)
-        top, _ = evaluation.search(q, d, args.rerank_top_k)
-        candidates = [[dids[j] for j in row] for row in top]
-        relevant = [corpus.qrels[i] for i in qids]
-        reranker = Predictor(
-            self.model,
-            self.tokenizer,
-            "BertForSequenceClassification",
-            self.dist.device,
-            max_seq_length=args.max_seq_length,
-            batch_size=args.eval_batch_size,
-            source=args.output_dir,
-        )
-        was_training = self.model.training
-        try:
-            texts = [[corpus.documents[did] for did in docs] for docs in candidates]
-            queries = [corpus.queries[qid] for qid in qids]
-            scores = rerank_logits(reranker, queries, texts, "eval: rerank", hide)
-        finally:
-            self.model.train(was_training)
-        out = {
-            f"eval_{k}": v
-            for k, v in evaluation.ranking_metrics(evaluation.rerank(candidates, scores), relevant).items()
-        }
-        out.update({f"eval_retriever_{k}": v for k, v in evaluation.ranking_metrics(candidates, relevant).items()})
-        return out
 
 
 def mine_negatives(
@@ -809,8 +346,3 @@ def mine_negatives(
     columns = [anchors, positives] + [[mined[a][i] for a in anchors] for i in range(k)]
     logger.info("mined %d hard negatives per query with %s", k, model)
     return TrainingData(data.source, columns)
-
-
-def train_reranker(args: TrainRerankerArgs) -> dict[str, Any]:
-    """Train and/or evaluate a reranker (see the module docstring)."""
-    return _run(RerankerRun, args)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,19 +27,23 @@ from bert.distributed import DistContext
 from bert.errors import InputError
 from bert.inference import Predictor
 
+if TYPE_CHECKING:
+    from bert.commands.train_embeddings import SentenceTrainingArgs
+
 logger = logging.getLogger(__name__)
 
 CACHE_NAME = "teacher_cache"  # in the output directory, unless --teacher_cache_dir says otherwise
 
 
-def cache_dir(args: Any) -> Path:
+def cache_dir(args: SentenceTrainingArgs) -> Path:
     return Path(args.teacher_cache_dir) if args.teacher_cache_dir else Path(args.output_dir) / CACHE_NAME
 
 
-def load_teacher(args: Any, gives: str, student_size: int | None = None) -> Predictor:
+def load_teacher(args: SentenceTrainingArgs, gives: str, student_size: int | None = None) -> Predictor:
     """The `--teacher` model (in `--teacher_dtype` / `--teacher_quantize`), checked for what it must give:
     "embeddings" (of `student_size` dimensions, the student's) or "scores" (a cross-encoder's)."""
     teacher = args.teacher
+    assert teacher is not None  # `loss_table.check_loss` refuses a teacher's loss without --teacher
     if not Path(teacher).exists():
         raise InputError(f"--teacher={teacher}: no such model directory or checkpoint")
     precision = (args.teacher_dtype, args.teacher_quantize)
@@ -64,8 +68,9 @@ def load_teacher(args: Any, gives: str, student_size: int | None = None) -> Pred
     return model
 
 
-def _key(kind: str, args: Any, model: Predictor, data: object) -> dict[str, Any]:
+def _key(kind: str, args: SentenceTrainingArgs, model: Predictor, data: object) -> dict[str, Any]:
     """What the outputs depend on: the weights, the data, how the teacher reads text and runs."""
+    assert args.teacher is not None  # the outputs of the teacher `load_teacher` loaded
     return {
         "kind": kind,
         "teacher": weights_digest(args.teacher),
@@ -76,7 +81,9 @@ def _key(kind: str, args: Any, model: Predictor, data: object) -> dict[str, Any]
     }
 
 
-def embeddings(model: Predictor, args: Any, texts: Sequence[str], cache: Path, dist: DistContext) -> np.ndarray:
+def embeddings(
+    model: Predictor, args: SentenceTrainingArgs, texts: Sequence[str], cache: Path, dist: DistContext
+) -> np.ndarray:
     """[len(texts), H] float32 (read-only, memory-mapped): the vector of each text by `model`, `load_teacher(args,
     ...)` (computed by rank 0, read by the others)."""
     key = _key("sentence embeddings", args, model, list(texts))
@@ -91,7 +98,7 @@ def embeddings(model: Predictor, args: Any, texts: Sequence[str], cache: Path, d
 
 
 def cross_encoder_scores(
-    model: Predictor, args: Any, groups: Sequence[Sequence[str]], cache: Path, dist: DistContext
+    model: Predictor, args: SentenceTrainingArgs, groups: Sequence[Sequence[str]], cache: Path, dist: DistContext
 ) -> np.ndarray:
     """[len(groups), group size - 1] float32 (read-only, memory-mapped): for each (query, document, ...) group,
     the logit of each (query, document) by the cross-encoder `model`, `load_teacher(args, ...)` (computed by

@@ -37,6 +37,7 @@ from bert.tokenization import printable_text
 from bert.utils import atomic_write, iter_lines
 
 if TYPE_CHECKING:
+    from bert.commands.ner import NerArgs
     from bert.tokenization import FullTokenizer
 
 logger = logging.getLogger(__name__)
@@ -372,7 +373,7 @@ class NerTask(FinetuneTask):
     head = "BertForTokenClassification"
     default_metric = "eval_f1"
 
-    def __init__(self, args: Any):
+    def __init__(self, args: NerArgs):
         self.args = args
         self.label_list: list[str] = []
 

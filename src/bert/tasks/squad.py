@@ -37,7 +37,7 @@ import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -47,6 +47,9 @@ from bert.tasks.common import FinetuneTask, pad_2d
 from bert.tasks.squad_evaluate import evaluate_v1, evaluate_v2, iter_questions
 from bert.tokenization import BasicTokenizer, whitespace_tokenize
 from bert.utils import atomic_write, load_json_file
+
+if TYPE_CHECKING:
+    from bert.commands.squad import SquadArgs
 
 logger = logging.getLogger(__name__)
 
@@ -1264,7 +1267,7 @@ class SquadTask(FinetuneTask):
     default_metric = "f1"
     dev_flag = "do_predict"
 
-    def __init__(self, args: Any):
+    def __init__(self, args: SquadArgs):
         self.args = args
         self.gold: list | None = None  # the predict file's `data` list when it has answers
         self.eval_results: dict[str, Any] | None = None
@@ -1272,6 +1275,7 @@ class SquadTask(FinetuneTask):
     def read_examples(self, split: str) -> list:
         a = self.args
         if split == "train":
+            assert a.train_file is not None  # `bert squad` refuses --do_train without it
             data = load_json_file(a.train_file, "--train_file")
             examples = squad_examples_from_json(data, True, a.version_2_with_negative, source=a.train_file)
             if not examples:
@@ -1280,6 +1284,7 @@ class SquadTask(FinetuneTask):
             random.Random(TRAIN_SHUFFLE_SEED).shuffle(examples)
             return examples
         if split == "test":
+            assert a.predict_file is not None  # `bert squad` refuses --do_predict without it
             data = load_json_file(a.predict_file, "--predict_file")
             examples = squad_examples_from_json(data, False, a.version_2_with_negative, source=a.predict_file)
             self.gold = gold_dataset(data, a.version_2_with_negative, a.predict_file)

@@ -30,6 +30,7 @@ from bert.tasks.glue import read_rows
 from bert.tokenization import printable_text
 
 if TYPE_CHECKING:
+    from bert.commands.swag import SwagArgs
     from bert.tokenization import FullTokenizer
 
 logger = logging.getLogger(__name__)
@@ -248,7 +249,7 @@ class SwagTask(FinetuneTask):
     head = "BertForMultipleChoice"
     default_metric = "eval_accuracy"
 
-    def __init__(self, args: Any):
+    def __init__(self, args: SwagArgs):
         self.args = args
 
     def read_examples(self, split: str) -> list:
