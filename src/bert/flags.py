@@ -39,7 +39,6 @@ BACKENDS = ("torch", "onnx")
 # Inference's flag of that name): bfloat16 doubles the GEMM rate on CPUs with AVX512-BF16 or AMX; float16 is for
 # CUDA (the CPU has no fast float16 kernels).
 INFERENCE_DTYPES = ("float32", "bfloat16", "float16")
-POOLINGS = ("cls", "mean", "max", "pooler")  # bert embed --pooling, bert.inference
 # bert train-embeddings / train-reranker --loss: sentence-transformers' losses of these names (bert.sentence.losses).
 EMBEDDING_LOSSES = (
     "mnrl",

@@ -53,7 +53,8 @@ class PredictArgs(InferenceArgs):
     )
     output_file: str | None = field(default=None, metadata={"help": "Output JSON-lines file; stdout if unset."})
     top_k: int = field(
-        default=1, metadata={"help": "Classification: also list the k best labels with their scores (0: all)."}
+        default=1,
+        metadata={"help": "Classification: also list the k best labels with their scores (0: all).", "min": 0},
     )
     long_document: str | None = field(
         default=None,
@@ -101,8 +102,6 @@ def run_predict(args: PredictArgs) -> dict[str, Any]:
 
 
 def _run(args: PredictArgs) -> dict[str, Any]:
-    if args.top_k < 0:
-        raise InputError(f"--top_k={args.top_k} must be 0 (all labels) or more")
     settings = args.predictor_settings()
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
     from bert.inference import Predictor

@@ -57,19 +57,11 @@ files) and `predictor` (`Predictor`: the core with every task, and `rank`).
 
 from __future__ import annotations
 
-from bert.flags import POOLINGS
-from bert.inference.common import (
-    LONGER_ADVICE,
-    TASKS,
-    TRUNCATION_DIRECTIONS,
-    WINDOWS_ADVICE,
-    AnswerSettings,
-    ClassificationHead,
-    TaggingHead,
-)
+from bert.inference.common import LONGER_ADVICE, WINDOWS_ADVICE, AnswerSettings, ClassificationHead, TaggingHead
 from bert.inference.embeddings import cosine_similarity
 from bert.inference.predictor import Predictor
 from bert.inference.st_config import SentenceTransformersConfig, read_sentence_transformers_config
+from bert.request_rules import POOLINGS, TASKS, TRUNCATION_DIRECTIONS
 from bert.tasks.common import CLASSIFICATION, EMBEDDINGS, FILL_MASK, MULTIPLE_CHOICE, NER, QUESTION_ANSWERING
 
 __all__ = [

@@ -8,14 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from bert.inference.common import (
-    ClassificationHead,
-    check_truncation_direction,
-    checked_pairs,
-    quiet_task_logs,
-)
+from bert.inference.common import ClassificationHead, checked_pairs, quiet_task_logs
 from bert.inference.core import PredictorCore
 from bert.input_lines import InputItemError
+from bert.request_rules import ALL_LABELS, check_top_k
+from bert.request_rules import truncation_direction as direction_of
 from bert.tasks.common import CLASSIFICATION, sigmoid, softmax, truncate_seq_pair
 from bert.tasks.glue import InputExample, convert_examples_to_features
 from bert.tasks.windows import convert_examples_to_windows, pool_windows
@@ -63,6 +60,7 @@ class ClassificationMixin(PredictorCore):
         threshold, best first; regression {"score"} (the model's output). With `top_k` != 1, also
         "scores": [{"label", "score"}, ...], best first.
         """
+        check_top_k(top_k, zero=ALL_LABELS)
         pooled = self.classification_logits(
             inputs, batch_size, truncate=truncate, truncation_direction=truncation_direction
         )
@@ -106,7 +104,7 @@ class ClassificationMixin(PredictorCore):
         """`[CLS] a [SEP] (b [SEP])` per pair with segment ids. Too long for `max_seq_length`: with `truncate`,
         cut as `bert classify` cuts (run_classifier.py `_truncate_seq_pair`: a token at a time from the
         longer text, at its end for "right", at its start for "left"); else an `InputItemError`."""
-        check_truncation_direction(truncation_direction)
+        truncation_direction = direction_of(truncation_direction)
         if truncate and truncation_direction == "right":
             return self._truncated_features(pairs)
         cls_id, sep_id = self._special_ids()
