@@ -133,6 +133,8 @@ TORCH_FREE += ["bert.plotting", "bert.flags", "bert.hub", "bert.input_lines"]
 TORCH_FREE += ["bert.batching"]  # which records each step reads: NumPy only
 # The rules of a request's options, read by the commands' flags and the server's schemas without a model.
 TORCH_FREE += ["bert.request_rules"]
+# The --loss choices and their help: the table the runners compute the losses from.
+TORCH_FREE += ["bert.sentence.data", "bert.sentence.loss_table"]
 # Every command module: bert.cli imports one to parse its flags, so a flag error costs no torch; a command
 # imports the library it drives inside its run function.
 TORCH_FREE += ["bert.commands"]

@@ -46,7 +46,7 @@ class ClassificationMixin(PredictorCore):
             top_k: also list the `top_k` best labels with their scores under "scores" (0 or None: all);
                 with 1 (the default) only the best.
             raw_scores: "scores" lists the logits instead of the probabilities.
-            truncate, truncation_direction: with `long_document` "truncate", see `_pair_sequences` ("left"
+            truncate, truncation_direction: with `long_document` "truncate", see `pair_sequences` ("left"
                 cuts a text's start).
 
         Long inputs are read as the model was fine-tuned to read them (`long_document`, `doc_stride`,
@@ -82,7 +82,7 @@ class ClassificationMixin(PredictorCore):
             return np.zeros((0, len(head.labels)), dtype=np.float32)
         with self._lock, quiet_task_logs():
             if self.long_document == "truncate":
-                sequences = self._pair_sequences(pairs, truncate, truncation_direction)
+                sequences = self.pair_sequences(pairs, truncate, truncation_direction)
             else:
                 examples, labels = self._examples(pairs), _label_list(head)
                 features = convert_examples_to_windows(
@@ -98,7 +98,7 @@ class ClassificationMixin(PredictorCore):
             return np.stack(logits).astype(np.float32)  # [N, L]
         return pool_windows(logits, features, len(pairs), self.window_pooling).astype(np.float32)  # [N, L]
 
-    def _pair_sequences(
+    def pair_sequences(
         self, pairs: list[tuple[str, str | None]], truncate: bool, truncation_direction: str
     ) -> list[tuple[list[int], list[int]]]:
         """`[CLS] a [SEP] (b [SEP])` per pair with segment ids. Too long for `max_seq_length`: with `truncate`,
@@ -113,12 +113,7 @@ class ClassificationMixin(PredictorCore):
             ids_a, ids_b = self.tokenizer.encode(a), self.tokenizer.encode(b) if b else []
             room = self.max_seq_length - (3 if b else 2)
             if len(ids_a) + len(ids_b) > room:
-                if not truncate:
-                    raise InputItemError(
-                        i,
-                        f"{len(ids_a) + len(ids_b) + self.max_seq_length - room} tokens with [CLS] and [SEP], more "
-                        f"than max_seq_length={self.max_seq_length}; shorten it or let it be truncated",
-                    )
+                self._pair_length(i, len(ids_a) + len(ids_b) + self.max_seq_length - room, truncate)
                 # The end-popping rule on reversed pieces pops from the start.
                 ids_a, ids_b = ids_a[::-1], ids_b[::-1]
                 truncate_seq_pair(ids_a, ids_b, room)
@@ -130,6 +125,26 @@ class ClassificationMixin(PredictorCore):
                 types += [1] * (len(ids_b) + 1)
             sequences.append((ids, types))
         return sequences
+
+    def pair_lengths(self, pairs: Sequence[tuple[str, str | None]], truncate: bool) -> list[int]:
+        """The tokens each pair of `pair_sequences` runs as ([CLS] and [SEP] included; `max_seq_length` when
+        cut), with its length rule, without building the sequences: the server's queue counts them."""
+        firsts = self.tokenizer.encode_batch([a for a, _ in pairs])
+        seconds = self.tokenizer.encode_batch([b or "" for _, b in pairs])
+        return [
+            self._pair_length(i, len(ids_a) + len(ids_b) + (3 if b else 2), truncate)
+            for i, (ids_a, ids_b, (_, b)) in enumerate(zip(firsts, seconds, pairs))
+        ]
+
+    def _pair_length(self, i: int, tokens: int, truncate: bool) -> int:
+        """Pair `i` of `tokens` tokens runs whole, or cut to `max_seq_length` with `truncate`, else is refused."""
+        if tokens > self.max_seq_length and not truncate:
+            raise InputItemError(
+                i,
+                f"{tokens} tokens with [CLS] and [SEP], more than max_seq_length={self.max_seq_length}; shorten it "
+                "or let it be truncated",
+            )
+        return min(tokens, self.max_seq_length)
 
     def _examples(self, pairs: list[tuple[str, str | None]]) -> list[InputExample]:
         """The pairs as classification examples, each with the placeholder label of a test example."""

@@ -92,7 +92,7 @@ class Predictor(ClassificationMixin, SpanTasksMixin, EmbeddingMixin, FillMaskMix
     ) -> list[float]:
         pairs = checked_pairs([(query, d) for d in documents])
         with self._lock, quiet_task_logs():
-            sequences = self._pair_sequences(pairs, truncate, truncation_direction)
+            sequences = self.pair_sequences(pairs, truncate, truncation_direction)
 
             def run(ids, mask, types, idx):
                 return self.model(ids, mask, types).logits[:, 0].float().cpu().tolist()
