@@ -4,8 +4,7 @@ embeddings (`POOLINGS`), and which task a model answers (`TASKS`, `has_head`).
 
 The `Predictor` (`bert.inference`), the inference commands and the server (`bert.serving`: its schemas
 publish the bounds and spellings below, its handlers call the checks) all read them here. Torch-free, so a
-command checks its flags and the server builds its schemas without loading a model. `name` is how the
-caller's user wrote the value: `top_k` (Python), `--top_k` (a flag), `"top_k"` (a request field).
+command checks its flags and the server builds its schemas without loading a model.
 """
 
 from __future__ import annotations
@@ -34,33 +33,34 @@ TASKS = {
 }
 
 
-def check_top_k(top_k: int | None, name: str = "top_k", zero: str | None = None) -> None:
+def check_top_k(top_k: int | None, zero: str | None = None) -> None:
     """`top_k` results: at least `TOP_K_MINIMUM`; None, where a caller takes it, is every result. `zero`
     says what 0 means where a caller also reads it as every result (a classifier's "all labels")."""
     if top_k is None:
         return
     if zero is not None and top_k < 0:
-        raise InputError(f"{name}={top_k} must be 0 ({zero}) or more")
+        raise InputError(f"top_k={top_k} must be 0 ({zero}) or more")
     if zero is None and top_k < TOP_K_MINIMUM:
-        raise InputError(f"{name}={top_k} must be at least {TOP_K_MINIMUM}")
+        raise InputError(f"top_k={top_k} must be at least {TOP_K_MINIMUM}")
 
 
 def check_dimensions(dimensions: int | None, hidden_size: int, name: str = "dimensions") -> None:
-    """Matryoshka truncation keeps the first `dimensions` of a model's `hidden_size` components."""
+    """Matryoshka truncation keeps the first `dimensions` of a model's `hidden_size` components; `name` is
+    the value's name where it was given (`"dimensions"`: a request's field)."""
     if dimensions is not None and not DIMENSIONS_MINIMUM <= dimensions <= hidden_size:
         raise InputError(f"{name}={dimensions} must be between {DIMENSIONS_MINIMUM} and the model's {hidden_size}")
 
 
-def truncation_direction(value: str, name: str = "truncation_direction") -> str:
+def truncation_direction(value: str) -> str:
     """The direction ("right" keeps the start, "left" the end) of one of `TRUNCATION_DIRECTION_SPELLINGS`."""
     if value not in TRUNCATION_DIRECTION_SPELLINGS:
-        raise InputError(f"{name}={value!r} must be one of {', '.join(TRUNCATION_DIRECTIONS)}")
+        raise InputError(f"truncation_direction={value!r} must be one of {', '.join(TRUNCATION_DIRECTIONS)}")
     return value.lower()
 
 
-def check_pooling(pooling: str, name: str = "pooling") -> None:
+def check_pooling(pooling: str) -> None:
     if pooling not in POOLINGS:
-        raise InputError(f"{name}={pooling!r} must be one of {', '.join(POOLINGS)}")
+        raise InputError(f"pooling={pooling!r} must be one of {', '.join(POOLINGS)}")
 
 
 def has_head(architecture: str, has_mlm_head: bool, task: str) -> bool:

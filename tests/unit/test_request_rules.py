@@ -65,8 +65,8 @@ def test_the_rules():
     with pytest.raises(InputError, match="^top_k=0 must be at least 1$"):
         check_top_k(0)
     check_top_k(0, zero="all labels")  # a classifier's "every label"
-    with pytest.raises(InputError, match=r"^--top_k=-1 must be 0 \(all labels\) or more$"):
-        check_top_k(-1, "--top_k", zero="all labels")
+    with pytest.raises(InputError, match=r"^top_k=-1 must be 0 \(all labels\) or more$"):
+        check_top_k(-1, zero="all labels")
     check_dimensions(None, 32)
     check_dimensions(32, 32)
     for bad in (0, 33):

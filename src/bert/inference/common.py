@@ -1,5 +1,5 @@
-"""What every part of the `Predictor` shares: what to advise a model without a head, the inputs' checks, the window
-settings' checks, and the task-only settings a model's `config.json` gives its head (`TaskState`)."""
+"""What every part of the `Predictor` shares: what to advise a model without a head, the inputs' checks, the
+window settings' checks, and the task-only settings a model's `config.json` gives its head (`TaskState`)."""
 
 from __future__ import annotations
 
