@@ -39,20 +39,6 @@ BACKENDS = ("torch", "onnx")
 # Inference's flag of that name): bfloat16 doubles the GEMM rate on CPUs with AVX512-BF16 or AMX; float16 is for
 # CUDA (the CPU has no fast float16 kernels).
 INFERENCE_DTYPES = ("float32", "bfloat16", "float16")
-POOLINGS = ("cls", "mean", "max", "pooler")  # bert embed --pooling, bert.inference
-# bert train-embeddings / train-reranker --loss: sentence-transformers' losses of these names (bert.sentence.losses).
-EMBEDDING_LOSSES = (
-    "mnrl",
-    "mnrl_symmetric",
-    "cached_mnrl",
-    "cached_mnrl_symmetric",
-    "cosent",
-    "cosine_mse",
-    "mse",
-    "margin_mse",
-    "distill_kl",
-)
-RERANKER_LOSSES = ("bce", "listwise", "margin_mse", "distill_kl")
 # bert embed --precision, bert.retrieval.quantize_embeddings: sentence-transformers' number formats.
 # adamw_bert: the original's AdamWeightDecayOptimizer (no bias correction); adamw: torch.optim.AdamW's update
 # (bias correction, eps 1e-8), which transformers' and sentence-transformers' trainers use; lamb: large batches.

@@ -26,6 +26,7 @@ from bert.errors import InputError
 from bert.flags import EMBEDDING_PRECISIONS
 from bert.inference import EMBEDDINGS
 from bert.input_lines import read_input_record
+from bert.request_rules import check_top_k
 from bert.utils import iter_lines
 
 logger = logging.getLogger(__name__)
@@ -122,8 +123,7 @@ class TopK:
     """
 
     def __init__(self, queries: np.ndarray, k: int, query_block: int = 256):
-        if k < 1:
-            raise InputError(f"top_k={k} must be at least 1")
+        check_top_k(k)
         self.k = k
         self.query_block = query_block
         self.queries = F.normalize(torch.from_numpy(np.asarray(queries, dtype=np.float32)), dim=1)  # [Q, D]

@@ -133,6 +133,10 @@ TORCH_FREE += ["bert.commands.tokenize", "bert.commands.prepare_corpus", "bert.c
 TORCH_FREE += ["bert.vocab", "bert.commands.build_vocab"]
 TORCH_FREE += ["bert.plotting", "bert.flags", "bert.hub", "bert.input_lines"]
 TORCH_FREE += ["bert.batching"]  # which records each step reads: NumPy only
+# The rules of a request's options, read by the commands' flags and the server's schemas without a model.
+TORCH_FREE += ["bert.request_rules"]
+# The --loss choices and their help: the table the runners compute the losses from.
+TORCH_FREE += ["bert.sentence.data", "bert.sentence.loss_table"]
 # Every command module: bert.cli imports one to parse its flags, so a flag error costs no torch; a command
 # imports the library it drives inside its run function.
 TORCH_FREE += ["bert.commands"]
@@ -160,7 +164,7 @@ def test_modeling_imports_no_command_task_loop_or_format():
 
 # bert.inference's modules, bottom up: each imports only modules of the package in the layers below it.
 INFERENCE_LAYERS = [
-    {"bert.inference.common", "bert.inference.st_config"},  # task table, input checks, task-only settings
+    {"bert.inference.common", "bert.inference.st_config"},  # head advice, input checks, task-only settings
     {"bert.inference.core"},  # loading, batching, the tokenizer's calls
     {  # one task each, mixins on the core
         "bert.inference.classification",

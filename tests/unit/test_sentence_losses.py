@@ -6,6 +6,7 @@ and in every parameter's gradient."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -295,9 +296,15 @@ def test_reranker_distillation_losses(models):
 
 
 def test_every_loss_choice_is_in_the_runners_table():
-    """--loss's choices (flags, torch-free) and the runner's table of what each needs are the same names."""
-    from bert.flags import EMBEDDING_LOSSES, RERANKER_LOSSES
+    """--loss's choices (the commands' flags, torch-free) are the names of the runner's table of what each needs."""
+    from bert.commands.train_embeddings import TrainEmbeddingsArgs
+    from bert.commands.train_reranker import TrainRerankerArgs
     from bert.sentence.loss_table import EMBEDDING_LOSS_TABLE, RERANKER_LOSS_TABLE
+
+    [EMBEDDING_LOSSES, RERANKER_LOSSES] = [
+        tuple(next(f for f in dataclasses.fields(args) if f.name == "loss").metadata["choices"])
+        for args in (TrainEmbeddingsArgs, TrainRerankerArgs)
+    ]
 
     assert tuple(EMBEDDING_LOSS_TABLE) == EMBEDDING_LOSSES and tuple(RERANKER_LOSS_TABLE) == RERANKER_LOSSES
     distill = {name for name, spec in {**EMBEDDING_LOSS_TABLE, **RERANKER_LOSS_TABLE}.items() if spec.teacher}

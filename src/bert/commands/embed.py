@@ -27,9 +27,10 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from bert.errors import InputError
-from bert.flags import EMBEDDING_PRECISIONS, POOLINGS, InferenceArgs, ShardArgs
+from bert.flags import EMBEDDING_PRECISIONS, InferenceArgs, ShardArgs
 from bert.formats.parquet import EmbeddingWriter, ParquetTexts, is_parquet, pyarrow
 from bert.outputs import claim
+from bert.request_rules import DIMENSIONS_MINIMUM, POOLINGS
 from bert.tasks.classification import LONG_DOCUMENT
 from bert.utils import (
     atomic_write,
@@ -130,7 +131,8 @@ class EmbedArgs(InferenceArgs, ShardArgs):
         default=None,
         metadata={
             "help": "Keep the first N components of each vector (Matryoshka truncation), then normalize them "
-            "again when normalizing, as sentence-transformers' truncate_dim; default: all."
+            "again when normalizing, as sentence-transformers' truncate_dim; default: all.",
+            "min": DIMENSIONS_MINIMUM,
         },
     )
     prompt_name: str | None = field(
@@ -224,8 +226,6 @@ def _output_kind(output_file: str | None) -> str:
 
 
 def _check_flags(args: EmbedArgs) -> None:
-    if args.dimensions is not None and args.dimensions < 1:
-        raise InputError(f"--dimensions={args.dimensions} must be at least 1")
     if args.prompt is not None and args.prompt_name is not None:
         raise InputError("--prompt and --prompt_name both give a prompt; keep one")
     if args.doc_stride is not None and args.long_document != "windows":

@@ -10,6 +10,8 @@ from typing import Any
 from bert.errors import InputError
 from bert.flags import InferenceArgs
 from bert.outputs import claim
+from bert.request_rules import TOP_K_MINIMUM
+from bert.tasks.common import FILL_MASK
 from bert.utils import count_lines, json_line, output_file_or_stdout, print_result, readable_input
 
 logger = logging.getLogger(__name__)
@@ -36,7 +38,7 @@ class FillMaskArgs(InferenceArgs):
         default=None, metadata={"help": "Input lines (plain text or JSON lines, .gz accepted); stdin if unset."}
     )
     output_file: str | None = field(default=None, metadata={"help": "Output JSON-lines file; stdout if unset."})
-    top_k: int = field(default=5, metadata={"help": "Predictions per mask."})
+    top_k: int = field(default=5, metadata={"help": "Predictions per mask.", "min": TOP_K_MINIMUM})
     # InferenceArgs' window stride: fill-mask cuts long inputs, so the flag is not offered.
     doc_stride: int | None = field(
         default=None, kw_only=True, metadata={"help": "Unused by bert fill-mask.", "cli": False}
@@ -51,15 +53,13 @@ def run_fill_mask(args: FillMaskArgs) -> dict[str, Any]:
 
 
 def _run(args: FillMaskArgs) -> dict[str, Any]:
-    if args.top_k < 1:
-        raise InputError(f"--top_k={args.top_k} must be at least 1")
     settings = args.predictor_settings()
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
-    from bert.inference import FILL_MASK, Predictor
+    from bert.inference import Predictor
     from bert.input_lines import map_input_lines
 
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
-    if predictor.task != FILL_MASK or not predictor.has_mlm_head:
+    if not predictor.has_head(FILL_MASK):
         raise InputError(
             f"--model={args.model} is a {predictor.architecture} without the masked-LM head (cls.predictions.*); "
             "use a pre-trained BertForPreTraining or BertForMaskedLM model"

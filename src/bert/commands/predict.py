@@ -17,7 +17,7 @@ from bert.errors import InputError
 from bert.flags import InferenceArgs
 from bert.outputs import claim
 from bert.tasks.classification import LONG_DOCUMENT
-from bert.tasks.common import CLASSIFICATION, MULTIPLE_CHOICE, NER, QUESTION_ANSWERING
+from bert.tasks.common import CLASSIFICATION, FILL_MASK, MULTIPLE_CHOICE, NER, QUESTION_ANSWERING
 from bert.tasks.windows import WINDOW_POOLINGS
 from bert.utils import count_lines, json_line, output_file_or_stdout, print_result, readable_input
 
@@ -53,7 +53,8 @@ class PredictArgs(InferenceArgs):
     )
     output_file: str | None = field(default=None, metadata={"help": "Output JSON-lines file; stdout if unset."})
     top_k: int = field(
-        default=1, metadata={"help": "Classification: also list the k best labels with their scores (0: all)."}
+        default=1,
+        metadata={"help": "Classification: also list the k best labels with their scores (0: all).", "min": 0},
     )
     long_document: str | None = field(
         default=None,
@@ -101,16 +102,14 @@ def run_predict(args: PredictArgs) -> dict[str, Any]:
 
 
 def _run(args: PredictArgs) -> dict[str, Any]:
-    if args.top_k < 0:
-        raise InputError(f"--top_k={args.top_k} must be 0 (all labels) or more")
     settings = args.predictor_settings()
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
     from bert.inference import Predictor
     from bert.input_lines import map_input_lines
 
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
-    if predictor.task not in (CLASSIFICATION, NER, QUESTION_ANSWERING, MULTIPLE_CHOICE):
-        other = "bert fill-mask" if predictor.has_mlm_head else "bert embed"
+    if not any(predictor.has_head(task) for task in (CLASSIFICATION, NER, QUESTION_ANSWERING, MULTIPLE_CHOICE)):
+        other = "bert fill-mask" if predictor.has_head(FILL_MASK) else "bert embed"
         raise InputError(
             f"--model={args.model} is a {predictor.architecture} (config.json architectures) without a task head; "
             f"fine-tune it first (bert classify, ner, squad or swag), or use {other}"

@@ -17,6 +17,7 @@ from typing import Any
 from bert.errors import InputError
 from bert.flags import InferenceArgs
 from bert.outputs import claim
+from bert.request_rules import TOP_K_MINIMUM
 from bert.utils import (
     count_lines,
     iter_lines,
@@ -48,7 +49,9 @@ class RerankArgs(InferenceArgs):
         default=None, metadata={"help": 'JSON lines {"query", "documents": [...]} (.gz accepted); stdin if unset.'}
     )
     output_file: str | None = field(default=None, metadata={"help": "Output JSON-lines file; stdout if unset."})
-    top_k: int | None = field(default=None, metadata={"help": "Keep the k best documents per query; default: all."})
+    top_k: int | None = field(
+        default=None, metadata={"help": "Keep the k best documents per query; default: all.", "min": TOP_K_MINIMUM}
+    )
     raw_scores: bool = field(
         default=False, metadata={"help": "A cross-encoder's logits instead of their sigmoid (0 to 1)."}
     )
@@ -90,8 +93,6 @@ def run_rerank(args: RerankArgs) -> dict[str, Any]:
 
 
 def _run(args: RerankArgs) -> dict[str, Any]:
-    if args.top_k is not None and args.top_k < 1:
-        raise InputError(f"--top_k={args.top_k} must be at least 1 (leave it out for all documents)")
     settings = args.predictor_settings()
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
     from bert.inference import LONGER_ADVICE, Predictor

@@ -24,6 +24,7 @@ from bert.flags import InferenceArgs, same_as
 from bert.formats.embeddings import open_embeddings
 from bert.input_lines import InputItemError
 from bert.outputs import claim
+from bert.request_rules import TOP_K_MINIMUM
 from bert.utils import json_line, output_file_or_stdout, print_result, progress, readable_input
 from bert.vector_index import DEFAULT_EF_SEARCH, DEFAULT_NPROBE, VectorIndex, open_index
 
@@ -86,7 +87,7 @@ class SearchArgs(InferenceArgs):
         },
     )
     output_file: str | None = field(default=None, metadata={"help": "Output JSON-lines file; stdout if unset."})
-    top_k: int = field(default=10, metadata={"help": "Documents per query."})
+    top_k: int = field(default=10, metadata={"help": "Documents per query.", "min": TOP_K_MINIMUM})
     output_format: str = field(
         default="results",
         metadata={
@@ -136,8 +137,6 @@ def run_search(args: SearchArgs) -> dict[str, Any]:
 
 
 def _run(args: SearchArgs) -> dict[str, Any]:
-    if args.top_k < 1:
-        raise InputError(f"--top_k={args.top_k} must be at least 1")
     if args.output_format not in OUTPUT_FORMATS:
         raise InputError(f"--output_format={args.output_format} must be one of {', '.join(OUTPUT_FORMATS)}")
     if args.chunk_size < 1:

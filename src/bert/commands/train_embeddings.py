@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert.flags import (
-    EMBEDDING_LOSSES,
     DistillArgs,
     FinetuneArgs,
     ModelArgs,
@@ -29,6 +28,7 @@ from bert.flags import (
     TrainingArgs,
     same_as,
 )
+from bert.sentence.loss_table import EMBEDDING_LOSS_TABLE, loss_help
 
 
 @dataclass(kw_only=True)
@@ -76,14 +76,8 @@ class TrainEmbeddingsArgs(SentenceTrainingArgs):
         default=None,
         metadata={
             "run_defining": "train",
-            "help": "mnrl (in-batch negatives, plus the file's hard negatives), mnrl_symmetric, cached_mnrl and "
-            "cached_mnrl_symmetric (the same with gradient caching: large batches in the memory of "
-            "--mini_batch_size), cosent or cosine_mse (scored pairs); distillation from --teacher: mse (the "
-            "embeddings regress on an embedding model's, on any text: the training file's and --transfer_file's, "
-            "which may be one text a line; the same size needed), margin_mse and distill_kl (dot products of "
-            "(query, positive, negatives...) tuples learn a cross-encoder's scores). Default: mnrl, cosent for "
-            "scored pairs, mse with --teacher.",
-            "choices": list(EMBEDDING_LOSSES),
+            "help": loss_help(EMBEDDING_LOSS_TABLE, "mnrl, cosent for scored pairs, mse with --teacher"),
+            "choices": list(EMBEDDING_LOSS_TABLE),
         },
     )
     pooling: str | None = field(

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bert.commands.train_embeddings import SentenceTrainingArgs
-from bert.flags import RERANKER_LOSSES
+from bert.sentence.loss_table import RERANKER_LOSS_TABLE, loss_help
 
 
 @dataclass(kw_only=True)
@@ -34,11 +34,8 @@ class TrainRerankerArgs(SentenceTrainingArgs):
         default=None,
         metadata={
             "run_defining": "train",
-            "help": "bce (pointwise binary cross-entropy) or listwise (softmax cross-entropy over a query's "
-            "positive and negatives); distillation from a larger cross-encoder (--teacher): margin_mse (the "
-            "positive's logit less each negative's learns the teacher's margins) or distill_kl (the softmax over "
-            "a query's pairs learns the teacher's). Default: bce.",
-            "choices": list(RERANKER_LOSSES),
+            "help": loss_help(RERANKER_LOSS_TABLE, "bce"),
+            "choices": list(RERANKER_LOSS_TABLE),
         },
     )
     mine_negatives: str | None = field(

@@ -49,27 +49,21 @@ exclusive. A `Predictor` is safe to share between threads: calls run one at a ti
 model and the tokenizer's memo are shared.
 
 The package, one job a module: `core` (loading through `bert.loading`, batching, counting truncations,
-the tokenizer's calls), `common` (the task of each architecture, input checks, the settings only one head
-reads: `ClassificationHead`, `TaggingHead`, `AnswerSettings`), `classification`, `spans` (NER, question
-answering, multiple choice), `embeddings`, `fill_mask`, `st_config` (a sentence-transformers directory's
-files) and `predictor` (`Predictor`: the core with every task, and `rank`).
+the tokenizer's calls), `common` (input checks, the settings only one head reads: `ClassificationHead`,
+`TaggingHead`, `AnswerSettings`), `classification`, `spans` (NER, question answering, multiple choice),
+`embeddings`, `fill_mask`, `st_config` (a sentence-transformers directory's files) and `predictor`
+(`Predictor`: the core with every task, and `rank`). The options' rules (`top_k`, `dimensions`,
+`truncation_direction`, pooling, the task of each architecture) are `bert.request_rules`', which the commands
+and the server read too.
 """
 
 from __future__ import annotations
 
-from bert.flags import POOLINGS
-from bert.inference.common import (
-    LONGER_ADVICE,
-    TASKS,
-    TRUNCATION_DIRECTIONS,
-    WINDOWS_ADVICE,
-    AnswerSettings,
-    ClassificationHead,
-    TaggingHead,
-)
+from bert.inference.common import LONGER_ADVICE, WINDOWS_ADVICE, AnswerSettings, ClassificationHead, TaggingHead
 from bert.inference.embeddings import cosine_similarity
 from bert.inference.predictor import Predictor
 from bert.inference.st_config import SentenceTransformersConfig, read_sentence_transformers_config
+from bert.request_rules import POOLINGS, TASKS, TRUNCATION_DIRECTIONS
 from bert.tasks.common import CLASSIFICATION, EMBEDDINGS, FILL_MASK, MULTIPLE_CHOICE, NER, QUESTION_ANSWERING
 
 __all__ = [

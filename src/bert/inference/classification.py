@@ -8,14 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from bert.inference.common import (
-    ClassificationHead,
-    check_truncation_direction,
-    checked_pairs,
-    quiet_task_logs,
-)
+from bert.inference.common import ClassificationHead, checked_pairs, quiet_task_logs
 from bert.inference.core import PredictorCore
 from bert.input_lines import InputItemError
+from bert.request_rules import ALL_LABELS, check_top_k
+from bert.request_rules import truncation_direction as direction_of
 from bert.tasks.common import CLASSIFICATION, sigmoid, softmax, truncate_seq_pair
 from bert.tasks.glue import InputExample, convert_examples_to_features
 from bert.tasks.windows import convert_examples_to_windows, pool_windows
@@ -49,7 +46,7 @@ class ClassificationMixin(PredictorCore):
             top_k: also list the `top_k` best labels with their scores under "scores" (0 or None: all);
                 with 1 (the default) only the best.
             raw_scores: "scores" lists the logits instead of the probabilities.
-            truncate, truncation_direction: with `long_document` "truncate", see `_pair_sequences` ("left"
+            truncate, truncation_direction: with `long_document` "truncate", see `pair_sequences` ("left"
                 cuts a text's start).
 
         Long inputs are read as the model was fine-tuned to read them (`long_document`, `doc_stride`,
@@ -63,6 +60,7 @@ class ClassificationMixin(PredictorCore):
         threshold, best first; regression {"score"} (the model's output). With `top_k` != 1, also
         "scores": [{"label", "score"}, ...], best first.
         """
+        check_top_k(top_k, zero=ALL_LABELS)
         pooled = self.classification_logits(
             inputs, batch_size, truncate=truncate, truncation_direction=truncation_direction
         )
@@ -84,7 +82,7 @@ class ClassificationMixin(PredictorCore):
             return np.zeros((0, len(head.labels)), dtype=np.float32)
         with self._lock, quiet_task_logs():
             if self.long_document == "truncate":
-                sequences = self._pair_sequences(pairs, truncate, truncation_direction)
+                sequences = self.pair_sequences(pairs, truncate, truncation_direction)
             else:
                 examples, labels = self._examples(pairs), _label_list(head)
                 features = convert_examples_to_windows(
@@ -100,13 +98,13 @@ class ClassificationMixin(PredictorCore):
             return np.stack(logits).astype(np.float32)  # [N, L]
         return pool_windows(logits, features, len(pairs), self.window_pooling).astype(np.float32)  # [N, L]
 
-    def _pair_sequences(
+    def pair_sequences(
         self, pairs: list[tuple[str, str | None]], truncate: bool, truncation_direction: str
     ) -> list[tuple[list[int], list[int]]]:
         """`[CLS] a [SEP] (b [SEP])` per pair with segment ids. Too long for `max_seq_length`: with `truncate`,
         cut as `bert classify` cuts (run_classifier.py `_truncate_seq_pair`: a token at a time from the
         longer text, at its end for "right", at its start for "left"); else an `InputItemError`."""
-        check_truncation_direction(truncation_direction)
+        truncation_direction = direction_of(truncation_direction)
         if truncate and truncation_direction == "right":
             return self._truncated_features(pairs)
         cls_id, sep_id = self._special_ids()
@@ -115,12 +113,7 @@ class ClassificationMixin(PredictorCore):
             ids_a, ids_b = self.tokenizer.encode(a), self.tokenizer.encode(b) if b else []
             room = self.max_seq_length - (3 if b else 2)
             if len(ids_a) + len(ids_b) > room:
-                if not truncate:
-                    raise InputItemError(
-                        i,
-                        f"{len(ids_a) + len(ids_b) + self.max_seq_length - room} tokens with [CLS] and [SEP], more "
-                        f"than max_seq_length={self.max_seq_length}; shorten it or let it be truncated",
-                    )
+                self._pair_length(i, len(ids_a) + len(ids_b) + self.max_seq_length - room, truncate)
                 # The end-popping rule on reversed pieces pops from the start.
                 ids_a, ids_b = ids_a[::-1], ids_b[::-1]
                 truncate_seq_pair(ids_a, ids_b, room)
@@ -132,6 +125,26 @@ class ClassificationMixin(PredictorCore):
                 types += [1] * (len(ids_b) + 1)
             sequences.append((ids, types))
         return sequences
+
+    def pair_lengths(self, pairs: Sequence[tuple[str, str | None]], truncate: bool) -> list[int]:
+        """The tokens each pair of `pair_sequences` runs as ([CLS] and [SEP] included; `max_seq_length` when
+        cut), with its length rule, without building the sequences: the server's queue counts them."""
+        firsts = self.tokenizer.encode_batch([a for a, _ in pairs])
+        seconds = self.tokenizer.encode_batch([b or "" for _, b in pairs])
+        return [
+            self._pair_length(i, len(ids_a) + len(ids_b) + (3 if b else 2), truncate)
+            for i, (ids_a, ids_b, (_, b)) in enumerate(zip(firsts, seconds, pairs))
+        ]
+
+    def _pair_length(self, i: int, tokens: int, truncate: bool) -> int:
+        """Pair `i` of `tokens` tokens runs whole, or cut to `max_seq_length` with `truncate`, else is refused."""
+        if tokens > self.max_seq_length and not truncate:
+            raise InputItemError(
+                i,
+                f"{tokens} tokens with [CLS] and [SEP], more than max_seq_length={self.max_seq_length}; shorten it "
+                "or let it be truncated",
+            )
+        return min(tokens, self.max_seq_length)
 
     def _examples(self, pairs: list[tuple[str, str | None]]) -> list[InputExample]:
         """The pairs as classification examples, each with the placeholder label of a test example."""

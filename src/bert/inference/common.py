@@ -1,5 +1,5 @@
-"""What every part of the `Predictor` shares: the task of each architecture, the inputs' checks, the window
-settings' checks, and the task-only settings a model's `config.json` gives its head (`TaskState`)."""
+"""What every part of the `Predictor` shares: what to advise a model without a head, the inputs' checks, the
+window settings' checks, and the task-only settings a model's `config.json` gives its head (`TaskState`)."""
 
 from __future__ import annotations
 
@@ -13,26 +13,16 @@ from bert.config import BertConfig, check_setting
 from bert.errors import InputError
 from bert.input_lines import InputItemError
 from bert.loading import FINE_TUNING_COMMANDS
+from bert.request_rules import TASKS
 from bert.tasks.classification import LONG_DOCUMENT
-from bert.tasks.common import CLASSIFICATION, EMBEDDINGS, FILL_MASK, MULTIPLE_CHOICE, NER, QUESTION_ANSWERING
+from bert.tasks.common import CLASSIFICATION, FILL_MASK, NER, QUESTION_ANSWERING
 from bert.tasks.windows import WINDOW_POOLINGS
 
-# The task of each architecture `bert.loading.ARCHITECTURES` builds (the same names).
-TASKS = {
-    "BertForSequenceClassification": CLASSIFICATION,
-    "BertForTokenClassification": NER,
-    "BertForQuestionAnswering": QUESTION_ANSWERING,
-    "BertForMultipleChoice": MULTIPLE_CHOICE,
-    "BertForPreTraining": FILL_MASK,
-    "BertForMaskedLM": FILL_MASK,
-    "BertModel": EMBEDDINGS,
-}
 # What to do with a model that lacks a head a method needs.
 HEAD_ADVICE = {
     **{TASKS[name]: f"fine-tune it with `{command}`" for name, command in FINE_TUNING_COMMANDS.items()},
     FILL_MASK: "use a pre-trained BertForPreTraining or BertForMaskedLM model",
 }
-TRUNCATION_DIRECTIONS = ("right", "left")
 # What a warning of inputs cut to max_seq_length suggests, unless its caller has no windows to offer.
 WINDOWS_ADVICE = "windows read long texts whole"
 LONGER_ADVICE = "a longer --max_seq_length (up to the model's max_position_embeddings) reads more of each"
@@ -143,13 +133,6 @@ def checked_windows(values: dict[str, Any], source: str) -> dict[str, Any]:
         if name == "window_pooling" and value not in WINDOW_POOLINGS:
             raise InputError(f"{source}: window_pooling={value!r} must be one of {', '.join(WINDOW_POOLINGS)}")
     return out
-
-
-def check_truncation_direction(truncation_direction: str) -> None:
-    if truncation_direction not in TRUNCATION_DIRECTIONS:
-        raise InputError(
-            f"truncation_direction={truncation_direction!r} must be one of {', '.join(TRUNCATION_DIRECTIONS)}"
-        )
 
 
 def require_texts(texts: Sequence[Any], what: str = "text") -> None:

@@ -29,7 +29,6 @@ from bert.flags import check_backend, check_dtype
 from bert.inference.common import (
     HEAD_ADVICE,
     MASK_TOKEN,
-    TASKS,
     WINDOW_SETTINGS,
     WINDOWS_ADVICE,
     TaskState,
@@ -42,6 +41,7 @@ from bert.input_lines import InputItemError
 from bert.loading import ARCHITECTURES, build_model, has_mlm_head, has_pooler, read_model_checkpoint
 from bert.modeling import BertModel, BertPreTrainedModel
 from bert.quantization import is_quantized, quantize_model
+from bert.request_rules import TASKS, has_head
 from bert.tasks.classification import LONG_DOCUMENT
 from bert.tasks.common import CLASSIFICATION, EMBEDDINGS, FILL_MASK, NER, QUESTION_ANSWERING, pad_2d
 from bert.tasks.windows import WINDOW_POOLINGS
@@ -244,8 +244,12 @@ class PredictorCore:
         assert cls_id is not None and sep_id is not None
         return cls_id, sep_id
 
+    def has_head(self, task: str) -> bool:
+        """Whether this model answers `task` (`bert.request_rules.has_head`)."""
+        return has_head(self.architecture, self.has_mlm_head, task)
+
     def _require(self, task: str) -> None:
-        if self.task != task or (task == FILL_MASK and not self.has_mlm_head):
+        if not self.has_head(task):
             raise InputError(
                 f"{self.source} is a {self.architecture} (config.json architectures) without a {task} head; "
                 f"{HEAD_ADVICE[task]}, or use `bert embed` for its embeddings"

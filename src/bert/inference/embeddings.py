@@ -11,11 +11,12 @@ import torch
 import torch.nn.functional as F
 
 from bert.errors import InputError
-from bert.flags import POOLINGS
-from bert.inference.common import check_truncation_direction, checked_windows, quiet_task_logs, require_texts
+from bert.inference.common import checked_windows, quiet_task_logs, require_texts
 from bert.inference.core import PredictorCore
 from bert.input_lines import InputItemError
 from bert.modeling import pool_tokens
+from bert.request_rules import POOLINGS, check_dimensions, check_pooling
+from bert.request_rules import truncation_direction as direction_of
 from bert.tasks.classification import LONG_DOCUMENT
 from bert.tasks.glue import InputExample, InputFeatures
 from bert.tasks.windows import convert_examples_to_windows, pool_windows
@@ -63,7 +64,7 @@ class EmbeddingMixin(PredictorCore):
         prompt's tokens (sentence-transformers' `prompt_length`, the positions `include_prompt=False` leaves
         out of the pooling).
         """
-        check_truncation_direction(truncation_direction)
+        truncation_direction = direction_of(truncation_direction)
         if isinstance(texts, str):
             raise TypeError("expected a list of texts, got one string")
         strings = {i: (prompt or "") + t for i, t in enumerate(texts) if isinstance(t, str)}
@@ -238,13 +239,10 @@ class EmbeddingMixin(PredictorCore):
             doc_stride = None
         pooling = pooling or self.default_pooling
         normalize = self.default_normalize if normalize is None else normalize
-        if pooling not in POOLINGS:
-            raise InputError(f"pooling={pooling!r} must be one of {', '.join(POOLINGS)}")
+        check_pooling(pooling)
         if pooling == "pooler" and not self.has_pooler:
             raise InputError(f"{self.source} has no pooler weights; use pooling cls, mean or max")
-        hidden_size = self.config.hidden_size
-        if dimensions is not None and not 1 <= dimensions <= hidden_size:
-            raise InputError(f"dimensions={dimensions} must be between 1 and the model's {hidden_size}")
+        check_dimensions(dimensions, self.config.hidden_size)
         return pooling, normalize, doc_stride
 
     def token_embeddings(

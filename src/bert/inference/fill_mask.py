@@ -13,6 +13,7 @@ from bert.errors import InputError
 from bert.inference.common import MASK_TOKEN, require_texts
 from bert.inference.core import PredictorCore
 from bert.input_lines import InputItemError
+from bert.request_rules import check_top_k
 from bert.tasks.common import FILL_MASK
 
 
@@ -30,8 +31,7 @@ class FillMaskMixin(PredictorCore):
         prediction, a `##` piece joined to the word before it (the whitespace before the mask dropped).
         """
         self._require(FILL_MASK)
-        if top_k < 1:
-            raise InputError(f"top_k={top_k} must be at least 1")
+        check_top_k(top_k)
         require_texts(texts)
         with self._lock:
             sequences, positions = self._masked_sequences(texts)

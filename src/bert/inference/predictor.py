@@ -14,6 +14,7 @@ from bert.inference.common import ClassificationHead, TaggingHead, checked_pairs
 from bert.inference.embeddings import EmbeddingMixin
 from bert.inference.fill_mask import FillMaskMixin
 from bert.inference.spans import SpanTasksMixin
+from bert.request_rules import check_top_k
 
 
 class Predictor(ClassificationMixin, SpanTasksMixin, EmbeddingMixin, FillMaskMixin):
@@ -58,8 +59,7 @@ class Predictor(ClassificationMixin, SpanTasksMixin, EmbeddingMixin, FillMaskMix
         """
         if isinstance(documents, str):
             raise TypeError("expected a list of documents, got one string")
-        if top_k is not None and top_k < 1:
-            raise InputError(f"top_k={top_k} must be at least 1")
+        check_top_k(top_k)
         if self.is_cross_encoder:
             direction = truncation_direction
             scores = self._cross_encoder_scores(query, documents, raw_scores, truncate, direction, batch_size)
@@ -92,7 +92,7 @@ class Predictor(ClassificationMixin, SpanTasksMixin, EmbeddingMixin, FillMaskMix
     ) -> list[float]:
         pairs = checked_pairs([(query, d) for d in documents])
         with self._lock, quiet_task_logs():
-            sequences = self._pair_sequences(pairs, truncate, truncation_direction)
+            sequences = self.pair_sequences(pairs, truncate, truncation_direction)
 
             def run(ids, mask, types, idx):
                 return self.model(ids, mask, types).logits[:, 0].float().cpu().tolist()

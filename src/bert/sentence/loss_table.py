@@ -1,4 +1,5 @@
-"""The `--loss` choices of `bert train-embeddings` and `bert train-reranker`, as a table of what each needs.
+"""The `--loss` choices of `bert train-embeddings` and `bert train-reranker`, as a table of what each needs
+(the flags' choices are its names; torch-free until a loss is computed).
 
 Each `LossSpec` says which kinds of training data a loss reads, its value on a batch (the functions of
 `bert.sentence.losses`), whether it learns a teacher's outputs and whether it compares each example with the
@@ -11,15 +12,29 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
-
-import torch
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from bert.errors import InputError
 from bert.flags import DistillArgs
-from bert.sentence import losses
 from bert.sentence.data import PAIRS, SCORED, TEXTS, TUPLES, TrainingData, read_training_data
+
+if TYPE_CHECKING:
+    import torch
+
+
+class _Losses:
+    """`bert.sentence.losses`, imported when a loss is first computed: the commands' `--loss` choices are this
+    table's names, and parsing a command's flags loads no torch."""
+
+    def __getattr__(self, name: str) -> Any:
+        # Here, not at the top: see the class docstring.
+        from bert.sentence import losses as module
+
+        return getattr(module, name)
+
+
+losses = _Losses()
 
 
 @dataclass(frozen=True)
@@ -35,6 +50,7 @@ class LossSpec:
         the text) or "scores" (a cross-encoder's logit of each (query, document) of the group).
     in_batch: each example is compared with the whole batch, so no text may appear twice in one.
     cached: gradient caching (`losses.cached_mnrl_backward`).
+    help: what it learns, in `--loss`'s help (`loss_help`).
     """
 
     needs: tuple[str, ...]
@@ -42,45 +58,103 @@ class LossSpec:
     teacher: str | None = None
     in_batch: bool = False
     cached: bool = False
+    help: str = field(kw_only=True)
 
 
+_CACHED = "with gradient caching: large batches in the memory of --mini_batch_size"
 EMBEDDING_LOSS_TABLE: dict[str, LossSpec] = {
     # b.get("anchors"): under --gather_across_devices, this process's rows of the gathered batch.
-    "mnrl": LossSpec((PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e, anchors=b.get("anchors")), in_batch=True),
+    "mnrl": LossSpec(
+        (PAIRS, TUPLES),
+        lambda e, b, a: losses.mnrl(e, anchors=b.get("anchors")),
+        in_batch=True,
+        help="in-batch negatives, plus the file's hard negatives",
+    ),
     "mnrl_symmetric": LossSpec(
-        (PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e, symmetric=True, anchors=b.get("anchors")), in_batch=True
+        (PAIRS, TUPLES),
+        lambda e, b, a: losses.mnrl(e, symmetric=True, anchors=b.get("anchors")),
+        in_batch=True,
+        help="mnrl, and each positive also finds its anchor among the batch's anchors",
     ),
     "cached_mnrl": LossSpec(
-        (PAIRS, TUPLES), lambda e, b, a: losses.mnrl(e, anchors=b.get("anchors")), in_batch=True, cached=True
+        (PAIRS, TUPLES),
+        lambda e, b, a: losses.mnrl(e, anchors=b.get("anchors")),
+        in_batch=True,
+        cached=True,
+        help=f"mnrl {_CACHED}",
     ),
     "cached_mnrl_symmetric": LossSpec(
         (PAIRS, TUPLES),
         lambda e, b, a: losses.mnrl(e, symmetric=True, anchors=b.get("anchors")),
         in_batch=True,
         cached=True,
+        help=f"mnrl_symmetric {_CACHED}",
     ),
-    "cosent": LossSpec((SCORED,), lambda e, b, a: losses.cosent(e[0], e[1], b["scores"])),
-    "cosine_mse": LossSpec((SCORED,), lambda e, b, a: losses.cosine_mse(e[0], e[1], b["scores"])),
+    "cosent": LossSpec(
+        (SCORED,),
+        lambda e, b, a: losses.cosent(e[0], e[1], b["scores"]),
+        help="scored pairs: their cosines ordered as their scores",
+    ),
+    "cosine_mse": LossSpec(
+        (SCORED,),
+        lambda e, b, a: losses.cosine_mse(e[0], e[1], b["scores"]),
+        help="scored pairs: their cosines regress on their scores",
+    ),
     # Any text: every column of the training file and --transfer_file, one column of distinct texts.
-    "mse": LossSpec((TEXTS, PAIRS, TUPLES, SCORED), lambda e, b, a: losses.mse(e, [b["teacher"]]), "embeddings"),
+    "mse": LossSpec(
+        (TEXTS, PAIRS, TUPLES, SCORED),
+        lambda e, b, a: losses.mse(e, [b["teacher"]]),
+        "embeddings",
+        help="distillation from --teacher: the embeddings regress on an embedding model's, on any text: the "
+        "training file's and --transfer_file's, which may be one text a line; the same size needed",
+    ),
     "margin_mse": LossSpec(
-        (TUPLES,), lambda e, b, a: losses.margin_mse(losses.dot_scores(e), b["teacher"]), teacher="scores"
+        (TUPLES,),
+        lambda e, b, a: losses.margin_mse(losses.dot_scores(e), b["teacher"]),
+        teacher="scores",
+        help="distillation from a cross-encoder --teacher: the dot products of (query, positive, negatives...) "
+        "tuples learn its score margins",
     ),
     "distill_kl": LossSpec(
         (TUPLES,),
         lambda e, b, a: losses.distill_kl(losses.dot_scores(e), b["teacher"], a.temperature),
         teacher="scores",
+        help="distillation from a cross-encoder --teacher: the softmax of those dot products learns its scores'",
     ),
 }
+_FROM_TEACHER = "distillation from a larger cross-encoder (--teacher): "
 # Pairs are groups once --mine_negatives has mined their negatives.
 RERANKER_LOSS_TABLE: dict[str, LossSpec] = {
-    "bce": LossSpec((PAIRS, TUPLES, SCORED), lambda g, b, a: losses.pointwise_bce(g.reshape(-1), b["labels"])),
-    "listwise": LossSpec((PAIRS, TUPLES), lambda g, b, a: losses.listwise_ce(g)),
-    "margin_mse": LossSpec((PAIRS, TUPLES), lambda g, b, a: losses.margin_mse(g, b["teacher"]), teacher="scores"),
+    "bce": LossSpec(
+        (PAIRS, TUPLES, SCORED),
+        lambda g, b, a: losses.pointwise_bce(g.reshape(-1), b["labels"]),
+        help="pointwise binary cross-entropy",
+    ),
+    "listwise": LossSpec(
+        (PAIRS, TUPLES),
+        lambda g, b, a: losses.listwise_ce(g),
+        help="softmax cross-entropy over a query's positive and negatives",
+    ),
+    "margin_mse": LossSpec(
+        (PAIRS, TUPLES),
+        lambda g, b, a: losses.margin_mse(g, b["teacher"]),
+        teacher="scores",
+        help=f"{_FROM_TEACHER}the positive's logit less each negative's learns the teacher's margins",
+    ),
     "distill_kl": LossSpec(
-        (PAIRS, TUPLES), lambda g, b, a: losses.distill_kl(g, b["teacher"], a.temperature), teacher="scores"
+        (PAIRS, TUPLES),
+        lambda g, b, a: losses.distill_kl(g, b["teacher"], a.temperature),
+        teacher="scores",
+        help=f"{_FROM_TEACHER}the softmax over a query's pairs learns the teacher's",
     ),
 }
+
+
+def loss_help(table: dict[str, LossSpec], default: str) -> str:
+    """`--loss`'s help: each loss of `table` with what it learns, then what `default` says."""
+    return "; ".join(f"{name} ({spec.help})" for name, spec in table.items()) + f". Default: {default}."
+
+
 _HOLDS = {
     PAIRS: "(anchor, positive) pairs",
     TUPLES: "(anchor, positive, negatives...) tuples",

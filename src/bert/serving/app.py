@@ -20,9 +20,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from bert.errors import InputError
-from bert.flags import POOLINGS
 from bert.inference import Predictor
+from bert.request_rules import check_pooling
 from bert.serving.checks import check_fields, options, read_json
 from bert.serving.errors import BACKEND, VALIDATION, ApiError
 from bert.serving.routes import Api
@@ -36,8 +35,8 @@ logger = logging.getLogger("bert.serving")
 def create_app(predictor: Predictor, settings: ServeSettings) -> Starlette:
     """The Starlette app serving `predictor` (see `bert.serving`). Its model thread starts with the app (ASGI
     lifespan startup) and, at shutdown, finishes every accepted request before it stops."""
-    if settings.pooling is not None and settings.pooling not in POOLINGS:
-        raise InputError(f"pooling={settings.pooling!r} must be one of {', '.join(POOLINGS)}")
+    if settings.pooling is not None:
+        check_pooling(settings.pooling)
     api = Api(predictor, settings)
     routes = [Route(e.path, _endpoint(api, e), methods=[e.method]) for e in ENDPOINTS]
     for path in DISPATCH_PATHS:

@@ -178,53 +178,57 @@ class Batcher:
         return len(queued), total >= self.settings.max_batch_tokens
 
     def _measure(self, job: _Job) -> int:
-        """Count the job's tokens ([CLS] and [SEP] included) and refuse an input too long to run whole."""
-        p = self.predictor
-        encode = p.tokenizer.encode_batch
-        limit = p.max_seq_length
+        """Count the job's tokens ([CLS] and [SEP] included) as the Predictor will run them, and refuse an input
+        too long to run whole by the Predictor's own length rule, before the job waits for a batch."""
         options = dict(job.options)
-        truncate = options.get("truncate", True)
-        lengths: list[int] = []
         try:
-            if job.kind in (EMBED, EMBED_ALL, SIMILAR):
-                texts = [options["source"], *job.inputs] if job.kind == SIMILAR else job.inputs
-                sequences, _ = p.embedding_sequences(
-                    texts,
-                    truncate=truncate,
-                    truncation_direction=options["truncation_direction"],
-                    prompt=p.resolve_prompt(options.get("prompt_name")),
-                )
-                lengths = [len(ids) for ids, _ in sequences]
-            elif job.kind in (CLASSIFY, RANK):
-                pairs = [(options["query"], d) for d in job.inputs] if job.kind == RANK else job.inputs
-                firsts = encode([a for a, _ in pairs])
-                seconds = encode([b or "" for _, b in pairs])
-                lengths = [len(a) + 2 + (len(b) + 1 if b else 0) for a, b in zip(firsts, seconds)]
-                # A classifier fine-tuned on windows (config.json `long_document`) reads long inputs whole.
-                if job.kind == RANK or p.long_document == "truncate":
-                    if not truncate:
-                        for i, n in enumerate(lengths):
-                            if n > limit:
-                                raise InputItemError(
-                                    i, f"{n} tokens with [CLS] and [SEP], more than max_seq_length={limit}"
-                                )
-                    # Longer pairs are cut to max_seq_length.
-                    lengths = [min(n, limit) for n in lengths]
-            elif job.kind == ANSWER:
-                questions, contexts = encode([q for q, _ in job.inputs]), encode([c for _, c in job.inputs])
-                lengths = [len(q) + len(c) + 3 for q, c in zip(questions, contexts)]
-            else:
-                lengths = [len(ids) + 2 for ids in encode(job.inputs)]
+            lengths = self._lengths(job.kind, job.inputs, options)
         except InputItemError as e:
-            where = (
-                ('"source_sentence"' if e.index == 0 else f"sentence {e.index - 1}") if job.kind == SIMILAR else None
-            )
+            # The embedding routes' first text is the source sentence (/similarity) or the query (/rerank).
+            first = {SIMILAR: ('"source_sentence"', "sentence"), RANK: ('"query"', "input")}.get(job.kind)
+            where = f"input {e.index}"
+            if first is not None and self._embeds(job.kind):
+                where = first[0] if e.index == 0 else f"{first[1]} {e.index - 1}"
             hint = '; shorten it or send "truncate": true' if "more than max_seq_length" in e.reason else ""
-            job.error = ApiError(422, f"{where or f'input {e.index}'}: {e.reason.split('; ')[0]}{hint}")
+            job.error = ApiError(422, f"{where}: {e.reason.split('; ')[0]}{hint}")
         except InputError as e:
             job.error = ApiError(422, str(e))
         job.tokens = 0 if job.error is not None else sum(lengths)
         return job.tokens
+
+    def _embeds(self, kind: str) -> bool:
+        """Whether a job of `kind` runs as embeddings (an encoder's /rerank too), not as pairs."""
+        return kind in (EMBED, EMBED_ALL, SIMILAR) or (kind == RANK and not self.predictor.is_cross_encoder)
+
+    def _lengths(self, kind: str, inputs: list, options: dict) -> list[int]:
+        """The token count of each sequence the Predictor makes of `inputs` (the texts' own: the source or
+        query first where one is sent beside them)."""
+        p = self.predictor
+        truncate = options.get("truncate", True)
+        direction = options.get("truncation_direction", "right")
+        if self._embeds(kind):
+            first = options.get("source", options.get("query"))
+            sequences, _ = p.embedding_sequences(
+                inputs if first is None else [first, *inputs],
+                truncate=truncate,
+                truncation_direction=direction,
+                prompt=p.resolve_prompt(options.get("prompt_name")),
+            )
+            return [len(ids) for ids, _ in sequences]
+        encode = p.tokenizer.encode_batch
+        if kind in (CLASSIFY, RANK):
+            pairs = [(options["query"], d) for d in inputs] if kind == RANK else inputs
+            if kind == RANK or p.long_document == "truncate":
+                return p.pair_lengths(pairs, truncate)
+            # A classifier fine-tuned on windows (config.json `long_document`) reads long inputs whole.
+            return [
+                len(a) + 2 + (len(b) + 1 if b else 0)
+                for a, b in zip(encode([a for a, _ in pairs]), encode([b or "" for _, b in pairs]))
+            ]
+        if kind == ANSWER:
+            questions, contexts = encode([q for q, _ in inputs]), encode([c for _, c in inputs])
+            return [len(q) + len(c) + 3 for q, c in zip(questions, contexts)]
+        return [len(ids) + 2 for ids in encode(inputs)]
 
     def _run_batch(self, batch: list[_Job]) -> None:
         groups: dict[tuple, list[_Job]] = {}

@@ -21,6 +21,7 @@ import bert
 from bert.errors import InputError
 from bert.inference import Predictor
 from bert.input_lines import InputItemError
+from bert.request_rules import check_dimensions, truncation_direction
 from bert.serving.batcher import ANSWER, CLASSIFY, EMBED, EMBED_ALL, FILL, RANK, SIMILAR, TAG, Batcher
 from bert.serving.checks import (
     check_count,
@@ -65,17 +66,17 @@ class Api:
         return name
 
     def _dimensions(self, body: dict) -> int | None:
-        dims = body["dimensions"]
-        hidden = self.predictor.config.hidden_size
-        if dims is not None and dims > hidden:  # its schema's minimum is checked before
-            raise ApiError(422, f'"dimensions"={dims} must be between 1 and the model\'s {hidden}')
-        return dims
+        try:
+            check_dimensions(body["dimensions"], self.predictor.config.hidden_size, '"dimensions"')
+        except InputError as e:
+            raise ApiError(422, str(e)) from None
+        return body["dimensions"]
 
     def _truncation(self, options: dict) -> dict[str, Any]:
         """The Predictor's truncate and truncation_direction of a request's options (OpenAI's route has no
         direction: the default)."""
         direction = options.get("truncation_direction") or DIRECTION["default"]
-        return dict(truncate=self._truncate(options), truncation_direction=direction.lower())
+        return dict(truncate=self._truncate(options), truncation_direction=truncation_direction(direction))
 
     async def _embed(self, request: Request, body: dict, name: str, normalize: bool) -> tuple[list, bool, int]:
         items, single = text_inputs(body.get(name), name, self.settings.max_client_batch_size)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from bert.inference import TRUNCATION_DIRECTIONS
+from bert.request_rules import DIMENSIONS_MINIMUM, TOP_K_MINIMUM, TRUNCATION_DIRECTION_SPELLINGS
 from bert.serving.errors import BACKEND, EMPTY, OVERLOADED, UNHEALTHY, VALIDATION
 from bert.tasks.common import CLASSIFICATION, FILL_MASK, NER, QUESTION_ANSWERING
 
@@ -27,13 +27,9 @@ _INPUT_TYPE = {"anyOf": [_STRING, _TOKEN_IDS]}
 _INPUT = {"anyOf": [_INPUT_TYPE, {"type": "array", "items": _INPUT_TYPE}]}
 _TEXTS = {"anyOf": [_STRING, {"type": "array", "items": _STRING}]}
 _NULLABLE_STRING = {"type": "string", "nullable": True}
-# The Predictor's truncation directions, and TEI's spelling of them ("Left", "Right"): the one list the
-# server checks a request's value against and publishes.
-DIRECTION: dict[str, Any] = {
-    "type": "string",
-    "enum": [*sorted(TRUNCATION_DIRECTIONS), *(d.title() for d in sorted(TRUNCATION_DIRECTIONS))],
-    "default": "right",
-}
+# The spellings of a truncation direction the Predictor takes (ours and TEI's): the one list the server checks
+# a request's value against and publishes.
+DIRECTION: dict[str, Any] = {"type": "string", "enum": list(TRUNCATION_DIRECTION_SPELLINGS), "default": "right"}
 _PREDICTION = {
     "type": "object",
     "required": ["label", "score"],
@@ -195,7 +191,7 @@ _PROMPT_FIELD = Field(
     "--default_prompt_name, else the model's default_prompt_name, else none)",
 )
 _DIMENSIONS_FIELD = Field(
-    {"type": "integer", "minimum": 1, "nullable": True},
+    {"type": "integer", "minimum": DIMENSIONS_MINIMUM, "nullable": True},
     "keep the vectors' first `dimensions` components (Matryoshka), then normalize when normalizing",
 )
 # Which models a route serves (asked of another model, it answers 424), and which models POST / answers
@@ -216,11 +212,11 @@ def embeds(p: Predictor) -> bool:
 
 
 def classifies(p: Predictor) -> bool:
-    return p.task == CLASSIFICATION
+    return p.has_head(CLASSIFICATION)
 
 
 def classifies_not_ranks(p: Predictor) -> bool:
-    return p.task == CLASSIFICATION and not p.is_cross_encoder
+    return p.has_head(CLASSIFICATION) and not p.is_cross_encoder
 
 
 def is_cross_encoder(p: Predictor) -> bool:
@@ -228,23 +224,23 @@ def is_cross_encoder(p: Predictor) -> bool:
 
 
 def ranks(p: Predictor) -> bool:
-    return p.is_cross_encoder or (p.task != CLASSIFICATION and p.can_embed)
+    return p.is_cross_encoder or (not p.has_head(CLASSIFICATION) and p.can_embed)
 
 
 def tags(p: Predictor) -> bool:
-    return p.task == NER
+    return p.has_head(NER)
 
 
 def answers_questions(p: Predictor) -> bool:
-    return p.task == QUESTION_ANSWERING
+    return p.has_head(QUESTION_ANSWERING)
 
 
 def fills_masks(p: Predictor) -> bool:
-    return p.task == FILL_MASK and p.has_mlm_head
+    return p.has_head(FILL_MASK)
 
 
 def has_no_head_route(p: Predictor) -> bool:
-    return not (p.task in (CLASSIFICATION, NER, QUESTION_ANSWERING) or fills_masks(p))
+    return not any(p.has_head(task) for task in (CLASSIFICATION, NER, QUESTION_ANSWERING, FILL_MASK))
 
 
 _EMBEDDING_MODEL = "an embedding model (a torch model, or the ONNX graph of a BertModel)"
@@ -453,7 +449,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                     "type": "object",
                     "nullable": True,
                     "properties": {
-                        "top_k": {"type": "integer", "minimum": 1, "nullable": True},
+                        "top_k": {"type": "integer", "minimum": TOP_K_MINIMUM, "nullable": True},
                         "function_to_apply": {
                             "type": "string",
                             "enum": ["softmax", "sigmoid", "none"],
@@ -681,7 +677,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "The likeliest tokens at each [MASK]; a masked-LM model.",
         {
             "inputs": Field(_TEXTS, "a text or a list of texts, each with [MASK] where a word is to be guessed", True),
-            "top_k": Field({"type": "integer", "minimum": 1, "default": 5}, "predictions per mask"),
+            "top_k": Field({"type": "integer", "minimum": TOP_K_MINIMUM, "default": 5}, "predictions per mask"),
         },
         {"anyOf": [_FILLED, {"type": "array", "items": _FILLED}]},
         tei=False,
