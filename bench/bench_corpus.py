@@ -77,7 +77,8 @@ def passages(words: int) -> Iterator[str]:
     while True:  # repeated from the start when the sources run out
         for line in (SQUAD_DEV / "corpus.jsonl").read_text(encoding="utf-8").splitlines():
             record = json.loads(line)
-            yield f"{record['title']} {record['text']}"
+            # one line: a paragraph's own line breaks (and Unicode's, which readers split lines at) become spaces
+            yield " ".join(f"{record['title']} {record['text']}".split())
         yield from book_passages(words)
 
 
@@ -148,6 +149,7 @@ def main() -> None:
     ]
     bert_embed(*common, f"--input_file={work / 'queries.jsonl'}", f"--output_file={work / 'queries.npy'}")
     vectors, queries = np.load(work / "whole.npy"), np.load(work / "queries.npy")
+    assert len(vectors) == opts.rows, f"{len(vectors)} vectors of {opts.rows} passages: a passage spans lines"
     sharded = np.concatenate([np.load(work / f"s-0000{i}-of-00002.npy") for i in range(2)])
     # Equal up to float rounding: a shard batches its rows by length among its own rows.
     assert np.allclose(vectors, sharded, rtol=0, atol=1e-5), "the shards' union must be the unsharded output"

@@ -174,10 +174,10 @@ def _made_with(args: IndexArgs, stored: Any, name: str) -> tuple[str, dict[str, 
     """(model digest, embed's vector flags or None) of the vectors: their shards' manifests, else --model."""
     manifests = _embedding_manifests(stored, name)
     _check_precision(args, stored, manifests, name)
-    for key in ("model_digest", "flags"):
+    for key, what in (("model_digest", "models"), ("flags", "flags")):
         values = {json.dumps(m.get(key), sort_keys=True) for m in manifests}
         if len(values) > 1:
-            raise InputError(f"{name}: its shards were embedded with different {key.replace('_', ' ')}s; embed again")
+            raise InputError(f"{name}: its shards were embedded with different {what}; embed again")
     digest = manifests[0]["model_digest"] if manifests else None
     if args.model is not None:
         given = model_digest(args.model, args.backend)
