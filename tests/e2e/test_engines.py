@@ -58,7 +58,7 @@ def test_batches_get_the_vectors_of_bert_embed(embedded, monkeypatch):
         fn(pa.table({"text": ["a", None]}))
 
 
-@pytest.mark.slow  # ~25 s here: Ray's start (ray.init) and its two actors' model loads
+@pytest.mark.slow  # 15-25 s here: Ray's start (ray.init) and its two actors' model loads
 def test_on_a_local_ray_instance_with_two_workers(embedded):
     ray = pytest.importorskip("ray", reason="Ray is not installed")
     model, expected = embedded
