@@ -11,6 +11,12 @@ The metric is the cosine, as `bert search`'s exact path scores (`retrieval.TopK`
 and of the queries, is scaled to unit length (`unit_rows`) and the index scores inner products. So a `flat`
 index finds what the exact search finds; the others trade recall for speed and memory.
 
+Binary vectors (`bert embed --precision=binary` or `ubinary`: one sign bit a component) go into a FAISS binary
+index (flat or hnsw) of their bits, searched by Hamming distance with the query's sign bits; the
+`rescore_multiplier` x k nearest are then rescored with the float query against each document's bits read as
++1/-1 (`rescore`), the rescoring of sentence-transformers' binary quantization: 32 times smaller vectors, the
+query's magnitudes kept. The score is the cosine of the query with that +1/-1 vector.
+
 faiss is an optional dependency (the `index` extra), imported only here and only when an index is built or
 read (`faiss_module`).
 """
@@ -33,10 +39,18 @@ from bert.utils import load_json_file, progress
 logger = logging.getLogger(__name__)
 
 INDEX_TYPES = ("flat", "ivf_flat", "ivf_pq", "hnsw")
+# The vectors' number formats an index takes (`bert embed --precision`), and the types a binary one can be.
+INDEX_PRECISIONS = ("float32", "binary", "ubinary")
+BINARY_INDEX_TYPES = ("flat", "hnsw")
+# Candidates a binary index hands to the float rescoring, per result, unless told (sentence-transformers' default).
+DEFAULT_RESCORE_MULTIPLIER = 4
 INDEX_FILE = "index.faiss"
 IDS_FILE = "ids.jsonl"
 MANIFEST_FILE = "manifest.json"
 METRIC = "cosine: the inner product of vectors scaled to unit length"
+HAMMING_METRIC = (
+    "Hamming distance of the sign bits, the candidates rescored by the cosine of the float query with +1/-1 bits"
+)
 # What an index needs at least per cluster to train on (FAISS warns below 39 points a centroid).
 POINTS_PER_CENTROID = 39
 # What bert search --index visits unless told (--nprobe, --ef_search): a recall near the exact search's on
@@ -73,11 +87,37 @@ def unit_rows(vectors: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x / np.maximum(norms, 1e-12), dtype=np.float32)
 
 
+def is_binary(precision: str) -> bool:
+    return precision in ("binary", "ubinary")
+
+
+def binary_codes(rows: np.ndarray, precision: str) -> np.ndarray:
+    """Stored binary vectors as FAISS takes them: uint8 bytes of sign bits (ubinary's; binary's are those - 128)."""
+    x = np.asarray(rows)
+    codes = (x.astype(np.int16) + 128).astype(np.uint8) if precision == "binary" else x.astype(np.uint8, copy=False)
+    return np.ascontiguousarray(codes)
+
+
+def padded_queries(queries: np.ndarray, bits: int) -> np.ndarray:
+    """Unit-length float queries [Q, D] padded with zeros to the index's `bits` (D rounded up to bytes, as
+    `bert embed` packs them): a pad bit of a document then adds nothing to its score."""
+    unit = unit_rows(queries)
+    return np.pad(unit, ((0, 0), (0, bits - unit.shape[1])))
+
+
+def rescore(query: np.ndarray, codes: np.ndarray, dims: int) -> np.ndarray:
+    """The cosine of the float `query` [bits] (`padded_queries`, `dims` real components) with each document of
+    `codes` [C, bits / 8] read as +1/-1 per bit."""
+    signs = np.unpackbits(codes, axis=1).astype(np.float32) * 2 - 1
+    return (signs @ query) / np.float32(math.sqrt(dims))
+
+
 @dataclass(frozen=True)
 class IndexSpec:
     """An index type and its parameters: `nlist` inverted lists (ivf_*), `m` sub-quantizers of `nbits` bits
     (ivf_pq), `hnsw_m` links a node and `ef_construction` (hnsw). `nlist` None: 4 x sqrt(rows), the usual rule,
-    at most the training sample / 39; `m` None: dims / 8 (a vector in dims bytes / 8 x nbits / 8)."""
+    at most the training sample / 39; `m` None: dims / 8 (a vector in dims bytes / 8 x nbits / 8). `precision`:
+    the stored vectors' (binary and ubinary make a binary index of `dims` bits: flat or hnsw)."""
 
     index_type: str
     nlist: int | None = None
@@ -85,11 +125,22 @@ class IndexSpec:
     nbits: int = 8
     hnsw_m: int = 32
     ef_construction: int = 40
+    precision: str = "float32"
 
     def resolved(self, dims: int, rows: int, train_rows: int) -> IndexSpec:
         """This spec with its defaults filled in for `rows` vectors of `dims` (`train_rows` to train on), checked."""
         if self.index_type not in INDEX_TYPES:
             raise InputError(f"--index_type={self.index_type} must be one of {', '.join(INDEX_TYPES)}")
+        if self.precision not in INDEX_PRECISIONS:
+            raise InputError(
+                f"--precision={self.precision} vectors are not indexed (their ranges are per corpus); index "
+                "float32 vectors, or binary or ubinary ones"
+            )
+        if is_binary(self.precision) and self.index_type not in BINARY_INDEX_TYPES:
+            raise InputError(
+                f"--index_type={self.index_type} is for float vectors; --precision={self.precision} vectors are "
+                f"indexed {' or '.join(BINARY_INDEX_TYPES)}"
+            )
         nlist, m = self.nlist, self.m
         if self.index_type.startswith("ivf"):
             if nlist is None:
@@ -111,7 +162,7 @@ class IndexSpec:
                     f"--nbits={self.nbits} needs {2**self.nbits} vectors to train each sub-quantizer, there are "
                     f"{train_rows}; lower --nbits or raise --train_sample"
                 )
-        return IndexSpec(self.index_type, nlist, m, self.nbits, self.hnsw_m, self.ef_construction)
+        return IndexSpec(self.index_type, nlist, m, self.nbits, self.hnsw_m, self.ef_construction, self.precision)
 
     def params(self) -> dict[str, Any]:
         """The parameters that shape this index type (for the manifest)."""
@@ -124,8 +175,15 @@ class IndexSpec:
         return params[self.index_type]
 
     def new(self, dims: int, seed: int) -> Any:
-        """An empty FAISS index of this spec (resolved) for `dims`-dimensional vectors, scoring inner products."""
+        """An empty FAISS index of this spec (resolved) for `dims`-dimensional vectors, scoring inner products
+        (binary ones: `dims` bits, by Hamming distance)."""
         faiss = faiss_module()
+        if is_binary(self.precision):
+            if self.index_type == "flat":
+                return faiss.IndexBinaryFlat(dims)
+            binary = faiss.IndexBinaryHNSW(dims, self.hnsw_m)
+            binary.hnsw.efConstruction = self.ef_construction
+            return binary
         ip = faiss.METRIC_INNER_PRODUCT
         if self.index_type == "flat":
             return faiss.IndexFlatIP(dims)
@@ -178,7 +236,8 @@ def build_index(
     needs_training = spec.index_type.startswith("ivf")
     picked = sample_rows(rows, train_sample, seed) if needs_training else np.arange(0)
     spec = spec.resolved(stored.dims, rows, len(picked) if needs_training else rows)
-    index = spec.new(stored.dims, seed)
+    binary = is_binary(spec.precision)
+    index = spec.new(stored.dims * 8 if binary else stored.dims, seed)
     if needs_training:
         sample = []
         with progress(total=len(picked), unit="vector", desc="index: training sample") as bar:
@@ -202,7 +261,8 @@ def build_index(
         del train
     with progress(total=rows, unit="vector", desc=f"index: adding to {spec.index_type}") as bar:
         for start, stop in _chunks(rows, chunk_size):
-            index.add(unit_rows(stored.rows(start, stop)))
+            chunk = stored.rows(start, stop)
+            index.add(binary_codes(chunk, spec.precision) if binary else unit_rows(chunk))
             added(start, stop)
             bar.update(stop - start)
     return index, spec, len(picked)
@@ -217,15 +277,49 @@ class VectorIndex:
     index: Any
     name: str
 
+    _codes: np.ndarray | None = None
+
     @property
     def index_type(self) -> str:
         return str(self.manifest["index_type"])
 
+    @property
+    def precision(self) -> str:
+        """The indexed vectors' number format (float32 in manifests written before binary indexes)."""
+        return str(self.manifest.get("precision", "float32"))
+
+    def codes(self) -> np.ndarray:
+        """A binary index's stored bits [rows, bits / 8] (one copy, made on first use), for the rescoring."""
+        if self._codes is None:
+            faiss = faiss_module()
+            flat = self.index if self.index_type == "flat" else faiss.downcast_IndexBinary(self.index.storage)
+            self._codes = faiss.vector_to_array(flat.xb).reshape(-1, self.index.code_size)
+        return self._codes
+
+    def hamming_search(self, queries: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(rows [Q, n], Hamming distances [Q, n]) of the `n` nearest documents by their bits to the sign bits of
+        the float `queries` (`padded_queries`); row -1 where the index has fewer."""
+        distances, rows = self.index.search(np.packbits(queries > 0, axis=1), n)
+        return rows, distances
+
     def search(
-        self, queries: np.ndarray, k: int, nprobe: int | None, ef_search: int | None, block: int = 1024
+        self,
+        queries: np.ndarray,
+        k: int,
+        nprobe: int | None,
+        ef_search: int | None,
+        rescore_multiplier: int | None = None,
+        block: int = 1024,
     ) -> list[list[tuple[int, float]]]:
         """Per query, [(corpus row, cosine), ...] best first, at most `k` (an IVF index with few lists probed
-        may find fewer). `nprobe`: the inverted lists an IVF index visits; `ef_search`: HNSW's candidate list."""
+        may find fewer). `nprobe`: the inverted lists an IVF index visits; `ef_search`: HNSW's candidate list;
+        `rescore_multiplier`: a binary index's candidates per result, rescored with the float query."""
+        binary = is_binary(self.precision)
+        if rescore_multiplier is not None and not binary:
+            raise InputError(
+                f"--rescore_multiplier applies to indexes of binary vectors; {self.name} holds {self.precision} ones"
+            )
+        fetch = k * (rescore_multiplier or DEFAULT_RESCORE_MULTIPLIER) if binary else k
         if nprobe is not None and not self.index_type.startswith("ivf"):
             raise InputError(f"--nprobe applies to ivf_flat and ivf_pq indexes; {self.name} is {self.index_type}")
         if ef_search is not None and self.index_type != "hnsw":
@@ -239,14 +333,36 @@ class VectorIndex:
             self.index.nprobe = nprobe if nprobe is not None else min(nlist, DEFAULT_NPROBE)
         if self.index_type == "hnsw":
             # FAISS looks at max(efSearch, k) candidates anyway; the default keeps a margin over k.
-            self.index.hnsw.efSearch = ef_search if ef_search is not None else max(DEFAULT_EF_SEARCH, k)
+            self.index.hnsw.efSearch = ef_search if ef_search is not None else max(DEFAULT_EF_SEARCH, fetch)
         out: list[list[tuple[int, float]]] = []
         with progress(total=len(queries), unit="query", desc=f"search: {self.index_type} index") as bar:
             for start, stop in _chunks(len(queries), block):
-                scores, rows = self.index.search(unit_rows(queries[start:stop]), k)
-                for r, s in zip(rows.tolist(), scores.tolist()):
-                    out.append([(row, score) for row, score in zip(r, s) if row >= 0])
+                if binary:
+                    out += self._rescored(queries[start:stop], k, fetch)
+                else:
+                    scores, rows = self.index.search(unit_rows(queries[start:stop]), k)
+                    for r, s in zip(rows.tolist(), scores.tolist()):
+                        out.append([(row, score) for row, score in zip(r, s) if row >= 0])
                 bar.update(stop - start)
+        return out
+
+    def _rescored(self, queries: np.ndarray, k: int, fetch: int) -> list[list[tuple[int, float]]]:
+        """The `fetch` Hamming-nearest of each query, rescored (`rescore`), the best `k` (ties in Hamming order)."""
+        bits = int(self.index.d)
+        if (queries.shape[1] + 7) // 8 * 8 != bits:
+            raise InputError(
+                f"{self.name} holds vectors of {bits} bits, the queries have {queries.shape[1]} dimensions; "
+                "search with the --dimensions the corpus was embedded with"
+            )
+        padded = padded_queries(queries, bits)
+        rows, _ = self.hamming_search(padded, min(fetch, int(self.index.ntotal)))
+        codes = self.codes()
+        out = []
+        for query, found in zip(padded, rows):
+            found = found[found >= 0]
+            scores = rescore(query, codes[found], queries.shape[1])
+            best = np.argsort(-scores, kind="stable")[:k]
+            out.append([(int(found[i]), float(scores[i])) for i in best])
         return out
 
     def ids(self, rows: set[int]) -> dict[int, Any]:
@@ -276,8 +392,9 @@ def open_index(directory: str, name: str) -> VectorIndex:
     if missing:
         raise InputError(f"{name}/{MANIFEST_FILE} lacks {', '.join(sorted(missing))}; build the index again")
     faiss = faiss_module()
+    read = faiss.read_index_binary if is_binary(str(manifest.get("precision"))) else faiss.read_index
     try:
-        index = faiss.read_index(str(path / INDEX_FILE))
+        index = read(str(path / INDEX_FILE))
     except RuntimeError as e:
         first = str(e).strip().splitlines()[-1][:160] if str(e).strip() else "unreadable"
         raise InputError(

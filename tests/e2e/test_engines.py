@@ -58,12 +58,16 @@ def test_batches_get_the_vectors_of_bert_embed(embedded, monkeypatch):
         fn(pa.table({"text": ["a", None]}))
 
 
+@pytest.mark.slow  # 15-25 s here: Ray's start (ray.init) and its two actors' model loads
 def test_on_a_local_ray_instance_with_two_workers(embedded):
     ray = pytest.importorskip("ray", reason="Ray is not installed")
     model, expected = embedded
+    # The two actors hold a CPU each for the whole run; blocks made here (three tables, three blocks) need no
+    # task beside them. `.repartition` would: its split tasks wait for a CPU the actors never free.
     ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
     try:
-        ds = ray.data.from_arrow(pa.table({"id": list(range(9)), "text": TEXTS})).repartition(3)
+        tables = [pa.table({"id": list(range(i, i + 3)), "text": TEXTS[i : i + 3]}) for i in (0, 3, 6)]
+        ds = ray.data.from_arrow(tables)
         ds = ds.map_batches(
             EmbedBatches,
             fn_constructor_kwargs={"model": str(model), "normalize": True, "device": "cpu"},

@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bert.commands.embed import MANIFEST_SUFFIX, model_digest
+from bert.commands.embed import MANIFEST_SUFFIX, EmbedArgs, model_digest
 from bert.commands.search import SearchArgs
 from bert.errors import InputError
 from bert.flags import same_as
-from bert.formats.embeddings import open_embeddings
+from bert.formats.embeddings import FLOAT32_OR_BITS, open_embeddings
 from bert.outputs import atomic_directory, claim
 from bert.utils import load_json_file, print_result
 from bert.vector_index import (
+    HAMMING_METRIC,
     IDS_FILE,
     INDEX_FILE,
     INDEX_TYPES,
@@ -30,6 +31,7 @@ from bert.vector_index import (
     IndexSpec,
     build_index,
     faiss_module,
+    is_binary,
 )
 
 logger = logging.getLogger(__name__)
@@ -54,11 +56,13 @@ class IndexArgs:
     `bert embed --num_shards=N` when x is not there. The index scores the cosine (every vector scaled to unit
     length, inner product), as `bert search` does: flat is exact; ivf_flat and ivf_pq cluster the vectors into
     --nlist lists, trained on a seeded sample of --train_sample vectors (ivf_pq also compresses each vector to
-    --m codes of --nbits bits); hnsw is a graph of --hnsw_m links a node.
+    --m codes of --nbits bits); hnsw is a graph of --hnsw_m links a node. Vectors of `bert embed
+    --precision=binary` or `ubinary` (give the same --precision here) make a FAISS binary index, flat or hnsw,
+    of their bits (Hamming distance; bert search rescores its candidates with the float query).
 
     Memory: the --train_sample vectors while training (4 x dims bytes each), one --chunk_size of vectors while
     adding, and the index itself: 4 x dims bytes a vector for flat and ivf_flat (+8 for the list's id), about
-    4 x dims + 8 x --hnsw_m for hnsw, --m x --nbits / 8 + 8 for ivf_pq.
+    4 x dims + 8 x --hnsw_m for hnsw, --m x --nbits / 8 + 8 for ivf_pq; binary: dims / 8 (flat), + 8 x --hnsw_m.
 
     Output, in --output_dir (written whole, then renamed into place): index.faiss; ids.jsonl (line i: the id of
     row i: --corpus's ids, else a Parquet file's id column, else the row number as a string, as bert search
@@ -126,6 +130,8 @@ class IndexArgs:
         },
     )
     backend: str = same_as(SearchArgs, "backend")
+    # The vectors' format as bert embed wrote them: checked against their dtype and their shards' manifests.
+    precision: str = same_as(EmbedArgs, "precision")
 
 
 def run_index(args: IndexArgs) -> dict[str, Any]:
@@ -149,13 +155,29 @@ def _embedding_manifests(stored: Any, name: str) -> list[dict[str, Any]]:
     return [load_json_file(p, name) for p in present]
 
 
+def _check_precision(args: IndexArgs, stored: Any, manifests: list[dict[str, Any]], name: str) -> None:
+    """--precision is what the shards' manifests record and what the vectors' number format is."""
+    recorded = sorted({str((m.get("flags") or {}).get("--precision", "float32")) for m in manifests})
+    if len(recorded) > 1:
+        raise InputError(f"{name}: its shards were embedded with --precision={' and '.join(recorded)}; embed again")
+    if recorded and recorded[0] != args.precision:
+        raise InputError(f"{name} was embedded with --precision={recorded[0]}; give --precision={recorded[0]}")
+    expected = {"float32": "float32", "binary": "int8", "ubinary": "uint8"}.get(args.precision)
+    if expected is not None and str(stored.dtype) != expected:
+        raise InputError(
+            f"{name} holds {stored.dtype} vectors, not the {expected} of --precision={args.precision}; give the "
+            "--precision bert embed wrote them with"
+        )
+
+
 def _made_with(args: IndexArgs, stored: Any, name: str) -> tuple[str, dict[str, Any] | None]:
     """(model digest, embed's vector flags or None) of the vectors: their shards' manifests, else --model."""
     manifests = _embedding_manifests(stored, name)
-    for key in ("model_digest", "flags"):
+    _check_precision(args, stored, manifests, name)
+    for key, what in (("model_digest", "models"), ("flags", "flags")):
         values = {json.dumps(m.get(key), sort_keys=True) for m in manifests}
         if len(values) > 1:
-            raise InputError(f"{name}: its shards were embedded with different {key.replace('_', ' ')}s; embed again")
+            raise InputError(f"{name}: its shards were embedded with different {what}; embed again")
     digest = manifests[0]["model_digest"] if manifests else None
     if args.model is not None:
         given = model_digest(args.model, args.backend)
@@ -179,10 +201,11 @@ def _run(args: IndexArgs) -> dict[str, Any]:
     from bert.retrieval import read_texts
 
     name = f"--corpus_embeddings={args.corpus_embeddings}"
-    stored = open_embeddings(args.corpus_embeddings, name)
+    stored = open_embeddings(args.corpus_embeddings, name, FLOAT32_OR_BITS)
     digest, flags = _made_with(args, stored, name)
     given = {flag: getattr(args, flag) for flag in TYPE_FLAGS if getattr(args, flag) is not None}
-    spec = IndexSpec(args.index_type, **{k: v for k, v in given.items() if k != "train_sample"})
+    shape = {k: v for k, v in given.items() if k != "train_sample"}
+    spec = IndexSpec(args.index_type, **shape, precision=args.precision)
     out = Path(args.output_dir)
     records = read_texts(args.corpus, args.corpus) if args.corpus is not None else None
     ids_from = "--corpus" if records is not None else "row numbers"
@@ -207,18 +230,22 @@ def _run(args: IndexArgs) -> dict[str, Any]:
                 f"--corpus={args.corpus} has more records than the {len(stored)} vectors of {name}; give the corpus "
                 "file they were embedded from"
             )
-        faiss.write_index(index, str(tmp / INDEX_FILE))
+        binary = is_binary(spec.precision)
+        (faiss.write_index_binary if binary else faiss.write_index)(index, str(tmp / INDEX_FILE))
         size = os.path.getsize(tmp / INDEX_FILE)
-        manifest = _manifest(args, spec, stored, trained_on, ids_from, digest, flags)
+        dims = int(index.d)  # a binary index's: bits
+        manifest = _manifest(args, spec, stored, dims, trained_on, ids_from, digest, flags)
         manifest.update(bytes=size, faiss=faiss.__version__)
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    what = f"{spec.index_type} index: {len(stored)} vectors of {stored.dims} ({size / len(stored):.0f} bytes each)"
+    kind, unit = (f"binary {spec.index_type}", " bits") if binary else (spec.index_type, "")
+    what = f"{kind} index: {len(stored)} vectors of {dims}{unit} ({size / len(stored):.0f} bytes each)"
     print_result("index", what, f"written to {args.output_dir}")
     logger.info("%s: %s", args.output_dir, json.dumps(manifest))
     return {
         "rows": len(stored),
-        "dims": stored.dims,
+        "dims": dims,
         "index_type": spec.index_type,
+        "precision": spec.precision,
         "output_dir": str(out),
         "bytes": size,
     }
@@ -228,6 +255,7 @@ def _manifest(
     args: IndexArgs,
     spec: IndexSpec,
     stored: Any,
+    dims: int,
     trained_on: int,
     ids_from: str,
     digest: str | None,
@@ -238,8 +266,9 @@ def _manifest(
     return {
         "index_type": spec.index_type,
         "params": spec.params(),
-        "metric": METRIC,
-        "dims": stored.dims,
+        "precision": spec.precision,
+        "metric": HAMMING_METRIC if is_binary(spec.precision) else METRIC,
+        "dims": dims,
         "rows": len(stored),
         "trained_on": trained_on,
         "seed": args.seed,

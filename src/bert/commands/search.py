@@ -26,7 +26,14 @@ from bert.input_lines import InputItemError
 from bert.outputs import claim
 from bert.request_rules import TOP_K_MINIMUM
 from bert.utils import json_line, output_file_or_stdout, print_result, progress, readable_input
-from bert.vector_index import DEFAULT_EF_SEARCH, DEFAULT_NPROBE, VectorIndex, open_index
+from bert.vector_index import (
+    DEFAULT_EF_SEARCH,
+    DEFAULT_NPROBE,
+    DEFAULT_RESCORE_MULTIPLIER,
+    VectorIndex,
+    is_binary,
+    open_index,
+)
 
 if TYPE_CHECKING:
     from bert.inference import Predictor
@@ -48,7 +55,9 @@ class SearchArgs(InferenceArgs):
     `bert rerank`.
 
     --index=DIR searches the FAISS index `bert index --output_dir=DIR` built instead (ids from the index;
-    --corpus only for --output_format=rerank's texts); the index's vectors must come from --model.
+    --corpus only for --output_format=rerank's texts); the index's vectors must come from --model. An index of
+    binary vectors is searched with the queries' sign bits and its --rescore_multiplier x --top_k nearest
+    rescored with the float queries (scores: the cosine of the query with a document's bits as +1/-1).
     """
 
     model: str = field(
@@ -84,6 +93,15 @@ class SearchArgs(InferenceArgs):
             "positive": True,
             "help": f"Candidates an hnsw --index keeps per query (more: better recall, slower); default "
             f"{DEFAULT_EF_SEARCH} or --top_k if more.",
+        },
+    )
+    rescore_multiplier: int | None = field(
+        default=None,
+        metadata={
+            "positive": True,
+            "help": "An --index of binary vectors (bert embed --precision=ubinary) finds this many x --top_k "
+            "candidates by Hamming distance, then ranks them by the float query against their +1/-1 bits; default "
+            f"{DEFAULT_RESCORE_MULTIPLIER}.",
         },
     )
     output_file: str | None = field(default=None, metadata={"help": "Output JSON-lines file; stdout if unset."})
@@ -255,7 +273,11 @@ def _check_index_flags(args: SearchArgs) -> None:
     if args.index is None:
         if args.corpus is None:
             raise InputError("give --corpus, the documents to search (or --index, a bert index directory)")
-        for flag, value in (("--nprobe", args.nprobe), ("--ef_search", args.ef_search)):
+        for flag, value in (
+            ("--nprobe", args.nprobe),
+            ("--ef_search", args.ef_search),
+            ("--rescore_multiplier", args.rescore_multiplier),
+        ):
             if value is not None:
                 raise InputError(f"{flag} tunes a search through --index; give --index=DIR, or drop {flag}")
         return
@@ -286,12 +308,12 @@ def _open_index(args: SearchArgs) -> VectorIndex:
 def _search_index(
     args: SearchArgs, index: VectorIndex, queries: list[tuple[str, str]], vectors: np.ndarray
 ) -> dict[str, Any]:
-    if vectors.shape[1] != index.manifest["dims"]:
+    if not is_binary(index.precision) and vectors.shape[1] != index.manifest["dims"]:
         raise InputError(
             f"--index={args.index} holds {index.manifest['dims']}-dimensional vectors, the queries {vectors.shape[1]}; "
             "search with the --dimensions the corpus was embedded with"
         )
-    found = index.search(vectors, args.top_k, args.nprobe, args.ef_search)
+    found = index.search(vectors, args.top_k, args.nprobe, args.ef_search, args.rescore_multiplier)
     rows = {row for hits in found for row, _ in hits}
     texts = _texts(args, rows) if args.output_format == "rerank" else {}
     _write(args, queries, found, index.ids(rows), texts)

@@ -12,7 +12,8 @@ everything about the file is checked before a vector is used, each fault one `In
   are named as what they are;
 - its header read with NumPy's own parser, never `allow_pickle`: an object array (pickled Python objects,
   whose payload would run on load) is refused from its header, unread;
-- a float32 matrix [rows, dims], as `bert embed` writes it, and exactly the bytes its header promises (a
+- a float32 matrix [rows, dims], as `bert embed` writes it (or, where the reader takes them, the int8 or uint8
+  matrix of its --precision=binary or ubinary: `dtypes`), and exactly the bytes its header promises (a
   file cut short is refused before it is mapped, not found out by `mmap`);
 - the rows memory-mapped, so a search holds one chunk at a time, and each chunk checked as it is read
   (`rows`): a NaN or infinite component blames the file and the row, not the model.
@@ -60,19 +61,30 @@ def _regular_file_size(path: Path, name: str) -> int:
     return st.st_size
 
 
+FLOAT32 = (np.dtype(np.float32),)
+# What `bert embed --precision=binary` and `ubinary` write: a sign bit a component, 8 a byte.
+FLOAT32_OR_BITS = (np.dtype(np.float32), np.dtype(np.int8), np.dtype(np.uint8))
+
+
+def _kinds(dtypes: tuple[np.dtype, ...]) -> str:
+    return " or ".join(str(d) for d in dtypes)
+
+
 class EmbeddingsFile:
-    """A float32 matrix [rows, dims] in a `.npy` file, checked (module docstring) and memory-mapped.
+    """A float32 matrix [rows, dims] in a `.npy` file (or another of `dtypes`), checked (module docstring) and
+    memory-mapped.
 
     `name` is what errors call the file (the flag and path, e.g. "--corpus_embeddings=x.npy")."""
 
-    def __init__(self, path: str | os.PathLike, name: str):
+    def __init__(self, path: str | os.PathLike, name: str, dtypes: tuple[np.dtype, ...] = FLOAT32):
         self.path, self.name = Path(path), name
         size = _regular_file_size(self.path, name)
         with open(self.path, "rb") as f:
             shape, fortran_order, dtype = self._header(f)
             offset = f.tell()
-        if len(shape) != 2 or dtype != np.float32:
-            raise InputError(f"{name} holds a {dtype} array of shape {shape}, not a float32 matrix; {_FIX}")
+        if len(shape) != 2 or dtype not in dtypes:
+            raise InputError(f"{name} holds a {dtype} array of shape {shape}, not a {_kinds(dtypes)} matrix; {_FIX}")
+        self.dtype = np.dtype(dtype)
         expected = offset + shape[0] * shape[1] * dtype.itemsize
         if size != expected:
             what = "is cut short" if size < expected else "has bytes after its matrix"
@@ -83,7 +95,7 @@ class EmbeddingsFile:
                 self.path, dtype=dtype, mode="r", offset=offset, shape=self.shape, order="F" if fortran_order else "C"
             )
             if shape[0] * shape[1]
-            else np.zeros(self.shape, dtype=np.float32)  # mmap cannot map zero bytes
+            else np.zeros(self.shape, dtype=dtype)  # mmap cannot map zero bytes
         )
 
     def __len__(self) -> int:
@@ -95,7 +107,7 @@ class EmbeddingsFile:
 
     def rows(self, start: int, stop: int) -> np.ndarray:
         """Rows `start` to `stop` (0-based, as `bert search` numbers records), read into memory and checked finite."""
-        return _finite(np.array(self._array[start:stop], dtype=np.float32), start, self.name)
+        return _finite(np.array(self._array[start:stop], dtype=self.dtype), start, self.name)
 
     def ids(self, start: int, stop: int) -> list | None:
         """A .npy matrix holds no ids: None."""
@@ -120,6 +132,8 @@ class EmbeddingsFile:
 
 def _finite(chunk: np.ndarray, start: int, name: str) -> np.ndarray:
     """`chunk` (rows from `start` of the file `name`), refused when a component is NaN or infinite."""
+    if chunk.dtype.kind != "f":  # bits: always finite
+        return chunk
     bad = ~np.isfinite(chunk).all(axis=1)
     if bad.any():
         row = start + int(np.argmax(bad))
@@ -133,7 +147,7 @@ class ParquetEmbeddings:
     """The `embedding` column of a Parquet file `bert embed` wrote (`EmbeddingsFile`'s interface), with the ids of
     its other column when there is one."""
 
-    def __init__(self, path: str | os.PathLike, name: str):
+    def __init__(self, path: str | os.PathLike, name: str, dtypes: tuple[np.dtype, ...] = FLOAT32):
         self.path, self.name = Path(path), name
         self.pa, pq = pyarrow()
         _regular_file_size(self.path, name)  # a FIFO is refused before pyarrow opens it
@@ -147,8 +161,12 @@ class ParquetEmbeddings:
                 f"{name} has no column {EMBEDDING_COLUMN!r} (its columns: {', '.join(schema.names)}); {_FIX}"
             )
         kind = schema.field(EMBEDDING_COLUMN).type
-        if not self.pa.types.is_fixed_size_list(kind) or kind.value_type != self.pa.float32():
-            raise InputError(f"{name}: column {EMBEDDING_COLUMN!r} holds {kind}, not fixed-size float32 lists; {_FIX}")
+        numeric = {self.pa.from_numpy_dtype(d): d for d in dtypes}
+        if not self.pa.types.is_fixed_size_list(kind) or kind.value_type not in numeric:
+            raise InputError(
+                f"{name}: column {EMBEDDING_COLUMN!r} holds {kind}, not fixed-size {_kinds(dtypes)} lists; {_FIX}"
+            )
+        self.dtype = numeric[kind.value_type]
         others = [n for n in schema.names if n != EMBEDDING_COLUMN]
         if len(others) > 1:
             raise InputError(f"{name} has columns {others} beside {EMBEDDING_COLUMN!r}: at most one, the ids; {_FIX}")
@@ -163,14 +181,14 @@ class ParquetEmbeddings:
         return self.shape[1]
 
     def rows(self, start: int, stop: int) -> np.ndarray:
-        pieces = [np.zeros((0, self.dims), dtype=np.float32)]
+        pieces = [np.zeros((0, self.dims), dtype=self.dtype)]
         for first, batch in row_batches(self._file, range(start, stop), stop - start, [EMBEDDING_COLUMN]):
             column = batch.column(0)
             if column.null_count:
                 row = first + next(i for i, v in enumerate(column.is_null().to_pylist()) if v)
                 raise InputError(f"{self.name}: row {row} (counting from 0) has no embedding; embed the corpus again")
             pieces.append(column.flatten().to_numpy(zero_copy_only=False).reshape(-1, self.dims))
-        return _finite(np.concatenate(pieces).astype(np.float32, copy=False), start, self.name)
+        return _finite(np.concatenate(pieces).astype(self.dtype, copy=False), start, self.name)
 
     def ids(self, start: int, stop: int) -> list | None:
         """The ids of rows `start` to `stop` (Python values, as the id column holds them), or None."""
@@ -188,9 +206,16 @@ class ShardedEmbeddings:
 
     def __init__(self, parts: list[EmbeddingsFile | ParquetEmbeddings], name: str):
         self.parts, self.name = parts, name
+        kinds = sorted({str(part.dtype) for part in parts})
+        if len(kinds) > 1:
+            raise InputError(
+                f"{name}: its shards hold vectors of different number formats ({', '.join(kinds)}); embed them "
+                "again with one --precision"
+            )
         widths = {part.dims for part in parts}
         if len(widths) > 1:
             raise InputError(f"{name}: its shards hold vectors of different widths {sorted(widths)}; {_FIX}")
+        self.dtype = parts[0].dtype
         self.starts = np.cumsum([0] + [len(part) for part in parts])
 
     def __len__(self) -> int:
@@ -209,7 +234,7 @@ class ShardedEmbeddings:
     def rows(self, start: int, stop: int) -> np.ndarray:
         # a bad row is named by its shard and its number there
         pieces = [part.rows(lo, hi) for part, lo, hi in self._spans(start, stop)]
-        return np.concatenate(pieces) if pieces else np.zeros((0, self.dims), dtype=np.float32)
+        return np.concatenate(pieces) if pieces else np.zeros((0, self.dims), dtype=self.dtype)
 
     def ids(self, start: int, stop: int) -> list | None:
         pieces = [part.ids(lo, hi) for part, lo, hi in self._spans(start, stop)]
@@ -218,14 +243,17 @@ class ShardedEmbeddings:
         return [key for piece in pieces for key in piece or ()]
 
 
-def _open_one(path: str, name: str) -> EmbeddingsFile | ParquetEmbeddings:
-    return ParquetEmbeddings(path, name) if is_parquet(path) else EmbeddingsFile(path, name)
+def _open_one(path: str, name: str, dtypes: tuple[np.dtype, ...]) -> EmbeddingsFile | ParquetEmbeddings:
+    return ParquetEmbeddings(path, name, dtypes) if is_parquet(path) else EmbeddingsFile(path, name, dtypes)
 
 
-def open_embeddings(path: str, name: str) -> EmbeddingsFile | ParquetEmbeddings | ShardedEmbeddings:
-    """The embeddings `path` names: the file, or else the complete set of its shards (module docstring)."""
+def open_embeddings(
+    path: str, name: str, dtypes: tuple[np.dtype, ...] = FLOAT32
+) -> EmbeddingsFile | ParquetEmbeddings | ShardedEmbeddings:
+    """The embeddings `path` names: the file, or else the complete set of its shards (module docstring); their
+    number format one of `dtypes` (float32 unless the reader takes binary vectors too)."""
     if os.path.lexists(path):
-        return _open_one(path, name)
+        return _open_one(path, name, dtypes)
     pattern = Path(shard_file(path, 0, 1))
     # shard_file's name with the index and the count as wildcards
     stem, suffix = pattern.name.rsplit("-00000-of-00001", 1)
@@ -245,4 +273,4 @@ def open_embeddings(path: str, name: str) -> EmbeddingsFile | ParquetEmbeddings 
     if missing:
         raise InputError(f"{name}: shard {shard_file(path, missing[0], count)} of {count} is missing; embed it")
     shards = [shard_file(path, i, count) for i in range(count)]
-    return ShardedEmbeddings([_open_one(shard, f"{name} (shard {shard})") for shard in shards], name)
+    return ShardedEmbeddings([_open_one(shard, f"{name} (shard {shard})", dtypes) for shard in shards], name)
