@@ -17,7 +17,8 @@ the server must drop without computing. The run is bounded: rounds x seconds (a 
 
 Round 0 is a warm-up (the model's first batches, the caches filling, the allocator's first high water
 mark) and is not judged; the peer of this benchmark is the server itself at the end of round 1: each later
-round's RSS is given as a ratio to it, and the verdict line says whether the last round is within 5% of it.
+round's RSS is given as a ratio to it, and the verdict line says whether the last round is within 5% of it
+(and the highest round's ratio); the exit status is 1 when it is not, or an answer differs.
 """
 
 from __future__ import annotations
@@ -245,24 +246,25 @@ def main() -> None:
         print(f"model {args.model}; RSS after start {started:.0f} MB")
         print("| round | requests | answers by route and status | RSS MB | vs round 1 | load average |")
         print("|---:|---:|---|---:|---:|---:|")
-        first = rss = started
+        first = rss = peak = started
         for r in range(0, args.rounds + 1):
             counts = run_round(port, texts, args, r)
             time.sleep(2)  # the queue drains
             rss = rss_mb(server.pid)
             if r == 1:
-                first = rss
+                first = peak = rss
+            peak = max(peak, rss)
             answers = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
-            ratio = "warm-up" if r == 0 else f"{rss / first:.3f}x"
+            shown = "warm-up" if r == 0 else f"{rss / first:.3f}x"
             load = os.getloadavg()[0]
-            print(f"| {r} | {sum(counts.values())} | {answers} | {rss:.0f} | {ratio} | {load:.1f} |", flush=True)
+            print(f"| {r} | {sum(counts.values())} | {answers} | {rss:.0f} | {shown} | {load:.1f} |", flush=True)
         differ = answers_differ(port, args.model, texts[:16])
         print(f"answers after the load vs the Predictor offline: largest difference {differ:.2e} (bound 1e-5)")
         ratio = rss / first
         flat = ratio <= 1.05 and differ <= 1e-5
         print(
             f"verdict: {'FLAT' if ratio <= 1.05 else 'GROWS'}: RSS {first:.0f} MB after round 1, {rss:.0f} MB after "
-            f"round {args.rounds} ({ratio:.3f}x; flat: within 1.05x); answers "
+            f"round {args.rounds} ({ratio:.3f}x; flat: within 1.05x; highest {peak / first:.3f}x); answers "
             f"{'equal' if differ <= 1e-5 else 'DIFFER'}"
         )
     finally:
