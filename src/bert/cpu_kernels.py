@@ -8,6 +8,7 @@ or drops out.
 
 from __future__ import annotations
 
+import os
 import weakref
 
 import torch
@@ -22,6 +23,17 @@ from torch import nn
 # F.linear (the exporters cannot trace the op), as do autocast (the op ignores it), quantized layers (not
 # nn.Linear) and tensors off the CPU.
 _ONEDNN_LINEAR = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+# oneDNN makes one primitive (its JIT-compiled GEMM) per input shape and keeps it in two caches of 1,024
+# entries each by default, oneDNN's own and ideep's (PyTorch's wrapper, `LRU_CACHE_CAPACITY`), about 0.4 MB
+# an entry in each. Unpadded inference multiplies [R, H] with R the batch's token count, a new shape nearly
+# every batch, so a server's memory grew by that much per batch for thousands of batches (bench/soak.py:
+# +40-100 MB a round; shapes that recur are rare, so the caches hardly hit). A few entries still catch what
+# does recur (the layers of one batch share three shapes; a fixed-shape loop has a handful), and bound the
+# growth at a few MB. Both variables are read when oneDNN first runs, which is after this import; a value the
+# user sets wins. (0 is not an option: ideep crashes on an LRU cache of capacity 0.)
+ONEDNN_CACHE_CAPACITY = 32
+for _variable in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+    os.environ.setdefault(_variable, str(ONEDNN_CACHE_CAPACITY))
 # bfloat16 GEMMs in hardware (AVX512-BF16 or AMX): twice fp32's rate on an AMD EPYC Zen 5 core (bench/RESULTS.md).
 # Elsewhere oneDNN would emulate them, slower than fp32, so a bfloat16 encoder there stays on F.linear.
 _ONEDNN_BF16 = _ONEDNN_LINEAR and bool(getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)())
