@@ -54,6 +54,9 @@ CUTS = {
     "train_batch_size": "4",  # the 4 SWAG fixture examples make one step
     "layers": "-1,-2",  # the tiny checkpoint has 2 layers
 }
+# A grid flag's comma list keeps its first values: still a grid of cells, fewer of them (tests/e2e/test_grid.py
+# runs the grid itself).
+GRID_CELLS = 2
 # command -> {flag: value}, where a command's own scale needs its own cut.
 COMMAND_CUTS = {"quickstart": {"pretrain_steps": "4", "num_train_epochs": "0.1"}}
 MAX_TERMINAL_LINES = 40
@@ -222,10 +225,14 @@ def in_workdir(workdir, monkeypatch):
     return workdir
 
 
-def _cuts(command: str) -> list[str]:
+def _cuts(command: str, argv: list[str] | None = None) -> list[str]:
     args_cls, _ = cli._resolve(command)
-    flags = {f.name for f in dataclasses.fields(args_cls) if f.metadata.get("cli") is not False}  # offered flags
-    cuts = {k: v for k, v in CUTS.items() if k in flags} | COMMAND_CUTS.get(command, {})
+    fields = [f for f in dataclasses.fields(args_cls) if f.metadata.get("cli") is not False]  # offered flags
+    cuts = {k: v for k, v in CUTS.items() if k in {f.name for f in fields}} | COMMAND_CUTS.get(command, {})
+    for f in fields:
+        given = [a.split("=", 1)[1] for a in argv or [] if a.startswith(f"--{f.name}=") and "," in a]
+        if f.metadata.get("grid") and given and f.name not in cuts:
+            cuts[f.name] = ",".join(given[-1].split(",")[:GRID_CELLS])
     return [f"--{k}={v}" for k, v in cuts.items()]
 
 
@@ -241,7 +248,7 @@ def _run(recipe: str, capsys) -> tuple[int, str, str]:
         return done.returncode, done.stdout, done.stderr
     argv = [os.path.expandvars(a) for a in shlex.split(recipe, comments=True)]
     assert argv[0] == "bert", f"README recipe {recipe!r}: not a `bert` command (install steps go with pip)"
-    code = cli.main([*argv[1:], *_cuts(argv[1])])
+    code = cli.main([*argv[1:], *_cuts(argv[1], argv)])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
