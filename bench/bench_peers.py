@@ -31,6 +31,10 @@ the fastest peer of the same precision, fp32, bf16 or int8 (sentence-transformer
 line). The peers that take a thread count in their documented API get `--threads` (sentence-transformers' torch
 path, fastembed); ONNX Runtime and OpenVINO under sentence-transformers run with their defaults (all cores).
 
+`--student DIR` adds ours on a student of the teacher (fp32 and int8; e.g. bench_distill.py (b)'s 3 of its layers)
+and its speed against ours on the teacher: what the distillation recipe gains. Its least cosine is to another
+model's vectors, so it says nothing there.
+
 `--with_stsb` (after the timing): the STS-B dev Spearman of ours fp32 and int8 and of the int8 peer fastest on
 sentences and its fp32, each int8's change from its fp32 and the difference of the two changes, with the paired
 bootstrap of bench_export.py.
@@ -70,6 +74,8 @@ from bert.tokenization import FullTokenizer
 
 # Ours at each precision a peer runs at: the peers of a precision are compared with ours at that precision.
 OURS = {"fp32": "ours", "bf16": "ours bf16", "int8": "ours int8"}
+# `--student`'s rows and their `quantize`: a smaller model, compared with ours running the teacher.
+STUDENT = {"ours, student": "none", "ours int8, student": "int8"}
 ONNX_FAMILY = {"st_onnx", "st_onnx_int8", "fastembed"}
 OPENVINO_FAMILY = {"st_openvino", "st_openvino_f32", "st_openvino_int8"}
 
@@ -139,6 +145,9 @@ def main() -> None:
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"peers, of {','.join(ENGINES)}")
     parser.add_argument("--onnx_python", default=sys.executable, help="the Python of the ST ONNX and fastembed peers")
     parser.add_argument("--openvino_python", default=sys.executable, help="the Python of the ST OpenVINO peers")
+    parser.add_argument(
+        "--student", default=None, help="a student model directory of all-MiniLM-L6-v2 (e.g. 3 of its layers)"
+    )
     parser.add_argument("--with_stsb", action="store_true", help="int8's STS-B Spearman cost, ours and a peer's")
     args = parser.parse_args()
     engines = [e for e in args.engines.split(",") if e]
@@ -158,6 +167,10 @@ def main() -> None:
             minilm, "cpu", batch_size=args.batch_size, dtype="bfloat16"
         ).embed
     ourselves["ours int8"] = Predictor.from_pretrained(minilm, "cpu", batch_size=args.batch_size, quantize="int8").embed
+    if args.student:  # a student of the teacher's layers: what the distillation recipe gains in speed
+        for label, quantize in STUDENT.items():
+            student = Predictor.from_pretrained(args.student, "cpu", batch_size=args.batch_size, quantize=quantize)
+            ourselves[label] = student.embed
     texts = {"sentences": embed_sentences(args.sentences), "passages": passages(ours.tokenizer, args.passages)}
     gold = np.zeros(0)
     if args.with_stsb:
@@ -217,7 +230,8 @@ def main() -> None:
             for label in check(vectors, peers, sets):
                 peers.pop(label).close()
     labels = [*ourselves, *peers]
-    precisions = {**{mine: p for p, mine in OURS.items()}, **{label: peer.precision for label, peer in peers.items()}}
+    precisions = {mine: p for p, mine in OURS.items()} | {label: peer.precision for label, peer in peers.items()}
+    precisions |= {label: "int8" if quantize == "int8" else "fp32" for label, quantize in STUDENT.items()}
     least = {(label, s): float((vectors[label, s] * vectors["ours", s]).sum(1).min()) for label in labels for s in sets}
 
     print(f"# load average after: {os.getloadavg()[0]:.1f}")
@@ -243,6 +257,10 @@ def main() -> None:
                 print(
                     f"ratio fp32, {s}: ours / sentence-transformers torch = {best['st_torch', s] / best['ours', s]:.2f}"
                 )
+    for label, teacher in zip(STUDENT, ("ours", "ours int8")):
+        for s in sets:
+            if label in ourselves:
+                print(f"ratio {label} / {teacher} (the teacher), {s}: {best[teacher, s] / best[label, s]:.2f}")
     int8_peers = [p for p in peers if precisions[p] == "int8"]
     if args.with_stsb and int8_peers:
         # After the timing, and only the engines it compares: ours, and the int8 peer fastest on sentences.
