@@ -193,3 +193,13 @@ def test_a_deeply_nested_line_is_one_error_as_predict_says_it(tmp_path):
     (tmp_path / "b" / "corpus.jsonl").write_text("[" * 100_000 + "\n")
     with pytest.raises(InputError, match=r"corpus.jsonl:1: JSON nested too deeply"):
         read_training_data(path)
+
+
+def test_every_document_the_qrels_name_must_exist_a_score_0_one_too(tmp_path):
+    """A score-0 qrels line names a document of the split as much as a relevant one does: a missing one is one
+    line naming it (it was a KeyError traceback)."""
+    path = _beir(tmp_path / "b", [{"_id": "q1", "text": "a"}], [{"_id": "d1", "text": "x"}])
+    with open(tmp_path / "b" / "qrels" / "train.tsv", "a") as f:
+        f.write("q1\tghost\t0\n")
+    with pytest.raises(InputError, match=r"qrels/train.tsv: document ghost is not in .*corpus.jsonl"):
+        read_training_data(path)

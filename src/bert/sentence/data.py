@@ -250,9 +250,10 @@ def read_beir(path: str, split: str) -> Corpus:
     for qid, docs in qrels.items():
         if qid not in queries:
             raise InputError(f"{qrels_file}: query {qid} is not in {base / 'queries.jsonl'}")
-        for did in docs:
-            if did not in documents:
-                raise InputError(f"{qrels_file}: document {did} is not in {base / 'corpus.jsonl'}")
+    # Every document the qrels name is kept (a score-0 one is still a document of the split), so each must exist.
+    for did in sorted(named):
+        if did not in documents:
+            raise InputError(f"{qrels_file}: document {did} is not in {base / 'corpus.jsonl'}")
     if not qrels:
         raise InputError(f"{qrels_file}: no query has a relevant document (score > 0)")
     return Corpus(
