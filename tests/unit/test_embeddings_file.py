@@ -32,6 +32,10 @@ def test_reads_what_numpy_saved_in_chunks(tmp_path):
     np.testing.assert_array_equal(np.concatenate([stored.rows(i, i + 4) for i in range(0, 11, 4)]), matrix)
     np.save(tmp_path / "f.npy", np.asfortranarray(matrix))
     np.testing.assert_array_equal(_open(tmp_path / "f.npy").rows(0, 11), matrix)
+    # C order in memory whatever the file's, so the scores are bit for bit those of the C-ordered file's rows
+    query = np.random.default_rng(1).normal(size=(5, 3)).astype(np.float32)
+    assert np.array_equal(_open(tmp_path / "f.npy").rows(2, 9) @ query, stored.rows(2, 9) @ query)
+    assert _open(tmp_path / "f.npy").rows(2, 9).flags.c_contiguous
     np.save(tmp_path / "empty.npy", np.zeros((0, 5), dtype=np.float32))
     assert len(_open(tmp_path / "empty.npy")) == 0
 

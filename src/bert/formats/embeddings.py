@@ -107,7 +107,8 @@ class EmbeddingsFile:
 
     def rows(self, start: int, stop: int) -> np.ndarray:
         """Rows `start` to `stop` (0-based, as `bert search` numbers records), read into memory and checked finite."""
-        return _finite(np.array(self._array[start:stop], dtype=self.dtype), start, self.name)
+        # C order whatever the file's: a Fortran-ordered file then scores bit for bit as its C-ordered copy.
+        return _finite(np.ascontiguousarray(self._array[start:stop], dtype=self.dtype), start, self.name)
 
     def ids(self, start: int, stop: int) -> list | None:
         """A .npy matrix holds no ids: None."""
