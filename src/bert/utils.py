@@ -462,7 +462,8 @@ def readable_input(input_file: str | None, flag: str = "--input_file") -> Iterat
     """
     if input_file is not None:
         if not os.path.isfile(input_file):
-            raise InputError(f"{flag}={input_file}: no such file; pass an existing file, or omit it to read stdin")
+            what = "not a regular file (read more than once)" if os.path.exists(input_file) else "no such file"
+            raise InputError(f"{flag}={input_file}: {what}; pass an existing file, or omit it to read stdin")
         yield input_file
         return
     fd, tmp = tempfile.mkstemp(prefix="bert-stdin.", suffix=".txt")

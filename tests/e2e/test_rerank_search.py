@@ -309,3 +309,16 @@ def test_search_reads_the_shards_of_bert_embed(models, retrieval, tmp_path):
     run_search(SearchArgs(**common, corpus_embeddings=str(whole), output_file=str(tmp_path / "a.jsonl")))
     run_search(SearchArgs(**common, corpus_embeddings=str(sharded), output_file=str(tmp_path / "b.jsonl")))
     assert read_jsonl(tmp_path / "a.jsonl") == read_jsonl(tmp_path / "b.jsonl")
+
+
+def test_an_input_that_is_no_regular_file_is_named_by_its_own_flag(models, retrieval, tmp_path, capsys):
+    """`bert search`'s --queries and --corpus are read more than once, so a FIFO (or /dev/stdin) cannot be: the
+    error names the flag the user gave and what the path is, not `--input_file` and "no such file"."""
+    _, encoder = models
+    corpus, queries = retrieval
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for flag in ("--queries", "--corpus"):
+        given = {"--queries": queries, "--corpus": corpus, flag: fifo}
+        err = cli_error(capsys, "search", f"--model={encoder}", *(f"{k}={v}" for k, v in given.items()))
+        assert f"{flag}={fifo}: not a regular file" in err

@@ -169,7 +169,7 @@ def _run(args: SearchArgs) -> dict[str, Any]:
 
     index = _open_index(args) if args.index is not None else None
     predictor = Predictor.from_pretrained(args.model, max_seq_length=args.max_seq_length, **settings)
-    with readable_input(args.queries) as path:
+    with readable_input(args.queries, "--queries") as path:
         queries = list(read_texts(path, args.queries))
     if not queries:
         raise InputError(f"--queries={args.queries} holds no queries; give one per line")
@@ -211,7 +211,7 @@ def _search_corpus(
                 f"--corpus_embeddings={args.corpus_embeddings} holds {stored.dims}-dimensional vectors, the queries "
                 f"{vectors.shape[1]}; embed the corpus with the same model and --dimensions"
             )
-    with readable_input(args.corpus) as path, progress(unit="doc", desc="search: corpus") as bar:
+    with readable_input(args.corpus, "--corpus") as path, progress(unit="doc", desc="search: corpus") as bar:
         records = read_texts(path, args.corpus)
         while chunk := list(itertools.islice(records, args.chunk_size)):
             start = len(corpus_ids)
@@ -238,7 +238,7 @@ def _texts(args: SearchArgs, wanted: set[int]) -> dict[int, str]:
     from bert.retrieval import read_texts
 
     assert args.corpus is not None
-    with readable_input(args.corpus) as path:
+    with readable_input(args.corpus, "--corpus") as path:
         texts = {row: text for row, (_, text) in enumerate(read_texts(path, args.corpus)) if row in wanted}
     if len(texts) < len(wanted):
         raise InputError(
