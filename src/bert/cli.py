@@ -473,18 +473,23 @@ def _main(argv: Sequence[str] | None = None) -> int:
             args = resolve_model_flags(args)
             run(args)
         except InputError as e:
-            print(f"bert {argv[0]}: error: {e}", file=sys.stderr)
+            print(f"bert {argv[0]}: error: {_one_line(str(e))}", file=sys.stderr)
             return 2
         except OSError as e:
             # A full disk, a read-only file system, a path of the wrong kind: the environment, not a bug, so
             # one line naming the path, its flag and the fix (the traceback goes to the debug log).
             logging.getLogger("bert").debug("OSError", exc_info=True)
-            print(f"bert {argv[0]}: error: {os_error_message(e, args)}", file=sys.stderr)
+            print(f"bert {argv[0]}: error: {_one_line(os_error_message(e, args))}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130
     return 0
+
+
+def _one_line(message: str) -> str:
+    """An error message kept to its one line: a line break inside it (a file name may hold one) is escaped."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
 if __name__ == "__main__":

@@ -378,3 +378,12 @@ def test_a_process_holding_a_process_group_ends_with_its_code_and_no_teardown(ho
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "unknown command 'no-such-command'" in done.stderr
     assert ("teardown ran" in done.stdout) is not holds_group
+
+
+def test_an_error_message_stays_one_line_when_a_file_name_holds_a_line_break(tmp_path, capsys):
+    from conftest import uncased_vocab
+
+    vocab = uncased_vocab(tmp_path)
+    assert cli.main(["tokenize", f"--input_file={tmp_path}/no\nsuch.txt", f"--vocab_file={vocab}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no\\nsuch.txt" in err, err
