@@ -155,3 +155,22 @@ def test_the_shards_of_one_run_read_as_one_matrix(tmp_path):
         open_embeddings(path, "--corpus_embeddings")
     with pytest.raises(InputError, match=r"--corpus_embeddings: no such file, nor shards .*other-\*-of-\*.npy"):
         open_embeddings(str(tmp_path / "other.npy"), "--corpus_embeddings")
+
+
+def test_vectors_of_no_component_are_refused_in_every_form(tmp_path):
+    """A [rows, 0] matrix, as one .npy, Parquet or shards, is no embeddings: `bert index` built an index of it
+    that no query can search."""
+    from bert.formats.embeddings import open_embeddings
+
+    np.save(tmp_path / "e.npy", np.zeros((4, 0), dtype=np.float32))
+    for i in range(2):
+        np.save(tmp_path / f"s-0000{i}-of-00002.npy", np.zeros((2, 0), dtype=np.float32))
+    paths = [tmp_path / "e.npy", tmp_path / "s.npy"]
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"embedding": pa.array([[]] * 3, type=pa.list_(pa.float32(), 0))}), tmp_path / "p.parquet")
+    paths.append(tmp_path / "p.parquet")
+    for path in paths:
+        with pytest.raises(InputError, match=rf"^{path.name} holds vectors of 0 components"):
+            open_embeddings(str(path), path.name)

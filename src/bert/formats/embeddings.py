@@ -12,7 +12,7 @@ everything about the file is checked before a vector is used, each fault one `In
   are named as what they are;
 - its header read with NumPy's own parser, never `allow_pickle`: an object array (pickled Python objects,
   whose payload would run on load) is refused from its header, unread;
-- a float32 matrix [rows, dims], as `bert embed` writes it (or, where the reader takes them, the int8 or uint8
+- a float32 matrix [rows, dims >= 1], as `bert embed` writes it (or, where the reader takes them, the int8 or uint8
   matrix of its --precision=binary or ubinary: `dtypes`), and exactly the bytes its header promises (a
   file cut short is refused before it is mapped, not found out by `mmap`);
 - the rows memory-mapped, so a search holds one chunk at a time, and each chunk checked as it is read
@@ -253,8 +253,13 @@ def open_embeddings(
 ) -> EmbeddingsFile | ParquetEmbeddings | ShardedEmbeddings:
     """The embeddings `path` names: the file, or else the complete set of its shards (module docstring); their
     number format one of `dtypes` (float32 unless the reader takes binary vectors too)."""
-    if os.path.lexists(path):
-        return _open_one(path, name, dtypes)
+    stored = _open_one(path, name, dtypes) if os.path.lexists(path) else _open_shards(path, name, dtypes)
+    if stored.dims < 1:  # rows of no component: an index of them is built, and no query can ever search it
+        raise InputError(f"{name} holds vectors of 0 components; {_FIX}")
+    return stored
+
+
+def _open_shards(path: str, name: str, dtypes: tuple[np.dtype, ...]) -> ShardedEmbeddings:
     pattern = Path(shard_file(path, 0, 1))
     # shard_file's name with the index and the count as wildcards
     stem, suffix = pattern.name.rsplit("-00000-of-00001", 1)
