@@ -203,3 +203,13 @@ def test_every_document_the_qrels_name_must_exist_a_score_0_one_too(tmp_path):
         f.write("q1\tghost\t0\n")
     with pytest.raises(InputError, match=r"qrels/train.tsv: document ghost is not in .*corpus.jsonl"):
         read_training_data(path)
+
+
+@pytest.mark.parametrize("first, again", [("d1", "d1"), (7, "7")])
+def test_an_id_twice_in_a_beir_file_is_named(tmp_path, first, again):
+    """Two records of one id (the last silently won) are refused on the second's line, 7 and "7" alike."""
+    docs = [{"_id": "d1", "text": "x"}, {"_id": first, "text": "y"}, {"_id": again, "text": "z"}]
+    path = _beir(tmp_path / "b", [{"_id": "q1", "text": "a"}], docs if first != "d1" else docs[1:])
+    line = 3 if first != "d1" else 2
+    with pytest.raises(InputError, match=rf"corpus.jsonl:{line}: _id '{again}' again \(first on line {line - 1}\)"):
+        read_training_data(path)

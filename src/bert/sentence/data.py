@@ -206,6 +206,7 @@ def _read_jsonl_texts(path: Path, with_title: bool) -> dict[str, str]:
     if not path.is_file():
         raise InputError(f"{path} is missing; a BEIR directory holds corpus.jsonl, queries.jsonl and qrels/")
     out = {}
+    first_line: dict[str, int] = {}
     for n, line in _lines(str(path)):
         if not line.strip():
             continue
@@ -213,6 +214,11 @@ def _read_jsonl_texts(path: Path, with_title: bool) -> dict[str, str]:
         key = obj.get("_id") if isinstance(obj, dict) else None
         if not isinstance(obj, dict) or isinstance(key, bool) or not isinstance(key, (str, int)) or "text" not in obj:
             raise _line_error(str(path), n, 'expected {"_id": ..., "text": ...}')
+        # Two records of one id (7 and "7" are one id to the qrels) leave no way to tell which text is meant.
+        if first_line.setdefault(str(key), n) != n:
+            raise _line_error(
+                str(path), n, f"_id {str(key)!r} again (first on line {first_line[str(key)]}); ids are unique"
+            )
         # A number, null or list is no text (it was once trained on as its str()).
         text, title = obj["text"], obj.get("title") if with_title else None
         if not isinstance(text, str):
