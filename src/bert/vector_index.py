@@ -39,8 +39,10 @@ from bert.utils import load_json_file, progress
 logger = logging.getLogger(__name__)
 
 INDEX_TYPES = ("flat", "ivf_flat", "ivf_pq", "hnsw")
-# The vectors' number formats an index takes (`bert embed --precision`), and the types a binary one can be.
-INDEX_PRECISIONS = ("float32", "binary", "ubinary")
+# The vectors' number formats an index takes (`bert embed --precision`) with the dtype bert embed stores each in
+# (binary's sign bits shifted by -128 into int8), and the types a binary index can be.
+PRECISION_DTYPES = {"float32": "float32", "binary": "int8", "ubinary": "uint8"}
+INDEX_PRECISIONS = tuple(PRECISION_DTYPES)
 BINARY_INDEX_TYPES = ("flat", "hnsw")
 # Candidates a binary index hands to the float rescoring, per result, unless told (sentence-transformers' default).
 DEFAULT_RESCORE_MULTIPLIER = 4

@@ -28,6 +28,7 @@ from bert.vector_index import (
     INDEX_TYPES,
     MANIFEST_FILE,
     METRIC,
+    PRECISION_DTYPES,
     IndexSpec,
     build_index,
     faiss_module,
@@ -162,7 +163,7 @@ def _check_precision(args: IndexArgs, stored: Any, manifests: list[dict[str, Any
         raise InputError(f"{name}: its shards were embedded with --precision={' and '.join(recorded)}; embed again")
     if recorded and recorded[0] != args.precision:
         raise InputError(f"{name} was embedded with --precision={recorded[0]}; give --precision={recorded[0]}")
-    expected = {"float32": "float32", "binary": "int8", "ubinary": "uint8"}.get(args.precision)
+    expected = PRECISION_DTYPES.get(args.precision)
     if expected is not None and str(stored.dtype) != expected:
         raise InputError(
             f"{name} holds {stored.dtype} vectors, not the {expected} of --precision={args.precision}; give the "
