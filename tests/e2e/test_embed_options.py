@@ -128,7 +128,7 @@ def test_bad_flags_exit_2_before_loading(setup, tmp_path, capsys):
     common = [f"--model={model}", f"--input_file={path}", f"--output_file={tmp_path / 'x.npy'}"]
     for flags, fragment in [
         (["--dimensions=0"], "--dimensions=0 must be at least 1"),
-        (["--dimensions=1000"], "--dimensions=1000 is more than the model's 384"),
+        (["--dimensions=1000"], "--dimensions=1000 must be between 1 and the model's 384"),
         (["--prompt=a", "--prompt_name=query"], "keep one"),
         (["--precision=int8", "--similarity"], "--similarity compares float32 vectors"),
         (["--prompt_name=doc"], "prompt_name 'doc' is not one of the model's prompts (query, passage"),

@@ -30,7 +30,7 @@ from bert.errors import InputError
 from bert.flags import EMBEDDING_PRECISIONS, InferenceArgs, ShardArgs
 from bert.formats.parquet import EmbeddingWriter, ParquetTexts, is_parquet, pyarrow
 from bert.outputs import claim
-from bert.request_rules import DIMENSIONS_MINIMUM, POOLINGS
+from bert.request_rules import DIMENSIONS_MINIMUM, POOLINGS, check_dimensions
 from bert.tasks.classification import LONG_DOCUMENT
 from bert.utils import (
     atomic_write,
@@ -386,9 +386,8 @@ def _run(args: EmbedArgs, output_file: str | None) -> dict[str, Any]:
     pooling = "mean" if args.late_chunking else args.pooling or predictor.default_pooling
     normalize = predictor.default_normalize if args.normalize is None else args.normalize
     kind = _output_kind(args.output_file)
+    check_dimensions(args.dimensions, predictor.config.hidden_size, name="--dimensions")
     dim = args.dimensions or predictor.config.hidden_size
-    if dim > predictor.config.hidden_size:
-        raise InputError(f"--dimensions={dim} is more than the model's {predictor.config.hidden_size}")
     with readable_input(args.input_file) as path:
         count, source = _input_rows(args, path)
         lines = shard_range(count, args.shard_index, args.num_shards)
