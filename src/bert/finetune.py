@@ -82,7 +82,7 @@ from bert.starting_model import StartingModel, resolve_starting_model
 from bert.tasks.common import FinetuneTask, num_train_steps, num_warmup_steps
 from bert.tokenization import FullTokenizer
 from bert.training import to_device
-from bert.utils import atomic_write, format_scores, print_result, progress
+from bert.utils import atomic_write, format_scores, head, print_result, progress
 
 logger = logging.getLogger(__name__)
 
@@ -325,9 +325,10 @@ class _FinetuneRun:
             task.use_saved_config(self.files.saved_config)
         self.evaluate_during_training = args.do_train and args.eval_every_steps > 0
         # The splits the run uses (empty when no --do_* asks for one).
-        self.train_examples = task.read_examples("train") if args.do_train else []
-        self.dev_examples = task.read_examples("dev") if args.do_eval or self.evaluate_during_training else []
-        self.test_examples = task.read_examples("test") if args.do_predict else []
+        self.train_examples = head(task.read_examples("train"), args.max_train_examples) if args.do_train else []
+        evaluates = args.do_eval or self.evaluate_during_training
+        self.dev_examples = head(task.read_examples("dev"), args.max_eval_examples) if evaluates else []
+        self.test_examples = head(task.read_examples("test"), args.max_eval_examples) if args.do_predict else []
         labels = task.labels()
         if args.do_train and self.resume_dir is not None and self.files.saved_labels not in (None, labels):
             raise InputError(

@@ -372,6 +372,23 @@ class FinetuneArgs(ModelArgs, TrainingArgs):
             "E.g., 0.1 = 10 percent of training.",
         },
     )
+    # A recipe's short form (the README's "Shortened" lines): the same command on the head of its data.
+    max_train_examples: int = field(
+        default=0,
+        metadata={
+            "run_defining": "data",
+            "min": 0,
+            "help": "Train on the first N training examples only (0: all of them).",
+        },
+    )
+    max_eval_examples: int = field(
+        default=0,
+        metadata={
+            "min": 0,
+            "help": "Evaluate and predict on the first N examples only (0: all); in retrieval evaluation the first N "
+            "queries, searched among every document of the split.",
+        },
+    )
     eval_every_steps: int = field(
         default=0,
         metadata={

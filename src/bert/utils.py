@@ -480,6 +480,11 @@ def readable_input(input_file: str | None, flag: str = "--input_file") -> Iterat
             os.unlink(tmp)
 
 
+def head(items: list, limit: int) -> list:
+    """The first `limit` items (`--max_train_examples`, `--max_eval_examples`); 0 keeps them all."""
+    return items[:limit] if limit else items
+
+
 def shard_file(path: str | os.PathLike, index: int, count: int) -> str:
     """The output of shard `index` of `count` of a job writing `path`: `emb.npy` -> `emb-00002-of-00008.npy`,
     so that the shards sort in order and name their set."""

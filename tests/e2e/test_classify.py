@@ -82,6 +82,24 @@ def test_the_readme_flags_give_343_steps_on_mrpc(model_files, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_the_short_form_flags_keep_the_head_of_each_split(model_files, tmp_path):
+    """--max_train_examples and --max_eval_examples (the README's shortened recipes): the first N examples of
+    the training split, the first M of dev and test, and the steps of N examples."""
+    from bert.distributed import DistContext
+    from bert.finetune import _FinetuneRun
+    from bert.tasks.classification import ClassificationTask
+
+    flags = {**README_FLAGS, "max_train_examples": 320, "max_eval_examples": 100}
+    args = mrpc_args(model_files, shared_path("data", "glue", "MRPC"), tmp_path / "out", **flags)
+    run = _FinetuneRun(args, ClassificationTask(args), DistContext(torch.device("cpu")))
+    full = ClassificationTask(args)
+    full.setup(None, True)
+    assert [e.guid for e in run.train_examples] == [e.guid for e in full.read_examples("train")[:320]]
+    assert [e.guid for e in run.dev_examples] == [e.guid for e in full.read_examples("dev")[:100]]
+    assert len(run.test_examples) == 100
+    assert run.total_steps == 30  # int(320 / 32 x 3)
+
+
 def test_mrpc_end_to_end_then_rerun(model_files, tmp_path):
     """The README's MRPC command on the whole data, cut to 5 steps (0.05 epochs): the original's files, then a
     rerun that resumes the finished training and repeats no step."""

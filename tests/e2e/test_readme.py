@@ -154,13 +154,29 @@ def _sentence_data(work: Path) -> None:
         (dst / name).write_text("".join(x + "\n" for x in lines if json.loads(x)["_id"] in ids), encoding="utf-8")
 
 
+def recipe_inputs(work: Path) -> None:
+    """The small inputs the README leaves to its reader (`input.txt`, `sentences.txt`, `questions.jsonl`,
+    `reviews/`, `topics/`, the SWAG fixtures); bench/recipe_costs.py writes them beside the real data too."""
+    shutil.copy(DEMO / "input.txt", work / "input.txt")
+    shutil.copytree(FIXTURES / "tasks" / "swag", work / "swagaf" / "data")
+    _classification_data(work)
+    (work / "sentences.txt").write_text("A man is playing a guitar.\nSomeone plays an instrument.\n")
+    with (work / "questions.jsonl").open("w", encoding="utf-8") as f:
+        for p in _squad_slice(_squad_dev(), 100, 2)["data"][0]["paragraphs"]:
+            f.write(json.dumps({"question": p["qas"][0]["question"], "context": p["context"]}) + "\n")
+
+
+def _squad_dev() -> dict:
+    with gzip.open(shared_path("data", "squad", "dev-v2.0.json.gz"), "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     """The working directory of the recipes, with the substitutes the module docstring lists."""
     work = tmp_path_factory.mktemp("readme")
     for name in ("uncased_L-12_H-768_A-12", "cased_L-12_H-768_A-12"):
         shutil.copytree(DEMO, work / name, ignore=shutil.ignore_patterns("input.txt", "README.md"))
-    shutil.copy(DEMO / "input.txt", work / "input.txt")
     shutil.copy(shared_path("data", "sample_text.txt"), work / "sample_text.txt")
     mrpc = work / "glue" / "MRPC"
     mrpc.mkdir(parents=True)
@@ -168,8 +184,7 @@ def workdir(tmp_path_factory) -> Path:
         (mrpc / f"{name}.tsv").write_text(_lines_of(shared_path("data", "glue", "MRPC", f"{name}.tsv"), rows + 1))
     squad = work / "squad"
     squad.mkdir()
-    with gzip.open(shared_path("data", "squad", "dev-v2.0.json.gz"), "rt", encoding="utf-8") as f:
-        dev = json.load(f)
+    dev = _squad_dev()
     for name, first in (("train-v2.0.json", 0), ("dev-v2.0.json", 100)):
         data = _squad_slice(dev, first, 2)
         for p in data["data"][0]["paragraphs"]:
@@ -181,7 +196,6 @@ def workdir(tmp_path_factory) -> Path:
     for name in ("train.txt", "valid.txt", "test.txt"):
         text = shared_path("data", "conll2003", name).read_text(encoding="utf-8")
         (conll / name).write_text("\n\n".join(text.split("\n\n")[:12]) + "\n", encoding="utf-8")
-    shutil.copytree(FIXTURES / "tasks" / "swag", work / "swagaf" / "data")
     for collection, name in (
         ("british-novels", "Austen_Emma.txt.gz"),
         ("nltk_gutenberg", None),
@@ -194,12 +208,8 @@ def workdir(tmp_path_factory) -> Path:
             lines = [line for _, line in zip(range(400), src)]
         with gzip.open(work / "corpus" / collection / book.name, "wt", encoding="utf-8") as dst:
             dst.writelines(lines)
-    _classification_data(work)
     _sentence_data(work)
-    (work / "sentences.txt").write_text("A man is playing a guitar.\nSomeone plays an instrument.\n")
-    with (work / "questions.jsonl").open("w", encoding="utf-8") as f:
-        for p in _squad_slice(dev, 100, 2)["data"][0]["paragraphs"]:
-            f.write(json.dumps({"question": p["qas"][0]["question"], "context": p["context"]}) + "\n")
+    recipe_inputs(work)
     # `bert` for the recipes that go through the shell (pipes): this interpreter, this checkout.
     bin_dir = work / ".bin"
     bin_dir.mkdir()

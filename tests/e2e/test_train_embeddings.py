@@ -92,6 +92,29 @@ def test_bi_encoder_run_outputs(trained):
     assert config["similarity_fn_name"] == "cosine" and config["prompts"] == {}
 
 
+def test_the_short_form_flags_cut_training_pairs_and_evaluation_queries(model_files, tmp_path, monkeypatch):
+    """--max_train_examples trains on the first N pairs; --max_eval_examples evaluates the first M queries of
+    the split among all of its documents."""
+    from bert.sentence import embedding_run
+
+    beir = beir_dir(tmp_path / "beir")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps([f"question on {t}", f"an answer about {t}"]) + "\n" for t in TOPICS))
+    evaluated = []
+    real = embedding_run.evaluate_embeddings
+    monkeypatch.setattr(
+        embedding_run, "evaluate_embeddings", lambda p, data, *a, **k: evaluated.append(data) or real(p, data, *a, **k)
+    )
+    flags = dict(train_file=str(pairs), eval_file=str(beir), do_train=True, do_eval=True, train_batch_size=2)
+    args = args_for(
+        TrainEmbeddingsArgs, model_files, tmp_path / "out", **flags, max_train_examples=4, max_eval_examples=3
+    )
+    result = run_train_embeddings(args)
+    assert result["num_train_steps"] == 2 * 3  # 4 pairs / 2 a batch, 3 epochs (10 pairs would be 15 steps)
+    split = read_beir(str(beir), "dev")
+    assert list(evaluated[-1].queries) == list(split.queries)[:3] and evaluated[-1].documents == split.documents
+
+
 def test_bi_encoder_result_block(trained):
     out, _, result, stderr = trained
     block = stderr[stderr.index("bert train-embeddings: done\n") :].splitlines()

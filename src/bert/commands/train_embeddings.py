@@ -51,6 +51,8 @@ class SentenceTrainingArgs(ModelArgs, TrainingArgs, DistillArgs):
         default="dev", metadata={"help": "The qrels split of a BEIR --eval_file (qrels/<split>.tsv)."}
     )
     num_train_epochs: float = same_as(FinetuneArgs, "num_train_epochs")
+    max_train_examples: int = same_as(FinetuneArgs, "max_train_examples")
+    max_eval_examples: int = same_as(FinetuneArgs, "max_eval_examples")
     warmup_proportion: float = same_as(FinetuneArgs, "warmup_proportion")
     eval_every_steps: int = same_as(FinetuneArgs, "eval_every_steps")
     early_stopping_patience: int = same_as(FinetuneArgs, "early_stopping_patience")

@@ -54,6 +54,13 @@ class TrainingData:
     def example(self, i: int) -> list[str]:
         return [c[i] for c in self.columns]
 
+    def head(self, limit: int) -> TrainingData:
+        """The first `limit` examples (0: all)."""
+        if not limit:
+            return self
+        scores = None if self.scores is None else self.scores[:limit]
+        return TrainingData(self.source, [c[:limit] for c in self.columns], scores)
+
 
 @dataclass
 class Corpus:
@@ -63,6 +70,13 @@ class Corpus:
     queries: dict[str, str]  # id -> text, the queries of the split
     documents: dict[str, str]  # id -> text ("title text")
     qrels: dict[str, dict[str, float]] = field(default_factory=dict)  # query id -> {document id: score > 0}
+
+    def head(self, limit: int) -> Corpus:
+        """The first `limit` queries (0: all), searched among the same documents: fewer queries, the same task."""
+        if not limit:
+            return self
+        kept = list(self.queries)[:limit]
+        return Corpus(self.source, {q: self.queries[q] for q in kept}, self.documents, {q: self.qrels[q] for q in kept})
 
 
 def _line_error(path: str, n: int, what: str) -> InputError:

@@ -78,9 +78,15 @@ class EmbeddingRun(SentenceRun):
             raise InputError(f"--pooling={self.pooling} must be one of {', '.join(SENTENCE_POOLINGS)}")
         self.dims = parse_dims(args.matryoshka_dims, self.files.config.hidden_size)
         self.files.config.extra["max_seq_length"] = args.max_seq_length
-        self.eval_data = _read_eval(args.eval_file, args.eval_split) if args.eval_file else None
+        self.eval_data = (
+            _read_eval(args.eval_file, args.eval_split).head(args.max_eval_examples) if args.eval_file else None
+        )
         self.default_metric = "eval_spearman" if isinstance(self.eval_data, TrainingData) else "eval_ndcg@10"
-        self.data = read_training_data(args.train_file) if args.do_train and args.train_file else None
+        self.data = (
+            read_training_data(args.train_file).head(args.max_train_examples)
+            if args.do_train and args.train_file
+            else None
+        )
         self.scores: np.ndarray | None = None
         self.teacher_outputs: np.ndarray | None = None
         self.teacher: Predictor | None = None

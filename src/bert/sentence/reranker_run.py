@@ -54,7 +54,11 @@ class RerankerRun(SentenceRun):
         check_common(args, accumulates=True, world_size=dist.world_size)
         super().__init__(args, dist)
         self.loss = args.loss or "bce"
-        self.data = read_training_data(args.train_file) if args.do_train and args.train_file else None
+        self.data = (
+            read_training_data(args.train_file).head(args.max_train_examples)
+            if args.do_train and args.train_file
+            else None
+        )
         self.teacher: Predictor | None = None
         self.teacher_outputs: np.ndarray | None = None
         if args.do_train:
@@ -78,7 +82,9 @@ class RerankerRun(SentenceRun):
             self.setup_training(self.plan.batches_per_epoch())
         else:
             self.setup_training(0)
-        self.eval_data = read_beir(args.eval_file, args.eval_split) if args.eval_file else None
+        self.eval_data = (
+            read_beir(args.eval_file, args.eval_split).head(args.max_eval_examples) if args.eval_file else None
+        )
         if self.eval_data is not None and not (args.eval_retriever or args.mine_negatives):
             raise InputError("evaluation reranks a bi-encoder's top results: pass --eval_retriever=MODEL")
         for flag in ("mine_negatives", "eval_retriever"):
