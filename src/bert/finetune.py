@@ -398,7 +398,7 @@ class _FinetuneRun:
             raise InputError(f"`bert {task.command}` does not distil: drop --teacher")
         if args.transfer_file and not os.path.isfile(args.transfer_file):
             raise InputError(f"--transfer_file={args.transfer_file}: no such file")
-        transfer = task.read_unlabelled(args.transfer_file) if args.transfer_file else []
+        transfer = head(task.read_unlabelled(args.transfer_file), args.max_train_examples) if args.transfer_file else []
         return teacher, transfer
 
     def distillation_inputs(self, features: list) -> tuple[list, Callable[[np.ndarray], dict[str, np.ndarray]]]:

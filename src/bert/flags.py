@@ -378,7 +378,7 @@ class FinetuneArgs(ModelArgs, TrainingArgs):
         metadata={
             "run_defining": "data",
             "min": 0,
-            "help": "Train on the first N training examples only (0: all of them).",
+            "help": "Train on the first N training examples only, and the first N of --transfer_file (0: all).",
         },
     )
     max_eval_examples: int = field(

@@ -109,6 +109,16 @@ def test_student_learns_the_teachers_labels(model_files, sst2, teacher, tmp_path
     assert agreement > (read_tsv(tmp_path / "untrained" / "test_results.tsv").argmax(1) == 1).mean()
 
 
+def test_max_train_examples_cuts_the_transfer_set_too(model_files, sst2, teacher, tmp_path):
+    """--max_train_examples=N keeps the first N training and the first N transfer examples (the teacher
+    labels only those)."""
+    flags = dict(teacher=str(teacher), transfer_file=str(sst2 / "test.tsv"), max_train_examples=16)
+    result = run_classify(student_args(model_files, sst2, tmp_path / "out", **flags))
+    assert result["num_train_steps"] == 8  # (16 train + 16 transfer) / 8 x 2 epochs
+    (cached,) = (tmp_path / "out" / "teacher_cache").glob("*.npy")
+    assert np.load(cached).shape == (16 + 16, 2)
+
+
 def test_cached_teacher_gives_the_same_student(model_files, sst2, teacher, tmp_path, caplog):
     cache = tmp_path / "cache"
     flags = dict(teacher=str(teacher), transfer_file=str(sst2 / "test.tsv"), teacher_cache_dir=str(cache))

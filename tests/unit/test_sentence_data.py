@@ -213,3 +213,20 @@ def test_an_id_twice_in_a_beir_file_is_named(tmp_path, first, again):
     line = 3 if first != "d1" else 2
     with pytest.raises(InputError, match=rf"corpus.jsonl:{line}: _id '{again}' again \(first on line {line - 1}\)"):
         read_training_data(path)
+
+
+def test_head_keeps_the_first_examples_and_every_document(tmp_path):
+    """`--max_train_examples` / `--max_eval_examples`: the first N pairs (scores too), the first N transfer
+    examples, and the first N queries of a BEIR split with all of its documents."""
+    from bert.sentence.loss_table import with_transfer
+
+    scored = TrainingData("s.tsv", [["a", "b", "c"], ["x", "y", "z"]], [0.1, 0.2, 0.3])
+    assert scored.head(2) == TrainingData("s.tsv", [["a", "b"], ["x", "y"]], [0.1, 0.2]) and scored.head(0) is scored
+    transfer = tmp_path / "transfer.jsonl"
+    transfer.write_text("".join(json.dumps([f"q{i}", f"p{i}"]) + "\n" for i in range(5)))
+    pairs = TrainingData("train.jsonl", [["a"], ["b"]])
+    assert with_transfer(pairs, str(transfer), texts=False, limit=2).columns == [["a", "q0", "q1"], ["b", "p0", "p1"]]
+    split = read_beir(str(shared_path("data", "retrieval", "squad-dev")), "dev")
+    short = split.head(5)
+    assert list(short.queries) == list(split.queries)[:5] and short.documents == split.documents
+    assert short.qrels == {q: split.qrels[q] for q in short.queries}

@@ -100,7 +100,9 @@ class EmbeddingRun(SentenceRun):
         self.loss = args.loss or ("mse" if args.teacher else "cosent" if kind == SCORED else "mnrl")
         self.spec = check_loss(self.loss, EMBEDDING_LOSS_TABLE, args)
         if self.spec.teacher:
-            self.data = with_transfer(self.data, args.transfer_file, texts=self.spec.teacher == "embeddings")
+            self.data = with_transfer(
+                self.data, args.transfer_file, self.spec.teacher == "embeddings", args.max_train_examples
+            )
         assert self.data is not None  # --do_train needs a --train_file, or a --transfer_file to distil on
         check_data(self.loss, self.spec, self.data, "cosent or cosine_mse")
         if args.gather_across_devices:

@@ -200,11 +200,11 @@ def check_data(name: str, spec: LossSpec, data: TrainingData, scored_losses: str
         raise InputError(f"--loss={name} needs {needs}; {data.source} holds {_HOLDS[data.kind]}{hint}")
 
 
-def with_transfer(data: TrainingData | None, transfer_file: str | None, texts: bool) -> TrainingData:
-    """The examples a distillation run trains on: the training file's and `--transfer_file`'s (read as training
-    files are; the teacher labels both). `texts`: every distinct text of both, one column (for a loss on
-    texts); else the examples of both, of one shape."""
-    transfer = read_training_data(transfer_file) if transfer_file else None
+def with_transfer(data: TrainingData | None, transfer_file: str | None, texts: bool, limit: int = 0) -> TrainingData:
+    """The examples a distillation run trains on: the training file's and the first `limit` (0: all) of
+    `--transfer_file`'s (read as training files are; the teacher labels both). `texts`: every distinct text of
+    both, one column (for a loss on texts); else the examples of both, of one shape."""
+    transfer = read_training_data(transfer_file).head(limit) if transfer_file else None
     parts = [d for d in (data, transfer) if d is not None]
     if not parts:
         raise InputError("distillation needs examples: pass --train_file and/or --transfer_file")

@@ -64,7 +64,7 @@ class RerankerRun(SentenceRun):
         if args.do_train:
             self.spec = check_loss(self.loss, RERANKER_LOSS_TABLE, args)
             if self.spec.teacher:
-                self.data = with_transfer(self.data, args.transfer_file, texts=False)
+                self.data = with_transfer(self.data, args.transfer_file, False, args.max_train_examples)
             assert self.data is not None  # --do_train needs a --train_file, or a --transfer_file to distil on
             check_data(self.loss, self.spec, self.data, "bce")
             if self.data.kind == SCORED:
