@@ -1,7 +1,12 @@
 """The "Make a small model" figure and table: quality against speed of each teacher and its students, from the
 numbers `bench/bench_distill.py --json` saved.
 
-    python bench/plot_small_models.py bench/distill_mrpc.json bench/distill_sst2.json bench/distill_b.json
+    python bench/plot_small_models.py bench/distill_mrpc.json bench/distill_sst2.json bench/distill_b.json \
+        bench/distill_mrpc_stsb.json bench/distill_sst2_16k.json
+
+A file with "seeds" (a run per seed with a larger transfer set: its "task" and "transfer") adds its distilled
+student as a row of that task's panel, at the student's speed of the task's main file (the same model shape,
+measured there on a quiet machine).
 
 Writes bench/small_models.png (one panel per task: the dev metric or MRR@10 against `bert predict` /
 `bert embed` sequences per second; each student's mark is the mean of its seeds, its bar their spread) and
@@ -73,11 +78,24 @@ def plot(panels: dict[str, list[tuple[str, list[float], float]]], out: Path) -> 
     fig.savefig(out, dpi=110)
 
 
+def transfer_rows(run: dict) -> dict[str, list[float]]:
+    """A per-seed run's distilled student as one row: its label names the transfer set, its values the seeds'."""
+    label = f"3 layers, distilled, {run['transfer']}"
+    return {label: [seed["rows"]["3 layers, distilled"][0] for seed in run["seeds"].values()]}
+
+
 def main() -> None:
     results: dict = {}
+    extra = []
     for path in sys.argv[1:]:  # parts and (a)'s tasks from several runs of the bench, merged
-        for part, values in json.loads(Path(path).read_text(encoding="utf-8")).items():
+        loaded = json.loads(Path(path).read_text(encoding="utf-8"))
+        if "seeds" in loaded:
+            extra.append(loaded)
+            continue
+        for part, values in loaded.items():
             results.setdefault(part, {}).update(values)
+    for run in extra:
+        results["a"][run["task"]]["rows"].update(transfer_rows(run))
     panels = points(results)
     out = BENCH / "small_models.png"
     plot(panels, out)
