@@ -96,8 +96,6 @@ class ClassificationMixin(PredictorCore):
         `pair_sequences` with `long_document` "truncate", else each input's windows."""
         head = self._classifier()
         pairs = checked_pairs(inputs)
-        if not pairs:
-            return Prepared([], 0)
         with self._lock, quiet_task_logs():
             if self.long_document == "truncate":
                 return Prepared(self.pair_sequences(pairs, truncate, truncation_direction), len(pairs))

@@ -101,8 +101,9 @@ class Prepared:
         for p in parts:
             joined.sequences += p.sequences[lead:]
             joined.prompt_lengths += p.prompt_lengths[lead:]
-            if windows is not None and p.windows is not None:
-                windows += [replace(f, example_index=(f.example_index or 0) + joined.inputs) for f in p.windows]
+            for f in p.windows or []:
+                assert windows is not None and f.example_index is not None  # parts alike; a window names its input
+                windows.append(replace(f, example_index=f.example_index + joined.inputs))
             joined.inputs += p.inputs
         return joined
 
