@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,6 +40,7 @@ from bert.modeling import (  # noqa: E402
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
+    BertModel,
 )
 from bert.serving import ENDPOINTS, ApiError, Batcher, Metrics, ServeSettings, create_app  # noqa: E402
 from bert.serving.batcher import CLASSIFY  # noqa: E402
@@ -455,6 +457,48 @@ def test_ner_qa_and_fill_mask_routes_equal_the_predictor(vocab, tmp_path):
         status, _, got = call(port, "/fill-mask", {"inputs": texts, "top_k": 3})
         assert status == 200
         assert_close(got, expected)
+
+
+def tokenized_texts(monkeypatch, p: Predictor) -> list[str]:
+    """The texts `p`'s tokenizer splits into words from now on (every tokenizer call goes through the split)."""
+    seen: list[str] = []
+    split = p.tokenizer.basic_tokenizer._tokenize_fast
+
+    def spy(text: str) -> list[str]:
+        seen.append(text)
+        return split(text)
+
+    monkeypatch.setattr(p.tokenizer.basic_tokenizer, "_tokenize_fast", spy)
+    return seen
+
+
+def test_the_queue_tokenizes_each_input_once_and_runs_what_it_counted(vocab, tmp_path, monkeypatch):
+    # The queue counts a request's tokens in the sequences the Predictor prepares of it, and those run: no text
+    # is tokenized again as the batch runs (a cross-encoder's query is, once per pair, as each pair is built).
+    torch.manual_seed(5)
+    encoder = Predictor.from_pretrained(
+        save_model_dir(BertModel(vocab_config(vocab)), tmp_path / "enc", vocab), "cpu", max_seq_length=MAX_SEQ_LENGTH
+    )
+    torch.manual_seed(6)
+    model = BertForSequenceClassification(vocab_config(vocab), num_labels=1)
+    reranker = Predictor.from_pretrained(
+        save_model_dir(model, tmp_path / "ce", vocab, max_seq_length=MAX_SEQ_LENGTH), "cpu"
+    )
+    query = "where did the fox jump"
+    seen = tokenized_texts(monkeypatch, encoder)
+    with inprocess_server(encoder) as port:
+        status, _, vectors = call(port, "/embed", {"inputs": SENTENCES, "truncate": True})
+        assert status == 200 and Counter(seen) == Counter(SENTENCES)
+        assert np.array_equal(np.array(vectors, dtype=np.float32), encoder.embed(SENTENCES, normalize=True))
+        seen.clear()
+        status, _, ranked = call(port, "/rerank", {"query": query, "texts": SENTENCES, "truncate": True})
+        assert status == 200 and Counter(seen) == Counter([query, *SENTENCES])
+        assert ranked == encoder.rank(query, SENTENCES)
+    seen = tokenized_texts(monkeypatch, reranker)
+    with inprocess_server(reranker) as port:
+        status, _, ranked = call(port, "/rerank", {"query": query, "texts": SENTENCES, "truncate": True})
+        assert status == 200 and Counter(seen) == Counter([query] * len(SENTENCES) + SENTENCES)
+        assert ranked == reranker.rank(query, SENTENCES)
 
 
 def test_full_queue_gives_429_with_retry_after(predictor):

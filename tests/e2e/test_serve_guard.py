@@ -117,15 +117,15 @@ def _hang_up(port: int, body: dict) -> None:
 def test_work_of_clients_that_hung_up_is_dropped(mlm):
     seen: list[str] = []
     release = threading.Event()
-    real = mlm.embed
+    real = mlm.prepare_embeddings  # where a request's texts reach the Predictor (the queue prepares each once)
 
-    def embed(texts, **kwargs):
+    def prepare_embeddings(texts, **kwargs):
         seen.extend(texts)
         if "block" in texts:
             release.wait(30)
         return real(texts, **kwargs)
 
-    mlm.embed = embed
+    mlm.prepare_embeddings = prepare_embeddings
     try:
         with inprocess_server(mlm, max_wait_ms=0) as port:
             first: list = []
@@ -148,7 +148,7 @@ def test_work_of_clients_that_hung_up_is_dropped(mlm):
             assert seen == ["block", "after"], seen
     finally:
         release.set()
-        del mlm.embed
+        del mlm.prepare_embeddings
 
 
 def _env() -> dict[str, str]:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bert.errors import InputError
-from bert.inference import Predictor
+from bert.inference import Predictor, Prepared
 from bert.input_lines import InputItemError
 from bert.modeling import BertForSequenceClassification, BertModel
 from bert.tokenization import FullTokenizer
@@ -140,6 +140,41 @@ def test_similarity_rank_and_token_embeddings_of_an_embedding_model(encoder):
     np.testing.assert_allclose([r["score"] for r in ranked], np.sort(cosines)[::-1][:2], atol=1e-6)
     [rows] = encoder.token_embeddings(SENTENCES[1:2])
     np.testing.assert_allclose(rows, last_layer(encoder, ids_of(encoder, SENTENCES[1])).numpy(), atol=1e-5)
+
+
+def by_index(ranked: list[dict]) -> list[float]:
+    """`rank`'s scores in the documents' order."""
+    return [r["score"] for r in sorted(ranked, key=lambda r: r["index"])]
+
+
+def test_prepared_inputs_joined_run_as_one_plain_call_bit_for_bit(encoder, vocab, tmp_path):
+    # What the server's queue does with a batch of requests: each prepared once (tokenized, the length rule
+    # applied), their prepared inputs joined and run as one call, whose results are the plain call's exactly.
+    first, rest, query = SENTENCES[:2], SENTENCES[2:], "quick fox"
+    parts = [encoder.prepare_embeddings(first), encoder.prepare_embeddings(rest)]
+    joined = Prepared.join(parts)
+    assert joined.inputs == len(SENTENCES) and joined.tokens == sum(part.tokens for part in parts)
+    assert np.array_equal(encoder.run_embed(joined, normalize=True), encoder.embed(SENTENCES, normalize=True))
+    for got, expected in zip(encoder.run_token_embeddings(joined), encoder.token_embeddings(SENTENCES), strict=True):
+        assert np.array_equal(got, expected)
+    # The source or query leads each part's sequences and runs once in the join.
+    joined = Prepared.join([encoder.prepare_similarity(query, first), encoder.prepare_similarity(query, rest)])
+    assert (joined.lead, joined.inputs, len(joined.sequences)) == (1, len(SENTENCES), 1 + len(SENTENCES))
+    assert encoder.run_similarity(joined) == encoder.similarity(query, SENTENCES)
+    joined = Prepared.join([encoder.prepare_rank(query, first), encoder.prepare_rank(query, rest)])
+    assert encoder.run_rank(joined) == by_index(encoder.rank(query, SENTENCES))
+    with pytest.raises(ValueError, match="different sources"):
+        Prepared.join([encoder.prepare_similarity(query, first), encoder.prepare_similarity("other", rest)])
+    torch.manual_seed(4)
+    model = BertForSequenceClassification(vocab_config(vocab), num_labels=1)
+    reranker = Predictor.from_pretrained(save_model_dir(model, tmp_path / "ce", vocab, max_seq_length=12), "cpu")
+    joined = Prepared.join([reranker.prepare_rank(query, first), reranker.prepare_rank(query, rest)])
+    assert reranker.run_rank(joined, raw_scores=True) == by_index(reranker.rank(query, SENTENCES, raw_scores=True))
+    # Windows of a long input say which input they are of, numbered on in a join.
+    reranker.set_windows("windows", 4)
+    joined = Prepared.join([reranker.prepare_classification(first), reranker.prepare_classification(rest)])
+    assert len(joined.sequences) > joined.inputs == len(SENTENCES)
+    assert np.array_equal(reranker.run_classification_logits(joined), reranker.classification_logits(SENTENCES))
 
 
 def test_cross_encoder_rank(vocab, tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,7 +17,7 @@ from conftest import save_model_dir, uncased_vocab, vocab_config
 
 pytest.importorskip("starlette", reason="bert serve needs the serve extra (pip install '.[serve]')")
 from bert.serving import Batcher, Metrics, ServeSettings  # noqa: E402
-from bert.serving.batcher import CLASSIFY, RANK  # noqa: E402
+from bert.serving.batcher import CLASSIFY, EMBED, RANK, SIMILAR  # noqa: E402
 
 QUERY = "where do the normans come from"
 DOCUMENT = "the normans were the people who in the tenth and eleventh centuries gave their name to normandy"
@@ -83,3 +84,35 @@ def test_an_encoders_rerank_is_counted_as_the_embeddings_it_runs(vocab, tmp_path
     encoder.rank(QUERY, [words], truncate=False)  # the Predictor runs it
     tokens, error = _measured(encoder, RANK, [words, f"{DOCUMENT} {DOCUMENT}"], **options)
     assert error is not None and error.startswith("input 1: ") and "more than max_seq_length=24" in error
+
+
+def test_requests_sharing_a_batch_run_their_prepared_inputs_joined(vocab, tmp_path):
+    # Four requests queued before the model thread starts share its first batch: each kind's two run as one
+    # Predictor call on their prepared inputs joined (the source once), so each gets the plain call's results.
+    torch.manual_seed(0)
+    encoder = _predictor(BertModel(vocab_config(vocab)), vocab, tmp_path / "enc")
+    metrics = Metrics()
+    batcher = Batcher(encoder, ServeSettings(model_id="test"), metrics)
+    texts = [DOCUMENT, "normandy", "the normans", f"{DOCUMENT} {DOCUMENT}"]
+    options = dict(truncate=True, truncation_direction="right", pooling=None, prompt_name=None)
+    embed = dict(normalize=False, dimensions=None, **options)
+
+    async def answers() -> list:
+        futures = [
+            batcher.submit(SIMILAR, texts[:2], source=QUERY, **options),
+            batcher.submit(EMBED, texts[:1], **embed),
+            batcher.submit(SIMILAR, texts[2:], source=QUERY, **options),
+            batcher.submit(EMBED, texts[1:], **embed),
+        ]
+        batcher.start()
+        try:
+            return await asyncio.gather(*futures)
+        finally:
+            batcher.close()
+
+    (first, first_tokens), (one, _), (rest, rest_tokens), (others, _) = asyncio.run(answers())
+    assert first + rest == encoder.similarity(QUERY, texts)
+    assert np.array_equal(np.stack(one + others), encoder.embed(texts))
+    sequences, _ = encoder.embedding_sequences([QUERY, *texts])  # each request counts its source
+    assert first_tokens + rest_tokens == sum(len(ids) for ids, _ in sequences) + len(sequences[0][0])
+    assert "bert_batch_size_count 1" in metrics.render(0)

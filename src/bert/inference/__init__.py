@@ -44,12 +44,20 @@ shorter than 128), `n_best_size` (20), `max_answer_length` (30), `version_2_with
 model directory (`modules.json`, `1_Pooling/config.json`, `sentence_bert_config.json`) sets `embed`'s
 default pooling, normalisation and length, so it gives what sentence-transformers gives.
 
+`embed`, `token_embeddings`, `similarity`, `classify` (with `classification_logits`) and `rank` are each a
+prepare and a run: `prepare_embeddings`, `prepare_similarity`, `prepare_classification` and `prepare_rank`
+tokenize the inputs once and apply the length rule (cut, or refused without `truncate`), returning a
+`Prepared` (the sequences that will run and their `tokens`), which `run_embed`, `run_token_embeddings`,
+`run_similarity`, `run_classify`, `run_classification_logits` and `run_rank` run; `Prepared.join` makes
+one of several prepared with equal options (the server's queue counts a request's tokens in its
+`Prepared` and runs the requests of a batch as one call).
+
 Character offsets (`start`, `end`) are Python string indices (code points) into the input, `end`
 exclusive. A `Predictor` is safe to share between threads: calls run one at a time (a lock), since the
 model and the tokenizer's memo are shared.
 
 The package, one job a module: `core` (loading through `bert.loading`, batching, counting truncations,
-the tokenizer's calls), `common` (input checks, the settings only one head reads: `ClassificationHead`,
+the tokenizer's calls, `Prepared`), `common` (input checks, the settings only one head reads: `ClassificationHead`,
 `TaggingHead`, `AnswerSettings`), `classification`, `spans` (NER, question answering, multiple choice),
 `embeddings`, `fill_mask`, `st_config` (a sentence-transformers directory's files) and `predictor`
 (`Predictor`: the core with every task, and `rank`). The options' rules (`top_k`, `dimensions`,
@@ -60,6 +68,7 @@ and the server read too.
 from __future__ import annotations
 
 from bert.inference.common import LONGER_ADVICE, WINDOWS_ADVICE, AnswerSettings, ClassificationHead, TaggingHead
+from bert.inference.core import Prepared
 from bert.inference.embeddings import cosine_similarity
 from bert.inference.predictor import Predictor
 from bert.inference.st_config import SentenceTransformersConfig, read_sentence_transformers_config
@@ -81,6 +90,7 @@ __all__ = [
     "AnswerSettings",
     "ClassificationHead",
     "Predictor",
+    "Prepared",
     "SentenceTransformersConfig",
     "TaggingHead",
     "cosine_similarity",

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from bert.inference.common import ClassificationHead, checked_pairs, quiet_task_logs
-from bert.inference.core import PredictorCore
+from bert.inference.core import PredictorCore, Prepared
 from bert.input_lines import InputItemError
 from bert.request_rules import ALL_LABELS, check_top_k
 from bert.request_rules import truncation_direction as direction_of
@@ -61,9 +61,15 @@ class ClassificationMixin(PredictorCore):
         "scores": [{"label", "score"}, ...], best first.
         """
         check_top_k(top_k, zero=ALL_LABELS)
-        pooled = self.classification_logits(
-            inputs, batch_size, truncate=truncate, truncation_direction=truncation_direction
-        )
+        prepared = self.prepare_classification(inputs, truncate=truncate, truncation_direction=truncation_direction)
+        return self.run_classify(prepared, top_k, batch_size, raw_scores)
+
+    def run_classify(
+        self, prepared: Prepared, top_k: int | None = 1, batch_size: int | None = None, raw_scores: bool = False
+    ) -> list[dict[str, Any]]:
+        """`classify`'s results of inputs `prepare_classification` prepared."""
+        check_top_k(top_k, zero=ALL_LABELS)
+        pooled = self.run_classification_logits(prepared, batch_size)
         return [self._classification_result(row, top_k, raw_scores) for row in pooled]
 
     def classification_logits(
@@ -76,27 +82,43 @@ class ClassificationMixin(PredictorCore):
     ) -> np.ndarray:
         """The float32 logits [N, L] (label-list order) `classify` turns into its results, long inputs read as
         `classify` reads them (a teacher's soft labels, `bert.distillation`, are these)."""
+        prepared = self.prepare_classification(inputs, truncate=truncate, truncation_direction=truncation_direction)
+        return self.run_classification_logits(prepared, batch_size)
+
+    def prepare_classification(
+        self,
+        inputs: Sequence[str | tuple[str, str | None]],
+        *,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+    ) -> Prepared:
+        """`inputs` tokenized once for `run_classify` or `run_classification_logits`, as `classify` reads them:
+        `pair_sequences` with `long_document` "truncate", else each input's windows."""
         head = self._classifier()
         pairs = checked_pairs(inputs)
-        if not pairs:
-            return np.zeros((0, len(head.labels)), dtype=np.float32)
         with self._lock, quiet_task_logs():
             if self.long_document == "truncate":
-                sequences = self.pair_sequences(pairs, truncate, truncation_direction)
-            else:
-                examples, labels = self._examples(pairs), _label_list(head)
-                features = convert_examples_to_windows(
-                    examples, labels, self.max_seq_length, self.tokenizer, self.doc_stride, False
-                )
-                sequences = [(f.input_ids, f.segment_ids) for f in features]
+                return Prepared(self.pair_sequences(pairs, truncate, truncation_direction), len(pairs))
+            examples, labels = self._examples(pairs), _label_list(head)
+            features = convert_examples_to_windows(
+                examples, labels, self.max_seq_length, self.tokenizer, self.doc_stride, False
+            )
+        return Prepared([(f.input_ids, f.segment_ids) for f in features], len(pairs), windows=features)
 
-            def run(ids, mask, types, idx):
-                return list(self.model(ids, mask, types).logits.float().cpu().numpy())
+    def run_classification_logits(self, prepared: Prepared, batch_size: int | None = None) -> np.ndarray:
+        """`classification_logits` of inputs `prepare_classification` prepared."""
+        head = self._classifier()
+        if not prepared.inputs:
+            return np.zeros((0, len(head.labels)), dtype=np.float32)
 
-            logits = self._run(sequences, run, batch_size)
-        if self.long_document == "truncate":
+        def run(ids, mask, types, idx):
+            return list(self.model(ids, mask, types).logits.float().cpu().numpy())
+
+        with self._lock:
+            logits = self._run(prepared.sequences, run, batch_size)
+        if prepared.windows is None:
             return np.stack(logits).astype(np.float32)  # [N, L]
-        return pool_windows(logits, features, len(pairs), self.window_pooling).astype(np.float32)  # [N, L]
+        return pool_windows(logits, prepared.windows, prepared.inputs, self.window_pooling).astype(np.float32)
 
     def pair_sequences(
         self, pairs: list[tuple[str, str | None]], truncate: bool, truncation_direction: str
@@ -113,7 +135,7 @@ class ClassificationMixin(PredictorCore):
             ids_a, ids_b = self.tokenizer.encode(a), self.tokenizer.encode(b) if b else []
             room = self.max_seq_length - (3 if b else 2)
             if len(ids_a) + len(ids_b) > room:
-                self._pair_length(i, len(ids_a) + len(ids_b) + self.max_seq_length - room, truncate)
+                self._check_pair_length(i, len(ids_a) + len(ids_b) + self.max_seq_length - room, truncate)
                 # The end-popping rule on reversed pieces pops from the start.
                 ids_a, ids_b = ids_a[::-1], ids_b[::-1]
                 truncate_seq_pair(ids_a, ids_b, room)
@@ -126,17 +148,7 @@ class ClassificationMixin(PredictorCore):
             sequences.append((ids, types))
         return sequences
 
-    def pair_lengths(self, pairs: Sequence[tuple[str, str | None]], truncate: bool) -> list[int]:
-        """The tokens each pair of `pair_sequences` runs as ([CLS] and [SEP] included; `max_seq_length` when
-        cut), with its length rule, without building the sequences: the server's queue counts them."""
-        firsts = self.tokenizer.encode_batch([a for a, _ in pairs])
-        seconds = self.tokenizer.encode_batch([b or "" for _, b in pairs])
-        return [
-            self._pair_length(i, len(ids_a) + len(ids_b) + (3 if b else 2), truncate)
-            for i, (ids_a, ids_b, (_, b)) in enumerate(zip(firsts, seconds, pairs))
-        ]
-
-    def _pair_length(self, i: int, tokens: int, truncate: bool) -> int:
+    def _check_pair_length(self, i: int, tokens: int, truncate: bool) -> None:
         """Pair `i` of `tokens` tokens runs whole, or cut to `max_seq_length` with `truncate`, else is refused."""
         if tokens > self.max_seq_length and not truncate:
             raise InputItemError(
@@ -144,7 +156,6 @@ class ClassificationMixin(PredictorCore):
                 f"{tokens} tokens with [CLS] and [SEP], more than max_seq_length={self.max_seq_length}; shorten it "
                 "or let it be truncated",
             )
-        return min(tokens, self.max_seq_length)
 
     def _examples(self, pairs: list[tuple[str, str | None]]) -> list[InputExample]:
         """The pairs as classification examples, each with the placeholder label of a test example."""

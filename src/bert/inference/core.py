@@ -1,7 +1,8 @@
 """The `Predictor`'s core: a model loaded with its tokenizer and settings (`from_pretrained`, either
 backend), the sequences run in length-sorted batches (`_run`, threaded on the CPU), the inputs cut to
-`max_seq_length` counted, and the tokenizer's own calls (`tokenize`, `decode`). The tasks' methods are
-mixins on it (`bert.inference.classification`, `.spans`, `.embeddings`, `.fill_mask`)."""
+`max_seq_length` counted, the tokenizer's own calls (`tokenize`, `decode`) and the inputs a task's
+`prepare_*` method tokenized once for its `run_*` method (`Prepared`). The tasks' methods are mixins on it
+(`bert.inference.classification`, `.spans`, `.embeddings`, `.fill_mask`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,6 +45,7 @@ from bert.quantization import is_quantized, quantize_model
 from bert.request_rules import TASKS, has_head
 from bert.tasks.classification import LONG_DOCUMENT
 from bert.tasks.common import CLASSIFICATION, EMBEDDINGS, FILL_MASK, NER, QUESTION_ANSWERING, pad_2d
+from bert.tasks.glue import InputFeatures
 from bert.tasks.windows import WINDOW_POOLINGS
 from bert.tokenization import FullTokenizer, load_vocab
 
@@ -52,6 +54,58 @@ logger = logging.getLogger(__name__)
 P = TypeVar("P", bound="PredictorCore")
 # A batch's function: (input_ids, attention_mask, token_type_ids [B, T], the rows' input indexes) -> a result per row.
 BatchFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray], Sequence[Any]]
+# (token ids, segment ids) of each sequence `_run` runs.
+Sequences = list[tuple[list[int], list[int]]]
+
+
+@dataclass
+class Prepared:
+    """Inputs tokenized once, cut or refused by the Predictor's length rule: what a `prepare_*` method returns
+    and the matching `run_*` method runs, so that the server's queue counts the tokens of the sequences that
+    will run and nothing is tokenized twice (`embed`, `classify`, `rank`... are a prepare and a run).
+
+    Attributes:
+        sequences: what `_run` runs, one or more per input.
+        inputs: the inputs they are of.
+        prompt_lengths: an embedding's, per sequence: [CLS] and the prompt (`embedding_sequences`).
+        windows: of inputs read in windows, the feature of each sequence (its `example_index`: its input).
+        lead: 1 when the first sequence is the source or query the inputs are scored against, else 0.
+    """
+
+    sequences: Sequences
+    inputs: int
+    prompt_lengths: list[int] = field(default_factory=list)
+    windows: list[InputFeatures] | None = None
+    lead: int = 0
+
+    @property
+    def tokens(self) -> int:
+        """The tokens that run, [CLS] and [SEP] included."""
+        return sum(len(ids) for ids, _ in self.sequences)
+
+    @staticmethod
+    def join(parts: Sequence[Prepared]) -> Prepared:
+        """The prepared inputs of calls with equal options as one: their sequences one after another, the lead
+        sequence (equal in each: the options name it) once, windows numbered on. The run's results are the
+        parts' in order."""
+        first = parts[0]
+        if len(parts) == 1:
+            return first
+        if any(p.lead != first.lead or (p.windows is None) != (first.windows is None) for p in parts):
+            raise ValueError("prepared inputs of different kinds do not join")
+        if first.lead and any(p.sequences[0] != first.sequences[0] for p in parts):
+            raise ValueError("prepared inputs scored against different sources do not join")
+        lead = first.lead
+        windows: list[InputFeatures] | None = None if first.windows is None else []
+        joined = Prepared(first.sequences[:lead], 0, first.prompt_lengths[:lead], windows, lead)
+        for p in parts:
+            joined.sequences += p.sequences[lead:]
+            joined.prompt_lengths += p.prompt_lengths[lead:]
+            for f in p.windows or []:
+                assert windows is not None and f.example_index is not None  # parts alike; a window names its input
+                windows.append(replace(f, example_index=f.example_index + joined.inputs))
+            joined.inputs += p.inputs
+        return joined
 
 
 class PredictorCore:

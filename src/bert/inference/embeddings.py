@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 import numpy as np
@@ -12,13 +13,13 @@ import torch.nn.functional as F
 
 from bert.errors import InputError
 from bert.inference.common import checked_windows, quiet_task_logs, require_texts
-from bert.inference.core import PredictorCore
+from bert.inference.core import PredictorCore, Prepared
 from bert.input_lines import InputItemError
 from bert.modeling import pool_tokens
 from bert.request_rules import POOLINGS, check_dimensions, check_pooling
 from bert.request_rules import truncation_direction as direction_of
 from bert.tasks.classification import LONG_DOCUMENT
-from bert.tasks.glue import InputExample, InputFeatures
+from bert.tasks.glue import InputExample
 from bert.tasks.windows import convert_examples_to_windows, pool_windows
 from bert.tokenization import SPECIAL_TOKENS
 
@@ -118,52 +119,54 @@ class EmbeddingMixin(PredictorCore):
         special = {self.tokenizer.vocab.get(t) for t in SPECIAL_TOKENS}
         return [cls_id, *prompt_ids], [t for t in ids if t not in special], [sep_id]
 
-    def _encode(
+    def prepare_embeddings(
         self,
         texts: Sequence[str | Sequence[int]],
-        fn: EncodeFn,
-        batch_size: int | None,
-        truncate: bool,
-        truncation_direction: str,
-        prompt_name: str | None,
-        prompt: str | None,
+        *,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        prompt_name: str | None = None,
+        prompt: str | None = None,
         doc_stride: int | None = None,
-    ) -> tuple[list[Any], list[InputFeatures] | None]:
-        """`fn(last layer [B, T, H], pooling mask [B, T], attention mask [B, T], encoder output)` over the
-        embedding sequences of `texts`; the pooling mask is the attention mask without the prompt when the
-        model's Pooling says `include_prompt: false`. With `doc_stride`, the sequences are the windows of
-        each text as classification cuts them (`bert.tasks.windows.convert_examples_to_windows`), returned
-        with the rows as their features (else None), which say the text each window is of."""
+    ) -> Prepared:
+        """`texts` tokenized once for `run_embed` or `run_token_embeddings` (the options as `embed` takes them):
+        `embedding_sequences`, or with `doc_stride` the windows of each text as classification cuts them
+        (`bert.tasks.windows.convert_examples_to_windows`), each window's feature saying the text it is of."""
         prompt = self.resolve_prompt(prompt_name, prompt)
-        st = self.sentence_transformers
-        exclude_prompt = st is not None and not st.include_prompt
-        windows = None
         with self._lock:
             if doc_stride is None:
                 sequences, prompt_lengths = self.embedding_sequences(
                     texts, truncate=truncate, truncation_direction=truncation_direction, prompt=prompt
                 )
-            else:
-                if prompt:
-                    raise InputError("a prompt and windows do not go together: the prompt would be in one window only")
-                require_texts(texts)  # strings only: token-id inputs have no text to cut into windows
-                examples = [InputExample(str(i), text, None, 0.0) for i, text in enumerate(cast(list[str], texts))]
-                with quiet_task_logs():
-                    windows = convert_examples_to_windows(
-                        examples, [None], self.max_seq_length, self.tokenizer, doc_stride, pad=False
-                    )
-                sequences = [(f.input_ids, f.segment_ids) for f in windows]
-                prompt_lengths = [0] * len(sequences)
-            skip = torch.tensor(prompt_lengths if exclude_prompt else [0] * len(sequences))
+                return Prepared(sequences, len(sequences), prompt_lengths)
+            if prompt:
+                raise InputError("a prompt and windows do not go together: the prompt would be in one window only")
+            require_texts(texts)  # strings only: token-id inputs have no text to cut into windows
+            examples = [InputExample(str(i), text, None, 0.0) for i, text in enumerate(cast(list[str], texts))]
+            with quiet_task_logs():
+                windows = convert_examples_to_windows(
+                    examples, [None], self.max_seq_length, self.tokenizer, doc_stride, pad=False
+                )
+            sequences = [(f.input_ids, f.segment_ids) for f in windows]
+            return Prepared(sequences, len(texts), [0] * len(sequences), windows)
 
-            def run(ids, mask, types, idx):
-                out = self.encoder(ids, mask, types)
-                hidden = out.sequence_output.float()  # [B, T, H]
-                positions = torch.arange(ids.shape[1], device=ids.device)[None, :]  # [1, T]
-                pool_mask = mask * (positions >= skip[idx].to(ids.device)[:, None])  # [B, T]
-                return fn(hidden, pool_mask, mask, out)
+    def _encode(self, prepared: Prepared, fn: EncodeFn, batch_size: int | None) -> list[Any]:
+        """`fn(last layer [B, T, H], pooling mask [B, T], attention mask [B, T], encoder output)` over the
+        prepared sequences; the pooling mask is the attention mask without the prompt when the model's
+        Pooling says `include_prompt: false`."""
+        st = self.sentence_transformers
+        exclude_prompt = st is not None and not st.include_prompt
+        skip = torch.tensor(prepared.prompt_lengths if exclude_prompt else [0] * len(prepared.sequences))
 
-            return self._run(sequences, run, batch_size), windows
+        def run(ids, mask, types, idx):
+            out = self.encoder(ids, mask, types)
+            hidden = out.sequence_output.float()  # [B, T, H]
+            positions = torch.arange(ids.shape[1], device=ids.device)[None, :]  # [1, T]
+            pool_mask = mask * (positions >= skip[idx].to(ids.device)[:, None])  # [B, T]
+            return fn(hidden, pool_mask, mask, out)
+
+        with self._lock:
+            return self._run(prepared.sequences, run, batch_size)
 
     def embed(
         self,
@@ -208,15 +211,34 @@ class EmbeddingMixin(PredictorCore):
             doc_stride: pieces between window starts (default: the config's `doc_stride`, else 128).
         """
         pooling, normalize, doc_stride = self._embed_options(pooling, normalize, dimensions, long_document, doc_stride)
-        pool = _pooler(pooling, normalize, dimensions)
-        vectors, windows = self._encode(
-            texts, pool, batch_size, truncate, truncation_direction, prompt_name, prompt, doc_stride
+        prepared = self.prepare_embeddings(
+            texts,
+            truncate=truncate,
+            truncation_direction=truncation_direction,
+            prompt_name=prompt_name,
+            prompt=prompt,
+            doc_stride=doc_stride,
         )
+        return self.run_embed(prepared, pooling, normalize, batch_size, dimensions=dimensions)
+
+    def run_embed(
+        self,
+        prepared: Prepared,
+        pooling: str | None = None,
+        normalize: bool | None = None,
+        batch_size: int | None = None,
+        *,
+        dimensions: int | None = None,
+    ) -> np.ndarray:
+        """`embed`'s vectors of inputs `prepare_embeddings` prepared: [lead + inputs, dimensions or hidden_size],
+        the lead sequence's first where there is one (`prepare_similarity`)."""
+        pooling, normalize = self._pooling_options(pooling, normalize, dimensions)
+        vectors = self._encode(prepared, _pooler(pooling, normalize, dimensions), batch_size)
         if not vectors:
             return np.zeros((0, dimensions or self.config.hidden_size), dtype=np.float32)
         out = np.stack(vectors).astype(np.float32, copy=False)  # [N or windows, D]
-        if windows is not None:
-            out = pool_windows(list(out), windows, len(texts), "mean")  # [N, D]
+        if prepared.windows is not None:
+            out = pool_windows(list(out), prepared.windows, prepared.inputs, "mean")  # [N, D]
             if normalize:
                 out = F.normalize(torch.from_numpy(out), p=2, dim=1).numpy()
         return out
@@ -237,13 +259,17 @@ class EmbeddingMixin(PredictorCore):
             doc_stride = checked_windows({"doc_stride": doc_stride}, "embed").get("doc_stride", self.doc_stride)
         else:
             doc_stride = None
+        return (*self._pooling_options(pooling, normalize, dimensions), doc_stride)
+
+    def _pooling_options(self, pooling: str | None, normalize: bool | None, dimensions: int | None) -> tuple[str, bool]:
+        """The pooling and normalisation of embeddings (defaults filled in), each checked, with `dimensions`."""
         pooling = pooling or self.default_pooling
         normalize = self.default_normalize if normalize is None else normalize
         check_pooling(pooling)
         if pooling == "pooler" and not self.has_pooler:
             raise InputError(f"{self.source} has no pooler weights; use pooling cls, mean or max")
         check_dimensions(dimensions, self.config.hidden_size)
-        return pooling, normalize, doc_stride
+        return pooling, normalize
 
     def token_embeddings(
         self,
@@ -257,11 +283,18 @@ class EmbeddingMixin(PredictorCore):
     ) -> list[np.ndarray]:
         """The last layer at every token of each text, [CLS] and [SEP] included: float32 [tokens, hidden_size]
         per text (TEI's /embed_all); inputs as `embed` takes them."""
+        prepared = self.prepare_embeddings(
+            texts, truncate=truncate, truncation_direction=truncation_direction, prompt_name=prompt_name, prompt=prompt
+        )
+        return self.run_token_embeddings(prepared, batch_size)
+
+    def run_token_embeddings(self, prepared: Prepared, batch_size: int | None = None) -> list[np.ndarray]:
+        """`token_embeddings` of inputs `prepare_embeddings` prepared."""
 
         def rows(hidden, pool_mask, attention_mask, out):
             return [h[: int(n)].cpu().numpy() for h, n in zip(hidden, attention_mask.sum(1))]
 
-        return self._encode(texts, rows, batch_size, truncate, truncation_direction, prompt_name, prompt)[0]
+        return self._encode(prepared, rows, batch_size)
 
     def similarity(
         self,
@@ -276,15 +309,35 @@ class EmbeddingMixin(PredictorCore):
     ) -> list[float]:
         """The cosine similarity of `source`'s embedding with each sentence's (TEI's /similarity; `rank` of an
         embedding model); the embeddings as `embed` makes them."""
-        vectors = self.embed(
-            [source, *sentences],
-            batch_size=batch_size,
-            pooling=pooling,
-            normalize=True,
-            truncate=truncate,
-            truncation_direction=truncation_direction,
-            prompt_name=prompt_name,
+        self._pooling_options(pooling, True, None)  # checked before the texts, as `embed` checks its options
+        prepared = self.prepare_similarity(
+            source, sentences, truncate=truncate, truncation_direction=truncation_direction, prompt_name=prompt_name
         )
+        return self.run_similarity(prepared, pooling, batch_size)
+
+    def prepare_similarity(
+        self,
+        source: str,
+        sentences: Sequence[str],
+        *,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        prompt_name: str | None = None,
+    ) -> Prepared:
+        """`source` and `sentences` tokenized once for `run_similarity` (input 0 is the source: an error names
+        sentence i as input i + 1), the source the lead sequence."""
+        prepared = self.prepare_embeddings(
+            [source, *sentences], truncate=truncate, truncation_direction=truncation_direction, prompt_name=prompt_name
+        )
+        return replace(prepared, inputs=prepared.inputs - 1, lead=1)
+
+    def run_similarity(
+        self, prepared: Prepared, pooling: str | None = None, batch_size: int | None = None
+    ) -> list[float]:
+        """`similarity` of a source and sentences `prepare_similarity` prepared: one score per sentence."""
+        if prepared.lead != 1:
+            raise ValueError("run_similarity runs what prepare_similarity prepares")
+        vectors = self.run_embed(prepared, pooling, True, batch_size)
         return [float(s) for s in vectors[1:] @ vectors[0]]
 
 

@@ -11,6 +11,7 @@ import torch
 from bert.errors import InputError
 from bert.inference.classification import ClassificationMixin
 from bert.inference.common import ClassificationHead, TaggingHead, checked_pairs, quiet_task_logs, require_texts
+from bert.inference.core import Prepared
 from bert.inference.embeddings import EmbeddingMixin
 from bert.inference.fill_mask import FillMaskMixin
 from bert.inference.spans import SpanTasksMixin
@@ -57,45 +58,42 @@ class Predictor(ClassificationMixin, SpanTasksMixin, EmbeddingMixin, FillMaskMix
         model except a classifier scores the cosine similarity of the embeddings (`embed`'s, with
         `pooling`; `raw_scores` changes nothing then).
         """
+        check_top_k(top_k)
+        prepared = self.prepare_rank(query, documents, truncate=truncate, truncation_direction=truncation_direction)
+        scores = self.run_rank(prepared, raw_scores=raw_scores, pooling=pooling, batch_size=batch_size)
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])[:top_k]
+        return [{"index": i, "score": scores[i]} for i in order]
+
+    def prepare_rank(
+        self, query: str, documents: Sequence[str], *, truncate: bool = True, truncation_direction: str = "right"
+    ) -> Prepared:
+        """`query` and `documents` tokenized once for `run_rank`, as `rank` reads them: a cross-encoder's pairs
+        (`pair_sequences`; an error names document i as input i), else `prepare_similarity`'s sequences (the
+        query input 0)."""
         if isinstance(documents, str):
             raise TypeError("expected a list of documents, got one string")
-        check_top_k(top_k)
         if self.is_cross_encoder:
-            direction = truncation_direction
-            scores = self._cross_encoder_scores(query, documents, raw_scores, truncate, direction, batch_size)
-        elif isinstance(self.head, ClassificationHead):
+            pairs = checked_pairs([(query, d) for d in documents])
+            with self._lock, quiet_task_logs():
+                return Prepared(self.pair_sequences(pairs, truncate, truncation_direction), len(pairs))
+        if isinstance(self.head, ClassificationHead):
             raise InputError(
                 f"{self.source} is a classifier with {len(self.head.labels)} labels, not a cross-encoder (one "
                 "output); rank with a cross-encoder or an embedding model"
             )
-        else:
-            require_texts([query], "query")
-            scores = self.similarity(
-                query,
-                documents,
-                truncate=truncate,
-                truncation_direction=truncation_direction,
-                pooling=pooling,
-                batch_size=batch_size,
-            )
-        order = sorted(range(len(scores)), key=lambda i: -scores[i])[:top_k]
-        return [{"index": i, "score": scores[i]} for i in order]
+        require_texts([query], "query")
+        return self.prepare_similarity(query, documents, truncate=truncate, truncation_direction=truncation_direction)
 
-    def _cross_encoder_scores(
-        self,
-        query: str,
-        documents: Sequence[str],
-        raw_scores: bool,
-        truncate: bool,
-        truncation_direction: str,
-        batch_size: int | None,
+    def run_rank(
+        self, prepared: Prepared, *, raw_scores: bool = False, pooling: str | None = None, batch_size: int | None = None
     ) -> list[float]:
-        pairs = checked_pairs([(query, d) for d in documents])
-        with self._lock, quiet_task_logs():
-            sequences = self.pair_sequences(pairs, truncate, truncation_direction)
+        """The score of each document `prepare_rank` prepared, in their order (`rank` sorts them)."""
+        if not self.is_cross_encoder:
+            return self.run_similarity(prepared, pooling, batch_size)
 
-            def run(ids, mask, types, idx):
-                return self.model(ids, mask, types).logits[:, 0].float().cpu().tolist()
+        def run(ids, mask, types, idx):
+            return self.model(ids, mask, types).logits[:, 0].float().cpu().tolist()
 
-            logits = torch.tensor(self._run(sequences, run, batch_size), dtype=torch.float32)
+        with self._lock:
+            logits = torch.tensor(self._run(prepared.sequences, run, batch_size), dtype=torch.float32)
         return (logits if raw_scores else torch.sigmoid(logits)).tolist()

@@ -1,8 +1,10 @@
 """The request queue: `Batcher`, a bounded queue of requests and the one model thread that runs them, batch
 after batch, each kind of request with equal options as one `Predictor` call.
 
-A handler checks its request, then hands it to the `Batcher` and awaits a future; the model thread takes
-queued requests in arrival order while their tokens fit `max_batch_tokens`, waiting up to `max_wait_ms`
+A handler checks its request, then hands it to the `Batcher` and awaits a future; the model thread prepares
+each request once as it first counts its tokens (the Predictor's `prepare_*`: tokenized, cut or refused by
+the Predictor's own length rule), and runs the prepared sequences (`run_*`). It takes queued requests in
+arrival order while their tokens fit `max_batch_tokens`, waiting up to `max_wait_ms`
 after the oldest one's arrival for more (when the previous batch held several requests: a lone client is
 never kept waiting). The Predictor sorts a call's inputs by length and pads each forward pass to its
 longest. The event loop never waits for the model: results come back through `loop.call_soon_threadsafe`.
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bert.errors import InputError
-from bert.inference import Predictor
+from bert.inference import Predictor, Prepared
 from bert.input_lines import InputItemError
 from bert.serving.errors import BACKEND, OVERLOADED, UNHEALTHY, ApiError
 from bert.serving.metrics import Metrics
@@ -31,6 +33,9 @@ logger = logging.getLogger("bert.serving")
 # What a job asks of the Predictor.
 EMBED, EMBED_ALL, CLASSIFY, RANK, SIMILAR = "embed", "embed_all", "classify", "rank", "similarity"
 TAG, ANSWER, FILL = "ner", "answer", "fill-mask"
+# The jobs the Predictor prepares as they are counted; the others' inputs go to it as they came, and an input it
+# refuses then fails its own request only (`Batcher._run_group`).
+PREPARED = (EMBED, EMBED_ALL, CLASSIFY, RANK, SIMILAR)
 
 
 @dataclass(eq=False)
@@ -42,7 +47,13 @@ class _Job:
     future: asyncio.Future
     enqueued: float
     tokens: int | None = None  # counted by the model thread
+    prepared: Prepared | None = None  # a PREPARED kind's, made as its tokens are counted
     error: ApiError | None = None
+
+
+def _prepared(job: _Job) -> Prepared:
+    assert job.prepared is not None  # a batch's jobs were all counted, so prepared, before it started
+    return job.prepared
 
 
 def _resolve(future: asyncio.Future, value: Any, error: BaseException | None) -> None:
@@ -178,11 +189,17 @@ class Batcher:
         return len(queued), total >= self.settings.max_batch_tokens
 
     def _measure(self, job: _Job) -> int:
-        """Count the job's tokens ([CLS] and [SEP] included) as the Predictor will run them, and refuse an input
-        too long to run whole by the Predictor's own length rule, before the job waits for a batch."""
+        """Prepare the job's inputs once (its `prepared`, for a PREPARED kind) and count their tokens ([CLS] and
+        [SEP] included) as the Predictor will run them, refusing an input too long to run whole by the
+        Predictor's own length rule, before the job waits for a batch."""
         options = dict(job.options)
+        tokens = 0
         try:
-            lengths = self._lengths(job.kind, job.inputs, options)
+            if job.kind in PREPARED:
+                job.prepared = self._prepare(job.kind, job.inputs, options)
+                tokens = job.prepared.tokens
+            else:
+                tokens = sum(self._lengths(job.kind, job.inputs))
         except InputItemError as e:
             # The embedding routes' first text is the source sentence (/similarity) or the query (/rerank).
             first = {SIMILAR: ('"source_sentence"', "sentence"), RANK: ('"query"', "input")}.get(job.kind)
@@ -193,38 +210,32 @@ class Batcher:
             job.error = ApiError(422, f"{where}: {e.reason.split('; ')[0]}{hint}")
         except InputError as e:
             job.error = ApiError(422, str(e))
-        job.tokens = 0 if job.error is not None else sum(lengths)
+        job.tokens = 0 if job.error is not None else tokens
         return job.tokens
 
     def _embeds(self, kind: str) -> bool:
         """Whether a job of `kind` runs as embeddings (an encoder's /rerank too), not as pairs."""
         return kind in (EMBED, EMBED_ALL, SIMILAR) or (kind == RANK and not self.predictor.is_cross_encoder)
 
-    def _lengths(self, kind: str, inputs: list, options: dict) -> list[int]:
-        """The token count of each sequence the Predictor makes of `inputs` (the texts' own: the source or
-        query first where one is sent beside them)."""
+    def _prepare(self, kind: str, inputs: list, options: dict) -> Prepared:
+        """The Predictor's sequences of a PREPARED job, with its options that shape them (truncation, prompt, the
+        source or query sent beside the inputs, which is the first sequence)."""
         p = self.predictor
-        truncate = options.get("truncate", True)
-        direction = options.get("truncation_direction", "right")
-        if self._embeds(kind):
-            first = options.get("source", options.get("query"))
-            sequences, _ = p.embedding_sequences(
-                inputs if first is None else [first, *inputs],
-                truncate=truncate,
-                truncation_direction=direction,
-                prompt=p.resolve_prompt(options.get("prompt_name")),
-            )
-            return [len(ids) for ids, _ in sequences]
-        encode = p.tokenizer.encode_batch
-        if kind in (CLASSIFY, RANK):
-            pairs = [(options["query"], d) for d in inputs] if kind == RANK else inputs
-            if kind == RANK or p.long_document == "truncate":
-                return p.pair_lengths(pairs, truncate)
-            # A classifier fine-tuned on windows (config.json `long_document`) reads long inputs whole.
-            return [
-                len(a) + 2 + (len(b) + 1 if b else 0)
-                for a, b in zip(encode([a for a, _ in pairs]), encode([b or "" for _, b in pairs]))
-            ]
+        truncation = dict(
+            truncate=options.get("truncate", True), truncation_direction=options.get("truncation_direction", "right")
+        )
+        if kind in (EMBED, EMBED_ALL):
+            return p.prepare_embeddings(inputs, prompt_name=options.get("prompt_name"), **truncation)
+        if kind == SIMILAR:
+            return p.prepare_similarity(options["source"], inputs, prompt_name=options.get("prompt_name"), **truncation)
+        if kind == RANK:
+            return p.prepare_rank(options["query"], inputs, **truncation)
+        return p.prepare_classification(inputs, **truncation)
+
+    def _lengths(self, kind: str, inputs: list) -> list[int]:
+        """The token count of each input of a kind the Predictor tokenizes as it runs (NER and fill-mask: the
+        text; answers: question and context), [CLS] and [SEP] included."""
+        encode = self.predictor.tokenizer.encode_batch
         if kind == ANSWER:
             questions, contexts = encode([q for q, _ in inputs]), encode([c for _, c in inputs])
             return [len(q) + len(c) + 3 for q, c in zip(questions, contexts)]
@@ -244,9 +255,8 @@ class Batcher:
 
     def _run_group(self, kind: str, options: dict, jobs: list[_Job]) -> None:
         while jobs:
-            items = [x for job in jobs for x in job.inputs]
             try:
-                results = self._call(kind, options, items)
+                results = self._call(kind, options, jobs)
             except InputItemError as e:
                 # That input's request fails alone; the others run again without it.
                 start = 0
@@ -267,22 +277,24 @@ class Batcher:
                 start += len(job.inputs)
             return
 
-    def _call(self, kind: str, options: dict, items: list) -> list:
+    def _call(self, kind: str, options: dict, jobs: list[_Job]) -> list:
+        """The results of a group's jobs (one kind, equal options), in order: their prepared inputs joined and
+        run as one, or their inputs in one call."""
         p = self.predictor
-        options = dict(options)  # a group that loses a request calls again with the same options
-        if kind == EMBED:
-            return list(p.embed(items, **options))
-        if kind == EMBED_ALL:
-            return p.token_embeddings(items, **options)
-        if kind == CLASSIFY:
-            return p.classify(items, top_k=0, **options)
-        if kind == RANK:
-            scores = [0.0] * len(items)
-            for r in p.rank(options.pop("query"), items, **options):
-                scores[r["index"]] = r["score"]
-            return scores
-        if kind == SIMILAR:
-            return p.similarity(options.pop("source"), items, **options)
+        if kind in PREPARED:
+            prepared = Prepared.join([_prepared(job) for job in jobs])
+            pooling = options.get("pooling")
+            if kind == EMBED:
+                normalize, dimensions = options.get("normalize"), options.get("dimensions")
+                return list(p.run_embed(prepared, pooling, normalize, dimensions=dimensions))
+            if kind == EMBED_ALL:
+                return p.run_token_embeddings(prepared)
+            if kind == SIMILAR:
+                return p.run_similarity(prepared, pooling)
+            if kind == RANK:
+                return p.run_rank(prepared, raw_scores=options.get("raw_scores", False), pooling=pooling)
+            return p.run_classify(prepared, top_k=0, raw_scores=options.get("raw_scores", False))
+        items = [x for job in jobs for x in job.inputs]
         if kind == TAG:
             return p.ner(items)
         if kind == ANSWER:
