@@ -2,11 +2,11 @@
 numbers `bench/bench_distill.py --json` saved.
 
     python bench/plot_small_models.py bench/distill_mrpc.json bench/distill_sst2.json bench/distill_b.json \
-        bench/distill_mrpc_stsb.json bench/distill_sst2_16k.json
+        bench/distill_mrpc_stsb.json bench/distill_sst2_16k.json bench/distill_b_long.json
 
 A file with "seeds" (a run per seed with a larger transfer set: its "task" and "transfer") adds its distilled
 student as a row of that task's panel, at the student's speed of the task's main file (the same model shape,
-measured there on a quiet machine).
+measured there on a quiet machine); a (b) file with "transfer" (a longer run) adds its student to (b)'s panel.
 
 Writes bench/small_models.png (one panel per task: the dev metric or MRR@10 against `bert predict` /
 `bert embed` sequences per second; each student's mark is the mean of its seeds, its bar their spread) and
@@ -43,6 +43,9 @@ def points(results: dict) -> dict[str, list[tuple[str, list[float], float]]]:
             ("teacher (6 layers)", [b["teacher"][mrr]], b["embed_teacher_s"]),
             ("3 layers, undistilled", [b["student_undistilled"][mrr]], b["embed_student_s"]),
             ("3 layers, distilled (MSE)", [v[mrr] for v in b["ours"]], b["embed_student_s"]),
+        ] + [
+            (f"3 layers, distilled (MSE), {label}", values, b["embed_student_s"])
+            for label, values in b.get("longer", [])
         ]
     return panels
 
@@ -89,13 +92,16 @@ def main() -> None:
     extra = []
     for path in sys.argv[1:]:  # parts and (a)'s tasks from several runs of the bench, merged
         loaded = json.loads(Path(path).read_text(encoding="utf-8"))
-        if "seeds" in loaded:
+        if "seeds" in loaded or "transfer" in loaded:
             extra.append(loaded)
             continue
         for part, values in loaded.items():
             results.setdefault(part, {}).update(values)
     for run in extra:
-        results["a"][run["task"]]["rows"].update(transfer_rows(run))
+        if "b" in run:  # a longer (b) run: its student beside the first, at the first run's speeds
+            results["b"].setdefault("longer", []).append((run["transfer"], [v["mrr@10"] for v in run["b"]["ours"]]))
+        else:
+            results["a"][run["task"]]["rows"].update(transfer_rows(run))
     panels = points(results)
     out = BENCH / "small_models.png"
     plot(panels, out)
