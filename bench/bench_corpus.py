@@ -40,9 +40,9 @@ questions (qrels/test.tsv; --long_queries first ones), and a query's one relevan
 one holding its paragraph. The recipes, each at --max_seq_length 256 (the model's own) and 512 (its position
 table): truncation (`bert embed`: a document cut at the length); windows (`--long_document=windows`: windows
 of the length --doc_stride 128 apart, their vectors averaged); late chunking (`--late_chunking`, chunks of 128
-tokens of the one pass over the cut document, a document's score its best chunk's); naive chunking on the
-same spans (each of those chunks' tokens encoded alone, as `[CLS] chunk [SEP]`; best chunk); and naive
-chunking of the whole document (every 128-token chunk alone, the length no limit). Metrics:
+tokens of one pass over the whole document, in windows of the length 128 apart where it is longer, a document's
+score its best chunk's); and naive chunking on the same spans (every 128-token chunk of the document encoded
+alone, as `[CLS] chunk [SEP]`; best chunk; the length no limit). Metrics:
 `bert.sentence.evaluation.ranking_metrics` (MRR@10, NDCG@10, Recall@1 and @10), and MRR@10 of the queries
 whose paragraph starts in the first 254 text tokens (inside 256), in the next 256 (inside 512 only) and
 after (outside both). The recipes run here, through the functions `bert embed` calls for its flags
@@ -75,7 +75,7 @@ import numpy as np
 from bert.commands.embed import DEFAULT_CHUNK_TOKENS
 from bert.commands.index import IndexArgs, run_index
 from bert.inference import Predictor
-from bert.late_chunking import chunk_spans, late_chunk_embeddings
+from bert.late_chunking import late_chunk_embeddings
 from bert.retrieval import TopK, quantize_embeddings
 from bert.sentence import evaluation
 from bert.sentence.data import read_beir
@@ -215,18 +215,14 @@ def in_blocks(texts: list[str], what: str, embed: Callable[[list[str]], list[np.
     return np.concatenate(rows), owners
 
 
-def naive_chunks(predictor: Predictor, texts: list[str], chunk_size: int, whole: bool) -> list[np.ndarray]:
-    """Each text's chunks embedded alone, `[CLS] chunk [SEP]` each: the spans late chunking pools at the
-    predictor's length (`whole` False), or every `chunk_size` text tokens of the uncut text (True)."""
-    sequences, _ = predictor.embedding_sequences(texts)
+def naive_chunks(predictor: Predictor, texts: list[str], chunk_size: int) -> list[np.ndarray]:
+    """Each text's chunks embedded alone, `[CLS] chunk [SEP]` each: every `chunk_size` tokens of the uncut
+    text, the spans late chunking pools (`bert.late_chunking.chunk_spans`, [CLS] and [SEP] aside)."""
+    cls_id, sep_id = predictor.tokenizer.vocab["[CLS]"], predictor.tokenizer.vocab["[SEP]"]
     pieces, counts = [], []
-    for text, (ids, _segments) in zip(texts, sequences):
-        cls_id, sep_id = ids[0], ids[-1]
-        if whole:
-            body = predictor.tokenizer.encode(text)
-            spans = [body[i : i + chunk_size] for i in range(0, len(body), chunk_size)]
-        else:
-            spans = [ids[max(s.start, 1) : min(s.stop, len(ids) - 1)] for s in chunk_spans(len(ids), 1, chunk_size)]
+    for text in texts:
+        body = predictor.tokenizer.encode(text)
+        spans = [body[i : i + chunk_size] for i in range(0, len(body), chunk_size)]
         pieces += [[cls_id, *span, sep_id] for span in spans]
         counts.append(len(spans))
     vectors = predictor.embed(pieces)
@@ -289,21 +285,16 @@ def long_documents_part(opts: argparse.Namespace) -> dict:
                     lambda t: late_chunk_embeddings(p, t, chunk, normalize=p.default_normalize),
                 ),
             ),
-            (
-                f"naive chunks {n}",
-                f"the spans of late chunking {n}, each alone",
-                lambda p=predictor, n=n: in_blocks(
-                    data.texts, f"naive chunks {n}", lambda t: naive_chunks(p, t, chunk, whole=False)
-                ),
-            ),
         ]
     recipes.append(
         (
-            "naive chunks, whole",
-            f"every {chunk} tokens of the document, each alone",
-            lambda: in_blocks(data.texts, "naive chunks, whole", lambda t: naive_chunks(first, t, chunk, whole=True)),
+            "naive chunks",
+            f"every {chunk} tokens of the document, each alone (late chunking's spans)",
+            lambda: in_blocks(data.texts, "naive chunks", lambda t: naive_chunks(first, t, chunk)),
         )
     )
+    if opts.long_recipes:
+        recipes = [r for r in recipes if r[0].startswith(tuple(opts.long_recipes.split(",")))]
     results = {
         "documents": len(data.ids),
         "paragraphs_per_document": opts.paragraphs_per_document,
@@ -365,6 +356,9 @@ def main() -> None:
     parser.add_argument("--parts", default="corpus", help=f"which of {', '.join(PARTS)} to run, comma-separated")
     parser.add_argument("--paragraphs_per_document", type=int, default=8, help="long_documents: a document's most")
     parser.add_argument("--long_queries", type=int, default=None, help="long_documents: the first N (default all)")
+    parser.add_argument(
+        "--long_recipes", default=None, help="long_documents: the recipes whose names start so, comma separated"
+    )
     parser.add_argument("--json", default=None, help="save the numbers to this file")
     opts = parser.parse_args()
     parts = opts.parts.split(",")

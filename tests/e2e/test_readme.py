@@ -93,6 +93,29 @@ def _command(recipe: str) -> str:
 RECIPES = recipes()
 
 
+def cost_rows() -> list[list[str]]:
+    """The cells of each row of the README's cost table (the section "What each recipe costs")."""
+    section = README.read_text(encoding="utf-8").split("### What each recipe costs", 1)[1].splitlines()
+    start = next(i for i, line in enumerate(section) if line.startswith("|"))
+    end = next((i for i in range(start, len(section)) if not section[i].startswith("|")), len(section))
+    return [[c.strip() for c in line.strip("|").split("|")] for line in section[start + 2 : end]]
+
+
+def shortened() -> list[tuple[str, str]]:
+    """(recipe, its shortened form) for each row of the cost table that gives one: the row names the recipe
+    by what it writes (`(`mrpc_output/`)`), and its flags are appended to it (the last value of a flag wins)."""
+    out = []
+    for cells in cost_rows():
+        written, flags = re.search(r"\(`([^`]+)`\)", cells[0]), re.fullmatch(r"`(--.*)`", cells[3])
+        if written and flags:
+            recipe = next(r for r in RECIPES if re.search(rf"[= ]{re.escape(written.group(1))}( |$)", r))
+            out.append((recipe, f"{recipe.split(' #')[0]} {flags.group(1)}"))
+    return out
+
+
+SHORTENED = shortened()
+
+
 def test_the_readme_has_recipes_for_every_command():
     commands = {_command(r) for r in RECIPES} - {"="}
     assert commands == set(cli.COMMANDS), "every command has a recipe in README.md, and only commands do"
@@ -276,6 +299,22 @@ def test_readme_recipe(recipe, in_workdir, capsys):
         assert f"bert {command}: done\n" in err, f"no result block on the terminal:\n{err[-3000:]}"
     if _command(recipe) in AFTER:
         AFTER[_command(recipe)](in_workdir, out, err)
+
+
+@pytest.mark.parametrize("short", [s for _, s in SHORTENED], ids=[f"short-{_command(r)}" for r, _ in SHORTENED])
+def test_readme_shortened_recipe(short, in_workdir, capsys):
+    """The shortened forms of the cost table run as the recipes do (after them: they read the same inputs)."""
+    code, _, err = _run(short, capsys)
+    assert code == 0, f"README shortened recipe failed: {short}\n{err[-3000:]}"
+
+
+def test_every_long_recipe_has_a_shortened_form():
+    """A recipe the cost table times in hours or over 5 minutes names its shortened form."""
+    assert SHORTENED, "the README's cost table gives shortened forms"
+    for cells in cost_rows():
+        minutes = re.fullmatch(r"[≥~]?\s*([\d.]+) (min|h)", cells[1])
+        if minutes and (minutes.group(2) == "h" or float(minutes.group(1)) > 5):
+            assert cells[3].startswith("`--"), f"the cost table's row {cells[0]} takes {cells[1]}: give its short form"
 
 
 # The Python blocks, in README order; those that call a running server (`bert serve`) are not run here

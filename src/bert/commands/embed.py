@@ -93,9 +93,10 @@ class EmbedArgs(InferenceArgs, ShardArgs):
     shard made with the same model, input and flags is skipped, a missing or partial one embedded again, and
     one made otherwise refused.
 
-    --late_chunking encodes each input once (up to max_seq_length tokens) and writes one row per chunk of
-    --chunk_size tokens, the mean of the last layer over the chunk's tokens ([CLS] with the first, [SEP] with
-    the last), with its id DOCID#k (DOCID: the --id_column value, else the 0-based input line or row; k: the
+    --late_chunking encodes each input once (in windows --doc_stride apart where it is longer than
+    max_seq_length, each token's vector from the window where it has the most context) and writes one row per
+    chunk of --chunk_size tokens, the mean of the last layer over the chunk's tokens ([CLS] with the first,
+    [SEP] with the last), with its id DOCID#k (DOCID: the --id_column value, else the 0-based input line or row; k: the
     chunk, from 0) as "id" of a JSON line or the first column of a .parquet --output_file.
     """
 
@@ -228,8 +229,10 @@ def _output_kind(output_file: str | None) -> str:
 def _check_flags(args: EmbedArgs) -> None:
     if args.prompt is not None and args.prompt_name is not None:
         raise InputError("--prompt and --prompt_name both give a prompt; keep one")
-    if args.doc_stride is not None and args.long_document != "windows":
-        logger.warning("--doc_stride=%d has no effect without --long_document=windows", args.doc_stride)
+    if args.doc_stride is not None and args.long_document != "windows" and not args.late_chunking:
+        logger.warning(
+            "--doc_stride=%d has no effect without --long_document=windows or --late_chunking", args.doc_stride
+        )
     if args.similarity and args.precision != "float32":
         raise InputError("--similarity compares float32 vectors; drop --precision or --similarity")
     for flag, value in (("--text_column", args.text_column), ("--id_column", args.id_column)):
@@ -450,6 +453,7 @@ def _embedder(
                 dimensions=args.dimensions,
                 prompt_name=args.prompt_name,
                 prompt=args.prompt,
+                doc_stride=args.doc_stride,
             )
         return predictor.embed(
             texts,

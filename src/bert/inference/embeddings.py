@@ -66,18 +66,9 @@ class EmbeddingMixin(PredictorCore):
         out of the pooling).
         """
         truncation_direction = direction_of(truncation_direction)
-        if isinstance(texts, str):
-            raise TypeError("expected a list of texts, got one string")
-        strings = {i: (prompt or "") + t for i, t in enumerate(texts) if isinstance(t, str)}
-        encoded = dict(zip(strings, self.tokenizer.encode_batch(list(strings.values()))))
-        prompt_ids = self.tokenizer.encode(prompt) if prompt else None
-        sequences, prompt_lengths = [], []
-        for i, text in enumerate(texts):
-            head, body, tail = self._sequence_parts(i, text, encoded, prompt_ids)
-            if not isinstance(text, str):
-                prompt_length = len(head)
-            else:
-                prompt_length = 1 + len(prompt_ids) if prompt_ids is not None else 0
+        parts, prompt_lengths = self.embedding_parts(texts, prompt)
+        sequences, lengths = [], []
+        for i, ((head, body, tail), prompt_length) in enumerate(zip(parts, prompt_lengths)):
             room = self.max_seq_length - len(head) - len(tail)
             if len(body) > room:
                 if not truncate:
@@ -89,8 +80,28 @@ class EmbeddingMixin(PredictorCore):
                 body = body[:room] if truncation_direction == "right" else body[len(body) - max(room, 0) :]
             ids = [*head, *body, *tail]
             sequences.append((ids, [0] * len(ids)))
-            prompt_lengths.append(min(prompt_length, len(ids) - 1))
-        return sequences, prompt_lengths
+            lengths.append(min(prompt_length, len(ids) - 1))
+        return sequences, lengths
+
+    def embedding_parts(
+        self, texts: Sequence[str | Sequence[int]], prompt: str | None = None
+    ) -> tuple[list[tuple[list[int], list[int], list[int]]], list[int]]:
+        """Each input as (head, body, tail) ids, uncut (`embedding_sequences` cuts the body to
+        `max_seq_length`; late chunking reads it whole, in windows), and its prompt length."""
+        if isinstance(texts, str):
+            raise TypeError("expected a list of texts, got one string")
+        strings = {i: (prompt or "") + t for i, t in enumerate(texts) if isinstance(t, str)}
+        encoded = dict(zip(strings, self.tokenizer.encode_batch(list(strings.values()))))
+        prompt_ids = self.tokenizer.encode(prompt) if prompt else None
+        parts, prompt_lengths = [], []
+        for i, text in enumerate(texts):
+            head, body, tail = self._sequence_parts(i, text, encoded, prompt_ids)
+            parts.append((head, body, tail))
+            if not isinstance(text, str):
+                prompt_lengths.append(len(head))
+            else:
+                prompt_lengths.append(1 + len(prompt_ids) if prompt_ids is not None else 0)
+        return parts, prompt_lengths
 
     def _sequence_parts(
         self, i: int, text: str | Sequence[int], encoded: dict[int, list[int]], prompt_ids: list[int] | None
