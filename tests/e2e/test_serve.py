@@ -499,6 +499,46 @@ def test_the_queue_tokenizes_each_input_once_and_runs_what_it_counted(vocab, tmp
         status, _, ranked = call(port, "/rerank", {"query": query, "texts": SENTENCES, "truncate": True})
         assert status == 200 and Counter(seen) == Counter([query] * len(SENTENCES) + SENTENCES)
         assert ranked == reranker.rank(query, SENTENCES)
+    # NER, answers and fill-mask: what the server tokenizes is what one Predictor call does, and it runs (and
+    # counts) the windows that call runs.
+    torch.manual_seed(7)
+    tagger = BertForTokenClassification(vocab_config(vocab), num_labels=3)
+    ner_dir = save_model_dir(tagger, tmp_path / "ner", vocab, id2label={"0": "O", "1": "B-PER", "2": "I-PER"})
+    qa_dir = save_model_dir(
+        BertForQuestionAnswering(vocab_config(vocab)), tmp_path / "qa", vocab, doc_stride=8, max_query_length=8
+    )
+    mlm_dir = save_model_dir(BertForPreTraining(vocab_config(vocab)), tmp_path / "mlm", vocab)
+    masked = ["The capital of France is [MASK].", "A [MASK] sat on the [MASK]."]
+    pairs = [(query, " ".join(SENTENCES)), ("who was lazy", SENTENCES[0])]
+    for directory, route, body, plain, prepare in [
+        (ner_dir, "/ner", {"inputs": SENTENCES}, lambda p: p.ner(SENTENCES), lambda p: p.prepare_tagging(SENTENCES)),
+        (
+            qa_dir,
+            "/qa",
+            {"inputs": [{"question": q, "context": c} for q, c in pairs]},
+            lambda p: p.answer(*zip(*pairs)),
+            lambda p: p.prepare_answer(*zip(*pairs)),
+        ),
+        (
+            mlm_dir,
+            "/fill-mask",
+            {"inputs": masked, "top_k": 3},
+            lambda p: p.fill_mask(masked, 3),
+            lambda p: p.prepare_fill_mask(masked),
+        ),
+    ]:
+        p = Predictor.from_pretrained(directory, "cpu", max_seq_length=MAX_SEQ_LENGTH)
+        seen = tokenized_texts(monkeypatch, p)
+        expected, once = plain(p), Counter(seen)
+        seen.clear()
+        with inprocess_server(p) as port:
+            status, _, got = call(port, route, body)
+            assert status == 200 and got == expected, route
+            assert Counter(seen) == once, route
+            prepared = prepare(p)
+            assert metric(call(port, "/metrics")[2], "bert_tokens_total") == prepared.tokens, route
+            # Each window runs with its own [CLS] and [SEP] (and question): counted so, not once per input.
+            assert len(prepared.sequences) > prepared.inputs or route == "/fill-mask", route
 
 
 def test_full_queue_gives_429_with_retry_after(predictor):

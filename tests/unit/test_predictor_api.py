@@ -15,7 +15,13 @@ import torch
 from bert.errors import InputError
 from bert.inference import Predictor, Prepared
 from bert.input_lines import InputItemError
-from bert.modeling import BertForSequenceClassification, BertModel
+from bert.modeling import (
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+)
 from bert.tokenization import FullTokenizer
 from conftest import save_model_dir, uncased_vocab, vocab_config
 
@@ -175,6 +181,31 @@ def test_prepared_inputs_joined_run_as_one_plain_call_bit_for_bit(encoder, vocab
     joined = Prepared.join([reranker.prepare_classification(first), reranker.prepare_classification(rest)])
     assert len(joined.sequences) > joined.inputs == len(SENTENCES)
     assert np.array_equal(reranker.run_classification_logits(joined), reranker.classification_logits(SENTENCES))
+    # A tagger's and a reader's windows, and their examples, are numbered on too; each part's answers keep
+    # their own (fill-mask's maskless text fails the joined run at its joined index, as one call fails it).
+    torch.manual_seed(5)
+    tagger_dir = save_model_dir(BertForTokenClassification(vocab_config(vocab), num_labels=3), tmp_path / "ner", vocab)
+    tagger = Predictor.from_pretrained(tagger_dir, "cpu", max_seq_length=8)
+    joined = Prepared.join([tagger.prepare_tagging(first), tagger.prepare_tagging(rest)])
+    assert len(joined.sequences) > joined.inputs == len(SENTENCES)
+    assert tagger.run_tag_words(joined) == tagger.tag_words(SENTENCES)
+    assert tagger.run_ner(joined) == tagger.ner(SENTENCES)
+    qa_model = BertForQuestionAnswering(vocab_config(vocab))
+    qa_dir = save_model_dir(qa_model, tmp_path / "qa", vocab, doc_stride=6, max_query_length=8)
+    reader = Predictor.from_pretrained(qa_dir, "cpu", max_seq_length=24)
+    questions, contexts = ["Which numbers?", "Who jumps?", "Where is the dog?"], SENTENCES[2:3] + SENTENCES[:1] * 2
+    parts = [reader.prepare_answer(questions[:1], contexts[:1]), reader.prepare_answer(questions[1:], contexts[1:])]
+    joined = Prepared.join(parts)
+    assert len(joined.sequences) > joined.inputs == len(questions) and len(parts[0].sequences) > 1
+    assert reader.run_answer(joined) == reader.answer(questions, contexts)
+    mlm_dir = save_model_dir(BertForPreTraining(vocab_config(vocab)), tmp_path / "mlm", vocab)
+    mlm = Predictor.from_pretrained(mlm_dir, "cpu")
+    texts = ["The capital of France is [MASK].", "A [MASK] sat on the [MASK].", "no mask here"]
+    joined = Prepared.join([mlm.prepare_fill_mask(texts[:1]), mlm.prepare_fill_mask(texts[1:2])])
+    assert mlm.run_fill_mask(joined, top_k=3) == mlm.fill_mask(texts[:2], top_k=3)
+    with pytest.raises(InputItemError) as refused:
+        mlm.run_fill_mask(Prepared.join([mlm.prepare_fill_mask(texts[:2]), mlm.prepare_fill_mask(texts[2:])]))
+    assert refused.value.index == 2 and "no [MASK]" in refused.value.reason
 
 
 def test_cross_encoder_rank(vocab, tmp_path):

@@ -44,13 +44,15 @@ shorter than 128), `n_best_size` (20), `max_answer_length` (30), `version_2_with
 model directory (`modules.json`, `1_Pooling/config.json`, `sentence_bert_config.json`) sets `embed`'s
 default pooling, normalisation and length, so it gives what sentence-transformers gives.
 
-`embed`, `token_embeddings`, `similarity`, `classify` (with `classification_logits`) and `rank` are each a
-prepare and a run: `prepare_embeddings`, `prepare_similarity`, `prepare_classification` and `prepare_rank`
-tokenize the inputs once and apply the length rule (cut, or refused without `truncate`), returning a
-`Prepared` (the sequences that will run and their `tokens`), which `run_embed`, `run_token_embeddings`,
-`run_similarity`, `run_classify`, `run_classification_logits` and `run_rank` run; `Prepared.join` makes
-one of several prepared with equal options (the server's queue counts a request's tokens in its
-`Prepared` and runs the requests of a batch as one call).
+`embed`, `token_embeddings`, `similarity`, `classify` (with `classification_logits`), `rank`, `tag_words`
+and `ner`, `answer` and `fill_mask` are each a prepare and a run: `prepare_embeddings`,
+`prepare_similarity`, `prepare_classification`, `prepare_rank`, `prepare_tagging`, `prepare_answer` and
+`prepare_fill_mask` tokenize the inputs once and apply the length rule (cut, or refused without
+`truncate`; fill-mask's refusal waits for the run), returning a `Prepared` (the sequences that will run
+and their `tokens`), which `run_embed`, `run_token_embeddings`, `run_similarity`, `run_classify`,
+`run_classification_logits`, `run_rank`, `run_tag_words`, `run_ner`, `run_answer` and `run_fill_mask`
+run; `Prepared.join` makes one of several prepared with equal options (the server's queue counts a
+request's tokens in its `Prepared` and runs the requests of a batch as one call).
 
 Character offsets (`start`, `end`) are Python string indices (code points) into the input, `end`
 exclusive. A `Predictor` is safe to share between threads: calls run one at a time (a lock), since the

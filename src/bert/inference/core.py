@@ -45,7 +45,6 @@ from bert.quantization import is_quantized, quantize_model
 from bert.request_rules import TASKS, has_head
 from bert.tasks.classification import LONG_DOCUMENT
 from bert.tasks.common import CLASSIFICATION, EMBEDDINGS, FILL_MASK, NER, QUESTION_ANSWERING, pad_2d
-from bert.tasks.glue import InputFeatures
 from bert.tasks.windows import WINDOW_POOLINGS
 from bert.tokenization import FullTokenizer, load_vocab
 
@@ -68,15 +67,19 @@ class Prepared:
         sequences: what `_run` runs, one or more per input.
         inputs: the inputs they are of.
         prompt_lengths: an embedding's, per sequence: [CLS] and the prompt (`embedding_sequences`).
-        windows: of inputs read in windows, the feature of each sequence (its `example_index`: its input).
+        windows: of inputs read in windows (a classifier's, NER's, answers'), the feature of each sequence
+            (its `example_index`: its input).
         lead: 1 when the first sequence is the source or query the inputs are scored against, else 0.
+        examples: what the run step reads of each input besides its sequences (NER's words and their spans,
+            answers' examples, fill-mask's masks), in input order.
     """
 
     sequences: Sequences
     inputs: int
     prompt_lengths: list[int] = field(default_factory=list)
-    windows: list[InputFeatures] | None = None
+    windows: list[Any] | None = None
     lead: int = 0
+    examples: list[Any] = field(default_factory=list)
 
     @property
     def tokens(self) -> int:
@@ -86,8 +89,8 @@ class Prepared:
     @staticmethod
     def join(parts: Sequence[Prepared]) -> Prepared:
         """The prepared inputs of calls with equal options as one: their sequences one after another, the lead
-        sequence (equal in each: the options name it) once, windows numbered on. The run's results are the
-        parts' in order."""
+        sequence (equal in each: the options name it) once, windows numbered on (the ids a task's run step
+        keys its features by are its own: `run_answer`). The run's results are the parts' in order."""
         first = parts[0]
         if len(parts) == 1:
             return first
@@ -96,11 +99,12 @@ class Prepared:
         if first.lead and any(p.sequences[0] != first.sequences[0] for p in parts):
             raise ValueError("prepared inputs scored against different sources do not join")
         lead = first.lead
-        windows: list[InputFeatures] | None = None if first.windows is None else []
+        windows: list[Any] | None = None if first.windows is None else []
         joined = Prepared(first.sequences[:lead], 0, first.prompt_lengths[:lead], windows, lead)
         for p in parts:
             joined.sequences += p.sequences[lead:]
             joined.prompt_lengths += p.prompt_lengths[lead:]
+            joined.examples += p.examples
             for f in p.windows or []:
                 assert windows is not None and f.example_index is not None  # parts alike; a window names its input
                 windows.append(replace(f, example_index=f.example_index + joined.inputs))

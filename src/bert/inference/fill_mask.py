@@ -11,7 +11,7 @@ import torch
 
 from bert.errors import InputError
 from bert.inference.common import MASK_TOKEN, require_texts
-from bert.inference.core import PredictorCore
+from bert.inference.core import PredictorCore, Prepared
 from bert.input_lines import InputItemError
 from bert.request_rules import check_top_k
 from bert.tasks.common import FILL_MASK
@@ -32,59 +32,73 @@ class FillMaskMixin(PredictorCore):
         """
         self._require(FILL_MASK)
         check_top_k(top_k)
+        return self.run_fill_mask(self.prepare_fill_mask(texts), top_k, batch_size)
+
+    def prepare_fill_mask(self, texts: Sequence[str]) -> Prepared:
+        """`texts` tokenized once for `run_fill_mask`: `[CLS] text [SEP]` with a `[MASK]` id for each `[MASK]`.
+        A text without a mask, or too long, is refused when the run reaches it (`run_fill_mask`), as `fill_mask`
+        refuses it, so that the server's queue answers it from the batch it joined."""
+        self._require(FILL_MASK)
         require_texts(texts)
-        with self._lock:
-            sequences, positions = self._masked_sequences(texts)
-
-            def predict(ids, mask, types, idx):
-                rows = [b for b, i in enumerate(idx) for _ in positions[i]]
-                cols = [p for i in idx for p in positions[i]]
-                if self.backend == "onnx":  # the exported graph's head runs at every position
-                    logits = self.model(ids, mask, types).mlm_logits[rows, cols]  # [B, T, V] -> [M, V]
-                else:  # the head at the masks only
-                    hidden = self.encoder(ids, mask, types).sequence_output  # [B, T, H]
-                    logits = self.model.cls.predictions(hidden[rows, cols])  # [M, H] -> [M, V]
-                probs = torch.softmax(logits.float(), dim=-1)  # [M, V]
-                values, tokens = probs.topk(min(top_k, probs.shape[-1]), dim=-1)  # [M, k]
-                values, tokens = values.cpu().tolist(), tokens.cpu().tolist()
-                out, m = [], 0
-                for i in idx:
-                    n = len(positions[i])
-                    out.append(list(zip(tokens[m : m + n], values[m : m + n])))
-                    m += n
-                return out
-
-            found = self._run(sequences, predict, batch_size)
-        return [self._fill_result(text, per_mask) for text, per_mask in zip(texts, found)]
-
-    def _masked_sequences(self, texts: Sequence[str]) -> tuple[list[tuple[list[int], list[int]]], list[list[int]]]:
-        """`[CLS] text [SEP]` of each text with a `[MASK]` id for each `[MASK]`, and the masks' positions."""
         mask_id = self._special[MASK_TOKEN]
         if mask_id is None:
             raise InputError(f"{self.source}: the vocabulary has no {MASK_TOKEN} token")
         cls_id, sep_id = self._special_ids()
-        sequences, positions = [], []
-        for i, text in enumerate(texts):
-            parts = text.split(MASK_TOKEN)
-            if len(parts) == 1:
-                advice = f"write {MASK_TOKEN} where a word is to be guessed"
-                raise InputItemError(i, f"no {MASK_TOKEN} in the text; {advice}")
-            ids, where = [cls_id], []
-            for j, part in enumerate(parts):
-                ids += self.tokenizer.encode(part)
-                if j < len(parts) - 1:
-                    where.append(len(ids))
-                    ids.append(mask_id)
-            ids.append(sep_id)
-            if len(ids) > self.max_seq_length:
-                raise InputItemError(
-                    i,
-                    f"{len(ids)} tokens with [CLS] and [SEP], more than max_seq_length={self.max_seq_length}; "
-                    "shorten the text around its masks",
-                )
-            sequences.append((ids, [0] * len(ids)))
-            positions.append(where)
-        return sequences, positions
+        sequences, examples = [], []
+        with self._lock:
+            for text in texts:
+                parts = text.split(MASK_TOKEN)
+                ids, where = [cls_id], []
+                for j, part in enumerate(parts):
+                    ids += self.tokenizer.encode(part)
+                    if j < len(parts) - 1:
+                        where.append(len(ids))
+                        ids.append(mask_id)
+                ids.append(sep_id)
+                sequences.append((ids, [0] * len(ids)))
+                examples.append((text, where, self._fill_mask_refusal(len(parts), len(ids))))
+        return Prepared(sequences, len(texts), examples=examples)
+
+    def _fill_mask_refusal(self, parts: int, tokens: int) -> str | None:
+        """Why a text split into `parts` at its masks, of `tokens` tokens, does not run (None: it runs)."""
+        if parts == 1:
+            return f"no {MASK_TOKEN} in the text; write {MASK_TOKEN} where a word is to be guessed"
+        if tokens > self.max_seq_length:
+            return (
+                f"{tokens} tokens with [CLS] and [SEP], more than max_seq_length={self.max_seq_length}; "
+                "shorten the text around its masks"
+            )
+        return None
+
+    def run_fill_mask(self, prepared: Prepared, top_k: int = 5, batch_size: int | None = None) -> list[dict[str, Any]]:
+        """`fill_mask`'s results of texts `prepare_fill_mask` prepared; the first text refused fails the call."""
+        check_top_k(top_k)
+        for i, (_, _, refusal) in enumerate(prepared.examples):
+            if refusal is not None:
+                raise InputItemError(i, refusal)
+        positions = [where for _, where, _ in prepared.examples]
+
+        def predict(ids, mask, types, idx):
+            rows = [b for b, i in enumerate(idx) for _ in positions[i]]
+            cols = [p for i in idx for p in positions[i]]
+            if self.backend == "onnx":  # the exported graph's head runs at every position
+                logits = self.model(ids, mask, types).mlm_logits[rows, cols]  # [B, T, V] -> [M, V]
+            else:  # the head at the masks only
+                hidden = self.encoder(ids, mask, types).sequence_output  # [B, T, H]
+                logits = self.model.cls.predictions(hidden[rows, cols])  # [M, H] -> [M, V]
+            probs = torch.softmax(logits.float(), dim=-1)  # [M, V]
+            values, tokens = probs.topk(min(top_k, probs.shape[-1]), dim=-1)  # [M, k]
+            values, tokens = values.cpu().tolist(), tokens.cpu().tolist()
+            out, m = [], 0
+            for i in idx:
+                n = len(positions[i])
+                out.append(list(zip(tokens[m : m + n], values[m : m + n])))
+                m += n
+            return out
+
+        with self._lock:
+            found = self._run(prepared.sequences, predict, batch_size)
+        return [self._fill_result(text, per_mask) for (text, _, _), per_mask in zip(prepared.examples, found)]
 
     def _fill_result(self, text: str, per_mask: list[tuple[list[int], list[float]]]) -> dict[str, Any]:
         inv = self.tokenizer.inv_vocab

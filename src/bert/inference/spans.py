@@ -4,6 +4,7 @@ a context (`answer`; `bert.tasks.squad`) and the best ending of a context (`choo
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -11,13 +12,19 @@ import torch
 
 from bert.errors import InputError
 from bert.inference.common import AnswerSettings, TaggingHead, quiet_task_logs, require_texts
-from bert.inference.core import PredictorCore
+from bert.inference.core import PredictorCore, Prepared
 from bert.input_lines import InputItemError
 from bert.metrics import iob_chunks
 from bert.tasks.common import MULTIPLE_CHOICE, NER, QUESTION_ANSWERING
 from bert.tasks.ner import NerExample, convert_ner_examples_to_features, word_predictions
+from bert.tasks.squad import (
+    FIRST_UNIQUE_ID,
+    RawResult,
+    SquadExample,
+    compute_predictions,
+    squad_examples_from_json,
+)
 from bert.tasks.squad import InputFeatures as SquadFeatures
-from bert.tasks.squad import RawResult, SquadExample, compute_predictions, squad_examples_from_json
 from bert.tasks.squad import convert_examples_to_features as squad_features
 from bert.tasks.swag import SwagExample, convert_swag_examples_to_features
 
@@ -32,6 +39,10 @@ class SpanTasksMixin(PredictorCore):
         prediction and its score that prediction's softmax probability, as `bert ner` reads them; texts
         longer than `max_seq_length` are tagged in consecutive windows at word boundaries.
         """
+        return self.run_tag_words(self.prepare_tagging(texts), batch_size)
+
+    def prepare_tagging(self, texts: Sequence[str]) -> Prepared:
+        """`texts` tokenized once for `run_tag_words` or `run_ner`: each text's windows, with its words."""
         self._require(NER)
         assert isinstance(self.head, TaggingHead)  # a tagger's Predictor is built with its labels
         labels = self.head.labels
@@ -46,12 +57,21 @@ class SpanTasksMixin(PredictorCore):
             features = convert_ner_examples_to_features(
                 examples, labels, self.max_seq_length, self.tokenizer, pad=False
             )
+        sequences = [(f.input_ids, f.segment_ids) for f in features]
+        return Prepared(sequences, len(texts), windows=features, examples=list(zip(texts, spans, examples)))
 
-            def run(ids, mask, types, idx):
-                logits = self.model(ids, mask, types).logits.float()  # [B, T, L]
-                return [row[: len(features[i].input_ids)] for row, i in zip(logits.cpu().numpy(), idx)]
+    def run_tag_words(self, prepared: Prepared, batch_size: int | None = None) -> list[list[dict[str, Any]]]:
+        """`tag_words`'s results of texts `prepare_tagging` prepared."""
+        assert isinstance(self.head, TaggingHead) and prepared.windows is not None  # prepared by prepare_tagging
+        features, labels = prepared.windows, self.head.labels
+        examples = [example for _, _, example in prepared.examples]
 
-            logits = self._run([(f.input_ids, f.segment_ids) for f in features], run, batch_size)
+        def run(ids, mask, types, idx):
+            logits = self.model(ids, mask, types).logits.float()  # [B, T, L]
+            return [row[: len(features[i].input_ids)] for row, i in zip(logits.cpu().numpy(), idx)]
+
+        with self._lock:
+            logits = self._run(prepared.sequences, run, batch_size)
         tags = word_predictions(examples, features, _pad_3d(logits), labels) if features else [[] for _ in examples]
         scores = [[0.0] * len(ex.words) for ex in examples]
         for f, row in zip(features, logits):
@@ -64,7 +84,7 @@ class SpanTasksMixin(PredictorCore):
                 {"word": w, "start": s, "end": e, "label": label, "score": score}
                 for w, (s, e), label, score in zip(ex.words, sp, word_tags, sc)
             ]
-            for ex, sp, word_tags, sc in zip(examples, spans, tags, scores)
+            for (_, sp, ex), word_tags, sc in zip(prepared.examples, tags, scores)
         ]
 
     def ner(self, texts: Sequence[str], batch_size: int | None = None) -> list[list[dict[str, Any]]]:
@@ -75,8 +95,12 @@ class SpanTasksMixin(PredictorCore):
         characters, `text[start:end]`, with what lies between them, and its score is the mean of its
         words' scores.
         """
+        return self.run_ner(self.prepare_tagging(texts), batch_size)
+
+    def run_ner(self, prepared: Prepared, batch_size: int | None = None) -> list[list[dict[str, Any]]]:
+        """`ner`'s results of texts `prepare_tagging` prepared."""
         out = []
-        for text, words in zip(texts, self.tag_words(texts, batch_size)):
+        for (text, _, _), words in zip(prepared.examples, self.run_tag_words(prepared, batch_size)):
             entities = []
             for kind, first, last in iob_chunks([w["label"] for w in words]):
                 start, end = words[first]["start"], words[last - 1]["end"]
@@ -100,9 +124,12 @@ class SpanTasksMixin(PredictorCore):
         2.0 model (`version_2_with_negative`) a question the model deems unanswerable gets
         {"answer": None, "start": None, "end": None, "score": <the no-answer probability>}.
         """
+        return self.run_answer(self.prepare_answer(questions, contexts), batch_size)
+
+    def prepare_answer(self, questions: Sequence[str], contexts: Sequence[str]) -> Prepared:
+        """The questions and contexts tokenized once for `run_answer`: each context's windows after its question."""
         self._require(QUESTION_ANSWERING)
         assert isinstance(self.head, AnswerSettings)  # a reader's Predictor is built with its settings
-        settings = self.head
         if len(questions) != len(contexts):
             raise InputError(f"{len(questions)} questions for {len(contexts)} contexts; give one context per question")
         require_texts(questions, "question")
@@ -120,20 +147,31 @@ class SpanTasksMixin(PredictorCore):
                 self.tokenizer,
                 self.max_seq_length,
                 self.doc_stride,
-                settings.max_query_length,
+                self.head.max_query_length,
                 is_training=False,
                 pad_to_max_length=False,
             )
-            assert features is not None  # returned, as no output_fn takes them
+        assert features is not None  # returned, as no output_fn takes them
+        sequences = [(f.input_ids, f.segment_ids) for f in features]
+        return Prepared(sequences, len(questions), windows=features, examples=list(zip(examples, contexts)))
 
-            def run(ids, mask, types, idx):
-                logits = self.model(ids, mask, types).logits.float().cpu().numpy()  # [B, T, 2]
-                return [row[: len(features[i].input_ids)] for row, i in zip(logits, idx)]
+    def run_answer(self, prepared: Prepared, batch_size: int | None = None) -> list[dict[str, Any]]:
+        """`answer`'s results of the questions and contexts `prepare_answer` prepared."""
+        assert isinstance(self.head, AnswerSettings) and prepared.windows is not None  # prepared by prepare_answer
+        # Prepared parts joined repeat their question ids and window ids: numbered here, as one call numbers them.
+        examples = [replace(example, qas_id=str(i)) for i, (example, _) in enumerate(prepared.examples)]
+        features = [replace(f, unique_id=FIRST_UNIQUE_ID + k) for k, f in enumerate(prepared.windows)]
 
-            logits = self._run([(f.input_ids, f.segment_ids) for f in features], run, batch_size)
+        def run(ids, mask, types, idx):
+            logits = self.model(ids, mask, types).logits.float().cpu().numpy()  # [B, T, 2]
+            return [row[: len(features[i].input_ids)] for row, i in zip(logits, idx)]
+
+        with self._lock:
+            logits = self._run(prepared.sequences, run, batch_size)
         # bert squad ranks the real positions of each window only.
         results = [RawResult(f.unique_id, row[:, 0].tolist(), row[:, 1].tolist()) for f, row in zip(features, logits)]
-        return self._answers(examples, contexts, features, results, settings)
+        contexts = [context for _, context in prepared.examples]
+        return self._answers(examples, contexts, features, results, self.head)
 
     def _answers(
         self,

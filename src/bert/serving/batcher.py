@@ -33,9 +33,6 @@ logger = logging.getLogger("bert.serving")
 # What a job asks of the Predictor.
 EMBED, EMBED_ALL, CLASSIFY, RANK, SIMILAR = "embed", "embed_all", "classify", "rank", "similarity"
 TAG, ANSWER, FILL = "ner", "answer", "fill-mask"
-# The jobs the Predictor prepares as they are counted; the others' inputs go to it as they came, and an input it
-# refuses then fails its own request only (`Batcher._run_group`).
-PREPARED = (EMBED, EMBED_ALL, CLASSIFY, RANK, SIMILAR)
 
 
 @dataclass(eq=False)
@@ -47,7 +44,7 @@ class _Job:
     future: asyncio.Future
     enqueued: float
     tokens: int | None = None  # counted by the model thread
-    prepared: Prepared | None = None  # a PREPARED kind's, made as its tokens are counted
+    prepared: Prepared | None = None  # made as its tokens are counted
     error: ApiError | None = None
 
 
@@ -189,17 +186,14 @@ class Batcher:
         return len(queued), total >= self.settings.max_batch_tokens
 
     def _measure(self, job: _Job) -> int:
-        """Prepare the job's inputs once (its `prepared`, for a PREPARED kind) and count their tokens ([CLS] and
-        [SEP] included) as the Predictor will run them, refusing an input too long to run whole by the
-        Predictor's own length rule, before the job waits for a batch."""
+        """Prepare the job's inputs once (its `prepared`) and count their tokens ([CLS] and [SEP] included) as the
+        Predictor will run them, refusing an input too long to run whole by the Predictor's own length rule,
+        before the job waits for a batch (fill-mask refuses a text as the batch runs: `Batcher._run_group`)."""
         options = dict(job.options)
         tokens = 0
         try:
-            if job.kind in PREPARED:
-                job.prepared = self._prepare(job.kind, job.inputs, options)
-                tokens = job.prepared.tokens
-            else:
-                tokens = sum(self._lengths(job.kind, job.inputs))
+            job.prepared = self._prepare(job.kind, job.inputs, options)
+            tokens = job.prepared.tokens
         except InputItemError as e:
             # The embedding routes' first text is the source sentence (/similarity) or the query (/rerank).
             first = {SIMILAR: ('"source_sentence"', "sentence"), RANK: ('"query"', "input")}.get(job.kind)
@@ -218,9 +212,15 @@ class Batcher:
         return kind in (EMBED, EMBED_ALL, SIMILAR) or (kind == RANK and not self.predictor.is_cross_encoder)
 
     def _prepare(self, kind: str, inputs: list, options: dict) -> Prepared:
-        """The Predictor's sequences of a PREPARED job, with its options that shape them (truncation, prompt, the
-        source or query sent beside the inputs, which is the first sequence)."""
+        """The Predictor's sequences of a job, with its options that shape them (truncation, prompt, the source or
+        query sent beside the inputs, which is the first sequence)."""
         p = self.predictor
+        if kind == TAG:
+            return p.prepare_tagging(inputs)
+        if kind == ANSWER:
+            return p.prepare_answer([q for q, _ in inputs], [c for _, c in inputs])
+        if kind == FILL:
+            return p.prepare_fill_mask(inputs)
         truncation = dict(
             truncate=options.get("truncate", True), truncation_direction=options.get("truncation_direction", "right")
         )
@@ -231,15 +231,6 @@ class Batcher:
         if kind == RANK:
             return p.prepare_rank(options["query"], inputs, **truncation)
         return p.prepare_classification(inputs, **truncation)
-
-    def _lengths(self, kind: str, inputs: list) -> list[int]:
-        """The token count of each input of a kind the Predictor tokenizes as it runs (NER and fill-mask: the
-        text; answers: question and context), [CLS] and [SEP] included."""
-        encode = self.predictor.tokenizer.encode_batch
-        if kind == ANSWER:
-            questions, contexts = encode([q for q, _ in inputs]), encode([c for _, c in inputs])
-            return [len(q) + len(c) + 3 for q, c in zip(questions, contexts)]
-        return [len(ids) + 2 for ids in encode(inputs)]
 
     def _run_batch(self, batch: list[_Job]) -> None:
         groups: dict[tuple, list[_Job]] = {}
@@ -279,27 +270,26 @@ class Batcher:
 
     def _call(self, kind: str, options: dict, jobs: list[_Job]) -> list:
         """The results of a group's jobs (one kind, equal options), in order: their prepared inputs joined and
-        run as one, or their inputs in one call."""
+        run as one call."""
         p = self.predictor
-        if kind in PREPARED:
-            prepared = Prepared.join([_prepared(job) for job in jobs])
-            pooling = options.get("pooling")
-            if kind == EMBED:
-                normalize, dimensions = options.get("normalize"), options.get("dimensions")
-                return list(p.run_embed(prepared, pooling, normalize, dimensions=dimensions))
-            if kind == EMBED_ALL:
-                return p.run_token_embeddings(prepared)
-            if kind == SIMILAR:
-                return p.run_similarity(prepared, pooling)
-            if kind == RANK:
-                return p.run_rank(prepared, raw_scores=options.get("raw_scores", False), pooling=pooling)
-            return p.run_classify(prepared, top_k=0, raw_scores=options.get("raw_scores", False))
-        items = [x for job in jobs for x in job.inputs]
+        prepared = Prepared.join([_prepared(job) for job in jobs])
+        pooling = options.get("pooling")
+        if kind == EMBED:
+            normalize, dimensions = options.get("normalize"), options.get("dimensions")
+            return list(p.run_embed(prepared, pooling, normalize, dimensions=dimensions))
+        if kind == EMBED_ALL:
+            return p.run_token_embeddings(prepared)
+        if kind == SIMILAR:
+            return p.run_similarity(prepared, pooling)
+        if kind == RANK:
+            return p.run_rank(prepared, raw_scores=options.get("raw_scores", False), pooling=pooling)
         if kind == TAG:
-            return p.ner(items)
+            return p.run_ner(prepared)
         if kind == ANSWER:
-            return p.answer([q for q, _ in items], [c for _, c in items])
-        return p.fill_mask(items, **options)
+            return p.run_answer(prepared)
+        if kind == FILL:
+            return p.run_fill_mask(prepared, **options)
+        return p.run_classify(prepared, top_k=0, raw_scores=options.get("raw_scores", False))
 
     def _finish(self, job: _Job, value: Any = None, error: BaseException | None = None) -> None:
         job.loop.call_soon_threadsafe(_resolve, job.future, value, error)
