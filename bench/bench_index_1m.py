@@ -10,18 +10,19 @@ dimensions, through the project's own model code (`Predictor.token_embeddings`).
 would take ~20 h to embed on 2 loaded cores (bench_corpus.py); a million token vectors come from ~10,000
 passages, minutes. They are a real model's vectors of real text, but not the distribution of sentence
 embeddings: a token's vector is near those of the same word in similar contexts, so the neighbourhoods are
-tighter and more clustered than passage vectors'. Identical paragraphs (the books' shared licence text) give
-identical vectors, ties that an index may return in another order; "recall@10 by score" counts a returned row
-as found when its exact cosine is at least the exact 10th's (less 1e-5), "recall@10" only the exact rows.
+tighter and more clustered than passage vectors'. Rows of equal score (the same word in the same context) may
+come back in another order than the exact search's: "recall@10 by score" counts a returned row as found when
+its exact cosine is at least the exact 10th's (less 1e-5), "recall@10" only the exact rows.
 
 Queries: --queries token vectors drawn (seeded) from those of the passages that follow the corpus's, at least
 10 x --queries of them: the same distribution, none of them in the index.
 
 The exact search is `bert search`'s (`bert.retrieval.TopK` over the vectors in chunks of 10,000). Each index
-is built by `bert index` (`run_index`, its defaults: hnsw m=32, efConstruction=40; ivf_pq nlist=4 sqrt(N),
-m=dims/8 codes of 8 bits, trained on 100,000 vectors) and searched as `bert search --index` does (hnsw
-efSearch 64, ivf_pq nprobe 16, then the --ef_search and --nprobe sweeps). Queries/s: the whole query set
-searched at once, best of 3. Bytes/vector: the index file's size over the rows.
+is built by `bert index` (`run_index`, its defaults: hnsw m=32, efConstruction=40; ivf_pq nlist=4 sqrt(N) at
+most the 100,000 training vectors / 39, m=dims/8 codes of 8 bits) and searched as `bert search --index` does
+(hnsw efSearch 64, ivf_pq nprobe 16, then the --ef_search and --nprobe sweeps). Queries/s: the whole query set
+searched at once, best of 3; "x exact" is over the exact search's, "x flat" over FAISS's flat index's (also
+exact, with faster kernels). Bytes/vector: the index file's size over the rows.
 
 Work files (--work_dir, outside the repo; check its disk: the vectors are rows x 1,536 bytes, the flat and hnsw
 indexes as much again each): the vectors (tokens.npy, reused by a later run of the same settings), the queries,
