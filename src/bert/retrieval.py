@@ -145,8 +145,17 @@ class TopK:
         kept_scores, kept_rows = [], []
         for start in range(0, len(self.queries), self.query_block):
             block = slice(start, start + self.query_block)
-            scores = torch.cat([self.scores[block], self.queries[block] @ corpus.T], dim=1)  # [B, k + C]
-            candidates = torch.cat([self.rows[block], rows.expand(len(scores), -1)], dim=1)  # [B, k + C]
+            new = self.queries[block] @ corpus.T  # [B, C]
+            if new.shape[1] > self.k:
+                # Only the chunk's rows that reach some query's k-th best score (ties included) can enter a top
+                # k: sorting those instead of the whole chunk gives the same result several times faster.
+                kth = torch.topk(new, self.k, dim=1).values[:, -1:]  # [B, 1]
+                reaching = (new >= kth).any(0).nonzero().squeeze(1)  # [C'] ascending: the rows' order kept
+                new, chunk_rows = new[:, reaching], rows[reaching]
+            else:
+                chunk_rows = rows
+            scores = torch.cat([self.scores[block], new], dim=1)  # [B, k + C']
+            candidates = torch.cat([self.rows[block], chunk_rows.expand(len(scores), -1)], dim=1)  # [B, k + C']
             # A stable sort on the score alone keeps earlier rows first among equals (they come first here).
             order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, : self.k]
             kept_scores.append(scores.gather(1, order))

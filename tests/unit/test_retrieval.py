@@ -84,6 +84,24 @@ def test_top_k_over_chunks_equals_brute_force(chunk):
         top.add(vectors(3, 12))
 
 
+def test_top_k_keeps_the_earlier_of_equal_rows_at_the_kth_place():
+    """A chunk longer than k is cut to the rows that reach a query's k-th score before the sort: a tie at the
+    k-th place still goes to the earlier row, in whatever chunk it came."""
+    corpus, queries = vectors(60, 16, seed=4), vectors(3, 16, seed=5)
+    order = brute_force(queries, corpus, len(corpus))[0]
+    row = int(order[4])  # the query's 5th best: k = 5 ends on it
+    later = [int(r) for r in order[::-1] if r > row]  # the query's worst rows after it
+    copies = [next(r for r in later if r < 25), next(r for r in later if r >= 25)] if row < 24 else later[:2]
+    corpus[copies] = corpus[row]  # later copies of it, in its chunk of 25 and in another where it can
+    for chunk in (60, 25):
+        top = TopK(queries, k=5)
+        for start in range(0, len(corpus), chunk):
+            top.add(corpus[start : start + chunk])
+        found = [[r for r, _ in hits] for hits in top.result()]
+        assert found[0][4] == row
+        assert found == brute_force(queries, corpus, 5)
+
+
 def test_read_texts_as_bert_embed_reads_them(tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     records = [
