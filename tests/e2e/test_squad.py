@@ -198,6 +198,18 @@ def test_v2_with_negative(model_files, tmp_path):
     assert results["best_f1"] >= results["f1"] - 1e-9 and results["best_exact"] >= results["exact"] - 1e-9
 
 
+def test_max_eval_examples_predicts_and_scores_the_first_questions(model_files, tmp_path):
+    """The short form (`--max_eval_examples=N`): the predict file's first N questions are predicted, and the
+    official evaluation scores those (SQuAD 2.0's otherwise refuses a file with unanswered questions)."""
+    predict = squad_slice("2.0", 24, 30, tmp_path / "predict.json", training=False)
+    out = tmp_path / "out"
+    flags = dict(predict_file=str(predict), do_predict=True, version_2_with_negative=True, max_eval_examples=5)
+    run_squad(squad_args(model_files, out, **flags))
+    predictions = json.loads((out / "predictions.json").read_text())
+    assert list(predictions) == question_ids(predict)[:5]
+    assert json.loads((out / "eval_results.json").read_text())["total"] == 5
+
+
 def test_bad_input_fails_before_writing(model_files, tmp_path, capsys):
     good = squad_slice("1.1", 0, 3, tmp_path / "good.json", training=True)
     data = json.loads(good.read_text())

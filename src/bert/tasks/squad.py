@@ -34,7 +34,7 @@ import logging
 import math
 import os
 import random
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -1249,6 +1249,18 @@ def evaluate_predictions(
     return result
 
 
+def questions_of(dataset: list, qids: Collection[str]) -> list:
+    """`dataset` (a SQuAD file's "data") with only the questions `qids` names: what a `--max_eval_examples` run,
+    which predicts the file's first questions, is scored on."""
+    return [
+        {
+            **article,
+            "paragraphs": [{**p, "qas": [qa for qa in p["qas"] if qa["id"] in qids]} for p in article["paragraphs"]],
+        }
+        for article in dataset
+    ]
+
+
 class SquadTask(FinetuneTask):
     """Start and end positions of the answer in doc-stride windows (`bert squad`).
 
@@ -1365,7 +1377,8 @@ class SquadTask(FinetuneTask):
         out["num_examples"] = len(examples)
         out["num_features"] = len(features)
         if self.gold is not None:
-            self.eval_results = evaluate_predictions(output_dir, self.gold, predictions, a.version_2_with_negative)
+            gold = questions_of(self.gold, predictions) if a.max_eval_examples else self.gold
+            self.eval_results = evaluate_predictions(output_dir, gold, predictions, a.version_2_with_negative)
             out["eval"] = self.eval_results
         else:
             logger.info("%s has no gold answers: not evaluated", a.predict_file)
