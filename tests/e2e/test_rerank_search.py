@@ -111,6 +111,32 @@ def test_rerank_with_an_embedding_model_scores_cosine(models, retrieval, tmp_pat
         np.testing.assert_allclose([r["score"] for r in ranked], np.sort(cosine)[::-1], atol=1e-5)
 
 
+def test_rerank_embeds_each_distinct_text_once_and_ranks_as_the_predictor(models, retrieval, tmp_path, monkeypatch):
+    """An embedding model's documents recur across queries (`bert search`'s candidates): each distinct text is
+    embedded once over the run, and every line is ranked as `Predictor.rank` ranks it alone."""
+    from bert.inference import Predictor
+
+    _, encoder = models
+    corpus, queries = (read_jsonl(p) for p in retrieval)
+    docs = [c["text"][:200] for c in corpus[:8]]
+    records = [{"query": q["text"], "documents": docs[i : i + 5]} for i, q in enumerate(queries[:4])]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    embedded = []
+    real = Predictor.run_embed
+    monkeypatch.setattr(
+        Predictor, "run_embed", lambda self, p, *a, **k: embedded.append(len(p.sequences)) or real(self, p, *a, **k)
+    )
+    out = tmp_path / "ranked.jsonl"
+    run_rerank(RerankArgs(model=str(encoder), input_file=str(tmp_path / "in.jsonl"), output_file=str(out), top_k=3))
+    assert sum(embedded) == 4 + 8  # the 4 queries and the 8 distinct documents, not 4 x (1 + 5)
+    monkeypatch.setattr(Predictor, "run_embed", real)
+    predictor = Predictor.from_pretrained(encoder, device="cpu")
+    for record, ranked in zip(records, read_jsonl(out)):
+        alone = predictor.rank(record["query"], record["documents"], 3)
+        assert [r["index"] for r in ranked] == [r["index"] for r in alone]
+        np.testing.assert_allclose([r["score"] for r in ranked], [r["score"] for r in alone], atol=1e-6)
+
+
 def test_rerank_keeps_ids_and_warns_of_truncation_once(models, retrieval, tmp_path, caplog):
     """The ids of the input come out with the documents they belong to; the inputs cut to max_seq_length are
     counted over the whole run, in one warning, not one per line."""

@@ -10,6 +10,8 @@ with its length.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,6 +104,7 @@ def _run(args: RerankArgs) -> dict[str, Any]:
         raise InputError(f"--raw_scores applies to cross-encoders; --model={args.model} scores by cosine similarity")
     name = args.input_file or "<stdin>"
     lines = documents = 0
+    scorer = _Scorer(predictor, args.raw_scores)
     with readable_input(args.input_file) as path:
         total = count_lines(path)
         desc = "rerank" if args.input_file is not None else None
@@ -110,21 +113,71 @@ def _run(args: RerankArgs) -> dict[str, Any]:
             progress(total=total, unit="line", desc=desc, disable=desc is None) as bar,
             predictor.counting_truncations(LONGER_ADVICE),
         ):
-            for number, line in enumerate(iter_lines(path, "utf-8-sig", "strict", hint=None, name=name), start=1):
-                bar.update(1)
-                query, docs, ids = _read_record(line, name, number)
-                ranked = predictor.rank(query, docs, args.top_k, raw_scores=args.raw_scores)
-                corpus_ids = ids.get("corpus_ids")
-                results: Any = [
-                    {**({"corpus_id": corpus_ids[r["index"]]} if corpus_ids else {}), **r, "text": docs[r["index"]]}
-                    for r in ranked
-                ]
-                if "query_id" in ids:
-                    results = {"query_id": ids["query_id"], "results": results}
-                out.write(json_line(results) + "\n")
-                lines += 1
-                documents += len(docs)
+            numbered = enumerate(iter_lines(path, "utf-8-sig", "strict", hint=None, name=name), start=1)
+            for block in iter(lambda: list(itertools.islice(numbered, BLOCK_LINES)), []):
+                records = [_read_record(line, name, number) for number, line in block]
+                for (_, docs, ids), scores in zip(records, scorer.scores([(q, d) for q, d, _ in records])):
+                    order = sorted(range(len(scores)), key=lambda i: -scores[i])[: args.top_k]  # as Predictor.rank
+                    corpus_ids = ids.get("corpus_ids")
+                    results: Any = [
+                        {
+                            **({"corpus_id": corpus_ids[i]} if corpus_ids else {}),
+                            "index": i,
+                            "score": scores[i],
+                            "text": docs[i],
+                        }
+                        for i in order
+                    ]
+                    if "query_id" in ids:
+                        results = {"query_id": ids["query_id"], "results": results}
+                    out.write(json_line(results) + "\n")
+                    documents += len(docs)
+                lines += len(block)
+                bar.update(len(block))
     logger.info("reranked %d documents for %d queries with %s", documents, lines, args.model)
     if args.output_file is not None:  # on stdout the lines themselves are the result
         print_result("rerank", f"{documents} documents ranked for {lines} queries", f"written to {args.output_file}")
     return {"lines": lines, "documents": documents, "output_file": args.output_file}
+
+
+# Lines read and scored together: an embedding model embeds the distinct texts of a block in one call.
+BLOCK_LINES = 64
+# An embedding model's vectors kept for the texts seen before (documents recur across queries: `bert search`'s
+# candidates); the oldest are dropped past this many bytes.
+VECTOR_CACHE_BYTES = 256 * 2**20
+
+
+class _Scorer:
+    """Each line's document scores, as `Predictor.run_rank` gives them: a cross-encoder's per pair; an embedding
+    model's as the cosine of vectors computed once per distinct text (cached across lines), not once per pair."""
+
+    def __init__(self, predictor: Any, raw_scores: bool) -> None:
+        self.predictor = predictor
+        self.raw_scores = raw_scores
+        self.vectors: collections.OrderedDict[tuple[int, ...], Any] = collections.OrderedDict()
+        self.limit = max(1, VECTOR_CACHE_BYTES // (4 * predictor.config.hidden_size))
+
+    def scores(self, records: list[tuple[str, list[str]]]) -> list[list[float]]:
+        prepared = [self.predictor.prepare_rank(query, docs) for query, docs in records]  # each line's errors
+        if self.predictor.is_cross_encoder:
+            return [self.predictor.run_rank(p, raw_scores=self.raw_scores) for p in prepared]
+        from bert.inference import Prepared
+
+        keys = [[tuple(ids) for ids, _ in p.sequences] for p in prepared]
+        missing: dict[tuple[int, ...], tuple[Any, int]] = {}
+        for p, line_keys in zip(prepared, keys):
+            for key, sequence, prompt_length in zip(line_keys, p.sequences, p.prompt_lengths):
+                if key not in self.vectors and key not in missing:
+                    missing[key] = (sequence, prompt_length)
+        if missing:
+            new = Prepared([s for s, _ in missing.values()], len(missing), [n for _, n in missing.values()])
+            self.vectors.update(zip(missing, self.predictor.run_embed(new, normalize=True)))
+        out = []
+        for line_keys in keys:
+            query = self.vectors[line_keys[0]]
+            out.append([float(self.vectors[key] @ query) for key in line_keys[1:]])
+            for key in line_keys:
+                self.vectors.move_to_end(key)
+        while len(self.vectors) > self.limit:
+            self.vectors.popitem(last=False)
+        return out
