@@ -131,14 +131,17 @@ def _squad_slice(dev: dict, first: int, count: int) -> dict:
     return {"version": dev["version"], "data": [{"title": "slice", "paragraphs": paragraphs}]}
 
 
-def _classification_data(work: Path) -> None:
-    """`reviews/` (long texts, one label) and `topics/` (several labels a row) in the generic layout: SST-2
-    sentences, joined in fours so that they need several windows, and keyword topics."""
-    sst = [line.split("\t") for line in _lines_of(shared_path("data", "glue", "SST-2", "dev.tsv"), 65).splitlines()]
-    rows = [(" ".join(s for s, _ in sst[1 + i : 5 + i]), sst[1 + i][1]) for i in range(0, 64, 4)]
+def _classification_data(work: Path, sentences: int) -> None:
+    """`reviews/` (long texts, one label) and `topics/` (several labels a row) in the generic layout: the first
+    `sentences` of SST-2 dev joined in fours so that they need several windows (half the rows train, a quarter
+    dev, a quarter test), and keyword topics."""
+    lines = _lines_of(shared_path("data", "glue", "SST-2", "dev.tsv"), sentences + 1).splitlines()
+    sst = [line.split("\t") for line in lines]
+    rows = [(" ".join(s for s, _ in sst[1 + i : 5 + i]), sst[1 + i][1]) for i in range(0, sentences, 4)]
     topics = {"film": "movie", "music": "song", "sport": "game"}
-    for name, start in (("train", 0), ("dev", 8), ("test", 12)):
-        part = rows[start : start + (8 if name == "train" else 4)]
+    half, quarter = len(rows) // 2, len(rows) // 4
+    for name, start, count in (("train", 0, half), ("dev", half, quarter), ("test", half + quarter, quarter)):
+        part = rows[start : start + count]
         (work / "reviews").mkdir(exist_ok=True)
         lines = ["text\tlabel", *(f"{text}\t{label}" for text, label in part)]
         (work / "reviews" / f"{name}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -177,12 +180,13 @@ def _sentence_data(work: Path) -> None:
         (dst / name).write_text("".join(x + "\n" for x in lines if json.loads(x)["_id"] in ids), encoding="utf-8")
 
 
-def recipe_inputs(work: Path) -> None:
+def recipe_inputs(work: Path, review_sentences: int = 64) -> None:
     """The small inputs the README leaves to its reader (`input.txt`, `sentences.txt`, `questions.jsonl`,
-    `reviews/`, `topics/`, the SWAG fixtures); bench/recipe_costs.py writes them beside the real data too."""
+    `reviews/`, `topics/` of `review_sentences` SST-2 sentences, the SWAG fixtures); bench/recipe_costs.py
+    writes them beside the real data too."""
     shutil.copy(DEMO / "input.txt", work / "input.txt")
     shutil.copytree(FIXTURES / "tasks" / "swag", work / "swagaf" / "data")
-    _classification_data(work)
+    _classification_data(work, review_sentences)
     (work / "sentences.txt").write_text("A man is playing a guitar.\nSomeone plays an instrument.\n")
     with (work / "questions.jsonl").open("w", encoding="utf-8") as f:
         for p in _squad_slice(_squad_dev(), 100, 2)["data"][0]["paragraphs"]:
