@@ -221,7 +221,7 @@ def test_head_keeps_the_first_examples_and_every_document(tmp_path):
     from bert.sentence.loss_table import with_transfer
 
     scored = TrainingData("s.tsv", [["a", "b", "c"], ["x", "y", "z"]], [0.1, 0.2, 0.3])
-    assert scored.head(2) == TrainingData("s.tsv", [["a", "b"], ["x", "y"]], [0.1, 0.2]) and scored.head(0) is scored
+    assert scored.head(2) == TrainingData("s.tsv", [["a", "b"], ["x", "y"]], [0.1, 0.2]) and scored.head(0) == scored
     transfer = tmp_path / "transfer.jsonl"
     transfer.write_text("".join(json.dumps([f"q{i}", f"p{i}"]) + "\n" for i in range(5)))
     pairs = TrainingData("train.jsonl", [["a"], ["b"]])

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from bert.errors import InputError
-from bert.utils import as_number, finite_number, iter_lines, parse_json_line
+from bert.utils import as_number, finite_number, head, iter_lines, parse_json_line
 
 PAIRS, TUPLES, SCORED, TEXTS = "pairs", "tuples", "scored pairs", "texts"  # TEXTS: one column
 
@@ -55,11 +55,9 @@ class TrainingData:
         return [c[i] for c in self.columns]
 
     def head(self, limit: int) -> TrainingData:
-        """The first `limit` examples (0: all)."""
-        if not limit:
-            return self
-        scores = None if self.scores is None else self.scores[:limit]
-        return TrainingData(self.source, [c[:limit] for c in self.columns], scores)
+        """The first `limit` examples (`bert.utils.head`: 0 keeps all)."""
+        scores = None if self.scores is None else head(self.scores, limit)
+        return TrainingData(self.source, [head(c, limit) for c in self.columns], scores)
 
 
 @dataclass
@@ -72,10 +70,9 @@ class Corpus:
     qrels: dict[str, dict[str, float]] = field(default_factory=dict)  # query id -> {document id: score > 0}
 
     def head(self, limit: int) -> Corpus:
-        """The first `limit` queries (0: all), searched among the same documents: fewer queries, the same task."""
-        if not limit:
-            return self
-        kept = list(self.queries)[:limit]
+        """The first `limit` queries (`bert.utils.head`: 0 keeps all), searched among the same documents: fewer
+        queries, the same task."""
+        kept = head(list(self.queries), limit)
         return Corpus(self.source, {q: self.queries[q] for q in kept}, self.documents, {q: self.qrels[q] for q in kept})
 
 
