@@ -161,7 +161,7 @@ class _Scorer:
         prepared = [self.predictor.prepare_rank(query, docs) for query, docs in records]  # each line's errors
         if self.predictor.is_cross_encoder:
             return [self.predictor.run_rank(p, raw_scores=self.raw_scores) for p in prepared]
-        from bert.inference import Prepared
+        from bert.inference import Prepared  # torch's side: not imported before a flag error can be reported
 
         keys = [[tuple(ids) for ids, _ in p.sequences] for p in prepared]
         missing: dict[tuple[int, ...], tuple[Any, int]] = {}
