@@ -9,6 +9,8 @@ command checks its flags and the server builds its schemas without loading a mod
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from bert.errors import InputError
 from bert.tasks.common import CLASSIFICATION, EMBEDDINGS, FILL_MASK, MULTIPLE_CHOICE, NER, QUESTION_ANSWERING
 
@@ -42,6 +44,12 @@ def check_top_k(top_k: int | None, zero: str | None = None) -> None:
         raise InputError(f"top_k={top_k} must be 0 ({zero}) or more")
     if zero is None and top_k < TOP_K_MINIMUM:
         raise InputError(f"top_k={top_k} must be at least {TOP_K_MINIMUM}")
+
+
+def best_first(scores: Sequence[float], top_k: int | None = None) -> list[int]:
+    """The indices of `scores`, highest first (equal scores: the earlier first), `top_k` of them (None: all):
+    the order of every ranking answer (`Predictor.rank`, `bert rerank`, the server's /rerank routes)."""
+    return sorted(range(len(scores)), key=lambda i: -scores[i])[:top_k]
 
 
 def check_dimensions(dimensions: int | None, hidden_size: int, name: str = "dimensions") -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from bert.errors import InputError
 from bert.flags import InferenceArgs
 from bert.outputs import claim
-from bert.request_rules import TOP_K_MINIMUM
+from bert.request_rules import TOP_K_MINIMUM, best_first
 from bert.utils import (
     count_lines,
     iter_lines,
@@ -117,7 +117,7 @@ def _run(args: RerankArgs) -> dict[str, Any]:
             for block in iter(lambda: list(itertools.islice(numbered, BLOCK_LINES)), []):
                 records = [_read_record(line, name, number) for number, line in block]
                 for (_, docs, ids), scores in zip(records, scorer.scores([(q, d) for q, d, _ in records])):
-                    order = sorted(range(len(scores)), key=lambda i: -scores[i])[: args.top_k]  # as Predictor.rank
+                    order = best_first(scores, args.top_k)
                     corpus_ids = ids.get("corpus_ids")
                     results: Any = [
                         {

@@ -15,7 +15,7 @@ from bert.inference.core import Prepared
 from bert.inference.embeddings import EmbeddingMixin
 from bert.inference.fill_mask import FillMaskMixin
 from bert.inference.spans import SpanTasksMixin
-from bert.request_rules import check_top_k
+from bert.request_rules import best_first, check_top_k
 
 
 class Predictor(ClassificationMixin, SpanTasksMixin, EmbeddingMixin, FillMaskMixin):
@@ -61,7 +61,7 @@ class Predictor(ClassificationMixin, SpanTasksMixin, EmbeddingMixin, FillMaskMix
         check_top_k(top_k)
         prepared = self.prepare_rank(query, documents, truncate=truncate, truncation_direction=truncation_direction)
         scores = self.run_rank(prepared, raw_scores=raw_scores, pooling=pooling, batch_size=batch_size)
-        order = sorted(range(len(scores)), key=lambda i: -scores[i])[:top_k]
+        order = best_first(scores, top_k)
         return [{"index": i, "score": scores[i]} for i in order]
 
     def prepare_rank(

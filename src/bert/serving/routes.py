@@ -21,7 +21,7 @@ import bert
 from bert.errors import InputError
 from bert.inference import Predictor
 from bert.input_lines import InputItemError
-from bert.request_rules import check_dimensions, truncation_direction
+from bert.request_rules import best_first, check_dimensions, truncation_direction
 from bert.serving.batcher import ANSWER, CLASSIFY, EMBED, EMBED_ALL, FILL, RANK, SIMILAR, TAG, Batcher
 from bert.serving.checks import (
     check_count,
@@ -143,7 +143,7 @@ class Api:
             query=query, pooling=self.settings.pooling, raw_scores=body["raw_scores"], **self._truncation(body)
         )
         scores, _ = await self._run(RANK, texts, **options)
-        order = sorted(range(len(scores)), key=lambda i: -scores[i])
+        order = best_first(scores)
         text = body["return_text"]
         return JSONResponse([{"index": i, "score": scores[i], **({"text": texts[i]} if text else {})} for i in order])
 
@@ -153,7 +153,7 @@ class Api:
         request.state.inputs = len(documents)
         options = dict(query=query, pooling=self.settings.pooling, raw_scores=False, **self._truncation(body))
         scores, tokens = await self._run(RANK, documents, **options)
-        order = sorted(range(len(scores)), key=lambda i: -scores[i])[: body["top_n"]]
+        order = best_first(scores, body["top_n"])
         return {
             "id": str(uuid.uuid4()),
             "model": body["model"] or self.settings.served_model_name or self.settings.model_id,
