@@ -22,8 +22,8 @@ of sharding: each shard reads the input and loads the model); then both shards a
 from its manifest and skipped (the resume overhead).
 
 Search: the exact search is `bert search`'s (`bert.retrieval.TopK` over the vectors in chunks of 10,000); the
-indexes are built by `bert index` (its defaults: hnsw m=32, efConstruction=40; ivf_pq nlist=4 sqrt(N), m=dims/8
-of 8 bits, trained on up to 100,000 vectors) and searched as `bert search --index` does (hnsw efSearch 64,
+indexes are built by `bert index` (its defaults: hnsw m=32, efConstruction=128; ivf_pq nlist=4 sqrt(N), m=dims/8
+of 8 bits, trained on up to 100,000 vectors) and searched as `bert search --index` does (hnsw efSearch 128,
 ivf_pq nprobe 16, the binary indexes' Hamming candidates x4 rescored with the float query). Binary vectors are
 `quantize_embeddings(vectors, "ubinary")`, what `bert embed --precision=ubinary` writes for them. Recall@10: the
 share of the exact top 10 an index returns; queries/s: the whole query set searched at once (one block), best

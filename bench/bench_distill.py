@@ -81,7 +81,6 @@ from bert.sentence.data import read_beir, read_training_data
 from bert.sentence.embedding_run import train_embeddings
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-LAYERS = [0, 2, 4]
 
 
 def minilm() -> str:
@@ -130,14 +129,14 @@ def transfer_texts(n: int) -> list[str]:
     return list(dict.fromkeys(t for t in (" ".join(x.split()) for x in out) if t))
 
 
-def their_student(teacher: str, max_seq_length: int):
-    """sentence-transformers' undistilled student: the teacher with only LAYERS."""
+def their_student(teacher: str, max_seq_length: int, layers: list[int]):
+    """sentence-transformers' undistilled student: the teacher with only `layers`."""
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(teacher, device="cpu")
     encoder = model[0].auto_model
-    encoder.encoder.layer = torch.nn.ModuleList([encoder.encoder.layer[i] for i in LAYERS])
-    encoder.config.num_hidden_layers = len(LAYERS)
+    encoder.encoder.layer = torch.nn.ModuleList([encoder.encoder.layer[i] for i in layers])
+    encoder.config.num_hidden_layers = len(layers)
     model.max_seq_length = max_seq_length
     return model
 
@@ -167,10 +166,10 @@ def part_b(args, tmp: Path, seeds: list[int]) -> dict:
     def scores(encode) -> dict:
         return evaluation.retrieval_metrics(encode(queries), encode(documents), dids, relevant)
 
-    results: dict = {"texts": len(texts), "epochs": epochs}
+    results: dict = {"texts": len(texts), "epochs": epochs, "layers": args.layers}
     teacher_predictor = Predictor.from_pretrained(teacher, device="cpu")
     results["teacher"] = scores(lambda t: teacher_predictor.embed(t, batch_size=64))
-    undistilled = their_student(teacher, args.max_seq_length)
+    undistilled = their_student(teacher, args.max_seq_length, args.layers)
     results["student_undistilled"] = scores(lambda t: undistilled.encode(t, batch_size=64))
     print(f"teacher {results['teacher']}\nundistilled {results['student_undistilled']}", flush=True)
 
@@ -186,11 +185,11 @@ def part_b(args, tmp: Path, seeds: list[int]) -> dict:
         train_embeddings(
             TrainEmbeddingsArgs(
                 teacher=teacher,
-                init_from_teacher_layers=",".join(map(str, LAYERS)),
+                init_from_teacher_layers=",".join(map(str, args.layers)),
                 transfer_file=str(transfer),
                 loss="mse",
                 output_dir=str(out),
-                teacher_cache_dir=str(tmp / "teacher_cache"),
+                teacher_cache_dir=args.teacher_cache_dir or str(tmp / "teacher_cache"),
                 do_train=True,
                 train_batch_size=args.batch_size,
                 learning_rate=args.learning_rate,
@@ -213,7 +212,7 @@ def part_b(args, tmp: Path, seeds: list[int]) -> dict:
         if args.ours_only:
             continue
 
-        model = their_student(teacher, args.max_seq_length)
+        model = their_student(teacher, args.max_seq_length, args.layers)
         data = datasets.Dataset.from_dict({"text": texts, "label": labels.tolist()})
         targs = Args(
             output_dir=str(tmp / f"theirs_{seed}"),
@@ -474,7 +473,8 @@ def spread(values: list[float]) -> str:
 
 
 def report_b(results: dict) -> None:
-    print("\n(b) all-MiniLM-L6-v2 -> its layers 0,2,4, MSE distillation; retrieval/squad-dev test")
+    layers = ",".join(map(str, results.get("layers", [0, 2, 4])))
+    print(f"\n(b) all-MiniLM-L6-v2 -> its layers {layers}, MSE distillation; retrieval/squad-dev test")
     keys = ["mrr@10", "ndcg@10"]
     rows = [
         ("teacher (6 layers)", [results["teacher"]]),
@@ -519,6 +519,8 @@ def main() -> None:
     p.add_argument("--seeds", default="0")
     p.add_argument("--sentences", type=int, default=20000, help="(b) transfer texts")
     p.add_argument("--steps", type=int, default=600, help="(b) training steps")
+    p.add_argument("--layers", default="0,2,4", help="(b) the teacher's layers the student starts from")
+    p.add_argument("--teacher_cache_dir", default=None, help="(b) keep the teacher's outputs here across runs")
     p.add_argument("--ours_only", action="store_true", help="(b) without sentence-transformers' training beside ours")
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--learning_rate", type=float, default=1e-4)
@@ -543,6 +545,7 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
+    args.layers = [int(i) for i in args.layers.split(",")]
     args.compact_seeds = [int(s) for s in args.compact_seeds.split(",")] if args.compact_seeds else None
     print(f"torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}, seeds {seeds}, {vars(args)}", flush=True)
     everything = {}

@@ -17,12 +17,12 @@ its exact cosine is at least the exact 10th's (less 1e-5), "recall@10" only the 
 Queries: --queries token vectors drawn (seeded) from those of the passages that follow the corpus's, at least
 10 x --queries of them: the same distribution, none of them in the index.
 
-The exact search is `bert search`'s (`bert.retrieval.TopK` over the vectors in chunks of 10,000). Each index
-is built by `bert index` (`run_index`, its defaults: hnsw m=32, efConstruction=40; ivf_pq nlist=4 sqrt(N) at
-most the 100,000 training vectors / 39, m=dims/8 codes of 8 bits) and searched as `bert search --index` does
-(hnsw efSearch 64, ivf_pq nprobe 16, then the --ef_search and --nprobe sweeps). Queries/s: the whole query set
-searched at once, best of 3; "x exact" is over the exact search's, "x flat" over FAISS's flat index's (also
-exact, with faster kernels). Bytes/vector: the index file's size over the rows.
+The exact search is `bert search`'s (`bert.retrieval.TopK` over the vectors in chunks of 10,000). Each index is
+built by `bert index` (`run_index`, its defaults: hnsw m=32, one build per --ef_construction; ivf_pq nlist=4 sqrt(N)
+at most the 100,000 training vectors / 39, m=dims/8 codes of 8 bits) and searched as `bert search --index` does
+(its default efSearch and nprobe, then the --ef_search and --nprobe sweeps). Queries/s: the whole query set
+searched at once, best of 3; "x exact" is over the exact search's, "x flat" over FAISS's flat index's (also exact,
+with faster kernels). Bytes/vector: the index file's size over the rows.
 
 Work files (--work_dir, outside the repo; check its disk: the vectors are rows x 1,536 bytes, the flat and hnsw
 indexes as much again each): the vectors (tokens.npy, reused by a later run of the same settings), the queries,
@@ -52,7 +52,7 @@ from bench_corpus import best_qps, book_passages, recall_at_10  # this folder is
 from bert.commands.index import IndexArgs, run_index
 from bert.retrieval import TopK
 from bert.utils import progress
-from bert.vector_index import open_index
+from bert.vector_index import DEFAULT_EF_SEARCH, DEFAULT_NPROBE, open_index
 
 K = 10
 QUERY_POOL = 10  # query candidates per query: the tokens of the held-out passages sampled from
@@ -136,7 +136,10 @@ def main() -> None:
     parser.add_argument("--batch_passages", type=int, default=256, help="passages given to the model at a time")
     parser.add_argument("--model", default=None, help="default: all-MiniLM-L6-v2 (the minilm extra)")
     parser.add_argument("--threads", type=int, default=1, help="torch's and FAISS's threads (OMP_NUM_THREADS)")
-    parser.add_argument("--ef_search", default="32,128,256,512", help="hnsw efSearch values tried after the default")
+    parser.add_argument(
+        "--ef_construction", default="40,128", help="hnsw efConstruction values, one build each (FAISS's, ours)"
+    )
+    parser.add_argument("--ef_search", default="32,64,256,512", help="hnsw efSearch values tried after the default")
     parser.add_argument("--nprobe", default="64", help="ivf_pq nprobe values tried after the default")
     parser.add_argument("--seed", type=int, default=12345, help="the queries' sample")
     parser.add_argument("--work_dir", default=os.path.join(tempfile.gettempdir(), "bert-bench-index-1m"))
@@ -210,24 +213,34 @@ def main() -> None:
         "ivf_pq": ("nprobe", [int(v) for v in opts.nprobe.split(",") if v]),
         "flat": (None, []),
     }
-    for index_type, (knob, values) in sweeps.items():
+    # One hnsw build per efConstruction (the graph's quality, paid once at build time), the others once.
+    builds = [("hnsw", {"ef_construction": v}) for v in map(int, opts.ef_construction.split(","))]
+    builds += [("ivf_pq", {}), ("flat", {})]
+    for index_type, build_params in builds:
+        knob, values = sweeps[index_type]
         out = work / f"index-{index_type}"
         start = time.perf_counter()
         built = run_index(
             IndexArgs(
-                corpus_embeddings=str(work / "tokens.npy"), output_dir=str(out), index_type=index_type, model=opts.model
+                corpus_embeddings=str(work / "tokens.npy"),
+                output_dir=str(out),
+                index_type=index_type,
+                model=opts.model,
+                **build_params,
             )
         )
         build = time.perf_counter() - start
         index = open_index(str(out), str(out))
         size = built["bytes"] / len(vectors)
         qps, found = best_qps(lambda: index.search(queries, K, None, None, block=len(queries)), len(queries))
-        default = {"ef_search": "64 (default)", "nprobe": "16 (default)"}.get(knob or "", "-")
-        report(index_type, build, size, qps, found, **({knob: default} if knob else {}))
+        default = {"ef_search": f"{DEFAULT_EF_SEARCH} (default)", "nprobe": f"{DEFAULT_NPROBE} (default)"}.get(
+            knob or "", "-"
+        )
+        report(index_type, build, size, qps, found, **build_params, **({knob: default} if knob else {}))
         for value in values:
             nprobe, ef = (value, None) if knob == "nprobe" else (None, value)
             qps, found = best_qps(lambda: index.search(queries, K, nprobe, ef, block=len(queries)), len(queries))
-            report(index_type, None, None, qps, found, **{str(knob): value})
+            report(index_type, None, None, qps, found, **build_params, **{str(knob): value})
         if index_type != "ivf_pq":  # the big ones: their disk back before the next build
             shutil.rmtree(out)
 
@@ -241,7 +254,7 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     exact_row = {"index": "exact (bert search)", "qps": exact_qps, "recall_at_10": 1.0, "recall_at_10_by_score": 1.0}
     for e in [{**exact_row, "bytes_per_vector": 4 * vectors.shape[1]}, *results["indexes"]]:
-        setting = next((f"{k} {e[k]}" for k in ("ef_search", "nprobe") if k in e), "-")
+        setting = ", ".join(f"{k} {e[k]}" for k in ("ef_construction", "ef_search", "nprobe") if k in e) or "-"
         build, size = e.get("build_seconds"), e.get("bytes_per_vector")
         print(
             f"| {e['index']} | {setting} | {'-' if build is None else f'{build:.0f}'} | "

@@ -22,6 +22,8 @@ from bert.formats.embeddings import FLOAT32_OR_BITS, open_embeddings
 from bert.outputs import atomic_directory, claim
 from bert.utils import load_json_file, print_result
 from bert.vector_index import (
+    DEFAULT_EF_CONSTRUCTION,
+    DEFAULT_HNSW_M,
     HAMMING_METRIC,
     IDS_FILE,
     INDEX_FILE,
@@ -104,10 +106,15 @@ class IndexArgs:
     nbits: int | None = field(
         default=None, metadata={"min": 1, "max": 16, "help": "Bits of each ivf_pq code; default 8."}
     )
-    hnsw_m: int | None = field(default=None, metadata={"min": 2, "help": "Links a node of the hnsw graph; default 32."})
+    hnsw_m: int | None = field(
+        default=None, metadata={"min": 2, "help": f"Links a node of the hnsw graph; default {DEFAULT_HNSW_M}."}
+    )
     ef_construction: int | None = field(
         default=None,
-        metadata={"positive": True, "help": "Candidates hnsw considers when linking a new vector; default 40."},
+        metadata={
+            "positive": True,
+            "help": f"Candidates hnsw considers when linking a new vector; default {DEFAULT_EF_CONSTRUCTION}.",
+        },
     )
     train_sample: int | None = field(
         default=None,
