@@ -6,7 +6,9 @@ numbers `bench/bench_distill.py --json` saved.
 
 A file with "seeds" (a run per seed with a larger transfer set: its "task" and "transfer") adds its distilled
 student as a row of that task's panel, at the student's speed of the task's main file (the same model shape,
-measured there on a quiet machine); a (b) file with "transfer" (a longer run) adds its student to (b)'s panel.
+measured there on a quiet machine); a (b) file with "transfer" (a longer run) adds its student to (b)'s panel,
+at the first run's student speed, or where it has "own_speed" (another student shape or length) at the first
+run's teacher speed times its own student/teacher ratio.
 
 Writes bench/small_models.png (one panel per task: the dev metric or MRR@10 against `bert predict` /
 `bert embed` sequences per second; each student's mark is the mean of its seeds, its bar their spread) and
@@ -44,8 +46,12 @@ def points(results: dict) -> dict[str, list[tuple[str, list[float], float]]]:
             ("3 layers, undistilled", [b["student_undistilled"][mrr]], b["embed_student_s"]),
             ("3 layers, distilled (MSE)", [v[mrr] for v in b["ours"]], b["embed_student_s"]),
         ] + [
-            (f"3 layers, distilled (MSE), {label}", values, b["embed_student_s"])
-            for label, values in b.get("longer", [])
+            (
+                f"3 layers, distilled (MSE), {label}",
+                values,
+                b["embed_teacher_s"] * ratio if ratio else b["embed_student_s"],
+            )
+            for label, values, ratio in b.get("longer", [])
         ]
     return panels
 
@@ -98,8 +104,11 @@ def main() -> None:
         for part, values in loaded.items():
             results.setdefault(part, {}).update(values)
     for run in extra:
-        if "b" in run:  # a longer (b) run: its student beside the first, at the first run's speeds
-            results["b"].setdefault("longer", []).append((run["transfer"], [v["mrr@10"] for v in run["b"]["ours"]]))
+        if "b" in run:  # a longer (b) run: its student beside the first; its speed, where it measured its own,
+            # as its ratio to the teacher measured beside it (times the first run's teacher speed: one axis)
+            b = run["b"]
+            ratio = b["embed_student_s"] / b["embed_teacher_s"] if run.get("own_speed") else None
+            results["b"].setdefault("longer", []).append((run["transfer"], [v["mrr@10"] for v in b["ours"]], ratio))
         else:
             results["a"][run["task"]]["rows"].update(transfer_rows(run))
     panels = points(results)
