@@ -52,7 +52,7 @@ from bench_corpus import best_qps, book_passages, recall_at_10  # this folder is
 from bert.commands.index import IndexArgs, run_index
 from bert.retrieval import TopK
 from bert.utils import progress
-from bert.vector_index import DEFAULT_EF_SEARCH, DEFAULT_NPROBE, open_index
+from bert.vector_index import DEFAULT_EF_CONSTRUCTION, DEFAULT_EF_SEARCH, DEFAULT_NPROBE, open_index
 
 K = 10
 QUERY_POOL = 10  # query candidates per query: the tokens of the held-out passages sampled from
@@ -137,7 +137,9 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="default: all-MiniLM-L6-v2 (the minilm extra)")
     parser.add_argument("--threads", type=int, default=1, help="torch's and FAISS's threads (OMP_NUM_THREADS)")
     parser.add_argument(
-        "--ef_construction", default="40,128", help="hnsw efConstruction values, one build each (FAISS's, ours)"
+        "--ef_construction",
+        default=f"40,{DEFAULT_EF_CONSTRUCTION}",
+        help="hnsw efConstruction values, one build each (FAISS's default, ours)",
     )
     parser.add_argument("--ef_search", default="32,64,256,512", help="hnsw efSearch values tried after the default")
     parser.add_argument("--nprobe", default="64", help="ivf_pq nprobe values tried after the default")
