@@ -6,7 +6,9 @@
   by removing layers from it); a second run reads the cached teacher outputs without running the teacher.
 - `--loss=margin_mse` / `distill_kl`: a tiny cross-encoder teacher scores (query, positive, negatives) tuples of
   the SQuAD retrieval set; the cached scores are the logits sentence-transformers' CrossEncoder gives; the
-  bi-encoder and the cross-encoder students end nearer the teacher's scores than they start.
+  bi-encoder and the cross-encoder students end nearer the teacher's scores than they start; all-MiniLM-L6-v2 as
+  a bi-encoder teacher: the cached scores are the cosines sentence-transformers gives, and the student ends
+  nearer them.
 """
 
 from __future__ import annotations
@@ -219,6 +221,28 @@ def test_a_bi_encoder_learns_a_cross_encoders_scores(model_files, squad_tuples, 
     assert distance(tmp_path / "out" / "model") < distance(model_files[2])
 
 
+@pytest.mark.parametrize("loss", ["margin_mse", "distill_kl"])
+def test_a_bi_encoder_learns_a_larger_bi_encoders_cosines(model_files, squad_tuples, minilm, tmp_path, loss):
+    path, rows = squad_tuples
+    args = score_distillation_args(TrainEmbeddingsArgs, model_files, path, minilm, tmp_path, loss)
+    if loss == "distill_kl":
+        args.temperature = 0.05  # cosines span less than logits: a sharp softmax
+    assert run_train_embeddings(args)["global_step"] == 12
+    teacher = st.SentenceTransformer(minilm, device="cpu")
+    target = torch.stack([teacher.similarity(teacher.encode(r[:1]), teacher.encode(r[1:]))[0] for r in rows])
+    (cached,) = (tmp_path / "out" / teachers.CACHE_NAME).glob("*.npy")
+    np.testing.assert_allclose(np.load(cached), target.numpy(), atol=1e-5, rtol=0)
+
+    def distance(model_dir) -> float:
+        predictor = Predictor.from_pretrained(model_dir, device="cpu", max_seq_length=64)
+        scores = losses.dot_scores([torch.from_numpy(predictor.embed([r[c] for r in rows])) for c in range(4)])
+        if loss == "margin_mse":
+            return float(losses.margin_mse(scores, target))
+        return float(losses.distill_kl(scores, target, 0.05))
+
+    assert distance(tmp_path / "out" / "model") < distance(model_files[2])
+
+
 def test_an_int8_teacher_scores_as_bert_predict_int8_in_a_cache_of_its_own(
     model_files, squad_tuples, cross_encoder, tmp_path
 ):
@@ -280,7 +304,7 @@ def test_distillation_flag_errors(model_files, squad_tuples, cross_encoder, mini
     with pytest.raises(InputError, match="--distill_alpha=0.5: these losses learn the teacher's outputs alone"):
         run(command=TrainRerankerArgs, loss="margin_mse", teacher=str(cross_encoder), distill_alpha=0.5)
     with pytest.raises(InputError, match="is not a cross-encoder"):
-        run(loss="distill_kl", teacher=minilm)
+        run(command=TrainRerankerArgs, loss="distill_kl", teacher=minilm)
     with pytest.raises(InputError, match=r"--loss=margin_mse needs \(anchor, positive, negatives...\) tuples; "):
         run(loss="margin_mse", teacher=str(cross_encoder), train_file=str(pairs))
     with pytest.raises(InputError, match="--transfer_file=.* holds .* give both the same shape"):

@@ -112,7 +112,7 @@ class EmbeddingRun(SentenceRun):
         if self.spec.teacher == "embeddings":
             self.teacher = teachers.load_teacher(args, "embeddings", self.files.config.hidden_size)
         elif self.spec.teacher == "scores":
-            self.teacher = teachers.load_teacher(args, "scores")
+            self.teacher = teachers.load_teacher(args, "similarities")
         if self.data.kind == SCORED:
             self.scores = np.asarray(self.data.scores, dtype=np.float32) / args.score_scale
         self.plan = BatchPlan(self.data, args.train_batch_size, args.seed, no_duplicates=self.spec.in_batch)
@@ -137,7 +137,7 @@ class EmbeddingRun(SentenceRun):
                 self.teacher_outputs = teachers.embeddings(self.teacher, args, self.data.columns[0], cache, self.dist)
             else:
                 examples = [self.data.example(i) for i in range(len(self.data))]
-                self.teacher_outputs = teachers.cross_encoder_scores(self.teacher, args, examples, cache, self.dist)
+                self.teacher_outputs = teachers.group_scores(self.teacher, args, examples, cache, self.dist)
             self.teacher = None  # its outputs are all a run needs: free its memory for training
 
     def data_state(self, step: int) -> dict[str, Any]:

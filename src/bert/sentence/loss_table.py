@@ -112,14 +112,15 @@ EMBEDDING_LOSS_TABLE: dict[str, LossSpec] = {
         (TUPLES,),
         lambda e, b, a: losses.margin_mse(losses.dot_scores(e), b["teacher"]),
         teacher="scores",
-        help="distillation from a cross-encoder --teacher: the dot products of (query, positive, negatives...) "
-        "tuples learn its score margins",
+        help="distillation from a cross-encoder --teacher (or a larger embedding model's cosines): the dot "
+        "products of (query, positive, negatives...) tuples learn its score margins",
     ),
     "distill_kl": LossSpec(
         (TUPLES,),
         lambda e, b, a: losses.distill_kl(losses.dot_scores(e), b["teacher"], a.temperature),
         teacher="scores",
-        help="distillation from a cross-encoder --teacher: the softmax of those dot products learns its scores'",
+        help="distillation from a cross-encoder --teacher (or an embedding model's cosines): the softmax of those "
+        "dot products learns its scores'",
     ),
 }
 _FROM_TEACHER = "distillation from a larger cross-encoder (--teacher): "

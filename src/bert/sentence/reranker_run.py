@@ -125,7 +125,7 @@ class RerankerRun(SentenceRun):
         logger.info("%d queries x %d pairs, loss %s", len(data), self.group_size, self.loss)
         if self.teacher is not None:
             examples = [data.example(i) for i in range(len(data))]
-            self.teacher_outputs = teachers.cross_encoder_scores(
+            self.teacher_outputs = teachers.group_scores(
                 self.teacher, args, examples, teachers.cache_dir(args), self.dist
             )
             self.teacher = None  # its outputs are all a run needs: free its memory for training

@@ -7,10 +7,12 @@ that change its outputs), so epochs, resumed runs and later runs on the same dat
   tokenizer, length, pooling and normalisation: a sentence-transformers directory's, so a teacher whose
   modules normalise gives unit vectors, and any other its raw mean-pooled vectors, as sentence-transformers'
   MSELoss recipe encodes its labels with the teacher);
-- `cross_encoder_scores`: a cross-encoder's logit for each (query, document) of each (query, positive,
-  negatives...) group, as `Predictor.rank(raw_scores=True)` gives it (`Predictor.classification_logits`, the
-  pairs of many queries in one call): the scores MarginMSE and KL distillation learn, unbounded as the
-  student's dot products and logits are.
+- `group_scores`: a score for each (query, document) of each (query, positive, negatives...) group, the
+  scores MarginMSE and KL distillation learn: a cross-encoder's logit, as `Predictor.rank(raw_scores=True)`
+  gives it (`Predictor.classification_logits`, the pairs of many queries in one call), unbounded as the
+  student's dot products and logits are; or, for `bert train-embeddings`, an embedding model's cosine
+  similarity, as `Predictor.rank` gives it (each distinct text embedded once): a larger bi-encoder teaching a
+  smaller one how it ranks a query's candidates, where MSE on vectors weighs every direction alike.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ def cache_dir(args: SentenceTrainingArgs) -> Path:
 
 def load_teacher(args: SentenceTrainingArgs, gives: str, student_size: int | None = None) -> Predictor:
     """The `--teacher` model (in `--teacher_dtype` / `--teacher_quantize`), checked for what it must give:
-    "embeddings" (of `student_size` dimensions, the student's) or "scores" (a cross-encoder's)."""
+    "embeddings" (of `student_size` dimensions, the student's), "scores" (a cross-encoder's) or "similarities"
+    (a cross-encoder's scores or an embedding model's cosines)."""
     teacher = args.teacher
     assert teacher is not None  # `loss_table.check_loss` refuses a teacher's loss without --teacher
     if not Path(teacher).exists():
@@ -51,7 +54,7 @@ def load_teacher(args: SentenceTrainingArgs, gives: str, student_size: int | Non
     if gives == "scores" and not model.is_cross_encoder:
         raise InputError(
             f"--teacher={teacher} is not a cross-encoder (a sequence classifier with one output, as `bert "
-            "train-reranker` saves); --loss=margin_mse and distill_kl learn a cross-encoder's scores"
+            "train-reranker` saves); a reranker's --loss=margin_mse and distill_kl learn a cross-encoder's scores"
         )
     if gives == "embeddings":
         if model.is_cross_encoder:
@@ -97,18 +100,28 @@ def embeddings(
     return cached_by_rank0(dist, cache, key, len(texts), (size,), compute, "teacher embeddings")
 
 
-def cross_encoder_scores(
+def group_scores(
     model: Predictor, args: SentenceTrainingArgs, groups: Sequence[Sequence[str]], cache: Path, dist: DistContext
 ) -> np.ndarray:
     """[len(groups), group size - 1] float32 (read-only, memory-mapped): for each (query, document, ...) group,
-    the logit of each (query, document) by the cross-encoder `model`, `load_teacher(args, ...)` (computed by
-    rank 0, read by the others)."""
+    the score of each (query, document) by `model`, `load_teacher(args, ...)` (computed by rank 0, read by the
+    others): a cross-encoder's logit, an embedding model's cosine."""
     width = len(groups[0]) - 1
 
-    def compute(start: int, stop: int) -> np.ndarray:
+    def logits(start: int, stop: int) -> np.ndarray:
         pairs = [(g[0], document) for g in groups[start:stop] for document in g[1:]]
         return model.classification_logits(pairs)[:, 0].reshape(stop - start, width)
 
-    key = _key("cross-encoder logits", args, model, [list(g) for g in groups])
+    def cosines(start: int, stop: int) -> np.ndarray:
+        texts = list(dict.fromkeys(t for g in groups[start:stop] for t in g))
+        vectors = dict(zip(texts, model.embed(texts, normalize=True)))
+        return np.asarray(
+            [[vectors[d] @ vectors[g[0]] for d in g[1:]] for g in groups[start:stop]], dtype=np.float32
+        ).reshape(stop - start, width)
+
+    kind = "cross-encoder logits" if model.is_cross_encoder else "embedding cosines"
+    key = _key(kind, args, model, [list(g) for g in groups])
     with model.counting_truncations():
-        return cached_by_rank0(dist, cache, key, len(groups), (width,), compute, "teacher scores")
+        return cached_by_rank0(
+            dist, cache, key, len(groups), (width,), logits if model.is_cross_encoder else cosines, "teacher scores"
+        )
