@@ -39,10 +39,18 @@ set's paragraphs and training-split questions; the test split's questions are ne
   `train_samples_per_second`; the teacher's outputs are computed before either loop, their time apart).
 Every model is scored by the same code (`bert.sentence.evaluation` on vectors from that side's own
 inference: `Predictor.embed` for ours, `SentenceTransformer.encode` for theirs).
+With `--rank_steps N`, each seed's MSE student then learns the teacher's rankings: `--loss=distill_kl` with the
+teacher as an embedding model (its cosines are the scores; `--rank_temperature`, `--rank_lr`, `--rank_batch_size`)
+for N steps on question groups, each question with the corpus paragraphs the teacher ranks 1st, 2nd, 4th and
+8th of all 1,211 (no qrels read); the questions (`--rank_questions`) are the training split's, or with "squad"
+every SQuAD dev question that is neither a dev nor a test query of the set. "ours" is then that student, and
+"ours_mse" the MSE student before it.
 
     python bench/bench_distill.py --parts b --sentences 20000 --steps 600 --seeds 0,1,2
     python bench/bench_distill.py --parts b --sentences 20000 --steps 1500 --ours_only --seeds 0 --layers 0,4,5 \
         --max_seq_length 256 --learning_rate 3e-4 --teacher_cache_dir DIR   (the README's (b) row: one per seed)
+    python bench/bench_distill.py --parts b --sentences 20000 --steps 500 --ours_only --seeds 0 --layers 0,4,5 \
+        --max_seq_length 256 --learning_rate 3e-4 --rank_steps 478 --rank_questions squad
 
 (c) A bi-encoder distilled from a reranker (`bert train-embeddings --loss=margin_mse`) against the same
 bi-encoder trained with MNRL alone, on `retrieval/squad-dev`. The training data, the same for both: each
@@ -112,12 +120,16 @@ def glue_sentences() -> list[str]:
     return texts + [line.split("\t")[0] for line in lines]
 
 
+def corpus_paragraphs() -> list[str]:
+    """The SQuAD set's 1,211 paragraphs (every split's), title and text as `read_beir` joins them."""
+    with open(SHARED / "retrieval" / "squad-dev" / "corpus.jsonl", encoding="utf-8") as f:
+        return [f"{p['title']} {p['text']}".strip() for p in map(json.loads, f)]
+
+
 def retrieval_texts() -> list[str]:
     """The SQuAD set's paragraphs and its training split's questions (no test question)."""
-    squad = str(SHARED / "retrieval" / "squad-dev")
-    paragraphs = [json.loads(line) for line in open(f"{squad}/corpus.jsonl", encoding="utf-8")]
-    train = read_beir(squad, "train")
-    return [f"{p['title']} {p['text']}".strip() for p in paragraphs] + list(train.queries.values())
+    train = read_beir(str(SHARED / "retrieval" / "squad-dev"), "train")
+    return corpus_paragraphs() + list(train.queries.values())
 
 
 def transfer_texts(n: int) -> list[str]:
@@ -131,6 +143,37 @@ def transfer_texts(n: int) -> list[str]:
         out += [texts[j] for j in rng.choice(len(texts), min(k, len(texts)), replace=False)]
     # One text a line in the transfer file: no line breaks or tabs (a tab would split a line into columns).
     return list(dict.fromkeys(t for t in (" ".join(x.split()) for x in out) if t))
+
+
+def squad_questions() -> list[str]:
+    """Every question of SQuAD dev (v1.1 and v2.0, the latter's unanswerable ones too) that is not one of the
+    retrieval set's dev or test queries: its training split's and those the set left out."""
+    squad = str(SHARED / "retrieval" / "squad-dev")
+    held = {" ".join(q.lower().split()) for split in ("dev", "test") for q in read_beir(squad, split).queries.values()}
+    questions = []
+    for name in ("dev-v1.1.json.gz", "dev-v2.0.json.gz"):
+        with gzip.open(SHARED / "squad" / name, "rt", encoding="utf-8") as f:
+            articles = json.load(f)["data"]
+        questions += [qa["question"] for a in articles for p in a["paragraphs"] for qa in p["qas"]]
+    return [q for q in dict.fromkeys(" ".join(q.split()) for q in questions) if q.lower() not in held]
+
+
+# The teacher's ranks of a question group's paragraphs: its best two and two further down, for the margins.
+RANKS = [1, 2, 4, 8]
+
+
+def question_groups(which: str, teacher: Predictor, ranks: list[int]) -> list[list[str]]:
+    """(question, paragraph...) rows: each question (`which`: "train", the retrieval set's training split's;
+    "squad", `squad_questions`) with the corpus paragraphs the teacher ranks at `ranks` (1-based) of all 1,211:
+    no qrels read, the teacher's ranking is the label."""
+    squad = str(SHARED / "retrieval" / "squad-dev")
+    questions = list(dict.fromkeys(" ".join(q.split()) for q in read_beir(squad, "train").queries.values()))
+    if which == "squad":
+        questions = list(dict.fromkeys(questions + squad_questions()))
+    documents = corpus_paragraphs()
+    scores = teacher.embed(questions, normalize=True) @ teacher.embed(documents, normalize=True).T  # cosines
+    order = np.argsort(-scores, axis=1)
+    return [[q, *(documents[order[i, r - 1]] for r in ranks)] for i, q in enumerate(questions)]
 
 
 def their_student(teacher: str, max_seq_length: int, layers: list[int]):
@@ -177,6 +220,13 @@ def part_b(args, tmp: Path, seeds: list[int]) -> dict:
     results["student_undistilled"] = scores(lambda t: undistilled.encode(t, batch_size=64))
     print(f"teacher {results['teacher']}\nundistilled {results['student_undistilled']}", flush=True)
 
+    if args.rank_steps:
+        groups = question_groups(args.rank_questions, teacher_predictor, RANKS)
+        groups_file = tmp / "groups.jsonl"
+        groups_file.write_text("".join(json.dumps(g) + "\n" for g in groups), encoding="utf-8")
+        results.update(groups=len(groups), rank_steps=args.rank_steps, rank_questions=args.rank_questions)
+        print(f"{len(groups)} question groups; {args.rank_steps} steps of {args.rank_batch_size}", flush=True)
+
     if not args.ours_only:
         # Their labels: the teacher's embeddings, as sentence-transformers' distillation example computes them.
         start = time.perf_counter()
@@ -213,6 +263,32 @@ def part_b(args, tmp: Path, seeds: list[int]) -> dict:
         ours = Predictor.from_pretrained(out / "model", device="cpu")
         results.setdefault("ours", []).append(scores(lambda t: ours.embed(t, batch_size=64)))
         print(f"ours seed {seed}: {results['ours'][-1]}", flush=True)
+        if args.rank_steps:
+            results.setdefault("ours_mse", []).append(results["ours"].pop())
+            ranked = tmp / f"ours_{seed}_ranked"
+            train_embeddings(
+                TrainEmbeddingsArgs(
+                    teacher=teacher,
+                    init_checkpoint=str(out / "model"),
+                    train_file=str(groups_file),
+                    loss="distill_kl",
+                    temperature=args.rank_temperature,
+                    output_dir=str(ranked),
+                    teacher_cache_dir=args.teacher_cache_dir or str(tmp / "teacher_cache"),
+                    do_train=True,
+                    train_batch_size=args.rank_batch_size,
+                    learning_rate=args.rank_lr,
+                    num_train_epochs=args.rank_steps / (len(groups) // args.rank_batch_size) + 1e-9,
+                    max_seq_length=args.max_seq_length,
+                    seed=seed,
+                    log_every=1_000_000,
+                    save_checkpoints_steps=1_000_000,
+                    device="cpu",
+                )
+            )
+            ours = Predictor.from_pretrained(ranked / "model", device="cpu")
+            results["ours"].append(scores(lambda t: ours.embed(t, batch_size=64)))
+            print(f"ours seed {seed}, ranked: {results['ours'][-1]}", flush=True)
         if args.ours_only:
             continue
 
@@ -478,17 +554,19 @@ def spread(values: list[float]) -> str:
 
 def report_b(results: dict) -> None:
     layers = ",".join(map(str, results.get("layers", [0, 2, 4])))
-    print(f"\n(b) all-MiniLM-L6-v2 -> its layers {layers}, MSE distillation; retrieval/squad-dev test")
+    ranks = f", then {results['rank_steps']} distill_kl steps on question groups" if "rank_steps" in results else ""
+    print(f"\n(b) all-MiniLM-L6-v2 -> its layers {layers}, MSE distillation{ranks}; retrieval/squad-dev test")
     keys = ["mrr@10", "ndcg@10"]
     rows = [
         ("teacher (6 layers)", [results["teacher"]]),
         ("student undistilled", [results["student_undistilled"]]),
-        ("student ours", results["ours"]),
-        ("student theirs", results.get("theirs")),
+        ("student ours, MSE", results.get("ours_mse")),
+        ("student ours" + (", then ranks" if "ours_mse" in results else ""), results["ours"]),
+        ("student theirs, MSE", results.get("theirs")),
     ]
     for label, values in rows:
         if values:
-            print(f"  {label:20s} " + "  ".join(f"{k} {spread([v[k] for v in values])}" for k in keys))
+            print(f"  {label:26s} " + "  ".join(f"{k} {spread([v[k] for v in values])}" for k in keys))
     ours = statistics.fmean(results["ours_seq_s"])
     if "theirs" in results:
         theirs = statistics.fmean(results["theirs_seq_s"])
@@ -526,6 +604,11 @@ def main() -> None:
     p.add_argument("--layers", default="0,2,4", help="(b) the teacher's layers the student starts from")
     p.add_argument("--teacher_cache_dir", default=None, help="(b) keep the teacher's outputs here across runs")
     p.add_argument("--ours_only", action="store_true", help="(b) without sentence-transformers' training beside ours")
+    p.add_argument("--rank_steps", type=int, default=0, help="(b) then distill_kl steps on question groups (0: none)")
+    p.add_argument("--rank_questions", default="train", choices=["train", "squad"], help="(b) the groups' questions")
+    p.add_argument("--rank_batch_size", type=int, default=8, help="(b) question groups a distill_kl step")
+    p.add_argument("--rank_lr", type=float, default=1e-4, help="(b) the distill_kl stage's learning rate")
+    p.add_argument("--rank_temperature", type=float, default=0.05, help="(b) the distill_kl stage's temperature")
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--learning_rate", type=float, default=1e-4)
     p.add_argument("--max_seq_length", type=int, default=128)
