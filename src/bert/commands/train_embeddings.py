@@ -8,11 +8,11 @@ tuples, cosent for scored pairs; `--matryoshka_dims` wraps any of them). Distill
 (`--teacher`, its outputs computed once and cached, `bert.sentence.teachers`): `--loss=mse` regresses the
 embeddings on an embedding model's, on any text (every text of the training file and of `--transfer_file`,
 which may be plain text, one text a line); `--loss=margin_mse` and `distill_kl` learn a cross-encoder's
-scores (or an embedding model's cosines) of (query, positive, negatives...) tuples with dot products. Evaluation (`--eval_file`): STS
-Pearson/Spearman of cosine on scored pairs, or retrieval on a BEIR split (MRR@10, NDCG@10, Recall@1/10/100,
-MAP@100), per Matryoshka dimension. The runner (`bert.sentence.embedding_run`) resumes, checkpoints, logs
-`metrics.jsonl` and exports `model/`: a directory `bert embed` and `sentence_transformers.SentenceTransformer`
-both load, giving the same vectors.
+scores (or an embedding model's cosines) of (query, positive, negatives...) tuples with dot products.
+Evaluation (`--eval_file`): STS Pearson/Spearman of cosine on scored pairs, or retrieval on a BEIR split
+(MRR@10, NDCG@10, Recall@1/10/100, MAP@100), per Matryoshka dimension. The runner
+(`bert.sentence.embedding_run`) resumes, checkpoints, logs `metrics.jsonl` and exports `model/`: a directory
+`bert embed` and `sentence_transformers.SentenceTransformer` both load, giving the same vectors.
 """
 
 from __future__ import annotations
