@@ -98,6 +98,14 @@ class ServerProcess:
         env = dict(os.environ, OMP_NUM_THREADS="1")
         with open(log, "w") as f:
             self.process = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        try:
+            self._wait_healthy()
+        except BaseException:  # a server that never came up is not left running after the failed test
+            self.process.kill()
+            self.process.wait()
+            raise
+
+    def _wait_healthy(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             assert self.process.poll() is None, f"the server exited: {self.output()}"
