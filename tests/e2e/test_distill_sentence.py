@@ -292,8 +292,10 @@ def test_distillation_flag_errors(model_files, squad_tuples, cross_encoder, mini
         args = args_for(command, model_files, tmp_path / "out", **{**base, **flags})
         (run_train_embeddings if command is TrainEmbeddingsArgs else run_train_reranker)(args)
 
-    with pytest.raises(InputError, match="--loss=margin_mse learns a teacher's outputs: pass --teacher=MODEL"):
+    with pytest.raises(InputError, match=r"pass --teacher=MODEL \(a cross-encoder or an embedding model directory"):
         run(loss="margin_mse")
+    with pytest.raises(InputError, match=r"pass --teacher=MODEL \(a cross-encoder directory"):
+        run(command=TrainRerankerArgs, loss="margin_mse")
     with pytest.raises(InputError, match="--teacher=.* is for the distillation losses .*not --loss=mnrl alone"):
         run(loss="mnrl", teacher=str(cross_encoder))
     with pytest.raises(InputError, match="--teacher_dtype=bfloat16: no teacher output is learned here"):

@@ -111,7 +111,7 @@ class EmbeddingRun(SentenceRun):
             raise InputError(f"--loss={self.loss} computes its own backward pass: use --precision=bf16 or fp32")
         if self.spec.teacher == "embeddings":
             self.teacher = teachers.load_teacher(args, "embeddings", self.files.config.hidden_size)
-        elif self.spec.teacher == "scores":
+        elif self.spec.teacher == "similarities":
             self.teacher = teachers.load_teacher(args, "similarities")
         if self.data.kind == SCORED:
             self.scores = np.asarray(self.data.scores, dtype=np.float32) / args.score_scale

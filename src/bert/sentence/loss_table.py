@@ -37,6 +37,14 @@ class _Losses:
 losses = _Losses()
 
 
+# What a loss's teacher must be (`LossSpec.teacher`), by what it gives (`bert.sentence.teachers.load_teacher`).
+TEACHERS = {
+    "embeddings": "an embedding model",
+    "scores": "a cross-encoder",
+    "similarities": "a cross-encoder or an embedding model",
+}
+
+
 @dataclass(frozen=True)
 class LossSpec:
     """A `--loss`: what it trains on and its value on a batch.
@@ -47,7 +55,8 @@ class LossSpec:
         `batch["scores"]` holds scored pairs' scores, `batch["labels"]` the reranker's 0/1 or soft labels,
         `batch["teacher"]` the teacher's outputs.
     teacher: None, or what `--teacher` gives for each example: "embeddings" (an embedding model's vector of
-        the text) or "scores" (a cross-encoder's logit of each (query, document) of the group).
+        the text), "scores" (a cross-encoder's logit of each (query, document) of the group) or "similarities"
+        (a cross-encoder's logit or an embedding model's cosine of each): a key of `TEACHERS`.
     in_batch: each example is compared with the whole batch, so no text may appear twice in one.
     cached: gradient caching (`losses.cached_mnrl_backward`).
     help: what it learns, in `--loss`'s help (`loss_help`).
@@ -111,14 +120,14 @@ EMBEDDING_LOSS_TABLE: dict[str, LossSpec] = {
     "margin_mse": LossSpec(
         (TUPLES,),
         lambda e, b, a: losses.margin_mse(losses.dot_scores(e), b["teacher"]),
-        teacher="scores",
+        teacher="similarities",
         help="distillation from a cross-encoder --teacher (or a larger embedding model's cosines): the dot "
         "products of (query, positive, negatives...) tuples learn its score margins",
     ),
     "distill_kl": LossSpec(
         (TUPLES,),
         lambda e, b, a: losses.distill_kl(losses.dot_scores(e), b["teacher"], a.temperature),
-        teacher="scores",
+        teacher="similarities",
         help="distillation from a cross-encoder --teacher (or an embedding model's cosines): the softmax of those "
         "dot products learns its scores'",
     ),
@@ -172,7 +181,7 @@ def check_loss(name: str, table: dict[str, LossSpec], args: DistillArgs) -> Loss
     """`table[name]`, with the distillation flags it needs; flags it would ignore are errors."""
     spec = table[name]
     if spec.teacher and not args.teacher:
-        model = "an embedding model" if spec.teacher == "embeddings" else "a cross-encoder"
+        model = TEACHERS[spec.teacher]
         raise InputError(f"--loss={name} learns a teacher's outputs: pass --teacher=MODEL ({model} directory)")
     if not spec.teacher:
         # Without a distillation loss a teacher only gives the starting layers (--init_from_teacher_layers).
