@@ -137,6 +137,34 @@ def test_rerank_embeds_each_distinct_text_once_and_ranks_as_the_predictor(models
         np.testing.assert_allclose([r["score"] for r in ranked], [r["score"] for r in alone], atol=1e-6)
 
 
+def test_a_vector_cache_runs_each_text_once_and_drops_the_least_recently_used(models, retrieval):
+    """`UnitVectorCache` (rerank's and a distillation teacher's): the unit vectors `embed` gives, a text seen
+    before not run again, and no more vectors kept than its bytes allow, the least recently used dropped."""
+    from bert.inference import Predictor, UnitVectorCache
+
+    _, encoder = models
+    predictor = Predictor.from_pretrained(encoder, device="cpu")
+    a, b, c, d = (p["text"][:120] for p in read_jsonl(retrieval[0])[:4])
+    cache = UnitVectorCache(predictor, max_bytes=3 * 4 * predictor.config.hidden_size)  # room for 3 vectors
+    expected = predictor.embed([a, b, a], normalize=True)
+    ran: list[int] = []
+    real = predictor.run_embed
+    predictor.run_embed = lambda p, *x, **k: ran.append(len(p.sequences)) or real(p, *x, **k)  # type: ignore[method-assign]
+
+    (first,) = cache([predictor.prepare_embeddings([a, b, a])])
+    assert ran == [2]
+    np.testing.assert_allclose(np.stack(first), expected, atol=1e-6)
+    cache([predictor.prepare_embeddings([c]), predictor.prepare_embeddings([d, c])])  # b is the least recent
+    assert ran == [2, 2] and len(cache.vectors) == 3
+    cache([predictor.prepare_embeddings([a, c, d])])
+    assert ran == [2, 2]
+    (again,) = cache([predictor.prepare_embeddings([b])])
+    assert ran == [2, 2, 1]
+    np.testing.assert_allclose(again[0], first[1], atol=1e-6)
+    with pytest.raises(ValueError, match="windows"):
+        cache([predictor.prepare_embeddings([a], doc_stride=16)])
+
+
 def test_rerank_keeps_ids_and_warns_of_truncation_once(models, retrieval, tmp_path, caplog):
     """The ids of the input come out with the documents they belong to; the inputs cut to max_seq_length are
     counted over the whole run, in one warning, not one per line."""

@@ -10,7 +10,6 @@ with its length.
 
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
 from dataclasses import dataclass, field
@@ -142,42 +141,22 @@ def _run(args: RerankArgs) -> dict[str, Any]:
 
 # Lines read and scored together: an embedding model embeds the distinct texts of a block in one call.
 BLOCK_LINES = 64
-# An embedding model's vectors kept for the texts seen before (documents recur across queries: `bert search`'s
-# candidates); the oldest are dropped past this many bytes.
-VECTOR_CACHE_BYTES = 256 * 2**20
 
 
 class _Scorer:
     """Each line's document scores, as `Predictor.run_rank` gives them: a cross-encoder's per pair; an embedding
-    model's as the cosine of vectors computed once per distinct text (cached across lines), not once per pair."""
+    model's as the cosine of vectors computed once per distinct text (`UnitVectorCache`, across lines), not once
+    per pair."""
 
     def __init__(self, predictor: Any, raw_scores: bool) -> None:
+        from bert.inference import UnitVectorCache  # torch's side: not imported before a flag error is reported
+
         self.predictor = predictor
         self.raw_scores = raw_scores
-        self.vectors: collections.OrderedDict[tuple[int, ...], Any] = collections.OrderedDict()
-        self.limit = max(1, VECTOR_CACHE_BYTES // (4 * predictor.config.hidden_size))
+        self.vectors = None if predictor.is_cross_encoder else UnitVectorCache(predictor)
 
     def scores(self, records: list[tuple[str, list[str]]]) -> list[list[float]]:
         prepared = [self.predictor.prepare_rank(query, docs) for query, docs in records]  # each line's errors
-        if self.predictor.is_cross_encoder:
+        if self.vectors is None:
             return [self.predictor.run_rank(p, raw_scores=self.raw_scores) for p in prepared]
-        from bert.inference import Prepared  # torch's side: not imported before a flag error can be reported
-
-        keys = [[tuple(ids) for ids, _ in p.sequences] for p in prepared]
-        missing: dict[tuple[int, ...], tuple[Any, int]] = {}
-        for p, line_keys in zip(prepared, keys):
-            for key, sequence, prompt_length in zip(line_keys, p.sequences, p.prompt_lengths):
-                if key not in self.vectors and key not in missing:
-                    missing[key] = (sequence, prompt_length)
-        if missing:
-            new = Prepared([s for s, _ in missing.values()], len(missing), [n for _, n in missing.values()])
-            self.vectors.update(zip(missing, self.predictor.run_embed(new, normalize=True)))
-        out = []
-        for line_keys in keys:
-            query = self.vectors[line_keys[0]]
-            out.append([float(self.vectors[key] @ query) for key in line_keys[1:]])
-            for key in line_keys:
-                self.vectors.move_to_end(key)
-        while len(self.vectors) > self.limit:
-            self.vectors.popitem(last=False)
-        return out
+        return [[float(d @ query) for d in documents] for query, *documents in self.vectors(prepared)]

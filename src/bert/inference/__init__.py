@@ -52,7 +52,8 @@ and `ner`, `answer` and `fill_mask` are each a prepare and a run: `prepare_embed
 and their `tokens`), which `run_embed`, `run_token_embeddings`, `run_similarity`, `run_classify`,
 `run_classification_logits`, `run_rank`, `run_tag_words`, `run_ner`, `run_answer` and `run_fill_mask`
 run; `Prepared.join` makes one of several prepared with equal options (the server's queue counts a
-request's tokens in its `Prepared` and runs the requests of a batch as one call).
+request's tokens in its `Prepared` and runs the requests of a batch as one call). `UnitVectorCache` keeps an
+embedding model's unit vectors of prepared texts by token ids, bounded in bytes, for callers whose texts recur.
 
 Character offsets (`start`, `end`) are Python string indices (code points) into the input, `end`
 exclusive. A `Predictor` is safe to share between threads: calls run one at a time (a lock), since the
@@ -71,7 +72,7 @@ from __future__ import annotations
 
 from bert.inference.common import LONGER_ADVICE, WINDOWS_ADVICE, AnswerSettings, ClassificationHead, TaggingHead
 from bert.inference.core import Prepared
-from bert.inference.embeddings import cosine_similarity
+from bert.inference.embeddings import UnitVectorCache, cosine_similarity
 from bert.inference.predictor import Predictor
 from bert.inference.st_config import SentenceTransformersConfig, read_sentence_transformers_config
 from bert.request_rules import POOLINGS, TASKS, TRUNCATION_DIRECTIONS
@@ -95,6 +96,7 @@ __all__ = [
     "Prepared",
     "SentenceTransformersConfig",
     "TaggingHead",
+    "UnitVectorCache",
     "cosine_similarity",
     "read_sentence_transformers_config",
 ]

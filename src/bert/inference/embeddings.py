@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, cast
@@ -350,6 +351,43 @@ class EmbeddingMixin(PredictorCore):
             raise ValueError("run_similarity runs what prepare_similarity prepares")
         vectors = self.run_embed(prepared, pooling, True, batch_size)
         return [float(s) for s in vectors[1:] @ vectors[0]]
+
+
+# The unit vectors a `UnitVectorCache` keeps by default (texts recur: `bert search`'s candidates across queries in
+# `bert rerank`, a distillation teacher's documents across groups); the least recently used go past it.
+VECTOR_CACHE_BYTES = 256 * 2**20
+
+
+class UnitVectorCache:
+    """An embedding model's unit vectors (`embed`'s, normalized, the default pooling) kept by token ids across
+    calls, so a text that recurs runs once; at most `max_bytes` of vectors, the least recently used dropped."""
+
+    def __init__(self, predictor: EmbeddingMixin, max_bytes: int = VECTOR_CACHE_BYTES) -> None:
+        self.predictor = predictor
+        self.vectors: collections.OrderedDict[tuple[int, ...], np.ndarray] = collections.OrderedDict()
+        self.limit = max(1, max_bytes // (4 * predictor.config.hidden_size))
+
+    def __call__(self, prepared: Sequence[Prepared]) -> list[list[np.ndarray]]:
+        """The unit vector of each sequence of each `prepare_embeddings` or `prepare_similarity` result (one
+        sequence an input: no windows), the sequences not kept computed together in one `run_embed`."""
+        if any(p.windows is not None for p in prepared):
+            raise ValueError("a vector cache keeps one vector an input; windows are pooled per input")
+        keys = [[tuple(ids) for ids, _ in p.sequences] for p in prepared]
+        missing: dict[tuple[int, ...], tuple[tuple[list[int], list[int]], int]] = {}
+        for p, sequence_keys in zip(prepared, keys):
+            for key, sequence, prompt_length in zip(sequence_keys, p.sequences, p.prompt_lengths):
+                if key not in self.vectors and key not in missing:
+                    missing[key] = (sequence, prompt_length)
+        if missing:
+            new = Prepared([s for s, _ in missing.values()], len(missing), [n for _, n in missing.values()])
+            self.vectors.update(zip(missing, self.predictor.run_embed(new, normalize=True)))
+        out = [[self.vectors[key] for key in sequence_keys] for sequence_keys in keys]
+        for sequence_keys in keys:
+            for key in sequence_keys:
+                self.vectors.move_to_end(key)
+        while len(self.vectors) > self.limit:
+            self.vectors.popitem(last=False)
+        return out
 
 
 def _pooler(pooling: str, normalize: bool, dimensions: int | None) -> EncodeFn:

@@ -11,8 +11,9 @@ that change its outputs), so epochs, resumed runs and later runs on the same dat
   scores MarginMSE and KL distillation learn: a cross-encoder's logit, as `Predictor.rank(raw_scores=True)`
   gives it (`Predictor.classification_logits`, the pairs of many queries in one call), unbounded as the
   student's dot products and logits are; or, for `bert train-embeddings`, an embedding model's cosine
-  similarity, as `Predictor.rank` gives it (each distinct text embedded once): a larger bi-encoder teaching a
-  smaller one how it ranks a query's candidates, where MSE on vectors weighs every direction alike.
+  similarity, as `Predictor.rank` gives it (each distinct text embedded once, `bert.inference.UnitVectorCache`):
+  a larger bi-encoder teaching a smaller one how it ranks a query's candidates, where MSE on vectors weighs
+  every direction alike.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 from bert.distillation import cached_by_rank0, data_digest, load_teacher_predictor, precision_key, weights_digest
 from bert.distributed import DistContext
 from bert.errors import InputError
-from bert.inference import Predictor
+from bert.inference import Predictor, UnitVectorCache
 
 if TYPE_CHECKING:
     from bert.commands.train_embeddings import SentenceTrainingArgs
@@ -112,12 +113,12 @@ def group_scores(
         pairs = [(g[0], document) for g in groups[start:stop] for document in g[1:]]
         return model.classification_logits(pairs)[:, 0].reshape(stop - start, width)
 
+    vectors = UnitVectorCache(model)  # the documents recur across groups: each distinct text runs once
+
     def cosines(start: int, stop: int) -> np.ndarray:
-        texts = list(dict.fromkeys(t for g in groups[start:stop] for t in g))
-        vectors = dict(zip(texts, model.embed(texts, normalize=True)))
-        return np.asarray(
-            [[vectors[d] @ vectors[g[0]] for d in g[1:]] for g in groups[start:stop]], dtype=np.float32
-        ).reshape(stop - start, width)
+        (rows,) = vectors([model.prepare_embeddings([t for g in groups[start:stop] for t in g])])
+        v = np.stack(rows).reshape(stop - start, width + 1, -1)  # [groups, query + documents, H]
+        return np.einsum("gh,gdh->gd", v[:, 0], v[:, 1:]).astype(np.float32)
 
     kind = "cross-encoder logits" if model.is_cross_encoder else "embedding cosines"
     key = _key(kind, args, model, [list(g) for g in groups])
