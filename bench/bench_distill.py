@@ -67,6 +67,18 @@ names) by MRR@10 and NDCG@10, each model by the similarity it was trained for (c
 
     python bench/bench_distill.py --parts c --seeds 1,2,3
 
+(s) SQuAD v1.1 (`bert squad --teacher`): SQuAD v1.1 dev cut by article, as ../shared/data holds no SQuAD
+training set: the questions of the 35 articles SQuAD v2.0's dev also holds train (6,013), the other 13 articles'
+questions are scored (4,557, the official evaluation; no context seen in training). The teacher is
+all-MiniLM-L6-v2 fine-tuned by `bert squad` (`--teacher_lr`); the students, per seed, are its `--layers`
+(`--init_from_teacher_layers`) trained on the labels alone (`--distill_alpha=0`) or distilled
+(`--distill_alpha`, the teacher's start and end logits at temperature 1, and as transfer set SQuAD v2.0's own
+5,945 questions on the training articles, unanswerable ones, their answers dropped: the teacher's spans are the
+only labels). All at `--squad_epochs`, batch 32, max_seq_length 384, doc_stride 128; runs kept under
+`--runs_dir`/squad_v1 and reused.
+
+    python bench/bench_distill.py --parts s --seeds 1,2,3 --teacher_lr 1e-4 --student_lr 1e-4
+
 Prints a table and the ratios; `--json PATH` saves the numbers.
 """
 
@@ -546,6 +558,85 @@ def part_c(args, tmp: Path, seeds: list[int]) -> dict:
     return results
 
 
+# ----------------------------------------------------------------------------------------------- part s
+def squad_split(runs: Path) -> dict[str, Path]:
+    """SQuAD v1.1 dev cut by article, written once under `runs`: "train", the questions of the 35 articles
+    SQuAD v2.0's dev also holds, each with its first answer; "eval", the other 13 articles' (no context shared
+    with training); "transfer", v2.0's own questions on the training articles (its unanswerable ones), their
+    answers dropped."""
+    paths = {name: runs / f"{name}.json" for name in ("train", "eval", "transfer")}
+    if all(p.is_file() for p in paths.values()):
+        return paths
+    runs.mkdir(parents=True, exist_ok=True)
+    with gzip.open(SHARED / "squad" / "dev-v1.1.json.gz", "rt", encoding="utf-8") as f:
+        v1 = json.load(f)
+    with gzip.open(SHARED / "squad" / "dev-v2.0.json.gz", "rt", encoding="utf-8") as f:
+        v2 = json.load(f)["data"]
+    shared = {a["title"] for a in v2}
+    v1_ids = {qa["id"] for a in v1["data"] for p in a["paragraphs"] for qa in p["qas"]}
+    transfer = []
+    for article in v2:
+        paragraphs = []
+        for p in article["paragraphs"]:
+            qas = [{"id": q["id"], "question": q["question"], "answers": []} for q in p["qas"] if q["id"] not in v1_ids]
+            paragraphs += [{"context": p["context"], "qas": qas}] if qas else []
+        transfer.append({"title": article["title"], "paragraphs": paragraphs})
+    train = [a for a in v1["data"] if a["title"] in shared]
+    for qa in (qa for a in train for p in a["paragraphs"] for qa in p["qas"]):
+        qa["answers"] = qa["answers"][:1]  # a training question has one answer (run_squad.py's reader)
+    data = {
+        "train": train,
+        "eval": [a for a in v1["data"] if a["title"] not in shared],
+        "transfer": transfer,
+    }
+    for name, articles in data.items():
+        paths[name].write_text(json.dumps({"version": "1.1", "data": articles}), encoding="utf-8")
+    return paths
+
+
+def squad(out: Path, files: dict[str, Path], *flags: str) -> dict:
+    """`bert squad` trained on the split's training articles and scored on its eval ones (skipped when it
+    finished before); the official evaluation's exact_match and f1."""
+    results = out / "eval_results.json"
+    if not results.is_file():
+        cmd = [sys.executable, "-m", "bert", "squad", "--do_train", "--do_predict", f"--output_dir={out}"]
+        cmd += [f"--train_file={files['train']}", f"--predict_file={files['eval']}", *flags]
+        print("$ bert", " ".join(cmd[3:]), flush=True)
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        print(f"  {time.perf_counter() - start:.0f} s", flush=True)
+    return json.loads(results.read_text(encoding="utf-8"))
+
+
+def part_s(args, tmp: Path, seeds: list[int]) -> dict:
+    runs = Path(args.runs_dir) / "squad_v1"
+    files = squad_split(runs)
+    common = [f"--num_train_epochs={args.squad_epochs}", "--train_batch_size=32"]
+    teacher_dir = runs / "teacher"
+    teacher = squad(teacher_dir, files, f"--init_checkpoint={minilm()}", f"--learning_rate={args.teacher_lr}", *common)
+    layers = [f"--teacher={teacher_dir / 'model'}", f"--init_from_teacher_layers={','.join(map(str, args.layers))}"]
+    settings = {
+        "labels alone": [*layers, "--distill_alpha=0"],
+        "distilled": [*layers, f"--distill_alpha={args.distill_alpha}", f"--transfer_file={files['transfer']}"],
+    }
+    rows: dict[str, list[dict]] = {"teacher (6 layers)": [teacher]}
+    for seed in seeds:
+        for name, flags in settings.items():
+            run = [*flags, *common, f"--seed={seed}", f"--learning_rate={args.student_lr}"]
+            rows.setdefault(f"{len(args.layers)} layers, {name}", []).append(
+                squad(runs / name.replace(" ", "_") / f"seed{seed}", files, *run)
+            )
+    return {"rows": rows, "layers": args.layers}
+
+
+def report_s(results: dict) -> None:
+    layers = ",".join(map(str, results["layers"]))
+    print(f"\n(s) SQuAD v1.1 dev, 13 held-out articles: all-MiniLM-L6-v2 fine-tuned -> its layers {layers}")
+    for label, values in results["rows"].items():
+        scores = "  ".join(f"{k} {spread([v[k] for v in values])}" for k in ("exact_match", "f1"))
+        print(f"  {label:28s} {scores}  ({len(values)} runs)")
+
+
 # ---------------------------------------------------------------------------------------------- report
 def spread(values: list[float]) -> str:
     mean = statistics.fmean(values)
@@ -592,7 +683,7 @@ def report_c(results: dict) -> None:
     print(f"  reranker over the start's top 20: mrr@10 {r['mrr@10']:.4f} (the start's order: {s['mrr@10']:.4f})")
 
 
-PARTS = {"a": (part_a, report_a), "b": (part_b, report_b), "c": (part_c, report_c)}
+PARTS = {"a": (part_a, report_a), "b": (part_b, report_b), "c": (part_c, report_c), "s": (part_s, report_s)}
 
 
 def main() -> None:
@@ -601,7 +692,7 @@ def main() -> None:
     p.add_argument("--seeds", default="0")
     p.add_argument("--sentences", type=int, default=20000, help="(b) transfer texts")
     p.add_argument("--steps", type=int, default=600, help="(b) training steps")
-    p.add_argument("--layers", default="0,2,4", help="(b) the teacher's layers the student starts from")
+    p.add_argument("--layers", default="0,2,4", help="(b, s) the teacher's layers the student starts from")
     p.add_argument("--teacher_cache_dir", default=None, help="(b) keep the teacher's outputs here across runs")
     p.add_argument("--ours_only", action="store_true", help="(b) without sentence-transformers' training beside ours")
     p.add_argument("--rank_steps", type=int, default=0, help="(b) then distill_kl steps on question groups (0: none)")
@@ -615,7 +706,7 @@ def main() -> None:
     p.add_argument("--test_queries", type=int, default=500)
     p.add_argument("--embed_sentences", type=int, default=1000, help="(b) texts of the embed throughput")
     p.add_argument("--tasks", default="MRPC", help="(a) GLUE tasks, of MRPC, SST-2")
-    p.add_argument("--runs_dir", default="bench/out/distill", help="(a, c) where the runs are kept and reused")
+    p.add_argument("--runs_dir", default="bench/out/distill", help="(a, c, s) where the runs are kept and reused")
     p.add_argument("--compact", default=None, help="(a) a pre-trained compact model directory (BERT-Small)")
     p.add_argument("--compact_seeds", default=None, help="(a) the seeds of the compact rows (default: --seeds)")
     p.add_argument("--sst2_train_examples", type=int, default=4000, help="(a) SST-2 training examples drawn")
@@ -623,12 +714,13 @@ def main() -> None:
     p.add_argument(
         "--mrpc_transfer_stsb", action="store_true", help="(a) MRPC's transfer set: its test pairs and STS-B's"
     )
-    p.add_argument("--teacher_lr", default="2e-5", help="(a) the teacher's fine-tuning learning rate")
-    p.add_argument("--student_lr", default="1e-4", help="(a) the students' learning rate")
-    p.add_argument("--distill_alpha", default="0.5", help="(a) the distilled students' --distill_alpha")
+    p.add_argument("--teacher_lr", default="2e-5", help="(a, s) the teacher's fine-tuning learning rate")
+    p.add_argument("--student_lr", default="1e-4", help="(a, s) the students' learning rate")
+    p.add_argument("--distill_alpha", default="0.5", help="(a, s) the distilled students' --distill_alpha")
     p.add_argument("--reranker_lr", default="1e-4", help="(c) the reranker's learning rate")
     p.add_argument("--reranker_batch_size", default="16", help="(c) queries per reranker batch (each with its 2 pairs)")
     p.add_argument("--bi_encoder_lr", default="2e-5", help="(c) the bi-encoders' learning rate")
+    p.add_argument("--squad_epochs", default="2", help="(s) the teacher's and the students' epochs")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
