@@ -74,10 +74,10 @@ all-MiniLM-L6-v2 fine-tuned by `bert squad` (`--teacher_lr`); the students, per 
 (`--init_from_teacher_layers`) trained on the labels alone (`--distill_alpha=0`) or distilled
 (`--distill_alpha`, the teacher's start and end logits at temperature 1, and as transfer set SQuAD v2.0's own
 5,945 questions on the training articles, unanswerable ones, their answers dropped: the teacher's spans are the
-only labels). All at `--squad_epochs`, batch 32, max_seq_length 384, doc_stride 128; runs kept under
-`--runs_dir`/squad_v1 and reused.
+only labels). The teacher trains `--squad_epochs`, the students `--squad_student_epochs`; batch 32,
+max_seq_length 384, doc_stride 128; runs kept under `--runs_dir`/squad_v1 and reused.
 
-    python bench/bench_distill.py --parts s --seeds 1,2,3 --teacher_lr 1e-4 --student_lr 1e-4
+    python bench/bench_distill.py --parts s --seeds 1,2 --teacher_lr 1e-4 --student_lr 1e-4 --squad_student_epochs 1
 
 Prints a table and the ratios; `--json PATH` saves the numbers.
 """
@@ -611,9 +611,12 @@ def squad(out: Path, files: dict[str, Path], *flags: str) -> dict:
 def part_s(args, tmp: Path, seeds: list[int]) -> dict:
     runs = Path(args.runs_dir) / "squad_v1"
     files = squad_split(runs)
-    common = [f"--num_train_epochs={args.squad_epochs}", "--train_batch_size=32"]
     teacher_dir = runs / "teacher"
-    teacher = squad(teacher_dir, files, f"--init_checkpoint={minilm()}", f"--learning_rate={args.teacher_lr}", *common)
+    teacher = squad(
+        teacher_dir, files, f"--init_checkpoint={minilm()}", f"--learning_rate={args.teacher_lr}",
+        f"--num_train_epochs={args.squad_epochs}", "--train_batch_size=32",
+    )  # fmt: skip
+    common = [f"--num_train_epochs={args.squad_student_epochs or args.squad_epochs}", "--train_batch_size=32"]
     layers = [f"--teacher={teacher_dir / 'model'}", f"--init_from_teacher_layers={','.join(map(str, args.layers))}"]
     settings = {
         "labels alone": [*layers, "--distill_alpha=0"],
@@ -720,7 +723,8 @@ def main() -> None:
     p.add_argument("--reranker_lr", default="1e-4", help="(c) the reranker's learning rate")
     p.add_argument("--reranker_batch_size", default="16", help="(c) queries per reranker batch (each with its 2 pairs)")
     p.add_argument("--bi_encoder_lr", default="2e-5", help="(c) the bi-encoders' learning rate")
-    p.add_argument("--squad_epochs", default="2", help="(s) the teacher's and the students' epochs")
+    p.add_argument("--squad_epochs", default="2", help="(s) the teacher's epochs (and the students')")
+    p.add_argument("--squad_student_epochs", default=None, help="(s) the students' epochs (default: --squad_epochs)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]

@@ -200,21 +200,18 @@ class _AttentionDropout(torch.autograd.Function):
     this keeps 1 (all-MiniLM-L6-v2, 96 sequences of 256 tokens: 680 MB a layer, 75 MB here). The mask is kept
     rather than drawn again, which would cost more than the recomputed product and softmax together; it is drawn
     as `_CpuDropout` draws it (the same random stream). Each pass over a [B, N, T, T] tensor costs more than the
-    small GEMMs around it (head size 32-64), so the scalars go where the tensors are [B, N, T, D]: the scale on q
-    and the mask bias inside the GEMM (baddbmm), dropout's 1/(1-p) on v and on the incoming gradient; three
-    passes fewer a layer and step (a fifth of the attention's time at 256 tokens), the results autograd's
-    through the plain ops within float32 rounding."""
+    small GEMMs around it (head size 32-64), so the scalars go where the tensors are [B, N, T, D]: the scale on q,
+    dropout's 1/(1-p) on v and on the incoming gradient, and the mask bias is added in place; three passes fewer
+    a layer and step (a fifth of the attention's time at 256 tokens), the results autograd's through the plain
+    ops within float32 rounding."""
 
     @staticmethod
     def _probs(q, k, mask_bias: torch.Tensor | None, scale: float) -> torch.Tensor:
         B, N, T, D = q.shape
         S = k.shape[-2]
-        q_scaled = (q * scale).reshape(B * N, T, D)
-        k_t = k.reshape(B * N, S, D).transpose(1, 2)
-        if mask_bias is None:
-            return torch.bmm(q_scaled, k_t).view(B, N, T, S).softmax(-1)
-        bias = mask_bias.expand(B, N, mask_bias.shape[-2], S).reshape(B * N, -1, S)  # [B N, 1 or T, S]
-        return torch.baddbmm(bias, q_scaled, k_t).view(B, N, T, S).softmax(-1)
+        scores = torch.bmm((q * scale).reshape(B * N, T, D), k.reshape(B * N, S, D).transpose(1, 2))
+        scores = scores.view(B, N, T, S)
+        return (scores if mask_bias is None else scores.add_(mask_bias)).softmax(-1)
 
     @staticmethod
     def forward(ctx, q, k, v, mask_bias: torch.Tensor | None, scale: float, p: float) -> torch.Tensor:
