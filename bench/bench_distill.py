@@ -620,7 +620,12 @@ def part_s(args, tmp: Path, seeds: list[int]) -> dict:
     layers = [f"--teacher={teacher_dir / 'model'}", f"--init_from_teacher_layers={','.join(map(str, args.layers))}"]
     settings = {
         "labels alone": [*layers, "--distill_alpha=0"],
-        "distilled": [*layers, f"--distill_alpha={args.distill_alpha}", f"--transfer_file={files['transfer']}"],
+        "distilled": [
+            *layers,
+            f"--distill_alpha={args.distill_alpha}",
+            f"--transfer_file={files['transfer']}",
+            f"--teacher_cache_dir={runs / 'teacher_cache'}",  # the teacher's logits of the same windows, once
+        ],
     }
     rows: dict[str, list[dict]] = {"teacher (6 layers)": [teacher]}
     for seed in seeds:
