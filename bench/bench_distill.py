@@ -389,17 +389,22 @@ def mrpc_transfer_with_stsb(runs: Path) -> Path:
     return path
 
 
+def run_bert(argv: list[str], done: Path) -> None:
+    """`bert ARGV...`, printed and timed, unless `done` (what the finished run leaves) exists: a cut bench resumes."""
+    if done.exists():
+        return
+    print("$ bert", " ".join(argv), flush=True)
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "bert", *argv], check=True, stdout=subprocess.DEVNULL)
+    print(f"  {time.perf_counter() - start:.0f} s", flush=True)
+
+
 def classify(out: Path, task: str, data: Path, *flags: str) -> dict:
     """`bert classify` on the shared GLUE task into `out` (skipped when it finished before); its dev results."""
     results = out / "eval_results.json"
-    if not results.is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "bert", "classify", *A_COMMON, f"--task_name={task}"]
-        cmd += [f"--data_dir={data}", f"--max_seq_length={A_LENGTH[task]}", f"--output_dir={out}", *flags]
-        print("$ bert", " ".join(cmd[3:]), flush=True)
-        start = time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        print(f"  {time.perf_counter() - start:.0f} s", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    argv = ["classify", *A_COMMON, f"--task_name={task}", f"--data_dir={data}"]
+    run_bert([*argv, f"--max_seq_length={A_LENGTH[task]}", f"--output_dir={out}", *flags], results)
     return json.loads(results.read_text(encoding="utf-8"))
 
 
@@ -495,12 +500,7 @@ def hard_negative_tuples(path: Path, train) -> None:
 
 def bert_run(command: str, out: Path, *flags: str) -> Path:
     """`bert COMMAND` into `out` (skipped when its model exists); the model directory."""
-    if not (out / "model").is_dir():
-        cmd = [sys.executable, "-m", "bert", command, f"--output_dir={out}", "--do_train", *flags]
-        print("$ bert", " ".join(cmd[3:]), flush=True)
-        start = time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        print(f"  {time.perf_counter() - start:.0f} s", flush=True)
+    run_bert([command, f"--output_dir={out}", "--do_train", *flags], out / "model")
     return out / "model"
 
 
@@ -598,13 +598,8 @@ def squad(out: Path, files: dict[str, Path], *flags: str) -> dict:
     """`bert squad` trained on the split's training articles and scored on its eval ones (skipped when it
     finished before); the official evaluation's exact_match and f1."""
     results = out / "eval_results.json"
-    if not results.is_file():
-        cmd = [sys.executable, "-m", "bert", "squad", "--do_train", "--do_predict", f"--output_dir={out}"]
-        cmd += [f"--train_file={files['train']}", f"--predict_file={files['eval']}", *flags]
-        print("$ bert", " ".join(cmd[3:]), flush=True)
-        start = time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        print(f"  {time.perf_counter() - start:.0f} s", flush=True)
+    argv = ["squad", "--do_train", "--do_predict", f"--output_dir={out}", f"--train_file={files['train']}"]
+    run_bert([*argv, f"--predict_file={files['eval']}", *flags], results)
     return json.loads(results.read_text(encoding="utf-8"))
 
 

@@ -113,16 +113,16 @@ def group_scores(
         pairs = [(g[0], document) for g in groups[start:stop] for document in g[1:]]
         return model.classification_logits(pairs)[:, 0].reshape(stop - start, width)
 
-    vectors = UnitVectorCache(model)  # the documents recur across groups: each distinct text runs once
-
     def cosines(start: int, stop: int) -> np.ndarray:
         (rows,) = vectors([model.prepare_embeddings([t for g in groups[start:stop] for t in g])])
         v = np.stack(rows).reshape(stop - start, width + 1, -1)  # [groups, query + documents, H]
         return np.einsum("gh,gdh->gd", v[:, 0], v[:, 1:]).astype(np.float32)
 
-    kind = "cross-encoder logits" if model.is_cross_encoder else "embedding cosines"
+    if model.is_cross_encoder:
+        kind, compute = "cross-encoder logits", logits
+    else:
+        kind, compute = "embedding cosines", cosines
+        vectors = UnitVectorCache(model)  # the documents recur across groups: each distinct text runs once
     key = _key(kind, args, model, [list(g) for g in groups])
     with model.counting_truncations():
-        return cached_by_rank0(
-            dist, cache, key, len(groups), (width,), logits if model.is_cross_encoder else cosines, "teacher scores"
-        )
+        return cached_by_rank0(dist, cache, key, len(groups), (width,), compute, "teacher scores")
