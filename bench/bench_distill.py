@@ -15,8 +15,9 @@ All students: `--student_lr`, batch 32, 3 epochs, max_seq_length 128 (SST-2: 64)
 sentences would take the teacher hours on a CPU: its runs train on `--sst2_train_examples` of them drawn with
 seed 0, and its transfer set is `--sst2_transfer_examples` other training sentences without their labels.
 Also `bert predict` throughput of the teacher and the 3-layer student (`Predictor.classify` on the dev set, in
-turn, best of 3). Runs are kept under `--runs_dir` and reused when their eval_results.json exists, so a cut
-bench resumes.
+turn, best of 3). With `--teacher_seeds`, more teachers fine-tuned with those seeds give the teacher row its
+spread (the students still learn from the first teacher, seed 12345). Runs are kept under `--runs_dir` and
+reused when their eval_results.json exists, so a cut bench resumes.
 
     python bench/bench_distill.py --parts a --tasks MRPC --seeds 1,2,3 --compact BERT_SMALL_DIR
 
@@ -28,12 +29,12 @@ and normalisation the teacher's). The student's
 embeddings regress on the teacher's of unlabelled text from ../shared/data (`--sentences` of them, in equal
 parts: sentences of the British novels, GLUE sentences (STS-B, MRPC, SST-2 train) and the SQuAD retrieval
 set's paragraphs and training-split questions; the test split's questions are never trained on). Reported:
-- MRR@10 and NDCG@10 on `retrieval/squad-dev`'s test split (`--test_queries` first queries, searched in
-  every paragraph the split names) of the teacher, of the undistilled 3-layer student and of the distilled
-  students: ours, and sentence-transformers' own MSELoss training (SentenceTransformerTrainer, the same
-  texts, start, seed, steps, batch, learning rate, warm-up steps, max_seq_length; its labels
-  `teacher.encode` of the texts, as its distillation example does);
-- `bert embed` throughput (`Predictor.embed`, sentences/s over the test paragraphs and questions) of the
+- MRR@10 and NDCG@10 on `retrieval/squad-dev`'s test split (all 2,296 queries, searched in every paragraph the
+  split names; also MRR@10 over its `--test_queries` first queries, the earlier runs' measure) of the teacher, of
+  the undistilled 3-layer student and of the distilled students: ours, and sentence-transformers' own MSELoss
+  training (SentenceTransformerTrainer, the same texts, start, seed, steps, batch, learning rate, warm-up steps,
+  max_seq_length; its labels `teacher.encode` of the texts, as its distillation example does);
+- `bert embed` throughput (`Predictor.embed`, sentences/s over the paragraphs and the first questions) of the
   teacher and the student, and their ratio;
 - training throughput (training sequences/s of the loop: ours from `metrics.jsonl`, theirs
   `train_samples_per_second`; the teacher's outputs are computed before either loop, their time apart).
@@ -217,13 +218,18 @@ def part_b(args, tmp: Path, seeds: list[int]) -> dict:
 
     squad = str(SHARED / "retrieval" / "squad-dev")
     test = read_beir(squad, "test")
-    qids = list(test.queries)[: args.test_queries]
+    qids = list(test.queries)
     dids = list(test.documents)
     queries, documents = [test.queries[i] for i in qids], [test.documents[i] for i in dids]
     relevant = [test.qrels[q] for q in qids]
+    first = args.test_queries
 
     def scores(encode) -> dict:
-        return evaluation.retrieval_metrics(encode(queries), encode(documents), dids, relevant)
+        """The metrics over every test query, and as `first_*` over the first `--test_queries` of them."""
+        q, docs = encode(queries), encode(documents)
+        every = evaluation.retrieval_metrics(q, docs, dids, relevant)
+        head = evaluation.retrieval_metrics(q[:first], docs, dids, relevant[:first])
+        return every | {f"first_{k}": v for k, v in head.items()}
 
     results: dict = {"texts": len(texts), "epochs": epochs, "layers": args.layers}
     teacher_predictor = Predictor.from_pretrained(teacher, device="cpu")
@@ -326,7 +332,7 @@ def part_b(args, tmp: Path, seeds: list[int]) -> dict:
         print(f"theirs seed {seed}: {results['theirs'][-1]}", flush=True)
 
     # `bert embed` throughput: the test questions and paragraphs, best of two passes per model.
-    sample = (queries + documents)[: args.embed_sentences]
+    sample = (queries[:first] + documents)[: args.embed_sentences]
     student = Predictor.from_pretrained(tmp / f"ours_{seeds[0]}" / "model", device="cpu")
     for name, predictor in (("teacher", teacher_predictor), ("student", student)):
         times = []
@@ -440,6 +446,17 @@ def part_a(args, tmp: Path, seeds: list[int]) -> dict:
         kd = [f"--teacher={teacher_dir / 'model'}", transfer, f"--distill_alpha={args.distill_alpha}"]
         layers = [f"--teacher={teacher_dir / 'model'}", "--init_from_teacher_layers=0,2,4"]
         rows: dict[str, list[float]] = {"teacher (6 layers)": [teacher[metric]]}
+        for seed in args.teacher_seeds:
+            # The teacher's spread: the students learn from the first teacher alone.
+            again = classify(
+                runs / task / f"teacher_seed{seed}",
+                task,
+                data,
+                f"--init_checkpoint={minilm()}",
+                f"--learning_rate={args.teacher_lr}",
+                f"--seed={seed}",
+            )
+            rows["teacher (6 layers)"].append(again[metric])
         settings = {
             "3 layers, labels alone": ("labels", [*layers, "--distill_alpha=0"]),
             "3 layers, distilled": ("distilled", [*layers, *kd[1:]]),
@@ -650,7 +667,7 @@ def report_b(results: dict) -> None:
     layers = ",".join(map(str, results.get("layers", [0, 2, 4])))
     ranks = f", then {results['rank_steps']} distill_kl steps on question groups" if "rank_steps" in results else ""
     print(f"\n(b) all-MiniLM-L6-v2 -> its layers {layers}, MSE distillation{ranks}; retrieval/squad-dev test")
-    keys = ["mrr@10", "ndcg@10"]
+    keys = ["mrr@10", "ndcg@10", "first_mrr@10"]
     rows = [
         ("teacher (6 layers)", [results["teacher"]]),
         ("student undistilled", [results["student_undistilled"]]),
@@ -658,9 +675,15 @@ def report_b(results: dict) -> None:
         ("student ours" + (", then ranks" if "ours_mse" in results else ""), results["ours"]),
         ("student theirs, MSE", results.get("theirs")),
     ]
+    teacher = results["teacher"]
     for label, values in rows:
         if values:
-            print(f"  {label:26s} " + "  ".join(f"{k} {spread([v[k] for v in values])}" for k in keys))
+            shares = "  ".join(
+                f"{k} {statistics.fmean(v[k] for v in values) / teacher[k]:.1%}" for k in ("mrr@10", "first_mrr@10")
+            )
+            cells = "  ".join(f"{k} {spread([v[k] for v in values])}" for k in keys)
+            print(f"  {label:26s} {cells}  share of the teacher's {shares}")
+    print("  (every test query; first_: the first --test_queries of them, as the bench's rows before 2026-11-29)")
     ours = statistics.fmean(results["ours_seq_s"])
     if "theirs" in results:
         theirs = statistics.fmean(results["theirs_seq_s"])
@@ -712,6 +735,9 @@ def main() -> None:
     p.add_argument("--runs_dir", default="bench/out/distill", help="(a, c, s) where the runs are kept and reused")
     p.add_argument("--compact", default=None, help="(a) a pre-trained compact model directory (BERT-Small)")
     p.add_argument("--compact_seeds", default=None, help="(a) the seeds of the compact rows (default: --seeds)")
+    p.add_argument(
+        "--teacher_seeds", default="", help="(a) more teachers, fine-tuned with these seeds, for the teacher's spread"
+    )
     p.add_argument("--sst2_train_examples", type=int, default=4000, help="(a) SST-2 training examples drawn")
     p.add_argument("--sst2_transfer_examples", type=int, default=8000, help="(a) other SST-2 sentences, unlabelled")
     p.add_argument(
@@ -730,6 +756,7 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     args.layers = [int(i) for i in args.layers.split(",")]
     args.compact_seeds = [int(s) for s in args.compact_seeds.split(",")] if args.compact_seeds else None
+    args.teacher_seeds = [int(s) for s in args.teacher_seeds.split(",") if s]
     print(f"torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}, seeds {seeds}, {vars(args)}", flush=True)
     everything = {}
     with tempfile.TemporaryDirectory() as d:
