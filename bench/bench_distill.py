@@ -439,23 +439,15 @@ def part_a(args, tmp: Path, seeds: list[int]) -> dict:
         data, transfer_file = task_data(task, runs, sample, args.sst2_transfer_examples)
         if task == "MRPC" and args.mrpc_transfer_stsb:
             transfer_file = mrpc_transfer_with_stsb(runs)
-        teacher = classify(
-            teacher_dir, task, data, f"--init_checkpoint={minilm()}", f"--learning_rate={args.teacher_lr}"
-        )
+        fine_tune = [f"--init_checkpoint={minilm()}", f"--learning_rate={args.teacher_lr}"]
+        teacher = classify(teacher_dir, task, data, *fine_tune)
         transfer = f"--transfer_file={transfer_file}"
         kd = [f"--teacher={teacher_dir / 'model'}", transfer, f"--distill_alpha={args.distill_alpha}"]
         layers = [f"--teacher={teacher_dir / 'model'}", "--init_from_teacher_layers=0,2,4"]
         rows: dict[str, list[float]] = {"teacher (6 layers)": [teacher[metric]]}
         for seed in args.teacher_seeds:
             # The teacher's spread: the students learn from the first teacher alone.
-            again = classify(
-                runs / task / f"teacher_seed{seed}",
-                task,
-                data,
-                f"--init_checkpoint={minilm()}",
-                f"--learning_rate={args.teacher_lr}",
-                f"--seed={seed}",
-            )
+            again = classify(runs / task / f"teacher_seed{seed}", task, data, *fine_tune, f"--seed={seed}")
             rows["teacher (6 layers)"].append(again[metric])
         settings = {
             "3 layers, labels alone": ("labels", [*layers, "--distill_alpha=0"]),
