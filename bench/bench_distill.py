@@ -675,7 +675,7 @@ def report_b(results: dict) -> None:
             )
             cells = "  ".join(f"{k} {spread([v[k] for v in values])}" for k in keys)
             print(f"  {label:26s} {cells}  share of the teacher's {shares}")
-    print("  (every test query; first_: the first --test_queries of them, as the bench's rows before 2026-11-29)")
+    print("  (every test query; first_: the first --test_queries of them, the measure of the bench's earlier rows)")
     ours = statistics.fmean(results["ours_seq_s"])
     if "theirs" in results:
         theirs = statistics.fmean(results["theirs_seq_s"])
