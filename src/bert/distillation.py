@@ -54,7 +54,7 @@ from bert.errors import InputError
 from bert.flags import LAYERS_FLAG, check_dtype
 from bert.inference import Predictor
 from bert.modeling import IGNORE_INDEX
-from bert.outputs import remove_temporaries
+from bert.outputs import remove_temporaries, waiting_lock
 from bert.tokenization import load_vocab
 from bert.training import LossFn
 from bert.utils import atomic_write, load_json_file, progress
@@ -165,27 +165,43 @@ def cached_teacher_outputs(
     array_path, manifest_path, canonical = _cache_names(cache, key)
     expected = {"key": canonical, "rows": int(num_rows), "shape": [int(d) for d in row_shape], "dtype": "float32"}
     cached = _load_cached(array_path, manifest_path, expected)
-    if cached is not None:
-        logger.info("%s: %d cached outputs from %s", desc, num_rows, array_path)
-        return cached
+    if cached is None:
+        # Runs sharing the cache (a grid's cells, commands side by side) compute an entry one at a time.
+        with waiting_lock(cache / f".{array_path.stem}.lock", f"computing the teacher's outputs into {array_path}"):
+            cached = _load_cached(array_path, manifest_path, expected)  # the run we waited for made it
+            if cached is None:
+                _compute_entry(array_path, manifest_path, expected, compute, batch_rows, desc)
+                logger.info("%s: %d outputs computed and cached in %s", desc, num_rows, array_path)
+                return np.load(array_path, mmap_mode="r")
+    logger.info("%s: %d cached outputs from %s", desc, num_rows, array_path)
+    return cached
 
+
+def _compute_entry(
+    array_path: Path,
+    manifest_path: Path,
+    expected: dict[str, Any],
+    compute: Callable[[int, int], np.ndarray],
+    batch_rows: int,
+    desc: str,
+) -> None:
+    """Compute a cache entry into a temporary file, rename it into place, then write its manifest; called
+    holding the entry's lock."""
+    cache = array_path.parent
     # A killed run's temporary files of this name are of no use: its rows are not known to be whole.
     remove_temporaries(cache, [array_path.name])
     manifest_path.unlink(missing_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{array_path.name}.", suffix=".tmp", dir=cache)
     os.close(fd)
     tmp = Path(tmp_name)
-    shape = (int(num_rows), *(int(d) for d in row_shape))
     try:
-        _compute_into(tmp, shape, compute, batch_rows, desc)
+        _compute_into(tmp, (expected["rows"], *expected["shape"]), compute, batch_rows, desc)
         os.replace(tmp, array_path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     with atomic_write(manifest_path) as f:
         f.write(json.dumps(expected, indent=2, sort_keys=True) + "\n")
-    logger.info("%s: %d outputs computed and cached in %s", desc, num_rows, array_path)
-    return np.load(array_path, mmap_mode="r")
 
 
 def _compute_into(

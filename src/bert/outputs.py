@@ -39,10 +39,10 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bert.errors import InputError
 
@@ -209,28 +209,70 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+# The errors of a file system without `flock`.
+_NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+
+_T = TypeVar("_T")
+
+
+def _open_locked(path: Path, acquire: Callable[[int], _T]) -> tuple[int, _T] | None:
+    """`path` opened (created if missing) and locked by `acquire(fd)`, with what `acquire` returned; None when
+    ten tries each lost the file to its holder's release. The holder before us unlinks the file when it
+    releases, and a lock taken on an unlinked file locks nothing: the name must still lead to the file held."""
+    for _ in range(10):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            result = acquire(fd)
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd, result
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    return None
+
+
+@contextlib.contextmanager
+def waiting_lock(path: Path, waiting: str) -> Iterator[None]:
+    """An exclusive lock on `path` for the block, waiting while another process holds it (logged once as
+    "waiting for another run WAITING"): processes that share a cache fill an entry one at a time, and the
+    later ones find it filled. The kernel releases a dead process's lock; the file is removed on release.
+    Where the file system has no `flock`, the block runs unguarded."""
+
+    def acquire(fd: int) -> None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("waiting for another run %s", waiting)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:
+            if e.errno not in _NO_FLOCK:
+                raise
+
+    locked = _open_locked(path, acquire)
+    if locked is None:
+        raise InputError(f"cannot take the lock {path}; try again")
+    fd, _ = locked
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # while still holding it: see _open_locked
+        os.close(fd)
+
+
 class _Lock:
     """An exclusive lock on `path` for the run (see the module docstring)."""
 
     def __init__(self, path: Path, out: Output, command: str):
         self.path, self.out = path, out
         self.fd: int | None = None
-        for _ in range(10):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                previous = self._acquire(fd)
-                # The holder before us unlinks the file when it releases; a lock taken on an unlinked file
-                # locks nothing, so check that the name still leads to the file we hold.
-                if os.fstat(fd).st_ino == os.stat(path).st_ino:
-                    break
-            except FileNotFoundError:
-                pass
-            except BaseException:
-                os.close(fd)
-                raise
-            os.close(fd)
-        else:
+        locked = _open_locked(path, self._acquire)
+        if locked is None:
             raise InputError(f"{out.flag}={out.path}: cannot take the lock {path}; try again")
+        fd, previous = locked
         self.fd = fd
         if previous and previous.get("pid") != os.getpid():
             logger.warning(
@@ -254,7 +296,7 @@ class _Lock:
                 f"finish, or choose another {self.out.flag}"
             ) from None
         except OSError as e:
-            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            if e.errno not in _NO_FLOCK:
                 raise
             flock = False  # this file system has no flock: the file's content decides
         previous = _read_holder(fd)

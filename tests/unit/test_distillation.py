@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -102,6 +104,47 @@ def test_cache_rejects_non_finite_teacher_outputs(tmp_path):
     with pytest.raises(InputError, match=r"my-teacher: .*row 7 is not a finite number"):
         cached_teacher_outputs(tmp_path, {"teacher": "a"}, 10, (3,), Counting(rows), batch_rows=4, desc="my-teacher")
     assert not list(tmp_path.glob("*.npy"))
+
+
+# One of two processes sharing a cache: both start computing the same entry at once (each waits for the other's
+# "ready" file), and each records its compute calls and saves what it got.
+_SHARED_CACHE_RUN = """
+import sys, time
+from pathlib import Path
+import numpy as np
+from bert.distillation import cached_teacher_outputs
+cache, me, other = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+(cache.parent / f"ready-{me}").touch()
+deadline = time.monotonic() + 60
+while not (cache.parent / f"ready-{other}").exists() and time.monotonic() < deadline:
+    time.sleep(0.005)
+rows = np.arange(40, dtype=np.float32).reshape(8, 5)
+def compute(start, stop):
+    with open(cache.parent / "calls.txt", "a") as f:
+        f.write(f"{me} {start}\\n")
+    time.sleep(0.2)
+    return rows[start:stop]
+out = cached_teacher_outputs(cache, {"teacher": "t"}, 8, (5,), compute, batch_rows=2)
+np.save(cache.parent / f"out-{me}.npy", np.asarray(out))
+"""
+
+
+def test_cache_shared_by_two_processes_is_computed_once(tmp_path):
+    # A grid's cells share --teacher_cache_dir: the second waits for the first's entry instead of computing it
+    # again (and, before the lock, removing the first's temporary file from under it).
+    script = tmp_path / "run.py"
+    script.write_text(_SHARED_CACHE_RUN)
+    runs = [
+        subprocess.Popen([sys.executable, str(script), str(tmp_path / "cache"), me, other])
+        for me, other in (("a", "b"), ("b", "a"))
+    ]
+    assert [run.wait(timeout=120) for run in runs] == [0, 0]
+    calls = (tmp_path / "calls.txt").read_text().split()
+    assert len(calls) == 8 and len(set(calls[::2])) == 1  # 4 chunks, all computed by one of the two
+    rows = np.arange(40, dtype=np.float32).reshape(8, 5)
+    for me in "ab":
+        np.testing.assert_array_equal(np.load(tmp_path / f"out-{me}.npy"), rows)
+    assert sorted(p.suffix for p in (tmp_path / "cache").iterdir()) == [".json", ".npy"]  # no lock left behind
 
 
 def test_data_digest_frames_parts(tmp_path):
