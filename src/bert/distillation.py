@@ -157,6 +157,7 @@ def cached_teacher_outputs(
 
     A manifest whose key, row count, shape or dtype differ, a missing manifest (a run killed between the
     rename and the manifest) or a file cut short is recomputed. Non-finite teacher outputs are an `InputError`.
+    Runs that share `cache_dir` compute an entry once: the others wait on its lock file, then read it.
     """
     if num_rows < 0 or batch_rows < 1:
         raise ValueError(f"num_rows={num_rows} and batch_rows={batch_rows}: need num_rows >= 0 and batch_rows >= 1")
