@@ -427,7 +427,8 @@ class FinetuneArgs(ModelArgs, TrainingArgs):
     keep_checkpoint_max: int = same_as(TrainingArgs, "keep_checkpoint_max", default=1)
     log_every: int = same_as(TrainingArgs, "log_every", default=50)
     # The fine-tuning grid (bert.grid): these two and --num_train_epochs take comma lists. A list is held in
-    # the field until `run_finetune` expands the grid into runs of one value each.
+    # the field until `run_finetune` (or the sentence commands' `run_command`) expands the grid into runs of one
+    # value each.
     train_batch_size: int = same_as(TrainingArgs, "train_batch_size", grid="bs")
     learning_rate: float = same_as(TrainingArgs, "learning_rate", grid="lr")
     grid_jobs: int = field(

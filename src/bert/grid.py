@@ -3,12 +3,14 @@ dev set kept.
 
 The small-BERT release reports each GLUE score of the best of batch sizes 8, 16, 32, 64, 128 and learning
 rates 3e-4, 1e-4, 5e-5, 3e-5 over 4 epochs; `bert classify --train_batch_size=8,16,32,64,128
---learning_rate=3e-4,1e-4,5e-5,3e-5 --num_train_epochs=4 --do_train --do_eval ...` runs those 20 runs.
+--learning_rate=3e-4,1e-4,5e-5,3e-5 --num_train_epochs=4 --do_train --do_eval ...` runs those 20 runs. Every
+fine-tuning command runs a grid so, and `bert train-embeddings` and `bert train-reranker` too (ranked on their
+--eval_file).
 
-- The grid flags are the fields whose metadata has "grid" (`bert.flags.FinetuneArgs`: --train_batch_size,
-  --learning_rate, --num_train_epochs), the value being the flag's short name. The parser reads a comma
-  list into a Python list (`list_type`); one value stays a scalar, so a command line without lists is an
-  ordinary run. Args built in Python may hold a list there too.
+- The grid flags are the fields whose metadata has "grid" (`bert.flags.FinetuneArgs`, and the sentence
+  commands' flags after it: --train_batch_size, --learning_rate, --num_train_epochs), the value being the flag's
+  short name. The parser reads a comma list into a Python list (`list_type`); one value stays a scalar, so a
+  command line without lists is an ordinary run. Args built in Python may hold a list there too.
 - `expand` turns the lists into cells: the command's Args with one value per grid flag, named
   `bs=32,lr=3e-05,ep=4` (the short names, in the Args' field order).
 - `run_grid` runs each cell as an ordinary run of the same command (`python -m bert COMMAND`, every other
@@ -51,7 +53,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from bert.errors import InputError
 from bert.metrics import greater_is_better
@@ -59,7 +61,11 @@ from bert.outputs import atomic_directory, claim
 from bert.utils import atomic_write, load_json_file, log_to_file, print_result, progress, write_run_info
 
 if TYPE_CHECKING:
+    from bert.commands.train_embeddings import SentenceTrainingArgs
     from bert.flags import FinetuneArgs, TrainingArgs
+
+# The Args of the commands that run grids.
+GridArgs = TypeVar("GridArgs", bound="FinetuneArgs | SentenceTrainingArgs")
 
 logger = logging.getLogger(__name__)
 
@@ -70,12 +76,12 @@ EVAL_RESULTS_NAME = "eval_results.json"
 
 
 @dataclass
-class Cell:
+class Cell(Generic[GridArgs]):
     """One run of a grid: its name (also its directory's), its grid values ({flag: value}) and its Args."""
 
     name: str
     values: dict[str, Any]
-    args: FinetuneArgs
+    args: GridArgs
 
 
 def grid_fields(args: TrainingArgs | type[TrainingArgs]) -> list[dataclasses.Field]:
@@ -106,7 +112,7 @@ def list_type(scalar: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
-def is_grid(args: FinetuneArgs) -> bool:
+def is_grid(args: GridArgs) -> bool:
     """Whether a grid flag of `args` holds a list (of values to run a grid over)."""
     return any(isinstance(getattr(args, f.name), list) for f in grid_fields(args))
 
@@ -119,10 +125,11 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-def expand(args: FinetuneArgs, dev_flag: str) -> list[Cell] | None:
+def expand(args: GridArgs, dev_flag: str) -> list[Cell[GridArgs]] | None:
     """The cells of a grid, or None for an ordinary run (after the checks that concern it).
 
-    `dev_flag` is the task's flag that scores the dev set (`FinetuneTask.dev_flag`), which ranks the cells.
+    `dev_flag` is the command's flag that scores the dev set (`FinetuneTask.dev_flag`; the sentence commands'
+    do_eval), which ranks the cells.
 
     Raises:
         InputError: --grid_jobs without a grid, a grid without training or dev scores or under torchrun, an
@@ -163,7 +170,7 @@ def expand(args: FinetuneArgs, dev_flag: str) -> list[Cell] | None:
     return cells
 
 
-def _values(args: FinetuneArgs, f: dataclasses.Field) -> list[Any]:
+def _values(args: GridArgs, f: dataclasses.Field) -> list[Any]:
     value = getattr(args, f.name)
     return list(value) if isinstance(value, list) else [value]
 
@@ -370,8 +377,8 @@ def _check_output_dir(output_dir: Path) -> None:
 
 
 def run_grid(
-    args: FinetuneArgs,
-    cells: Sequence[Cell],
+    args: GridArgs,
+    cells: Sequence[Cell[GridArgs]],
     command: str,
     metric: str,
     inputs: Mapping[str, Any],

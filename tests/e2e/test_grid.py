@@ -6,6 +6,7 @@ is a process of its own (a torch import, a few seconds), so these tests take ten
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import shutil
@@ -193,3 +194,42 @@ def test_a_squad_grid_ranks_its_runs_by_the_f1_of_their_predictions(model_files,
     best_dir = out / "grid" / best["cell"]
     assert (out / "predictions.json").read_text() == (best_dir / "predictions.json").read_text()
     assert_same_weights(read_weights(out / "model"), read_weights(best_dir / "model"))
+
+
+def test_a_train_embeddings_grid_ranks_its_runs_on_the_eval_file(model_files, tmp_path, capsys):
+    """`bert train-embeddings` runs the release's grid as the fine-tuning commands do: a run per batch size, ranked
+    by the retrieval score of the BEIR --eval_file (eval_ndcg@10 by default), the best exported and equal to that
+    run alone; the grid's flags are checked for every run before the first starts."""
+    from test_train_embeddings import TOPICS, beir_dir
+
+    from bert.commands.train_embeddings import TrainEmbeddingsArgs, run_train_embeddings
+
+    beir = beir_dir(tmp_path / "beir")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps([f"question on {t}", f"an answer about {t}"]) + "\n" for t in TOPICS))
+    flags = [f"--train_file={pairs}", f"--eval_file={beir}", "--do_train", "--do_eval", "--learning_rate=1e-3"]
+    out = tmp_path / "grid"
+    assert main(["train-embeddings", *flags, *model_flags(model_files, out), "--train_batch_size=2,5"]) == 0
+    record = json.loads((out / "grid_results.json").read_text())
+    assert record["command"] == "train-embeddings" and record["metric"] == "eval_ndcg@10"
+    rows = record["cells"]
+    assert [(r["cell"], r["status"], r["global_step"]) for r in rows] == [
+        ("bs=2,lr=0.001,ep=3", "ok", 15),  # 10 pairs: 5 batches of 2, 3 epochs
+        ("bs=5,lr=0.001,ep=3", "ok", 6),
+    ]
+    best = max(rows, key=lambda r: r["eval_ndcg@10"])
+    assert record["best"] == best["cell"] and _eval_results(out)["eval_ndcg@10"] == best["eval_ndcg@10"]
+    assert_same_weights(read_weights(out / "model"), read_weights(out / "grid" / best["cell"] / "model"))
+    alone = tmp_path / "alone"
+    values = {k: best[k] for k in ("train_batch_size", "learning_rate", "num_train_epochs")}
+    args = args_for(TrainEmbeddingsArgs, model_files, alone, train_file=str(pairs), eval_file=str(beir), **values)
+    run_train_embeddings(dataclasses.replace(args, do_train=True, do_eval=True))
+    assert _eval_results(alone) == _eval_results(out)
+    assert_same_weights(read_weights(alone / "model"), read_weights(out / "model"))
+    # A grid needs the evaluation that ranks it; a cell's bad flag stops the grid before any run.
+    no_eval = [f"--train_file={pairs}", "--do_train", "--train_batch_size=2,5"]
+    no_eval += model_flags(model_files, tmp_path / "a")
+    assert "--do_eval=true" in cli_error(capsys, "train-embeddings", *no_eval)
+    bad = [*flags, "--train_batch_size=2,5", "--gradient_accumulation_steps=2"]
+    assert "must be 1" in cli_error(capsys, "train-embeddings", *bad, *model_flags(model_files, tmp_path / "b"))
+    assert not (tmp_path / "b" / "grid").exists()

@@ -50,7 +50,11 @@ class SentenceTrainingArgs(ModelArgs, TrainingArgs, DistillArgs):
     eval_split: str = field(
         default="dev", metadata={"help": "The qrels split of a BEIR --eval_file (qrels/<split>.tsv)."}
     )
+    # The release's grid (`bert.grid`), as the fine-tuning commands run it: these three take comma lists.
+    train_batch_size: int = same_as(FinetuneArgs, "train_batch_size")
+    learning_rate: float = same_as(FinetuneArgs, "learning_rate")
     num_train_epochs: float = same_as(FinetuneArgs, "num_train_epochs")
+    grid_jobs: int = same_as(FinetuneArgs, "grid_jobs")
     max_train_examples: int = same_as(FinetuneArgs, "max_train_examples")
     max_eval_examples: int = same_as(FinetuneArgs, "max_eval_examples")
     warmup_proportion: float = same_as(FinetuneArgs, "warmup_proportion")

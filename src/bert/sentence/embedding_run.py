@@ -29,11 +29,11 @@ from bert.modeling import SENTENCE_POOLINGS, BertModel, pool_tokens
 from bert.sentence import evaluation, losses, teachers
 from bert.sentence.data import SCORED, TEXTS, Corpus, TrainingData, read_beir, read_training_data, unique_texts
 from bert.sentence.loss_table import EMBEDDING_LOSS_TABLE, LossSpec, check_data, check_loss, with_transfer
-from bert.sentence.runner import SentenceRun, check_common, embed_texts, run_command, single_sequences
+from bert.sentence.runner import SentenceRun, embed_texts, run_command, single_sequences
 from bert.sentence.st_format import sentence_transformers_files
 
 if TYPE_CHECKING:
-    from bert.commands.train_embeddings import TrainEmbeddingsArgs
+    from bert.commands.train_embeddings import SentenceTrainingArgs, TrainEmbeddingsArgs
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,6 @@ class EmbeddingRun(SentenceRun):
         return {"add_pooling_layer": False}
 
     def __init__(self, args: TrainEmbeddingsArgs, dist: DistContext):
-        check_common(args)
         super().__init__(args, dist)
         st = None
         # The model the weights come from sets the default pooling and normalisation.
@@ -81,7 +80,6 @@ class EmbeddingRun(SentenceRun):
         self.eval_data = (
             _read_eval(args.eval_file, args.eval_split).head(args.max_eval_examples) if args.eval_file else None
         )
-        self.default_metric = "eval_spearman" if isinstance(self.eval_data, TrainingData) else "eval_ndcg@10"
         self.data = (
             read_training_data(args.train_file).head(args.max_train_examples)
             if args.do_train and args.train_file
@@ -117,6 +115,12 @@ class EmbeddingRun(SentenceRun):
             self.scores = np.asarray(self.data.scores, dtype=np.float32) / args.score_scale
         self.plan = BatchPlan(self.data, args.train_batch_size, args.seed, no_duplicates=self.spec.in_batch)
         self.setup_training(self.plan.batches_per_epoch())
+
+    @classmethod
+    def default_metric_of(cls, args: SentenceTrainingArgs) -> str:
+        # Scored pairs are ranked by correlation, a BEIR directory's split by retrieval (`_read_eval`).
+        pairs = args.eval_file is not None and not Path(args.eval_file).is_dir()
+        return "eval_spearman" if pairs else "eval_ndcg@10"
 
     def metric_names(self) -> list[str]:
         keys = evaluation.STS_KEYS if isinstance(self.eval_data, TrainingData) else evaluation.RANKING_KEYS

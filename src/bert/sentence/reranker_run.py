@@ -29,7 +29,6 @@ from bert.sentence.loss_table import RERANKER_LOSS_TABLE, check_data, check_loss
 from bert.sentence.runner import (
     BLOCK_BATCHES,
     SentenceRun,
-    check_common,
     embed_texts,
     mine_negatives,
     pair_sequences,
@@ -38,6 +37,7 @@ from bert.sentence.runner import (
 from bert.utils import progress
 
 if TYPE_CHECKING:
+    from bert.commands.train_embeddings import SentenceTrainingArgs
     from bert.commands.train_reranker import TrainRerankerArgs
 
 logger = logging.getLogger(__name__)
@@ -47,11 +47,10 @@ class RerankerRun(SentenceRun):
     command = "train-reranker"
     model_class = BertForSequenceClassification
     next_command = "bert rerank --model={model} --input_file=CANDIDATES.jsonl"
-    default_metric = "eval_ndcg@10"
+    accumulates = True
     args: TrainRerankerArgs
 
     def __init__(self, args: TrainRerankerArgs, dist: DistContext):
-        check_common(args, accumulates=True, world_size=dist.world_size)
         super().__init__(args, dist)
         self.loss = args.loss or "bce"
         self.data = (
@@ -97,6 +96,10 @@ class RerankerRun(SentenceRun):
 
     def model_kwargs(self) -> dict[str, Any]:
         return {"num_labels": 1}
+
+    @classmethod
+    def default_metric_of(cls, args: SentenceTrainingArgs) -> str:
+        return "eval_ndcg@10"
 
     def metric_names(self) -> list[str]:
         return [f"eval_{p}{k}" for p in ("", "retriever_") for k in evaluation.RANKING_KEYS]

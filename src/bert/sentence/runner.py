@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from bert import checkpointing, evaluations, run_dir, training
+from bert import checkpointing, evaluations, grid, run_dir, training
 from bert.cpu_kernels import release_packed_weights
 from bert.distributed import DistContext, distributed
 from bert.errors import InputError
@@ -126,11 +126,13 @@ class SentenceRun:
 
     command = ""
     model_class: type = BertModel
-    default_metric = ""
     next_command = ""  # the result block's next step, `{model}` the exported model
+    # The loss is a mean over independent queries: a batch may be split over processes and micro-batches.
+    accumulates = False
     loss: str | None  # the --loss the run uses, a default resolved (set by each command's run; None: no training)
 
     def __init__(self, args: TrainEmbeddingsArgs | TrainRerankerArgs, dist: DistContext):
+        check_common(args, self.accumulates, dist.world_size)
         self.args, self.dist = args, dist
         self.output_dir = Path(args.output_dir)
         self.exported = self.output_dir / MODEL_DIR
@@ -150,8 +152,13 @@ class SentenceRun:
             )
         results_of = f"`bert {self.command}` on {args.eval_file}"
         evaluations.check_best_metric(args.metric_for_best_model, self.metric_names(), results_of)
-        self.metric = args.metric_for_best_model or self.default_metric
+        self.metric = args.metric_for_best_model or self.default_metric_of(args)
         self.history = EvalHistory(self.output_dir / EVAL_HISTORY_NAME, self.metric, args.early_stopping_patience)
+
+    @classmethod
+    def default_metric_of(cls, args: SentenceTrainingArgs) -> str:
+        """The score that ranks the checkpoints of a run and the cells of a grid without --metric_for_best_model."""
+        raise NotImplementedError
 
     def metric_names(self) -> list[str]:
         """The keys `evaluate` returns."""
@@ -306,9 +313,17 @@ def print_run_result(cls: type[SentenceRun], result: dict[str, Any]) -> None:
 
 
 def run_command(cls: type[SentenceRun], args: TrainEmbeddingsArgs | TrainRerankerArgs) -> dict[str, Any]:
+    """Run the command in its output directory and print its result block; comma lists of the grid flags run a
+    grid of such runs ranked on --eval_file instead (`bert.grid.run_grid`, which returns its own summary)."""
     inputs = {"--train_file": args.train_file, "--eval_file": args.eval_file, "--init_checkpoint": args.init_checkpoint}
     inputs.update({"--vocab_file": args.vocab_file, "--bert_config_file": args.bert_config_file})
     inputs.update({"--teacher": args.teacher, "--transfer_file": args.transfer_file})
+    cells = grid.expand(args, "do_eval")
+    if cells is not None:
+        for cell in cells:  # every run's flags checked before the first starts
+            check_common(cell.args, cls.accumulates)
+        metric = args.metric_for_best_model or cls.default_metric_of(args)
+        return grid.run_grid(args, cells, cls.command, metric, inputs, run_dir.RESULT_NAMES, MODEL_DIR)
     with distributed(args.device) as dist:
         with run_dir.claim_output_dir(args.output_dir, cls.command, dist, inputs):
             run = cls(args, dist)
