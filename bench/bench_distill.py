@@ -699,7 +699,6 @@ def report_b(results: dict) -> None:
             shares = "  ".join(
                 f"{k} {statistics.fmean(v[k] for v in values) / teacher[k]:.1%}"
                 for k in ("mrr@10", "first_mrr@10", "dev_mrr@10")
-                if k in teacher
             )
             cells = "  ".join(f"{k} {spread([v[k] for v in values])}" for k in keys)
             print(f"  {label:26s} {cells}  share of the teacher's {shares}")

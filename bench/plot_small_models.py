@@ -10,8 +10,8 @@ A file with "seeds" (a run per seed with a larger transfer set: its "task" and "
 student as a row of that task's panel, at the student's speed of the task's main file (the same model shape,
 measured there on a quiet machine); a (b) file with "transfer" (a longer run) adds its student to (b)'s panel,
 at the first run's student speed, or where it has "own_speed" (another student shape or length) at the first
-run's teacher speed times its own student/teacher ratio. A grid file (`cells`: the rows of one grid cell run on
-paired teachers and students) adds that cell's rows to its task's panel. A (b) file scored on every test query
+run's teacher speed times its own student/teacher ratio. A grid file (a `cell_*` entry: the rows of one grid cell
+run on paired teachers and students) adds that cell's rows to its task's panel. A (b) file scored on every test query
 (`first_mrr@10` beside `mrr@10`) is a panel of its own, at the embed speeds measured in its run; one such file
 with "transfer" (another setting of the same student) adds its students to that panel.
 
@@ -134,13 +134,17 @@ def grid_rows(run: dict) -> dict[str, list[float]]:
     }
 
 
+def every_query(run: dict) -> bool:
+    """Whether a (b) file scored every test query (its `mrr@10`), the first ones apart (`first_mrr@10`)."""
+    return "first_mrr@10" in run.get("b", {}).get("teacher", {})
+
+
 def main() -> None:
     results: dict = {}
     extra = []
     for path in sys.argv[1:]:  # parts and (a)'s tasks from several runs of the bench, merged
         loaded = json.loads(Path(path).read_text(encoding="utf-8"))
-        every_query = "first_mrr@10" in loaded.get("b", {}).get("teacher", {})
-        if every_query and "transfer" not in loaded:
+        if every_query(loaded) and "transfer" not in loaded:
             results["b_every"] = loaded["b"]
             continue
         if "seeds" in loaded or "transfer" in loaded or any(k.startswith("cell_") for k in loaded):
@@ -149,7 +153,7 @@ def main() -> None:
         for part, values in loaded.items():
             results.setdefault(part, {}).update(values)
     for run in extra:
-        if "first_mrr@10" in run.get("b", {}).get("teacher", {}):  # another setting of the same student
+        if every_query(run):  # another setting of the same student
             values = [v["mrr@10"] for v in run["b"]["ours"]]
             results["b_every"].setdefault("more", []).append((run["transfer"], values))
         elif "b" in run:  # a longer (b) run: its student beside the first; its speed, where it measured its own,
