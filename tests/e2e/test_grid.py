@@ -233,3 +233,26 @@ def test_a_train_embeddings_grid_ranks_its_runs_on_the_eval_file(model_files, tm
     bad = [*flags, "--train_batch_size=2,5", "--gradient_accumulation_steps=2"]
     assert "must be 1" in cli_error(capsys, "train-embeddings", *bad, *model_flags(model_files, tmp_path / "b"))
     assert not (tmp_path / "b" / "grid").exists()
+
+
+def test_a_train_reranker_grid_ranks_by_ndcg_and_keeps_its_micro_batches(model_files, tmp_path):
+    """`bert train-reranker`'s grid: ranked by eval_ndcg@10 by default, and --gradient_accumulation_steps, which the
+    reranker's loss allows (the embedding losses do not), reaches every cell."""
+    from test_train_embeddings import beir_dir
+
+    beir = beir_dir(tmp_path / "beir")
+    flags = [f"--train_file={beir}", f"--eval_file={beir}", f"--mine_negatives={model_files[2]}", "--num_negatives=2"]
+    flags += ["--rerank_top_k=5", "--do_train", "--do_eval", "--num_train_epochs=1", "--train_batch_size=4"]
+    flags += ["--gradient_accumulation_steps=2"]
+    out = tmp_path / "grid"
+    assert main(["train-reranker", *flags, *model_flags(model_files, out), "--learning_rate=1e-3,1e-4"]) == 0
+    record = json.loads((out / "grid_results.json").read_text())
+    assert record["command"] == "train-reranker" and record["metric"] == "eval_ndcg@10"
+    assert [r["status"] for r in record["cells"]] == ["ok", "ok"]
+    best = max(record["cells"], key=lambda r: r["eval_ndcg@10"])
+    assert record["best"] == best["cell"] and _eval_results(out)["eval_ndcg@10"] == best["eval_ndcg@10"]
+    for row in record["cells"]:
+        assert (
+            json.loads((out / "grid" / row["cell"] / "args.json").read_text())["args"]["gradient_accumulation_steps"]
+            == 2
+        )
