@@ -118,9 +118,8 @@ class EmbeddingRun(SentenceRun):
 
     @classmethod
     def default_metric_of(cls, args: SentenceTrainingArgs) -> str:
-        # Scored pairs are ranked by correlation, a BEIR directory's split by retrieval (`_read_eval`).
-        pairs = args.eval_file is not None and not Path(args.eval_file).is_dir()
-        return "eval_spearman" if pairs else "eval_ndcg@10"
+        # Scored pairs are ranked by correlation, a BEIR split by retrieval.
+        return "eval_ndcg@10" if args.eval_file is None or _is_beir(args.eval_file) else "eval_spearman"
 
     def metric_names(self) -> list[str]:
         keys = evaluation.STS_KEYS if isinstance(self.eval_data, TrainingData) else evaluation.RANKING_KEYS
@@ -249,8 +248,13 @@ def _check_gather(loss: str, spec: LossSpec, train_batch_size: int, dist: DistCo
     check_batch_division(train_batch_size, dist.world_size, 1)
 
 
+def _is_beir(eval_file: str) -> bool:
+    """Whether --eval_file names a BEIR directory (else a file of scored pairs)."""
+    return Path(eval_file).is_dir()
+
+
 def _read_eval(path: str, split: str) -> TrainingData | Corpus:
-    if Path(path).is_dir():
+    if _is_beir(path):
         return read_beir(path, split)
     data = read_training_data(path)
     if data.kind != SCORED:
