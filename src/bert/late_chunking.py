@@ -2,17 +2,22 @@
 means of the last layer over each chunk's tokens, so that every chunk's vector was computed with its context in
 view (rather than each chunk encoded alone).
 
-The chunks are consecutive runs of `chunk_size` word pieces of the text; the first also takes [CLS] (and the
-prompt's tokens), the last [SEP], so the chunks partition the sequence and a document of one chunk gets its mean
-embedding, the vector `bert embed` gives it without late chunking. A document longer than `max_seq_length` is
-read whole in windows `doc_stride` pieces apart (run_squad.py's `doc_spans`, each window with the head and the
-tail: [CLS], the prompt, [SEP]); each piece's vector is the one of the window where it has the most context
-(run_squad.py's `_check_is_max_context`), so no chunk is cut and each sees up to a window of context.
+The chunks are runs of `chunk_size` word pieces of the text, each starting `chunk_size - chunk_overlap` pieces after
+the one before; the first also takes [CLS] (and the prompt's tokens), the last [SEP], so that without overlap the
+chunks partition the sequence, and a document of one chunk gets its mean embedding, the vector `bert embed` gives
+it without late chunking. Each chunk also names the characters of the text it holds (its first piece's start to
+its last piece's end, `FullTokenizer.tokenize_with_offsets`), so that a search hit can show its text.
+
+A document longer than `max_seq_length` is read whole in windows `doc_stride` pieces apart (run_squad.py's
+`doc_spans`, each window with the head and the tail: [CLS], the prompt, [SEP]); each piece's vector is the one of
+the window where it has the most context (run_squad.py's `_check_is_max_context`), so no chunk is cut and each
+sees up to a window of context.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,14 +28,21 @@ if TYPE_CHECKING:
     from bert.inference import Predictor
 
 
-def chunk_spans(length: int, content_start: int, chunk_size: int) -> list[range]:
+def chunk_spans(length: int, content_start: int, chunk_size: int, chunk_overlap: int = 0) -> list[range]:
     """The token positions of each chunk of a sequence of `length` tokens whose text starts at `content_start`
-    (after [CLS] and the prompt) and ends before its last token ([SEP]): `chunk_size` text tokens a chunk, the
-    first chunk from position 0, the last to the end."""
+    (after [CLS] and the prompt) and ends before its last token ([SEP]): `chunk_size` text tokens a chunk,
+    each starting `chunk_size - chunk_overlap` tokens after the one before, until one reaches the text's end;
+    the first chunk from position 0, the last to the end."""
+    if not 0 <= chunk_overlap < chunk_size:
+        raise ValueError(f"chunk_overlap {chunk_overlap} must be at least 0 and less than chunk_size {chunk_size}")
     content_stop = length - 1
-    starts = list(range(content_start, content_stop, chunk_size)) or [content_start]
-    bounds = [0, *starts[1:], length]
-    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+    starts = [content_start]
+    while starts[-1] + chunk_size < content_stop:
+        starts.append(starts[-1] + chunk_size - chunk_overlap)
+    spans = [range(start, min(start + chunk_size, content_stop)) for start in starts]
+    spans[0] = range(0, spans[0].stop)
+    spans[-1] = range(spans[-1].start, length)
+    return spans
 
 
 def _max_context_windows(spans: Sequence[DocSpan], length: int) -> np.ndarray:
@@ -75,20 +87,31 @@ def whole_token_vectors(
     return out
 
 
+@dataclass(frozen=True)
+class LateChunks:
+    """One text's chunks: their vectors [chunks, dimensions] and the characters of the text each holds,
+    (start, stop) with stop exclusive (the whole text for a text without word pieces)."""
+
+    vectors: np.ndarray
+    spans: list[tuple[int, int]]
+
+
 def late_chunk_embeddings(
     predictor: Predictor,
     texts: Sequence[str],
     chunk_size: int,
     *,
     normalize: bool,
+    chunk_overlap: int = 0,
     dimensions: int | None = None,
     prompt_name: str | None = None,
     prompt: str | None = None,
     doc_stride: int | None = None,
-) -> list[np.ndarray]:
-    """Per text, float32 [chunks, dimensions or hidden_size]: the mean of the last layer over each chunk's tokens
-    (`chunk_spans`, over the whole text: `whole_token_vectors`, windows `doc_stride` pieces apart, default the
-    model's), cut to `dimensions`, then scaled to unit length when `normalize` (a zero vector stays zero)."""
+) -> list[LateChunks]:
+    """Per text, its chunks (`chunk_spans`, over the whole text: `whole_token_vectors`, windows `doc_stride`
+    pieces apart, default the model's): float32 [chunks, dimensions or hidden_size], the mean of the last layer
+    over each chunk's tokens, cut to `dimensions`, then scaled to unit length when `normalize` (a zero vector
+    stays zero); and each chunk's characters of the text."""
     resolved = predictor.resolve_prompt(prompt_name, prompt)
     parts, prompt_lengths = predictor.embedding_parts(texts, prompt=resolved)
     # The prompt's pieces join the head, so that every window carries the prompt.
@@ -96,10 +119,30 @@ def late_chunk_embeddings(
     parts = [([*head, *body[:m]], body[m:], tail) for (head, body, tail), m in zip(parts, moved)]
     tokens = whole_token_vectors(predictor, parts, doc_stride or predictor.doc_stride)
     out = []
-    for hidden, prompt_length in zip(tokens, prompt_lengths):
-        spans = chunk_spans(len(hidden), max(1, prompt_length), chunk_size)
+    for text, hidden, prompt_length in zip(texts, tokens, prompt_lengths):
+        content_start = max(1, prompt_length)
+        spans = chunk_spans(len(hidden), content_start, chunk_size, chunk_overlap)
         vectors = np.stack([hidden[span.start : span.stop].mean(axis=0) for span in spans])[:, :dimensions]
         if normalize:
             vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        out.append(vectors.astype(np.float32, copy=False))
+        characters = _character_spans(predictor, resolved or "", text, spans, content_start, len(hidden) - 1)
+        out.append(LateChunks(vectors.astype(np.float32, copy=False), characters))
+    return out
+
+
+def _character_spans(
+    predictor: Predictor, prompt: str, text: str, spans: list[range], content_start: int, content_stop: int
+) -> list[tuple[int, int]]:
+    """Each chunk's (start, stop) in `text`: from its first text piece's start to its last one's end. The
+    pieces are those of prompt + text, as `embedding_parts` encodes them; the prompt's are left out."""
+    pieces = predictor.tokenizer.tokenize_with_offsets(prompt + text)
+    # A prompt not ending a word joins the text's first word: that piece's start is clipped to the text's.
+    offsets = [(max(0, a - len(prompt)), max(0, b - len(prompt))) for _, _, a, b in pieces[content_start - 1 :]]
+    assert len(offsets) == content_stop - content_start, "the offsets' pieces must be the encoded pieces"
+    out = []
+    for span in spans:
+        first, last = max(span.start, content_start), min(span.stop, content_stop) - 1
+        out.append(
+            (offsets[first - content_start][0], offsets[last - content_start][1]) if first <= last else (0, len(text))
+        )
     return out

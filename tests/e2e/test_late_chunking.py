@@ -1,8 +1,9 @@
 """`bert embed --late_chunking`: each chunk's vector is the mean of transformers' last layer over the chunk's
 tokens, the document encoded once ([CLS] pooled with the first chunk, [SEP] with the last; a document past
 max_seq_length read whole in windows, each piece from the window where run_squad.py's rule gives it the most
-context); a document of one chunk gets its plain embedding; rows carry DOCID#k ids (the Parquet id column's
-values too); the flags that do not go with it are one line each."""
+context); chunks of --chunk_overlap share that many tokens with the one before; a document of one chunk gets its
+plain embedding; rows carry DOCID#k ids (the Parquet id column's values too) and the characters of the document
+each chunk holds (transformers' fast tokenizer's offsets); the flags that do not go with it are one line each."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from bert.cli import main
+from bert.formats.embeddings import ParquetEmbeddings
 from bert.modeling import BertModel
 from conftest import cli_error, save_model_dir, uncased_vocab, vocab_config
 
@@ -39,18 +41,22 @@ def read_jsonl(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def expected_chunks(model, texts: list[str]) -> dict[int, list[np.ndarray]]:
-    """Each text's chunks' means, from transformers' own tokenizer and model: a text past the model's 64
-    positions in windows of 62 pieces STRIDE apart, each piece's vector from the window the original's
-    `_check_is_max_context` picks for it."""
+def expected_chunks(model, texts: list[str], overlap: int = 0) -> dict[int, list[tuple[np.ndarray, tuple[int, int]]]]:
+    """Each text's chunks' (mean, characters), from transformers' own tokenizers and model: a text past the
+    model's 64 positions in windows of 62 pieces STRIDE apart, each piece's vector from the window the original's
+    `_check_is_max_context` picks for it; a chunk's characters from its first piece's start to its last one's
+    end (the fast tokenizer's offsets)."""
     from bert.tasks.squad import _check_is_max_context, doc_spans_for
 
     tokenizer = transformers.BertTokenizer(str(model / "vocab.txt"), do_lower_case=True)
+    fast = transformers.BertTokenizerFast(str(model / "vocab.txt"), do_lower_case=True)
     hf = transformers.BertModel.from_pretrained(str(model), add_pooling_layer=False).eval()
     cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
     out = {}
     for i, text in enumerate(texts):
         body = tokenizer(text, add_special_tokens=False)["input_ids"]
+        encoded = fast(text, add_special_tokens=False, return_offsets_mapping=True)
+        assert encoded["input_ids"] == body
         spans = doc_spans_for(len(body), 62, STRIDE)
         with torch.no_grad():
             windows = [
@@ -64,9 +70,16 @@ def expected_chunks(model, texts: list[str]) -> dict[int, list[np.ndarray]]:
             for j in range(len(body))
         ]
         hidden = np.stack([windows[0][0], *pieces, windows[-1][-1]])  # [T, H]
-        length = len(hidden)
-        cuts = [0, *range(1 + CHUNK, length - 1, CHUNK), length]
-        out[i] = [hidden[a:b].mean(axis=0) for a, b in zip(cuts, cuts[1:])]
+        starts = [1]  # a chunk's first text position; the last text position is len(hidden) - 2
+        while starts[-1] + CHUNK < len(hidden) - 1:
+            starts.append(starts[-1] + CHUNK - overlap)
+        chunks = []
+        for k, start in enumerate(starts):
+            stop = min(start + CHUNK, len(hidden) - 1)
+            a, b = 0 if k == 0 else start, len(hidden) if k == len(starts) - 1 else stop
+            characters = (encoded["offset_mapping"][start - 1][0], encoded["offset_mapping"][stop - 2][1])
+            chunks.append((hidden[a:b].mean(axis=0), characters))
+        out[i] = chunks
     return out
 
 
@@ -82,11 +95,35 @@ def test_chunks_are_means_of_the_models_token_outputs(model, tmp_path):
     # The long text is read whole: more chunks than the 9 of the 62 pieces one window holds.
     assert len(expected[1]) == 1 and len(expected[2]) > 9
     vectors = np.array([r["embedding"] for r in rows], dtype=np.float32)
-    np.testing.assert_allclose(vectors, np.concatenate([np.stack(v) for v in expected.values()]), atol=2e-5)
+    np.testing.assert_allclose(vectors, np.stack([v for c in expected.values() for v, _ in c]), atol=2e-5)
+    assert [(r["start"], r["stop"]) for r in rows] == [span for c in expected.values() for _, span in c]
+    # Without overlap the chunks' characters cover each text: between two chunks, at most white space.
+    for i, text in enumerate(TEXTS):
+        spans = [(r["start"], r["stop"]) for r in rows if r["id"].startswith(f"{i}#")]
+        gaps = zip([0, *(b for _, b in spans)], [*(a for a, _ in spans), len(text)])
+        assert all(a <= b and not text[a:b].strip() for a, b in gaps)
     # A document of one chunk: the vector bert embed gives it without late chunking.
     assert main(["embed", *flags, f"--output_file={tmp_path / 'plain.jsonl'}"]) == 0
     plain = read_jsonl(tmp_path / "plain.jsonl")[1]["embedding"]
     np.testing.assert_allclose(rows[len(expected[0])]["embedding"], plain, atol=1e-6)
+
+
+def test_overlapping_chunks_share_their_tokens(model, tmp_path):
+    (tmp_path / "in.txt").write_text("".join(t + "\n" for t in TEXTS), encoding="utf-8")
+    out = tmp_path / "chunks.jsonl"
+    late = ["--late_chunking", f"--chunk_size={CHUNK}", "--chunk_overlap=3", f"--doc_stride={STRIDE}"]
+    assert (
+        main(["embed", f"--model={model}", f"--input_file={tmp_path / 'in.txt'}", f"--output_file={out}", *late]) == 0
+    )
+    rows = read_jsonl(out)
+    expected = expected_chunks(model, TEXTS, overlap=3)
+    assert len(rows) == sum(len(c) for c in expected.values()) > len(expected_chunks(model, TEXTS)) + 5
+    np.testing.assert_allclose(
+        np.array([r["embedding"] for r in rows]), np.stack([v for c in expected.values() for v, _ in c]), atol=2e-5
+    )
+    spans = [(r["start"], r["stop"]) for r in rows]
+    assert spans == [span for c in expected.values() for _, span in c]
+    assert spans[1][0] < spans[0][1]  # the second chunk starts inside the first
 
 
 def test_parquet_ids_become_docid_k(model, tmp_path):
@@ -101,6 +138,10 @@ def test_parquet_ids_become_docid_k(model, tmp_path):
     assert ids[0] == "10#0" and ids[-1].startswith("30#") and sum(i.startswith("20#") for i in ids) == 1
     vectors = np.array(table.column("embedding").to_pylist())
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-6)
+    assert table.column_names == ["doc", "start", "stop", "embedding"]
+    assert table.column("start").to_pylist()[0] == 0 and table.column("stop").to_pylist()[-1] == len(TEXTS[2])
+    # bert index and bert search read the file: the ids are the doc column, the spans not taken for ids
+    assert ParquetEmbeddings(out, "--corpus_embeddings").id_column == "doc"
 
 
 def test_flags_that_do_not_go_with_late_chunking(model, tmp_path, capsys):
@@ -108,6 +149,10 @@ def test_flags_that_do_not_go_with_late_chunking(model, tmp_path, capsys):
     flags = [f"--model={model}", f"--input_file={tmp_path / 'in.txt'}"]
     jsonl = f"--output_file={tmp_path / 'o.jsonl'}"
     assert "--chunk_size sets the chunks of --late_chunking" in cli_error(capsys, "embed", *flags, "--chunk_size=5")
+    err = cli_error(capsys, "embed", *flags, "--chunk_overlap=2")
+    assert "--chunk_overlap sets the chunks of --late_chunking" in err
+    err = cli_error(capsys, "embed", *flags, jsonl, "--late_chunking", "--chunk_size=8", "--chunk_overlap=8")
+    assert "--chunk_overlap=8 must be less than --chunk_size=8" in err
     err = cli_error(capsys, "embed", *flags, "--late_chunking", f"--output_file={tmp_path / 'o.npy'}")
     assert "which a .npy matrix cannot hold" in err
     for flag in ("--pooling=cls", "--precision=int8", "--long_document=windows"):

@@ -77,7 +77,7 @@ def test_paragraph_starts_are_token_offsets_in_the_document(data, minilm):
 def test_naive_chunks_take_late_chunkings_spans(minilm):
     predictor = bench.Predictor.from_pretrained(minilm, device="cpu", max_seq_length=40)
     texts = ["a short one", " ".join(f"the river bank number {i} floods" for i in range(30))]
-    late = late_chunk_embeddings(predictor, texts, 8, normalize=True)
+    late = [c.vectors for c in late_chunk_embeddings(predictor, texts, 8, normalize=True)]
     naive = bench.naive_chunks(predictor, texts, 8)
     chunks = -(-len(predictor.tokenizer.encode(texts[1])) // 8)  # the whole text, past the 40 positions
     assert [len(v) for v in naive] == [len(v) for v in late] == [1, chunks] and chunks > 5

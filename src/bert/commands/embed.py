@@ -28,7 +28,7 @@ import numpy as np
 
 from bert.errors import InputError
 from bert.flags import EMBEDDING_PRECISIONS, InferenceArgs, ShardArgs
-from bert.formats.parquet import EmbeddingWriter, ParquetTexts, is_parquet, pyarrow
+from bert.formats.parquet import SPAN_COLUMNS, EmbeddingWriter, ParquetTexts, is_parquet, pyarrow
 from bert.outputs import claim
 from bert.request_rules import DIMENSIONS_MINIMUM, POOLINGS, check_dimensions
 from bert.tasks.classification import LONG_DOCUMENT
@@ -46,6 +46,7 @@ from bert.utils import (
 
 if TYPE_CHECKING:
     from bert.inference import Predictor
+    from bert.late_chunking import LateChunks
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ VECTOR_FLAGS = (
     "id_column",
     "late_chunking",
     "chunk_size",
+    "chunk_overlap",
 )
 # Text tokens a chunk of --late_chunking when --chunk_size is not given.
 DEFAULT_CHUNK_TOKENS = 128
@@ -186,34 +188,47 @@ class EmbedArgs(InferenceArgs, ShardArgs):
         default=None,
         metadata={"positive": True, "help": f"Text tokens a chunk of --late_chunking; default {DEFAULT_CHUNK_TOKENS}."},
     )
+    chunk_overlap: int | None = field(
+        default=None,
+        metadata={
+            "min": 0,
+            "help": "Text tokens a chunk of --late_chunking shares with the one before (less than --chunk_size); "
+            "default 0: the chunks partition the text.",
+        },
+    )
 
 
 class _Rows:
     """Where the vectors go: a .npy matrix (its header written first), a Parquet file (`formats.parquet`), or
     JSON lines; `ids` (a pyarrow array, from --id_column) go beside the vectors."""
 
-    def __init__(self, out: IO, kind: str, shape: tuple[int, int], dtype: np.dtype, id_field: Any | None) -> None:
+    def __init__(
+        self, out: IO, kind: str, shape: tuple[int, int], dtype: np.dtype, id_field: Any | None, spans: bool
+    ) -> None:
         self.out = out
         self.kind = kind
-        self.parquet = EmbeddingWriter(out, shape[1], dtype, id_field) if kind == "parquet" else None
+        self.parquet = EmbeddingWriter(out, shape[1], dtype, id_field, spans) if kind == "parquet" else None
         if kind == "npy":
             np.lib.format.write_array_header_1_0(
                 out, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
             )
 
-    def write(self, vectors: np.ndarray, ids: Any | None = None) -> None:
-        """`ids`: a pyarrow array of the --id_column, or a list (--late_chunking's DOCID#k), or None."""
+    def write(self, vectors: np.ndarray, ids: Any | None = None, spans: np.ndarray | None = None) -> None:
+        """`ids`: a pyarrow array of the --id_column, or a list (--late_chunking's DOCID#k), or None; `spans`:
+        --late_chunking's [rows, 2] characters of each chunk's document, (start, stop)."""
         if self.parquet is not None:
-            self.parquet.write(vectors, ids)
+            self.parquet.write(vectors, ids, spans)
         elif self.kind == "npy":
             self.out.write(np.ascontiguousarray(vectors, dtype=vectors.dtype.newbyteorder("<")).tobytes())
         else:
             keys = ids if isinstance(ids, list) else ids.to_pylist() if ids is not None else [None] * len(vectors)
-            for key, v in zip(keys, vectors, strict=True):
+            for i, (key, v) in enumerate(zip(keys, vectors, strict=True)):
                 # str() of a float32 is its shortest round-trip form: JSON keeps exactly the float32 values.
                 values = [float(str(x)) for x in v] if v.dtype == np.float32 else v.tolist()
-                row = {"embedding": values} if ids is None else {"id": key, "embedding": values}
-                self.out.write(json_line(row) + "\n")
+                row: dict[str, Any] = {} if ids is None else {"id": key}
+                if spans is not None:
+                    row.update(zip(SPAN_COLUMNS, map(int, spans[i])))
+                self.out.write(json_line({**row, "embedding": values}) + "\n")
 
     def close(self) -> None:
         if self.parquet is not None:
@@ -257,9 +272,16 @@ def _check_flags(args: EmbedArgs) -> None:
 
 def _check_late_chunking(args: EmbedArgs, kind: str) -> None:
     if not args.late_chunking:
-        if args.chunk_size is not None:
-            raise InputError("--chunk_size sets the chunks of --late_chunking; give --late_chunking, or drop it")
+        for flag, value in (("--chunk_size", args.chunk_size), ("--chunk_overlap", args.chunk_overlap)):
+            if value is not None:
+                raise InputError(f"{flag} sets the chunks of --late_chunking; give --late_chunking, or drop it")
         return
+    size = args.chunk_size or DEFAULT_CHUNK_TOKENS
+    if (args.chunk_overlap or 0) >= size:
+        raise InputError(
+            f"--chunk_overlap={args.chunk_overlap} must be less than --chunk_size={size} (a chunk must start after "
+            "the one before); lower it"
+        )
     if kind == "npy":
         raise InputError(
             "--late_chunking writes a row per chunk with its id, which a .npy matrix cannot hold; write .parquet"
@@ -409,7 +431,7 @@ def _run(args: EmbedArgs, output_file: str | None) -> dict[str, Any]:
         with (
             output_file_or_stdout(output_file, "wb" if kind != "jsonl" else "w") as out,
             tempfile.TemporaryFile() as spill,
-            contextlib.closing(_Rows(out, kind, (rows, cols), dtype, id_field)) as writer,
+            contextlib.closing(_Rows(out, kind, (rows, cols), dtype, id_field, args.late_chunking)) as writer,
         ):
             embed = _embedder(args, predictor, pooling, normalize)
             ids: collections.deque[Any] = collections.deque()
@@ -437,19 +459,19 @@ def _run(args: EmbedArgs, output_file: str | None) -> dict[str, Any]:
 
 def _embedder(
     args: EmbedArgs, predictor: Predictor, pooling: str, normalize: bool
-) -> Callable[[list[str]], np.ndarray | list[np.ndarray]]:
-    """The vectors of a chunk of texts: one per text, or with --late_chunking one array of chunk vectors per
-    text."""
+) -> Callable[[list[str]], np.ndarray | list[LateChunks]]:
+    """The vectors of a chunk of texts: one per text, or with --late_chunking each text's chunks."""
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
     from bert.late_chunking import late_chunk_embeddings
 
-    def embed(texts: list[str]) -> np.ndarray | list[np.ndarray]:
+    def embed(texts: list[str]) -> np.ndarray | list[LateChunks]:
         if args.late_chunking:
             return late_chunk_embeddings(
                 predictor,
                 texts,
                 args.chunk_size or DEFAULT_CHUNK_TOKENS,
                 normalize=normalize,
+                chunk_overlap=args.chunk_overlap or 0,
                 dimensions=args.dimensions,
                 prompt_name=args.prompt_name,
                 prompt=args.prompt,
@@ -518,8 +540,9 @@ def _write_vectors(
     written, documents = 0, iter(lines)
     for vectors in results:
         chunk_ids = ids.popleft() if ids else None
+        spans = None
         if args.late_chunking:
-            vectors, chunk_ids = _chunk_rows(vectors, chunk_ids, documents, dim)
+            vectors, chunk_ids, spans = _chunk_rows(vectors, chunk_ids, documents, dim)
         written += len(vectors)
         if args.similarity:
             kept.append(vectors)
@@ -527,7 +550,7 @@ def _write_vectors(
             spill.write(np.ascontiguousarray(vectors, dtype="<f4").tobytes())
             calibration.add(vectors)
         else:
-            writer.write(quantize_embeddings(vectors, args.precision), chunk_ids)
+            writer.write(quantize_embeddings(vectors, args.precision), chunk_ids, spans)
     return written, kept, calibration.ranges() if calibrate and len(lines) else None
 
 
@@ -571,10 +594,13 @@ def _write_similarity(kept: list[np.ndarray], out: IO, kind: str) -> None:
 
 
 def _chunk_rows(
-    vectors: list[np.ndarray], chunk_ids: Any | None, documents: Iterator[int], dim: int
-) -> tuple[np.ndarray, list[str]]:
-    """--late_chunking: one row per chunk of each document, named DOCID#k."""
+    documents_chunks: list[LateChunks], chunk_ids: Any | None, documents: Iterator[int], dim: int
+) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """--late_chunking: one row per chunk of each document, named DOCID#k, with its characters of the document."""
     # DOCID: the --id_column's value, else the input line or row (counted over the whole input)
-    keys = chunk_ids.to_pylist() if chunk_ids is not None else list(itertools.islice(documents, len(vectors)))
-    names = [f"{key}#{k}" for key, doc in zip(keys, vectors) for k in range(len(doc))]
-    return (np.concatenate(vectors) if len(vectors) else np.zeros((0, dim), np.float32)), names
+    keys = chunk_ids.to_pylist() if chunk_ids is not None else list(itertools.islice(documents, len(documents_chunks)))
+    names = [f"{key}#{k}" for key, doc in zip(keys, documents_chunks) for k in range(len(doc.spans))]
+    if not documents_chunks:
+        return np.zeros((0, dim), np.float32), names, np.zeros((0, 2), np.int64)
+    vectors = np.concatenate([doc.vectors for doc in documents_chunks])
+    return vectors, names, np.array([span for doc in documents_chunks for span in doc.spans], dtype=np.int64)

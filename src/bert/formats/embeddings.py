@@ -36,7 +36,7 @@ import numpy as np
 from numpy.lib import format as npy
 
 from bert.errors import InputError
-from bert.formats.parquet import EMBEDDING_COLUMN, is_parquet, pyarrow, row_batches
+from bert.formats.parquet import EMBEDDING_COLUMN, SPAN_COLUMNS, is_parquet, pyarrow, row_batches
 from bert.utils import shard_file
 
 # What a file that is not a .npy is, by its first bytes.
@@ -168,9 +168,12 @@ class ParquetEmbeddings:
                 f"{name}: column {EMBEDDING_COLUMN!r} holds {kind}, not fixed-size {_kinds(dtypes)} lists; {_FIX}"
             )
         self.dtype = numeric[kind.value_type]
-        others = [n for n in schema.names if n != EMBEDDING_COLUMN]
+        others = [n for n in schema.names if n not in (EMBEDDING_COLUMN, *SPAN_COLUMNS)]
         if len(others) > 1:
-            raise InputError(f"{name} has columns {others} beside {EMBEDDING_COLUMN!r}: at most one, the ids; {_FIX}")
+            raise InputError(
+                f"{name} has columns {others} beside {EMBEDDING_COLUMN!r} (and {' and '.join(SPAN_COLUMNS)}): at most "
+                f"one, the ids; {_FIX}"
+            )
         self.id_column = others[0] if others else None
         self.shape: tuple[int, int] = (int(self._file.metadata.num_rows), int(kind.list_size))
 

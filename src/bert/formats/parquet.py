@@ -7,8 +7,8 @@ dependency (the `parquet` extra), imported only when a Parquet file is read or w
   that hold the rows asked for, never the whole file; a missing column names the file and the columns it has,
   a text that is null or not a string names its row.
 - `EmbeddingWriter`: the vectors as an `embedding` column of fixed-size lists (float32, or the integer type
-  of a quantized precision), after the id column when there is one, written row group by row group into an
-  open binary file (the caller's atomic write).
+  of a quantized precision), after the id column when there is one (and late chunking's span columns), written
+  row group by row group into an open binary file (the caller's atomic write).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from bert.errors import InputError
 
 PARQUET_SUFFIX = ".parquet"
 EMBEDDING_COLUMN = "embedding"
+# --late_chunking's characters of its document that each chunk holds, start and stop (exclusive).
+SPAN_COLUMNS = ("start", "stop")
 
 
 def is_parquet(path: str | os.PathLike | None) -> bool:
@@ -124,23 +126,30 @@ def embedding_array(vectors: np.ndarray) -> Any:
 
 
 class EmbeddingWriter:
-    """Rows of (id, embedding) written as Parquet into the open binary file `out`; `close` writes the footer."""
+    """Rows of (id, embedding) written as Parquet into the open binary file `out`; `close` writes the footer.
+    With `spans`, each row's span (SPAN_COLUMNS, int64) goes after the id."""
 
-    def __init__(self, out: IO[bytes], width: int, dtype: np.dtype, id_field: Any | None = None) -> None:
+    def __init__(
+        self, out: IO[bytes], width: int, dtype: np.dtype, id_field: Any | None = None, spans: bool = False
+    ) -> None:
         self.pa, pq = pyarrow()
         self.width = width
         value_type = self.pa.from_numpy_dtype(np.dtype(dtype))
-        fields = ([id_field] if id_field is not None else []) + [
-            self.pa.field(EMBEDDING_COLUMN, self.pa.list_(value_type, width))
-        ]
+        fields = (
+            ([id_field] if id_field is not None else [])
+            + ([self.pa.field(name, self.pa.int64()) for name in SPAN_COLUMNS] if spans else [])
+            + [self.pa.field(EMBEDDING_COLUMN, self.pa.list_(value_type, width))]
+        )
         self.schema = self.pa.schema(fields)
         self._writer = pq.ParquetWriter(out, self.schema)
 
-    def write(self, vectors: np.ndarray, ids: Any | None = None) -> None:
-        """`ids`: a pyarrow array, or a Python list of the id column's type."""
+    def write(self, vectors: np.ndarray, ids: Any | None = None, spans: np.ndarray | None = None) -> None:
+        """`ids`: a pyarrow array, or a Python list of the id column's type; `spans`: [rows, 2] (start, stop)."""
         if isinstance(ids, list):
             ids = self.pa.array(ids, self.schema.field(0).type)
-        columns = ([ids] if ids is not None else []) + [embedding_array(vectors)]
+        columns = [ids] if ids is not None else []
+        columns += [self.pa.array(c) for c in spans.T] if spans is not None else []
+        columns.append(embedding_array(vectors))
         self._writer.write_table(self.pa.Table.from_arrays(columns, schema=self.schema))
 
     def close(self) -> None:
