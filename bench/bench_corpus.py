@@ -62,6 +62,7 @@ import gzip
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -79,7 +80,7 @@ from bert.late_chunking import late_chunk_embeddings
 from bert.retrieval import TopK, quantize_embeddings
 from bert.sentence import evaluation
 from bert.sentence.data import read_beir
-from bert.utils import progress
+from bert.utils import progress, shard_file
 from bert.vector_index import open_index
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -101,23 +102,43 @@ def book_passages(words: int) -> Iterator[str]:
                 paragraph = []
 
 
-def passages(words: int) -> Iterator[str]:
-    while True:  # repeated from the start when the sources run out
+def book_windows(words: int, stride: int) -> Iterator[str]:
+    """Each book's whole text (paragraphs joined) cut into windows of `words` words every `stride` words, the
+    last window ending at the book's end: what a chunker with an overlap of `words - stride` words makes."""
+    for book in sorted((SHARED / "corpus").glob("*/*.gz")):
+        with gzip.open(book, "rt", encoding="utf-8", errors="replace") as f:
+            text = f.read().split()
+        starts = range(0, max(len(text) - words, 0) + stride, stride)
+        for start in starts:
+            yield " ".join(text[start : start + words])
+
+
+def passages(words: int, stride: int | None = None) -> Iterator[str]:
+    """SQuAD dev's paragraphs, then the books' paragraphs (or windows, with a `stride`), repeated from the
+    start when they run out."""
+    while True:
         for line in (SQUAD_DEV / "corpus.jsonl").read_text(encoding="utf-8").splitlines():
             record = json.loads(line)
             # one line: a paragraph's own line breaks (and Unicode's, which readers split lines at) become spaces
             yield " ".join(f"{record['title']} {record['text']}".split())
-        yield from book_passages(words)
+        yield from book_passages(words) if stride is None else book_windows(words, stride)
 
 
-def bert_embed(*flags: str) -> tuple[float, float]:
-    """(seconds, peak resident MB) of `bert embed FLAGS` in a child process."""
+def bert_embed(*flags: str, kill_after: float | None = None) -> tuple[float, float]:
+    """(seconds, peak resident MB) of `bert embed FLAGS` in a child process; with `kill_after`, the child is
+    killed (SIGKILL, as a lost machine stops) after that many seconds, and must not have ended before."""
     start = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-m", "bert", "embed", *flags], stdout=subprocess.DEVNULL)
+    if kill_after is not None:
+        try:
+            child.wait(kill_after)
+            sys.exit(f"bert embed {' '.join(flags)} ended before it was to be killed after {kill_after} s")
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGKILL)
     _, status, usage = os.wait4(child.pid, 0)
     seconds = time.perf_counter() - start
     child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode:
+    if child.returncode and kill_after is None:
         sys.exit(f"bert embed {' '.join(flags)} failed ({child.returncode})")
     return seconds, usage.ru_maxrss / 1024  # Linux: kilobytes
 
@@ -282,7 +303,7 @@ def long_documents_part(opts: argparse.Namespace) -> dict:
                 lambda p=predictor, n=n: in_blocks(
                     data.texts,
                     f"late chunking {n}",
-                    lambda t: late_chunk_embeddings(p, t, chunk, normalize=p.default_normalize),
+                    lambda t: [c.vectors for c in late_chunk_embeddings(p, t, chunk, normalize=p.default_normalize)],
                 ),
             ),
         ]
@@ -349,6 +370,14 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1000, help="passages to embed and index")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--words", type=int, default=100, help="a book passage's most words")
+    parser.add_argument(
+        "--stride", type=int, default=None, help="book passages as windows of --words words every STRIDE words"
+    )
+    parser.add_argument("--dtype", default="float32", help="bert embed --dtype")
+    parser.add_argument("--num_shards", type=int, default=2, help="the sharded runs' shards, run in turn")
+    parser.add_argument("--no_unsharded", action="store_true", help="skip the unsharded run (half the time)")
+    parser.add_argument("--kill_after", type=float, default=None, help="kill shard 0 after this many seconds first")
+    parser.add_argument("--ef_search", default="256,512", help="hnsw efSearch values tried after the default")
     parser.add_argument("--model", default=None, help="default: all-MiniLM-L6-v2 (the minilm extra)")
     parser.add_argument("--max_seq_length", type=int, default=128, help="corpus (long_documents: 256 and 512)")
     parser.add_argument("--threads", type=int, default=2, help="torch's threads in each bert embed (and here)")
@@ -385,55 +414,72 @@ def corpus_part(opts: argparse.Namespace) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     corpus = work / "passages.txt"
     with open(corpus, "w", encoding="utf-8") as f:
-        f.writelines(p + "\n" for p in itertools.islice(passages(opts.words), opts.rows))
+        f.writelines(p + "\n" for p in itertools.islice(passages(opts.words, opts.stride), opts.rows))
     questions = (SQUAD_DEV / "queries.jsonl").read_text(encoding="utf-8").splitlines()[: opts.queries]
     (work / "queries.jsonl").write_text("".join(q + "\n" for q in questions), encoding="utf-8")
-    common = [f"--model={opts.model}", f"--max_seq_length={opts.max_seq_length}"]
+    common = [f"--model={opts.model}", f"--max_seq_length={opts.max_seq_length}", f"--dtype={opts.dtype}"]
+    n = opts.num_shards
+    sharded_flags = [*common, f"--input_file={corpus}", f"--output_file={work / 's.npy'}", f"--num_shards={n}"]
     for stale in work.glob("*.npy*"):
         stale.unlink()
 
-    print(f"embedding {opts.rows} passages ({opts.words} words at most) with {opts.model}", flush=True)
-    whole, whole_mb = bert_embed(*common, f"--input_file={corpus}", f"--output_file={work / 'whole.npy'}")
-    shards = [
-        bert_embed(
-            *common, f"--input_file={corpus}", f"--output_file={work / 's.npy'}", "--num_shards=2", f"--shard_index={i}"
-        )  # fmt: skip
-        for i in range(2)
-    ]
-    resumed = [
-        bert_embed(
-            *common, f"--input_file={corpus}", f"--output_file={work / 's.npy'}", "--num_shards=2", f"--shard_index={i}"
-        )  # fmt: skip
-        for i in range(2)
-    ]
+    cut = "" if opts.stride is None else f", windows every {opts.stride} words"
+    print(f"embedding {opts.rows} passages ({opts.words} words at most{cut}) with {opts.model}", flush=True)
+    embed: dict = {}
+    if not opts.no_unsharded:
+        seconds, peak = bert_embed(*common, f"--input_file={corpus}", f"--output_file={work / 'whole.npy'}")
+        embed["unsharded"] = {"seconds": seconds, "peak_mb": peak}
+    if opts.kill_after:
+        # A lost machine: shard 0 killed mid-run; the runs below must find it incomplete and embed it again.
+        seconds, peak = bert_embed(*sharded_flags, "--shard_index=0", kill_after=opts.kill_after)
+        lost = Path(shard_file(work / "s.npy", 0, n) + ".manifest.json")
+        assert not lost.exists(), f"{lost} written by a shard killed after {opts.kill_after} s"
+        embed["killed"] = {"seconds": seconds, "peak_mb": peak}
+    shards = [bert_embed(*sharded_flags, f"--shard_index={i}") for i in range(n)]
+    resumed = [bert_embed(*sharded_flags, f"--shard_index={i}") for i in range(n)]
+    embed["shards"] = {"seconds": sum(t for t, _ in shards), "peak_mb": max(m for _, m in shards)}
+    embed["each_shard"] = [{"seconds": t, "peak_mb": m} for t, m in shards]
+    embed["resumed"] = {"seconds": sum(t for t, _ in resumed), "peak_mb": max(m for _, m in resumed)}
     bert_embed(*common, f"--input_file={work / 'queries.jsonl'}", f"--output_file={work / 'queries.npy'}")
-    vectors, queries = np.load(work / "whole.npy"), np.load(work / "queries.npy")
+    queries = np.load(work / "queries.npy")
+    vectors = np.concatenate([np.load(shard_file(work / "s.npy", i, n)) for i in range(n)])
     assert len(vectors) == opts.rows, f"{len(vectors)} vectors of {opts.rows} passages: a passage spans lines"
-    sharded = np.concatenate([np.load(work / f"s-0000{i}-of-00002.npy") for i in range(2)])
-    # Equal up to float rounding: a shard batches its rows by length among its own rows.
-    assert np.allclose(vectors, sharded, rtol=0, atol=1e-5), "the shards' union must be the unsharded output"
+    if "unsharded" in embed:
+        # Equal up to float rounding: a shard batches its rows by length among its own rows.
+        whole = np.load(work / "whole.npy")
+        assert np.allclose(whole, vectors, rtol=0, atol=1e-5), "the shards' union must be the unsharded output"
+        del whole
     np.save(work / "bits.npy", quantize_embeddings(vectors, "ubinary"))
     load = os.getloadavg()[0]
 
     print(f"\n## bert embed: {opts.rows} passages, {opts.threads} threads (load average {load:.1f})\n")
     print("| run | seconds | rows/s | peak MB |\n|---|---:|---:|---:|")
-    print(f"| unsharded | {whole:.1f} | {opts.rows / whole:.1f} | {whole_mb:.0f} |")
-    sharded_s = sum(s for s, _ in shards)
-    print(f"| 2 shards in turn | {sharded_s:.1f} | {opts.rows / sharded_s:.1f} | {max(m for _, m in shards):.0f} |")
-    resumed_s = sum(s for s, _ in resumed)
-    print(f"| re-run, both shards complete (skipped) | {resumed_s:.1f} | - | {max(m for _, m in resumed):.0f} |")
-    print(f"\nsharding overhead: {sharded_s / whole - 1:+.1%}; resume: {resumed_s / whole:.1%} of an unsharded run")
+    runs = {
+        "unsharded": "unsharded",
+        "killed": f"shard 0 of {n}, killed after {opts.kill_after} s",
+        "shards": f"{n} shards in turn" + (" (shard 0 again after the kill)" if opts.kill_after else ""),
+        "resumed": f"re-run, all {n} shards complete (skipped)",
+    }
+    for key, label in runs.items():
+        if key in embed:
+            rate = "-" if key in ("killed", "resumed") else f"{opts.rows / embed[key]['seconds']:.1f}"
+            print(f"| {label} | {embed[key]['seconds']:.1f} | {rate} | {embed[key]['peak_mb']:.0f} |")
+    base = embed["unsharded" if "unsharded" in embed else "shards"]["seconds"]
+    if "unsharded" in embed:
+        print(f"\nsharding overhead: {embed['shards']['seconds'] / base - 1:+.1%}", end="; ")
+    print(f"resume: {embed['resumed']['seconds'] / base:.1%} of a whole run")
     results: dict = {
         "rows": opts.rows,
+        "words": opts.words,
+        "stride": opts.stride,
+        "dtype": opts.dtype,
+        "model": opts.model,
         "threads": opts.threads,
         "load_average": load,
-        "embed": {
-            "unsharded": {"seconds": whole, "peak_mb": whole_mb},
-            "two_shards": {"seconds": sharded_s, "peak_mb": max(m for _, m in shards)},
-            "resumed": {"seconds": resumed_s, "peak_mb": max(m for _, m in resumed)},
-        },
+        "embed": embed,
         "indexes": {},
     }
+    relevant = squad_relevant(questions)
 
     def exact_search() -> list[list[tuple[int, float]]]:
         top = TopK(queries, 10)
@@ -442,15 +488,21 @@ def corpus_part(opts: argparse.Namespace) -> dict:
         return top.result()
 
     exact_qps, exact = best_qps(exact_search, len(queries))
+    exact_mrr = squad_mrr(exact, relevant)  # type: ignore[arg-type]
+    results["exact"] = {"qps": exact_qps, "squad_mrr@10": exact_mrr}
     print(f"\n## indexes of the {len(vectors)} vectors of {vectors.shape[1]}, {len(queries)} queries\n")
-    print("| index | build s | bytes/vector | queries/s | x exact | recall@10 |\n|---|---:|---:|---:|---:|---:|")
-    print(f"| exact (bert search) | - | {4 * vectors.shape[1]} | {exact_qps:.0f} | 1.0 | 1.000 |")
+    print(
+        "| index | setting | build s | bytes/vector | queries/s | x exact | recall@10 | SQuAD MRR@10 |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|"
+    )
+    print(f"| exact (bert search) | - | - | {4 * vectors.shape[1]} | {exact_qps:.0f} | 1.0 | 1.000 | {exact_mrr:.3f} |")
     kinds = [
-        ("hnsw", "whole.npy", "float32"),
-        ("ivf_pq", "whole.npy", "float32"),
+        ("hnsw", "s.npy", "float32"),
+        ("ivf_pq", "s.npy", "float32"),
         ("flat", "bits.npy", "ubinary"),
         ("hnsw", "bits.npy", "ubinary"),
     ]
+    sweeps = {"hnsw": [int(v) for v in opts.ef_search.split(",") if v], "ivf_pq": []}
     for index_type, source, precision in kinds:
         out = work / f"index-{index_type}-{precision}"
         start = time.perf_counter()
@@ -465,16 +517,41 @@ def corpus_part(opts: argparse.Namespace) -> dict:
         )
         build = time.perf_counter() - start
         index = open_index(str(out), str(out))
-        qps, found = best_qps(lambda: index.search(queries, 10, None, None, block=len(queries)), len(queries))
         name = f"{index_type} (binary, rescored x4)" if precision == "ubinary" else index_type
-        recall = recall_at_10(found, exact)  # type: ignore[arg-type]
-        results["indexes"][name] = {"build_s": build, "bytes": result["bytes"], "qps": qps, "recall@10": recall}
-        print(
-            f"| {name} | {build:.1f} | {result['bytes'] / len(vectors):.0f} | {qps:.0f} | {qps / exact_qps:.1f} | "
-            f"{recall:.3f} |",
-            flush=True,
-        )
+        settings: list[int | None] = [None, *(sweeps[index_type] if precision == "float32" else [])]
+        for ef in settings:
+            qps, found = best_qps(
+                lambda: index.search(queries, 10, None, ef, block=len(queries)), len(queries)
+            )  # fmt: skip
+            recall = recall_at_10(found, exact)  # type: ignore[arg-type]
+            mrr = squad_mrr(found, relevant)  # type: ignore[arg-type]
+            setting = "default" if ef is None else f"efSearch {ef}"
+            row = {"build_s": build, "bytes": result["bytes"], "qps": qps, "recall@10": recall, "squad_mrr@10": mrr}
+            results["indexes"][name if ef is None else f"{name}, {setting}"] = row
+            print(
+                f"| {name} | {setting} | {build:.1f} | {result['bytes'] / len(vectors):.0f} | {qps:.0f} | "
+                f"{qps / exact_qps:.1f} | {recall:.3f} | {mrr:.3f} |",
+                flush=True,
+            )
     return results
+
+
+def squad_relevant(questions: list[str]) -> list[dict[str, float]]:
+    """Each question's relevant SQuAD paragraphs (every split's qrels), by corpus id."""
+    qrels: dict[str, dict[str, float]] = {}
+    for split in sorted((SQUAD_DEV / "qrels").glob("*.tsv")):
+        for line in split.read_text(encoding="utf-8").splitlines()[1:]:
+            qid, pid, score = line.split("\t")
+            qrels.setdefault(qid, {})[pid] = float(score)
+    return [qrels[json.loads(q)["_id"]] for q in questions]
+
+
+def squad_mrr(found: list[list[tuple[int, float]]], relevant: list[dict[str, float]]) -> float:
+    """MRR@10 of the SQuAD questions over the whole corpus: the first rows are SQuAD's paragraphs in
+    corpus.jsonl's order, every other row a book passage (a distractor)."""
+    ids = [json.loads(line)["_id"] for line in (SQUAD_DEV / "corpus.jsonl").read_text(encoding="utf-8").splitlines()]
+    ranked = [[ids[r] if r < len(ids) else f"book-{r}" for r, _ in f] for f in found]
+    return evaluation.ranking_metrics(ranked, relevant)["mrr@10"]
 
 
 if __name__ == "__main__":
