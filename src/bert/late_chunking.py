@@ -5,8 +5,10 @@ view (rather than each chunk encoded alone).
 The chunks are runs of `chunk_size` word pieces of the text, each starting `chunk_size - chunk_overlap` pieces after
 the one before; the first also takes [CLS] (and the prompt's tokens), the last [SEP], so that without overlap the
 chunks partition the sequence, and a document of one chunk gets its mean embedding, the vector `bert embed` gives
-it without late chunking. Each chunk also names the characters of the text it holds (its first piece's start to
-its last piece's end, `FullTokenizer.tokenize_with_offsets`), so that a search hit can show its text.
+it without late chunking. Or the chunks are whole sentences (a sentence splitter's), as many as fit in
+`chunk_size` pieces, a sentence longer than that cut by pieces. Each chunk also names the characters of the text
+it holds (its first piece's start to its last piece's end, `FullTokenizer.tokenize_with_offsets`), so that a
+search hit can show its text.
 
 A document longer than `max_seq_length` is read whole in windows `doc_stride` pieces apart (run_squad.py's
 `doc_spans`, each window with the head and the tail: [CLS], the prompt, [SEP]); each piece's vector is the one of
@@ -16,7 +18,8 @@ sees up to a window of context.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import bisect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,6 +46,41 @@ def chunk_spans(length: int, content_start: int, chunk_size: int, chunk_overlap:
     spans[0] = range(0, spans[0].stop)
     spans[-1] = range(spans[-1].start, length)
     return spans
+
+
+def sentence_chunk_spans(
+    length: int, content_start: int, chunk_size: int, sentence_starts: Sequence[int]
+) -> list[range]:
+    """As `chunk_spans`, but each chunk is whole sentences, as many as fit in `chunk_size` text tokens (a
+    sentence longer than that is cut every `chunk_size` tokens); `sentence_starts`: the text token (0 the
+    first) where each sentence starts, ascending."""
+    content_stop = length - 1
+    bounds = sorted({content_start + t for t in sentence_starts if 0 < t < content_stop - content_start})
+    bounds.append(content_stop)
+    spans, start = [], content_start
+    while start < content_stop:
+        fits = [b for b in bounds if start < b <= start + chunk_size]
+        stop = fits[-1] if fits else start + chunk_size
+        spans.append(range(start, stop))
+        start = stop
+    if not spans:  # a text without pieces
+        return [range(0, length)]
+    spans[0] = range(0, spans[0].stop)
+    spans[-1] = range(spans[-1].start, length)
+    return spans
+
+
+def _sentence_starts(text: str, sentences: list[str], offsets: Sequence[tuple[int, int]]) -> list[int]:
+    """The text token where each of `sentences` (a splitter's, in order) starts. A splitter may change the
+    white space between words, so a sentence is found by counting the other characters."""
+    visible = [i for i, c in enumerate(text) if not c.isspace()]
+    starts, seen = [], 0
+    for sentence in sentences:
+        if seen < len(visible):
+            starts.append(visible[seen])
+        seen += sum(not c.isspace() for c in sentence)
+    token_starts = [a for a, _ in offsets]
+    return sorted({bisect.bisect_left(token_starts, c) for c in starts})
 
 
 def _max_context_windows(spans: Sequence[DocSpan], length: int) -> np.ndarray:
@@ -103,15 +141,17 @@ def late_chunk_embeddings(
     *,
     normalize: bool,
     chunk_overlap: int = 0,
+    sentences: Callable[[str], list[str]] | None = None,
     dimensions: int | None = None,
     prompt_name: str | None = None,
     prompt: str | None = None,
     doc_stride: int | None = None,
 ) -> list[LateChunks]:
-    """Per text, its chunks (`chunk_spans`, over the whole text: `whole_token_vectors`, windows `doc_stride`
-    pieces apart, default the model's): float32 [chunks, dimensions or hidden_size], the mean of the last layer
-    over each chunk's tokens, cut to `dimensions`, then scaled to unit length when `normalize` (a zero vector
-    stays zero); and each chunk's characters of the text."""
+    """Per text, its chunks (`chunk_spans`, or with a `sentences` splitter `sentence_chunk_spans`, over the
+    whole text: `whole_token_vectors`, windows `doc_stride` pieces apart, default the model's): float32
+    [chunks, dimensions or hidden_size], the mean of the last layer over each chunk's tokens, cut to
+    `dimensions`, then scaled to unit length when `normalize` (a zero vector stays zero); and each chunk's
+    characters of the text."""
     resolved = predictor.resolve_prompt(prompt_name, prompt)
     parts, prompt_lengths = predictor.embedding_parts(texts, prompt=resolved)
     # The prompt's pieces join the head, so that every window carries the prompt.
@@ -121,28 +161,39 @@ def late_chunk_embeddings(
     out = []
     for text, hidden, prompt_length in zip(texts, tokens, prompt_lengths):
         content_start = max(1, prompt_length)
-        spans = chunk_spans(len(hidden), content_start, chunk_size, chunk_overlap)
+        offsets = _text_offsets(predictor, resolved or "", text, content_start, len(hidden) - 1)
+        if sentences is None:
+            spans = chunk_spans(len(hidden), content_start, chunk_size, chunk_overlap)
+        else:
+            starts = _sentence_starts(text, sentences(text), offsets)
+            spans = sentence_chunk_spans(len(hidden), content_start, chunk_size, starts)
         vectors = np.stack([hidden[span.start : span.stop].mean(axis=0) for span in spans])[:, :dimensions]
         if normalize:
             vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        characters = _character_spans(predictor, resolved or "", text, spans, content_start, len(hidden) - 1)
+        characters = _character_spans(offsets, len(text), spans, content_start)
         out.append(LateChunks(vectors.astype(np.float32, copy=False), characters))
     return out
 
 
-def _character_spans(
-    predictor: Predictor, prompt: str, text: str, spans: list[range], content_start: int, content_stop: int
+def _text_offsets(
+    predictor: Predictor, prompt: str, text: str, content_start: int, content_stop: int
 ) -> list[tuple[int, int]]:
-    """Each chunk's (start, stop) in `text`: from its first text piece's start to its last one's end. The
-    pieces are those of prompt + text, as `embedding_parts` encodes them; the prompt's are left out."""
+    """Each text piece's (start, stop) in `text`. The pieces are those of prompt + text, as `embedding_parts`
+    encodes them; the prompt's are left out."""
     pieces = predictor.tokenizer.tokenize_with_offsets(prompt + text)
     # A prompt not ending a word joins the text's first word: that piece's start is clipped to the text's.
     offsets = [(max(0, a - len(prompt)), max(0, b - len(prompt))) for _, _, a, b in pieces[content_start - 1 :]]
     assert len(offsets) == content_stop - content_start, "the offsets' pieces must be the encoded pieces"
+    return offsets
+
+
+def _character_spans(
+    offsets: list[tuple[int, int]], text_length: int, spans: list[range], content_start: int
+) -> list[tuple[int, int]]:
+    """Each chunk's (start, stop) in the text: from its first text piece's start to its last one's end."""
     out = []
     for span in spans:
-        first, last = max(span.start, content_start), min(span.stop, content_stop) - 1
-        out.append(
-            (offsets[first - content_start][0], offsets[last - content_start][1]) if first <= last else (0, len(text))
-        )
+        first, last = max(span.start, content_start), min(span.stop, content_start + len(offsets)) - 1
+        found = first <= last
+        out.append((offsets[first - content_start][0], offsets[last - content_start][1]) if found else (0, text_length))
     return out

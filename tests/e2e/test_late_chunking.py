@@ -7,7 +7,9 @@ each chunk holds (transformers' fast tokenizer's offsets); the flags that do not
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -41,11 +43,23 @@ def read_jsonl(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def expected_chunks(model, texts: list[str], overlap: int = 0) -> dict[int, list[tuple[np.ndarray, tuple[int, int]]]]:
+def token_chunks(_text: str, _offsets: list[tuple[int, int]], length: int, overlap: int = 0) -> list[tuple[int, int]]:
+    """Each chunk's first and last-but-one text positions in a sequence of `length`: CHUNK tokens every
+    CHUNK - overlap."""
+    starts = [1]  # a chunk's first text position; the last text position is length - 2
+    while starts[-1] + CHUNK < length - 1:
+        starts.append(starts[-1] + CHUNK - overlap)
+    return [(start, min(start + CHUNK, length - 1)) for start in starts]
+
+
+def expected_chunks(
+    model, texts: list[str], cut: Callable[[str, list[tuple[int, int]], int], list[tuple[int, int]]] = token_chunks
+) -> dict[int, list[tuple[np.ndarray, tuple[int, int]]]]:
     """Each text's chunks' (mean, characters), from transformers' own tokenizers and model: a text past the
     model's 64 positions in windows of 62 pieces STRIDE apart, each piece's vector from the window the original's
-    `_check_is_max_context` picks for it; a chunk's characters from its first piece's start to its last one's
-    end (the fast tokenizer's offsets)."""
+    `_check_is_max_context` picks for it; the chunks' text positions `cut` gives (from the text, its pieces'
+    offsets and the sequence's length); a chunk's characters from its first piece's start to its last one's end
+    (the fast tokenizer's offsets)."""
     from bert.tasks.squad import _check_is_max_context, doc_spans_for
 
     tokenizer = transformers.BertTokenizer(str(model / "vocab.txt"), do_lower_case=True)
@@ -70,13 +84,10 @@ def expected_chunks(model, texts: list[str], overlap: int = 0) -> dict[int, list
             for j in range(len(body))
         ]
         hidden = np.stack([windows[0][0], *pieces, windows[-1][-1]])  # [T, H]
-        starts = [1]  # a chunk's first text position; the last text position is len(hidden) - 2
-        while starts[-1] + CHUNK < len(hidden) - 1:
-            starts.append(starts[-1] + CHUNK - overlap)
+        cuts = cut(text, encoded["offset_mapping"], len(hidden))
         chunks = []
-        for k, start in enumerate(starts):
-            stop = min(start + CHUNK, len(hidden) - 1)
-            a, b = 0 if k == 0 else start, len(hidden) if k == len(starts) - 1 else stop
+        for k, (start, stop) in enumerate(cuts):
+            a, b = 0 if k == 0 else start, len(hidden) if k == len(cuts) - 1 else stop
             characters = (encoded["offset_mapping"][start - 1][0], encoded["offset_mapping"][stop - 2][1])
             chunks.append((hidden[a:b].mean(axis=0), characters))
         out[i] = chunks
@@ -116,7 +127,7 @@ def test_overlapping_chunks_share_their_tokens(model, tmp_path):
         main(["embed", f"--model={model}", f"--input_file={tmp_path / 'in.txt'}", f"--output_file={out}", *late]) == 0
     )
     rows = read_jsonl(out)
-    expected = expected_chunks(model, TEXTS, overlap=3)
+    expected = expected_chunks(model, TEXTS, functools.partial(token_chunks, overlap=3))
     assert len(rows) == sum(len(c) for c in expected.values()) > len(expected_chunks(model, TEXTS)) + 5
     np.testing.assert_allclose(
         np.array([r["embedding"] for r in rows]), np.stack([v for c in expected.values() for v, _ in c]), atol=2e-5
@@ -124,6 +135,47 @@ def test_overlapping_chunks_share_their_tokens(model, tmp_path):
     spans = [(r["start"], r["stop"]) for r in rows]
     assert spans == [span for c in expected.values() for _, span in c]
     assert spans[1][0] < spans[0][1]  # the second chunk starts inside the first
+
+
+def test_sentence_chunks_hold_whole_sentences(model, tmp_path):
+    pysbd = pytest.importorskip("pysbd", reason="--chunk_by=pysbd needs pysbd (the corpus extra)")
+    texts = [
+        "The cat sat. It looked at the dog across the room! The dog did not move. "
+        + " ".join(f"word{i} and the river bank" for i in range(3))
+        + ". Then it slept.",
+        "A single short sentence.",
+    ]
+
+    def sentence_chunks(text: str, offsets: list[tuple[int, int]], length: int) -> list[tuple[int, int]]:
+        """Whole sentences (pysbd's) packed into CHUNK tokens, a longer one cut by tokens."""
+        starts, at = [], 0
+        for sentence in pysbd.Segmenter(language="en", clean=False).segment(text):
+            at = text.index(sentence.strip(), at)
+            starts.append(1 + next(t for t, (a, _) in enumerate(offsets) if a >= at))
+        bounds, out, start = [*starts[1:], length - 1], [], 1
+        while start < length - 1:
+            stop = max((b for b in bounds if start < b <= start + CHUNK), default=start + CHUNK)
+            out.append((start, stop))
+            start = stop
+        return out
+
+    (tmp_path / "in.txt").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+    out = tmp_path / "chunks.jsonl"
+    late = ["--late_chunking", f"--chunk_size={CHUNK}", "--chunk_by=pysbd"]
+    assert (
+        main(["embed", f"--model={model}", f"--input_file={tmp_path / 'in.txt'}", f"--output_file={out}", *late]) == 0
+    )
+    rows = read_jsonl(out)
+    expected = expected_chunks(model, texts, sentence_chunks)
+    assert [(r["start"], r["stop"]) for r in rows] == [span for c in expected.values() for _, span in c]
+    np.testing.assert_allclose(
+        np.array([r["embedding"] for r in rows]), np.stack([v for c in expected.values() for v, _ in c]), atol=2e-5
+    )
+    chunk_texts = [texts[0][r["start"] : r["stop"]] for r in rows if r["id"].startswith("0#")]
+    # whole sentences where they fit (a sentence of 4 tokens, then one of 9 cut at 7), the last alone
+    assert chunk_texts[:2] == ["The cat sat.", "It looked at the dog across the"]
+    assert "The dog did not move." in chunk_texts and chunk_texts[-1] == "Then it slept."
+    assert len(expected[1]) == 1  # a text of one chunk
 
 
 def test_parquet_ids_become_docid_k(model, tmp_path):
@@ -153,6 +205,9 @@ def test_flags_that_do_not_go_with_late_chunking(model, tmp_path, capsys):
     assert "--chunk_overlap sets the chunks of --late_chunking" in err
     err = cli_error(capsys, "embed", *flags, jsonl, "--late_chunking", "--chunk_size=8", "--chunk_overlap=8")
     assert "--chunk_overlap=8 must be less than --chunk_size=8" in err
+    err = cli_error(capsys, "embed", *flags, jsonl, "--late_chunking", "--chunk_by=pysbd", "--chunk_overlap=2")
+    assert "--chunk_overlap counts tokens, and --chunk_by=pysbd cuts chunks at sentences" in err
+    assert "--chunk_by sets the chunks of --late_chunking" in cli_error(capsys, "embed", *flags, "--chunk_by=pysbd")
     err = cli_error(capsys, "embed", *flags, "--late_chunking", f"--output_file={tmp_path / 'o.npy'}")
     assert "which a .npy matrix cannot hold" in err
     for flag in ("--pooling=cls", "--precision=int8", "--long_document=windows"):

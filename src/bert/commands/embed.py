@@ -30,6 +30,7 @@ from bert.errors import InputError
 from bert.flags import EMBEDDING_PRECISIONS, InferenceArgs, ShardArgs
 from bert.formats.parquet import SPAN_COLUMNS, EmbeddingWriter, ParquetTexts, is_parquet, pyarrow
 from bert.outputs import claim
+from bert.pretraining.corpus import SENTENCE_SPLITTERS, make_sentence_splitter
 from bert.request_rules import DIMENSIONS_MINIMUM, POOLINGS, check_dimensions
 from bert.tasks.classification import LONG_DOCUMENT
 from bert.utils import (
@@ -70,6 +71,7 @@ VECTOR_FLAGS = (
     "late_chunking",
     "chunk_size",
     "chunk_overlap",
+    "chunk_by",
 )
 # Text tokens a chunk of --late_chunking when --chunk_size is not given.
 DEFAULT_CHUNK_TOKENS = 128
@@ -188,6 +190,15 @@ class EmbedArgs(InferenceArgs, ShardArgs):
         default=None,
         metadata={"positive": True, "help": f"Text tokens a chunk of --late_chunking; default {DEFAULT_CHUNK_TOKENS}."},
     )
+    chunk_by: str = field(
+        default="tokens",
+        metadata={
+            "help": "How --late_chunking cuts a text: tokens (every --chunk_size tokens), or pysbd or blingfire: "
+            "whole sentences split by that PyPI package (as prepare-corpus splits them), as many as fit in "
+            "--chunk_size tokens, a longer sentence cut by tokens.",
+            "choices": ["tokens", *SENTENCE_SPLITTERS],
+        },
+    )
     chunk_overlap: int | None = field(
         default=None,
         metadata={
@@ -272,10 +283,16 @@ def _check_flags(args: EmbedArgs) -> None:
 
 def _check_late_chunking(args: EmbedArgs, kind: str) -> None:
     if not args.late_chunking:
-        for flag, value in (("--chunk_size", args.chunk_size), ("--chunk_overlap", args.chunk_overlap)):
+        chunking: dict[str, object] = {"--chunk_size": args.chunk_size, "--chunk_overlap": args.chunk_overlap}
+        chunking["--chunk_by"] = None if args.chunk_by == "tokens" else args.chunk_by
+        for flag, value in chunking.items():
             if value is not None:
                 raise InputError(f"{flag} sets the chunks of --late_chunking; give --late_chunking, or drop it")
         return
+    if args.chunk_overlap and args.chunk_by != "tokens":
+        raise InputError(
+            f"--chunk_overlap counts tokens, and --chunk_by={args.chunk_by} cuts chunks at sentences; drop one"
+        )
     size = args.chunk_size or DEFAULT_CHUNK_TOKENS
     if (args.chunk_overlap or 0) >= size:
         raise InputError(
@@ -464,6 +481,8 @@ def _embedder(
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
     from bert.late_chunking import late_chunk_embeddings
 
+    sentences = make_sentence_splitter(args.chunk_by) if args.late_chunking and args.chunk_by != "tokens" else None
+
     def embed(texts: list[str]) -> np.ndarray | list[LateChunks]:
         if args.late_chunking:
             return late_chunk_embeddings(
@@ -472,6 +491,7 @@ def _embedder(
                 args.chunk_size or DEFAULT_CHUNK_TOKENS,
                 normalize=normalize,
                 chunk_overlap=args.chunk_overlap or 0,
+                sentences=sentences,
                 dimensions=args.dimensions,
                 prompt_name=args.prompt_name,
                 prompt=args.prompt,
