@@ -8,6 +8,7 @@ each chunk holds (transformers' fast tokenizer's offsets); the flags that do not
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 from collections.abc import Callable
 
@@ -208,6 +209,9 @@ def test_flags_that_do_not_go_with_late_chunking(model, tmp_path, capsys):
     err = cli_error(capsys, "embed", *flags, jsonl, "--late_chunking", "--chunk_by=pysbd", "--chunk_overlap=2")
     assert "--chunk_overlap counts tokens, and --chunk_by=pysbd cuts chunks at sentences" in err
     assert "--chunk_by sets the chunks of --late_chunking" in cli_error(capsys, "embed", *flags, "--chunk_by=pysbd")
+    if importlib.util.find_spec("blingfire") is None:  # its package named, before the model loads
+        err = cli_error(capsys, "embed", *flags, jsonl, "--late_chunking", "--chunk_by=blingfire")
+        assert "--chunk_by=blingfire needs the blingfire package: pip install" in err
     err = cli_error(capsys, "embed", *flags, "--late_chunking", f"--output_file={tmp_path / 'o.npy'}")
     assert "which a .npy matrix cannot hold" in err
     for flag in ("--pooling=cls", "--precision=int8", "--long_document=windows"):

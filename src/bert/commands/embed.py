@@ -289,10 +289,12 @@ def _check_late_chunking(args: EmbedArgs, kind: str) -> None:
             if value is not None:
                 raise InputError(f"{flag} sets the chunks of --late_chunking; give --late_chunking, or drop it")
         return
-    if args.chunk_overlap and args.chunk_by != "tokens":
-        raise InputError(
-            f"--chunk_overlap counts tokens, and --chunk_by={args.chunk_by} cuts chunks at sentences; drop one"
-        )
+    if args.chunk_by != "tokens":
+        make_sentence_splitter(args.chunk_by, "--chunk_by")  # its package is installed, before the model loads
+        if args.chunk_overlap:
+            raise InputError(
+                f"--chunk_overlap counts tokens, and --chunk_by={args.chunk_by} cuts chunks at sentences; drop one"
+            )
     size = args.chunk_size or DEFAULT_CHUNK_TOKENS
     if (args.chunk_overlap or 0) >= size:
         raise InputError(
@@ -481,7 +483,8 @@ def _embedder(
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
     from bert.late_chunking import late_chunk_embeddings
 
-    sentences = make_sentence_splitter(args.chunk_by) if args.late_chunking and args.chunk_by != "tokens" else None
+    splits = args.late_chunking and args.chunk_by != "tokens"
+    sentences = make_sentence_splitter(args.chunk_by, "--chunk_by") if splits else None
 
     def embed(texts: list[str]) -> np.ndarray | list[LateChunks]:
         if args.late_chunking:

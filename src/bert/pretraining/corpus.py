@@ -163,8 +163,9 @@ def _chain(head: list[str], rest: Iterator[str]) -> Iterator[str]:
     yield from rest
 
 
-def make_sentence_splitter(name: str) -> Callable[[str], list[str]]:
-    """A function from a paragraph to its sentences, using the named PyPI package (imported here).
+def make_sentence_splitter(name: str, flag: str = "--sentence_splitter") -> Callable[[str], list[str]]:
+    """A function from a paragraph to its sentences, using the named PyPI package (imported here); `flag` is the
+    flag that named it, for the errors.
 
     Raises:
         InputError: an unknown name, or the package is not installed (with the pip command).
@@ -174,8 +175,7 @@ def make_sentence_splitter(name: str) -> Callable[[str], list[str]]:
             import pysbd
         except ImportError as e:
             raise InputError(
-                "--sentence_splitter=pysbd needs the pysbd package: pip install 'pysbd>=0.3.4,<0.4' "
-                "(or use --sentence_splitter=blingfire)"
+                f"{flag}=pysbd needs the pysbd package: pip install 'pysbd>=0.3.4,<0.4' (or use {flag}=blingfire)"
             ) from e
         segmenter = pysbd.Segmenter(language="en", clean=False)
         return segmenter.segment
@@ -184,11 +184,11 @@ def make_sentence_splitter(name: str) -> Callable[[str], list[str]]:
             import blingfire
         except ImportError as e:
             raise InputError(
-                "--sentence_splitter=blingfire needs the blingfire package: pip install 'blingfire>=0.1.8,<0.2' "
-                "(or use --sentence_splitter=pysbd)"
+                f"{flag}=blingfire needs the blingfire package: pip install 'blingfire>=0.1.8,<0.2' "
+                f"(or use {flag}=pysbd)"
             ) from e
         return lambda text: blingfire.text_to_sentences(text).split("\n")
-    raise InputError(f"--sentence_splitter={name!r} is not one of {', '.join(SENTENCE_SPLITTERS)}")
+    raise InputError(f"{flag}={name!r} is not one of {', '.join(SENTENCE_SPLITTERS)}")
 
 
 def _clean_sentence(sentence: str) -> str:
