@@ -199,6 +199,11 @@ def main() -> None:
         "; adds infinity's server, `infinity_emb v2`, once per engine of --infinity_engines",
     )
     parser.add_argument("--infinity_engines", default="torch", help="infinity's --engine values, comma separated")
+    parser.add_argument(
+        "--worker_splits",
+        default="",
+        help="also `bert serve --workers=W --threads=THREADS/W` for each W, comma separated (2: a process a core)",
+    )
     parser.add_argument("--peer-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -224,6 +229,12 @@ def main() -> None:
     }
     apis = dict.fromkeys(servers, "tei")
     envs = dict.fromkeys(servers, env)
+    for workers in (int(w) for w in args.worker_splits.split(",") if w):
+        threads = max(1, args.threads // workers)
+        name = f"ours, {workers} workers x {threads} thread{'s' * (threads > 1)}"
+        split = [f"--model={args.model}", f"--threads={threads}", f"--device={args.device}", f"--dtype={args.dtype}"]
+        servers[name] = [sys.executable, "-m", "bert", "serve", *split, f"--workers={workers}"]
+        apis[name], envs[name] = "tei", dict(env, OMP_NUM_THREADS=str(threads))
     if args.infinity_python:
         # Served as its README shows (`infinity_emb v2 --model-id ...`), the model read from the local folder;
         # OMP_NUM_THREADS bounds its torch threads as it bounds the others'.
@@ -285,12 +296,14 @@ def main() -> None:
                 f"{o['p99'] / p['p99']:.2f} | {z['rps'] / p['rps']:.2f} | {z['p50'] / p['p50']:.2f} | "
                 f"{z['p99'] / p['p99']:.2f} |"
             )
+        ours = ["ours", *(n for n in servers if " workers x " in n)]
         for name in (n for n in servers if n.startswith("infinity")):
-            print(f"\n| clients | ours / {name} req/s | p50 | p99 |\n|---:|---:|---:|---:|")
-            for clients in levels:
-                o, p = results["ours", clients], results[name, clients]
-                ratios = (o["rps"] / p["rps"], o["p50"] / p["p50"], o["p99"] / p["p99"])
-                print(f"| {clients} | " + " | ".join(f"{r:.2f}" for r in ratios) + " |")
+            for mine in ours:
+                print(f"\n| clients | {mine} / {name} req/s | p50 | p99 |\n|---:|---:|---:|---:|")
+                for clients in levels:
+                    o, p = results[mine, clients], results[name, clients]
+                    ratios = (o["rps"] / p["rps"], o["p50"] / p["p50"], o["p99"] / p["p99"])
+                    print(f"| {clients} | " + " | ".join(f"{r:.2f}" for r in ratios) + " |")
         print(f"load average at the end: {os.getloadavg()}")
     finally:
         for process in processes.values():
