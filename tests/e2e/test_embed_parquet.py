@@ -5,6 +5,7 @@ redoes a partial one and refuses one made with other flags."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import numpy as np
@@ -156,6 +157,25 @@ def test_a_shard_made_with_other_flags_is_refused(corpus, tmp_path, capsys):
     _, _, init = save_tiny_model(tmp_path / "m2", shared_path("data", "vocab", "uncased.txt"), True, hidden_size=16)
     with pytest.raises(InputError, match="made with --model=weights"):
         run_embed(EmbedArgs(model=str(init), input_file=str(lines), output_file=str(tmp_path / "e.npy"), num_shards=2))
+
+
+def test_a_shard_made_before_a_flag_existed_is_kept(corpus, tmp_path, capsys):
+    """A manifest without a flag (written by a bert older than the flag) holds that flag's default."""
+    model, lines, _, _ = corpus
+    flags = [f"--model={model}", f"--input_file={lines}", f"--output_file={tmp_path / 'e.npy'}", "--num_shards=2"]
+    from bert.cli import main
+
+    assert main(["embed", *flags, "--shard_index=0"]) == 0
+    manifest = tmp_path / "e-00000-of-00002.npy.manifest.json"
+    record = json.loads(manifest.read_text())
+    for flag in ("--chunk_by", "--chunk_overlap", "--dimensions"):
+        del record["flags"][flag]
+    manifest.write_text(json.dumps(record))
+    capsys.readouterr()
+    assert main(["embed", *flags, "--shard_index=0"]) == 0
+    assert "complete in" in capsys.readouterr().err  # skipped, not refused
+    err = cli_error(capsys, "embed", *flags, "--shard_index=0", "--dimensions=8")
+    assert "made with no --dimensions, this run has --dimensions=8" in err
 
 
 def test_a_shard_reads_only_the_row_groups_of_its_rows(corpus, tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -209,6 +209,10 @@ class EmbedArgs(InferenceArgs, ShardArgs):
     )
 
 
+# Each of VECTOR_FLAGS at its default, as a manifest records it: what a shard made before the flag existed did.
+VECTOR_FLAG_DEFAULTS = {f"--{f.name}": f.default for f in fields(EmbedArgs) if f.name in VECTOR_FLAGS}
+
+
 class _Rows:
     """Where the vectors go: a .npy matrix (its header written first), a Parquet file (`formats.parquet`), or
     JSON lines; `ids` (a pyarrow array, from --id_column) go beside the vectors."""
@@ -358,6 +362,9 @@ def _run_shard(args: EmbedArgs, output_file: str) -> dict[str, Any]:
     manifest = Path(output_file + MANIFEST_SUFFIX)
     old = load_json_file(manifest, "--output_file") if manifest.is_file() else None
     if old is not None:
+        if isinstance(old.get("flags"), dict):
+            # A flag newer than the bert that made the shard: that bert did what the flag's default does.
+            old["flags"] = {**VECTOR_FLAG_DEFAULTS, **old["flags"]}
         for key in made:
             if old.get(key) != made[key]:
                 flag, was, now = _first_difference(key, old.get(key), made[key])
