@@ -77,10 +77,11 @@ from bert.commands.embed import DEFAULT_CHUNK_TOKENS
 from bert.commands.index import IndexArgs, run_index
 from bert.inference import Predictor
 from bert.late_chunking import late_chunk_embeddings
+from bert.pretraining.corpus import make_sentence_splitter
 from bert.retrieval import TopK, quantize_embeddings
 from bert.sentence import evaluation
 from bert.sentence.data import read_beir
-from bert.utils import progress, shard_file
+from bert.utils import progress, shard_file, shard_range
 from bert.vector_index import open_index
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -297,16 +298,26 @@ def long_documents_part(opts: argparse.Namespace) -> dict:
                     data.texts, f"windows {n}", lambda t: p.embed(t, long_document="windows")
                 ),
             ),
-            (
-                f"late chunking {n}",
-                f"bert embed --max_seq_length={n} --late_chunking",
-                lambda p=predictor, n=n: in_blocks(
-                    data.texts,
-                    f"late chunking {n}",
-                    lambda t: [c.vectors for c in late_chunk_embeddings(p, t, chunk, normalize=p.default_normalize)],
-                ),
-            ),
         ]
+        for name, flags, options in (
+            ("", "", {}),
+            (f", overlap {chunk // 4}", f" --chunk_overlap={chunk // 4}", {"chunk_overlap": chunk // 4}),
+            (", sentences", " --chunk_by=pysbd", {"sentences": make_sentence_splitter("pysbd")}),
+        ):
+            recipes.append(
+                (
+                    f"late chunking {n}{name}",
+                    f"bert embed --max_seq_length={n} --late_chunking{flags}",
+                    lambda p=predictor, n=n, name=name, options=options: in_blocks(
+                        data.texts,
+                        f"late chunking {n}{name}",
+                        lambda t: [
+                            c.vectors
+                            for c in late_chunk_embeddings(p, t, chunk, normalize=p.default_normalize, **options)
+                        ],
+                    ),
+                )
+            )
     recipes.append(
         (
             "naive chunks",
@@ -378,6 +389,11 @@ def main() -> None:
     parser.add_argument("--no_unsharded", action="store_true", help="skip the unsharded run (half the time)")
     parser.add_argument("--kill_after", type=float, default=None, help="kill shard 0 after this many seconds first")
     parser.add_argument("--ef_search", default="256,512", help="hnsw efSearch values tried after the default")
+    parser.add_argument(
+        "--reuse_shards",
+        action="store_true",
+        help="keep --work_dir's passages and shards of an earlier run of the same flags: complete shards skipped",
+    )
     parser.add_argument("--model", default=None, help="default: all-MiniLM-L6-v2 (the minilm extra)")
     parser.add_argument("--max_seq_length", type=int, default=128, help="corpus (long_documents: 256 and 512)")
     parser.add_argument("--threads", type=int, default=2, help="torch's threads in each bert embed (and here)")
@@ -413,15 +429,19 @@ def corpus_part(opts: argparse.Namespace) -> dict:
     work = Path(opts.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     corpus = work / "passages.txt"
-    with open(corpus, "w", encoding="utf-8") as f:
-        f.writelines(p + "\n" for p in itertools.islice(passages(opts.words, opts.stride), opts.rows))
+    if not opts.reuse_shards:
+        with open(corpus, "w", encoding="utf-8") as f:
+            f.writelines(p + "\n" for p in itertools.islice(passages(opts.words, opts.stride), opts.rows))
+        for stale in work.glob("*.npy*"):
+            stale.unlink()
+    elif not corpus.is_file() or opts.kill_after or not opts.no_unsharded:
+        sys.exit(f"--reuse_shards needs {corpus} of an earlier run, --no_unsharded and no --kill_after")
     questions = (SQUAD_DEV / "queries.jsonl").read_text(encoding="utf-8").splitlines()[: opts.queries]
     (work / "queries.jsonl").write_text("".join(q + "\n" for q in questions), encoding="utf-8")
     common = [f"--model={opts.model}", f"--max_seq_length={opts.max_seq_length}", f"--dtype={opts.dtype}"]
     n = opts.num_shards
     sharded_flags = [*common, f"--input_file={corpus}", f"--output_file={work / 's.npy'}", f"--num_shards={n}"]
-    for stale in work.glob("*.npy*"):
-        stale.unlink()
+    reused = [Path(shard_file(work / "s.npy", i, n) + ".manifest.json").is_file() for i in range(n)]
 
     cut = "" if opts.stride is None else f", windows every {opts.stride} words"
     print(f"embedding {opts.rows} passages ({opts.words} words at most{cut}) with {opts.model}", flush=True)
@@ -438,7 +458,7 @@ def corpus_part(opts: argparse.Namespace) -> dict:
     shards = [bert_embed(*sharded_flags, f"--shard_index={i}") for i in range(n)]
     resumed = [bert_embed(*sharded_flags, f"--shard_index={i}") for i in range(n)]
     embed["shards"] = {"seconds": sum(t for t, _ in shards), "peak_mb": max(m for _, m in shards)}
-    embed["each_shard"] = [{"seconds": t, "peak_mb": m} for t, m in shards]
+    embed["each_shard"] = [{"seconds": t, "peak_mb": m, "reused": r} for (t, m), r in zip(shards, reused)]
     embed["resumed"] = {"seconds": sum(t for t, _ in resumed), "peak_mb": max(m for _, m in resumed)}
     bert_embed(*common, f"--input_file={work / 'queries.jsonl'}", f"--output_file={work / 'queries.npy'}")
     queries = np.load(work / "queries.npy")
@@ -461,13 +481,18 @@ def corpus_part(opts: argparse.Namespace) -> dict:
         "resumed": f"re-run, all {n} shards complete (skipped)",
     }
     for key, label in runs.items():
-        if key in embed:
+        if key in embed and not (key == "shards" and any(reused)):
             rate = "-" if key in ("killed", "resumed") else f"{opts.rows / embed[key]['seconds']:.1f}"
             print(f"| {label} | {embed[key]['seconds']:.1f} | {rate} | {embed[key]['peak_mb']:.0f} |")
+    for i, shard in enumerate(embed["each_shard"]):
+        rate = "-" if shard["reused"] else f"{len(shard_range(opts.rows, i, n)) / shard['seconds']:.1f}"
+        label = f"shard {i} of {n}" + (": complete from an earlier run (skipped)" if shard["reused"] else "")
+        print(f"| {label} | {shard['seconds']:.1f} | {rate} | {shard['peak_mb']:.0f} |")
     base = embed["unsharded" if "unsharded" in embed else "shards"]["seconds"]
     if "unsharded" in embed:
         print(f"\nsharding overhead: {embed['shards']['seconds'] / base - 1:+.1%}", end="; ")
-    print(f"resume: {embed['resumed']['seconds'] / base:.1%} of a whole run")
+    if not any(reused):
+        print(f"resume: {embed['resumed']['seconds'] / base:.1%} of a whole run")
     results: dict = {
         "rows": opts.rows,
         "words": opts.words,
