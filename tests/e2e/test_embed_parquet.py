@@ -176,6 +176,12 @@ def test_a_shard_made_before_a_flag_existed_is_kept(corpus, tmp_path, capsys):
     assert "complete in" in capsys.readouterr().err  # skipped, not refused
     err = cli_error(capsys, "embed", *flags, "--shard_index=0", "--dimensions=8")
     assert "made with no --dimensions, this run has --dimensions=8" in err
+    # bert index reads a set of old and new shards as made alike
+    pytest.importorskip("faiss", reason="indexes need faiss-cpu (the index extra)")
+    assert main(["embed", *flags, "--shard_index=1"]) == 0
+    out = tmp_path / "index"
+    assert main(["index", f"--corpus_embeddings={tmp_path / 'e.npy'}", "--index_type=flat", f"--output_dir={out}"]) == 0
+    assert json.loads((out / "manifest.json").read_text())["flags"]["--chunk_by"] == "tokens"
 
 
 def test_a_shard_reads_only_the_row_groups_of_its_rows(corpus, tmp_path, monkeypatch):

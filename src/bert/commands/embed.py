@@ -360,11 +360,8 @@ def _run_shard(args: EmbedArgs, output_file: str) -> dict[str, Any]:
     flags = {f"--{name}": getattr(args, name) for name in VECTOR_FLAGS}
     made = shard_manifest(args, lines, total, digest, flags)
     manifest = Path(output_file + MANIFEST_SUFFIX)
-    old = load_json_file(manifest, "--output_file") if manifest.is_file() else None
+    old = read_shard_manifest(manifest, "--output_file") if manifest.is_file() else None
     if old is not None:
-        if isinstance(old.get("flags"), dict):
-            # A flag newer than the bert that made the shard: that bert did what the flag's default does.
-            old["flags"] = {**VECTOR_FLAG_DEFAULTS, **old["flags"]}
         for key in made:
             if old.get(key) != made[key]:
                 flag, was, now = _first_difference(key, old.get(key), made[key])
@@ -414,6 +411,15 @@ def shard_manifest(args: EmbedArgs, lines: range, total: int, digest: str, flags
         "model_digest": digest,
         "flags": flags,
     }
+
+
+def read_shard_manifest(path: Path, flag: str) -> dict[str, Any]:
+    """A shard's manifest (`shard_manifest`'s record and its result), each vector flag that it does not name
+    (one newer than the bert that made the shard) at its default: what that bert did."""
+    made = load_json_file(path, flag)
+    if isinstance(made.get("flags"), dict):
+        made["flags"] = {**VECTOR_FLAG_DEFAULTS, **made["flags"]}
+    return made
 
 
 def _first_difference(key: str, was: Any, now: Any) -> tuple[str, Any, Any]:

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bert.commands.embed import MANIFEST_SUFFIX, EmbedArgs, model_digest
+from bert.commands.embed import MANIFEST_SUFFIX, EmbedArgs, model_digest, read_shard_manifest
 from bert.commands.search import SearchArgs
 from bert.errors import InputError
 from bert.flags import same_as
 from bert.formats.embeddings import FLOAT32_OR_BITS, open_embeddings
 from bert.outputs import atomic_directory, claim
-from bert.utils import load_json_file, print_result
+from bert.utils import print_result
 from bert.vector_index import (
     DEFAULT_EF_CONSTRUCTION,
     DEFAULT_HNSW_M,
@@ -160,7 +160,7 @@ def _embedding_manifests(stored: Any, name: str) -> list[dict[str, Any]]:
     if present and len(present) != len(found):
         missing = next(p for p in found if not p.is_file())
         raise InputError(f"{name}: {missing.name} is missing beside its shard; embed that shard again")
-    return [load_json_file(p, name) for p in present]
+    return [read_shard_manifest(p, name) for p in present]
 
 
 def _check_precision(args: IndexArgs, stored: Any, manifests: list[dict[str, Any]], name: str) -> None:
