@@ -390,6 +390,13 @@ def main() -> None:
     parser.add_argument("--kill_after", type=float, default=None, help="kill shard 0 after this many seconds first")
     parser.add_argument("--ef_search", default="256,512", help="hnsw efSearch values tried after the default")
     parser.add_argument(
+        "--indexes", default="hnsw,ivf_pq,binary_flat,binary_hnsw", help="which indexes to build, comma separated"
+    )
+    parser.add_argument("--nprobe", default="", help="ivf_flat and ivf_pq nprobe values tried after the default")
+    parser.add_argument(
+        "--held_out_queries", type=int, default=0, help="also N passages past the corpus's last as queries (recall)"
+    )
+    parser.add_argument(
         "--reuse_shards",
         action="store_true",
         help="keep --work_dir's passages and shards of an earlier run of the same flags: complete shards skipped",
@@ -505,29 +512,39 @@ def corpus_part(opts: argparse.Namespace) -> dict:
         "indexes": {},
     }
     relevant = squad_relevant(questions)
+    held_out = held_out_queries(opts, work, common)
 
-    def exact_search() -> list[list[tuple[int, float]]]:
+    def exact_search(queries: np.ndarray) -> list[list[tuple[int, float]]]:
         top = TopK(queries, 10)
         for start in range(0, len(vectors), 10000):
             top.add(vectors[start : start + 10000])
         return top.result()
 
-    exact_qps, exact = best_qps(exact_search, len(queries))
+    exact_qps, exact = best_qps(lambda: exact_search(queries), len(queries))
     exact_mrr = squad_mrr(exact, relevant)  # type: ignore[arg-type]
+    exact_held = exact_search(held_out) if len(held_out) else []
     results["exact"] = {"qps": exact_qps, "squad_mrr@10": exact_mrr}
     print(f"\n## indexes of the {len(vectors)} vectors of {vectors.shape[1]}, {len(queries)} queries\n")
     print(
-        "| index | setting | build s | bytes/vector | queries/s | x exact | recall@10 | SQuAD MRR@10 |\n"
-        "|---|---|---:|---:|---:|---:|---:|---:|"
+        "| index | setting | build s | bytes/vector | queries/s | x exact | recall@10 | SQuAD MRR@10 | recall@10, "
+        f"{len(held_out)} book queries |\n|---|---|---:|---:|---:|---:|---:|---:|---:|"
     )
-    print(f"| exact (bert search) | - | - | {4 * vectors.shape[1]} | {exact_qps:.0f} | 1.0 | 1.000 | {exact_mrr:.3f} |")
+    print(
+        f"| exact (bert search) | - | - | {4 * vectors.shape[1]} | {exact_qps:.0f} | 1.0 | 1.000 | {exact_mrr:.3f} | "
+        "1.000 |"
+    )
     kinds = [
         ("hnsw", "s.npy", "float32"),
+        ("ivf_flat", "s.npy", "float32"),
         ("ivf_pq", "s.npy", "float32"),
         ("flat", "bits.npy", "ubinary"),
         ("hnsw", "bits.npy", "ubinary"),
     ]
-    sweeps = {"hnsw": [int(v) for v in opts.ef_search.split(",") if v], "ivf_pq": []}
+    wanted = opts.indexes.split(",")
+    kinds = [k for k in kinds if (k[0] if k[2] == "float32" else f"binary_{k[0]}") in wanted]
+    nprobe = [("nprobe", int(v)) for v in opts.nprobe.split(",") if v]
+    ef_search = [("efSearch", int(v)) for v in opts.ef_search.split(",") if v]
+    sweeps = {"hnsw": ef_search, "ivf_flat": nprobe, "ivf_pq": nprobe}
     for index_type, source, precision in kinds:
         out = work / f"index-{index_type}-{precision}"
         start = time.perf_counter()
@@ -543,22 +560,43 @@ def corpus_part(opts: argparse.Namespace) -> dict:
         build = time.perf_counter() - start
         index = open_index(str(out), str(out))
         name = f"{index_type} (binary, rescored x4)" if precision == "ubinary" else index_type
-        settings: list[int | None] = [None, *(sweeps[index_type] if precision == "float32" else [])]
-        for ef in settings:
+        settings: list[tuple[str, int] | None] = [None, *(sweeps[index_type] if precision == "float32" else [])]
+        for knob in settings:
+            probe, ef = (knob[1], None) if knob and knob[0] == "nprobe" else (None, knob[1] if knob else None)
             qps, found = best_qps(
-                lambda: index.search(queries, 10, None, ef, block=len(queries)), len(queries)
+                lambda: index.search(queries, 10, probe, ef, block=len(queries)), len(queries)
             )  # fmt: skip
             recall = recall_at_10(found, exact)  # type: ignore[arg-type]
             mrr = squad_mrr(found, relevant)  # type: ignore[arg-type]
-            setting = "default" if ef is None else f"efSearch {ef}"
+            held = index.search(held_out, 10, probe, ef, block=len(held_out)) if len(held_out) else []
+            held_recall = recall_at_10(held, exact_held) if len(held_out) else float("nan")  # type: ignore[arg-type]
+            setting = "default" if knob is None else f"{knob[0]} {knob[1]}"
             row = {"build_s": build, "bytes": result["bytes"], "qps": qps, "recall@10": recall, "squad_mrr@10": mrr}
-            results["indexes"][name if ef is None else f"{name}, {setting}"] = row
+            row["held_out_recall@10"] = held_recall
+            results["indexes"][name if knob is None else f"{name}, {setting}"] = row
             print(
                 f"| {name} | {setting} | {build:.1f} | {result['bytes'] / len(vectors):.0f} | {qps:.0f} | "
-                f"{qps / exact_qps:.1f} | {recall:.3f} | {mrr:.3f} |",
+                f"{qps / exact_qps:.1f} | {recall:.3f} | {mrr:.3f} | {held_recall:.3f} |",
                 flush=True,
             )
     return results
+
+
+def held_out_queries(opts: argparse.Namespace, work: Path, common: list[str]) -> np.ndarray:
+    """--held_out_queries passages of the corpus's own kind that it does not hold, embedded: the passages that
+    would follow its last, from the 100th on, every 9th (windows of 100 words 12 apart share no word then)."""
+    if not opts.held_out_queries:
+        return np.zeros((0, 0), np.float32)
+    need = opts.rows + 100 + 9 * opts.held_out_queries
+    squad = len((SQUAD_DEV / "corpus.jsonl").read_text(encoding="utf-8").splitlines())
+    books = book_passages(opts.words) if opts.stride is None else book_windows(opts.words, opts.stride)
+    fresh = squad + sum(1 for _ in books)
+    if need > fresh:
+        sys.exit(f"--held_out_queries: {need} passages wanted, the sources hold {fresh} before repeating")
+    texts = itertools.islice(passages(opts.words, opts.stride), opts.rows + 100, need, 9)
+    (work / "held_out.txt").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+    bert_embed(*common, f"--input_file={work / 'held_out.txt'}", f"--output_file={work / 'held_out.npy'}")
+    return np.load(work / "held_out.npy")
 
 
 def squad_relevant(questions: list[str]) -> list[dict[str, float]]:
