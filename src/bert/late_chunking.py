@@ -25,10 +25,24 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bert.errors import InputError
 from bert.tasks.squad import DocSpan, doc_spans_for
 
 if TYPE_CHECKING:
     from bert.inference import Predictor
+
+
+def check_chunk_overlap(chunk_size: int, chunk_overlap: int, dashes: str = "") -> None:
+    """Each chunk starts after the one before: 0 <= chunk_overlap < chunk_size (`dashes`: "--" for flags).
+
+    Raises:
+        InputError: it does not.
+    """
+    if not 0 <= chunk_overlap < chunk_size:
+        raise InputError(
+            f"{dashes}chunk_overlap={chunk_overlap} must be at least 0 and less than {dashes}chunk_size={chunk_size} "
+            "(a chunk must start after the one before); lower it"
+        )
 
 
 def chunk_spans(length: int, content_start: int, chunk_size: int, chunk_overlap: int = 0) -> list[range]:
@@ -36,8 +50,7 @@ def chunk_spans(length: int, content_start: int, chunk_size: int, chunk_overlap:
     (after [CLS] and the prompt) and ends before its last token ([SEP]): `chunk_size` text tokens a chunk,
     each starting `chunk_size - chunk_overlap` tokens after the one before, until one reaches the text's end;
     the first chunk from position 0, the last to the end."""
-    if not 0 <= chunk_overlap < chunk_size:
-        raise ValueError(f"chunk_overlap {chunk_overlap} must be at least 0 and less than chunk_size {chunk_size}")
+    check_chunk_overlap(chunk_size, chunk_overlap)
     content_stop = length - 1
     starts = [content_start]
     while starts[-1] + chunk_size < content_stop:

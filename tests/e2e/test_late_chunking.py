@@ -205,7 +205,7 @@ def test_flags_that_do_not_go_with_late_chunking(model, tmp_path, capsys, monkey
     err = cli_error(capsys, "embed", *flags, "--chunk_overlap=2")
     assert "--chunk_overlap sets the chunks of --late_chunking" in err
     err = cli_error(capsys, "embed", *flags, jsonl, "--late_chunking", "--chunk_size=8", "--chunk_overlap=8")
-    assert "--chunk_overlap=8 must be less than --chunk_size=8" in err
+    assert "--chunk_overlap=8 must be at least 0 and less than --chunk_size=8" in err
     err = cli_error(capsys, "embed", *flags, jsonl, "--late_chunking", "--chunk_by=pysbd", "--chunk_overlap=2")
     assert "--chunk_overlap counts tokens, and --chunk_by=pysbd cuts chunks at sentences" in err
     assert "--chunk_by sets the chunks of --late_chunking" in cli_error(capsys, "embed", *flags, "--chunk_by=pysbd")

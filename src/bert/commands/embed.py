@@ -29,6 +29,7 @@ import numpy as np
 from bert.errors import InputError
 from bert.flags import EMBEDDING_PRECISIONS, InferenceArgs, ShardArgs
 from bert.formats.parquet import SPAN_COLUMNS, EmbeddingWriter, ParquetTexts, is_parquet, pyarrow
+from bert.late_chunking import LateChunks, check_chunk_overlap, late_chunk_embeddings
 from bert.outputs import claim
 from bert.pretraining.corpus import SENTENCE_SPLITTERS, make_sentence_splitter
 from bert.request_rules import DIMENSIONS_MINIMUM, POOLINGS, check_dimensions
@@ -47,7 +48,6 @@ from bert.utils import (
 
 if TYPE_CHECKING:
     from bert.inference import Predictor
-    from bert.late_chunking import LateChunks
 
 logger = logging.getLogger(__name__)
 
@@ -299,12 +299,7 @@ def _check_late_chunking(args: EmbedArgs, kind: str) -> None:
             raise InputError(
                 f"--chunk_overlap counts tokens, and --chunk_by={args.chunk_by} cuts chunks at sentences; drop one"
             )
-    size = args.chunk_size or DEFAULT_CHUNK_TOKENS
-    if (args.chunk_overlap or 0) >= size:
-        raise InputError(
-            f"--chunk_overlap={args.chunk_overlap} must be less than --chunk_size={size} (a chunk must start after "
-            "the one before); lower it"
-        )
+    check_chunk_overlap(args.chunk_size or DEFAULT_CHUNK_TOKENS, args.chunk_overlap or 0, "--")
     if kind == "npy":
         raise InputError(
             "--late_chunking writes a row per chunk with its id, which a .npy matrix cannot hold; write .parquet"
@@ -493,9 +488,6 @@ def _embedder(
     args: EmbedArgs, predictor: Predictor, pooling: str, normalize: bool
 ) -> Callable[[list[str]], np.ndarray | list[LateChunks]]:
     """The vectors of a chunk of texts: one per text, or with --late_chunking each text's chunks."""
-    # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
-    from bert.late_chunking import late_chunk_embeddings
-
     splits = args.late_chunking and args.chunk_by != "tokens"
     sentences = make_sentence_splitter(args.chunk_by, "--chunk_by") if splits else None
 
