@@ -58,6 +58,7 @@ import bert  # noqa: F401  (before torch: the package's OpenMP default must prec
 
 # isort: on
 import argparse
+import functools
 import gzip
 import itertools
 import json
@@ -114,15 +115,17 @@ def book_windows(words: int, stride: int) -> Iterator[str]:
             yield " ".join(text[start : start + words])
 
 
-def passages(words: int, stride: int | None = None) -> Iterator[str]:
+def passages(words: int, stride: int | None = None, repeat: bool = True) -> Iterator[str]:
     """SQuAD dev's paragraphs, then the books' paragraphs (or windows, with a `stride`), repeated from the
-    start when they run out."""
+    start when they run out (with `repeat`)."""
     while True:
         for line in (SQUAD_DEV / "corpus.jsonl").read_text(encoding="utf-8").splitlines():
             record = json.loads(line)
             # one line: a paragraph's own line breaks (and Unicode's, which readers split lines at) become spaces
             yield " ".join(f"{record['title']} {record['text']}".split())
         yield from book_passages(words) if stride is None else book_windows(words, stride)
+        if not repeat:
+            return
 
 
 def bert_embed(*flags: str, kill_after: float | None = None) -> tuple[float, float]:
@@ -588,12 +591,9 @@ def held_out_queries(opts: argparse.Namespace, work: Path, common: list[str]) ->
     if not opts.held_out_queries:
         return np.zeros((0, 0), np.float32)
     need = opts.rows + 100 + 9 * opts.held_out_queries
-    squad = len((SQUAD_DEV / "corpus.jsonl").read_text(encoding="utf-8").splitlines())
-    books = book_passages(opts.words) if opts.stride is None else book_windows(opts.words, opts.stride)
-    fresh = squad + sum(1 for _ in books)
-    if need > fresh:
-        sys.exit(f"--held_out_queries: {need} passages wanted, the sources hold {fresh} before repeating")
-    texts = itertools.islice(passages(opts.words, opts.stride), opts.rows + 100, need, 9)
+    texts = list(itertools.islice(passages(opts.words, opts.stride, repeat=False), opts.rows + 100, need, 9))
+    if len(texts) < opts.held_out_queries:
+        sys.exit(f"--held_out_queries: {need} passages wanted, the sources hold fewer before repeating")
     (work / "held_out.txt").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
     bert_embed(*common, f"--input_file={work / 'held_out.txt'}", f"--output_file={work / 'held_out.npy'}")
     return np.load(work / "held_out.npy")
@@ -609,10 +609,16 @@ def squad_relevant(questions: list[str]) -> list[dict[str, float]]:
     return [qrels[json.loads(q)["_id"]] for q in questions]
 
 
+@functools.cache
+def squad_ids() -> list[str]:
+    """SQuAD's paragraph ids in corpus.jsonl's order: the corpus's first rows."""
+    return [json.loads(line)["_id"] for line in (SQUAD_DEV / "corpus.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
 def squad_mrr(found: list[list[tuple[int, float]]], relevant: list[dict[str, float]]) -> float:
     """MRR@10 of the SQuAD questions over the whole corpus: the first rows are SQuAD's paragraphs in
     corpus.jsonl's order, every other row a book passage (a distractor)."""
-    ids = [json.loads(line)["_id"] for line in (SQUAD_DEV / "corpus.jsonl").read_text(encoding="utf-8").splitlines()]
+    ids = squad_ids()
     ranked = [[ids[r] if r < len(ids) else f"book-{r}" for r, _ in f] for f in found]
     return evaluation.ranking_metrics(ranked, relevant)["mrr@10"]
 

@@ -232,8 +232,8 @@ def main() -> None:
     for workers in (int(w) for w in args.worker_splits.split(",") if w):
         threads = max(1, args.threads // workers)
         name = f"ours, {workers} workers x {threads} thread{'s' * (threads > 1)}"
-        split = [f"--model={args.model}", f"--threads={threads}", f"--device={args.device}", f"--dtype={args.dtype}"]
-        servers[name] = [sys.executable, "-m", "bert", "serve", *split, f"--workers={workers}"]
+        split = [common[0], f"--threads={threads}", *common[2:], f"--workers={workers}"]
+        servers[name] = [sys.executable, "-m", "bert", "serve", *split]
         apis[name], envs[name] = "tei", dict(env, OMP_NUM_THREADS=str(threads))
     if args.infinity_python:
         # Served as its README shows (`infinity_emb v2 --model-id ...`), the model read from the local folder;

@@ -72,8 +72,8 @@ def sentence_chunk_spans(
     bounds.append(content_stop)
     spans, start = [], content_start
     while start < content_stop:
-        fits = [b for b in bounds if start < b <= start + chunk_size]
-        stop = fits[-1] if fits else start + chunk_size
+        reach = bisect.bisect_right(bounds, start + chunk_size)  # the bounds up to start + chunk_size
+        stop = bounds[reach - 1] if reach and bounds[reach - 1] > start else start + chunk_size
         spans.append(range(start, stop))
         start = stop
     if not spans:  # a text without pieces
