@@ -267,6 +267,31 @@ def test_cpu_inference_runs_onednn_linear_and_equals_f_linear(tiny_config, hidde
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
+def test_cpu_inference_runs_the_feed_forward_in_row_chunks_with_the_same_outputs(tiny_config, monkeypatch):
+    """In CPU inference each layer's feed-forward sub-layer runs on FEED_FORWARD_ROWS tokens at a time (the
+    batch's 79 real tokens in chunks of 16 here); the outputs equal the whole batch's, and with grad it runs
+    whole."""
+    model = BertModel(tiny_config).eval()
+    ids, mask, types = _inputs(tiny_config)
+    calls: list[int] = []
+    for layer in model.encoder.layer:  # each call's rows
+        layer.intermediate.register_forward_hook(lambda m, args, out: calls.append(args[0][..., 0].numel()))
+    with torch.inference_mode():
+        whole = model(ids, mask, types).sequence_output
+    rows = int(mask.sum())  # the unpadded path's real tokens
+    assert rows == 79 and calls == [rows] * tiny_config.num_hidden_layers  # under twice the chunk: one call
+    calls.clear()
+    monkeypatch.setattr(cpu_kernels, "FEED_FORWARD_ROWS", 16)
+    with torch.inference_mode():
+        chunked = model(ids, mask, types).sequence_output
+    assert calls == ([16] * 4 + [15]) * tiny_config.num_hidden_layers
+    torch.testing.assert_close(chunked, whole, atol=1e-6, rtol=1e-6)
+    calls.clear()
+    trained = model(ids, mask, types).sequence_output
+    assert calls == [rows] * tiny_config.num_hidden_layers
+    torch.testing.assert_close(trained.detach(), whole, atol=1e-5, rtol=1e-5)
+
+
 def test_inference_packs_each_weight_once_and_again_after_it_changes(tiny_config, monkeypatch):
     """GEMMs in inference mode read oneDNN-packed copies of the weights, made at the first call and equal in
     result to the plain weights (no-grad passes outside it do not pack); a weight changed in place or given
