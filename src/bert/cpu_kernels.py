@@ -161,10 +161,10 @@ def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
 # Inference on the CPU runs the feed-forward sub-layer on this many rows (tokens) at a time. Whole, a batch of 32
 # passages of 227 tokens makes a [7264, 1536] fp32 intermediate, 45 MB: past glibc's largest mmap threshold
 # (32 MB), so every call maps fresh pages and faults them in, and the second GEMM reads its input back from memory.
-# In chunks of 512 rows the intermediate (3 MB) stays in cache between the two GEMMs: the oneDNN pair ran at 225
-# GFLOP/s against 181 whole (one thread, AMD EPYC; bench/RESULTS.md), with the same results (GEMM rows are
-# independent). int8's dynamically quantized Linear scales its input by the input's range, so there each chunk
-# gets a scale of its own rather than the batch's one (a range over fewer rows, never coarser).
+# In chunks of 512 rows the intermediate (3 MB) stays in cache between the two GEMMs: all-MiniLM-L6-v2's encoder
+# ran 11% faster on 512 such passages (`bench/bench_peak.py --texts passages`, bench/RESULTS.md), with the same
+# results (GEMM rows are independent). int8's dynamically quantized Linear scales its input by the input's range,
+# so there each chunk gets a scale of its own rather than the batch's one (a range over fewer rows, never coarser).
 FEED_FORWARD_ROWS = 512
 
 
