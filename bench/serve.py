@@ -1,5 +1,6 @@
 """`bert serve` under load against a plain server of the same model, in one run: throughput and latency
-percentiles at 1, 8 and 64 concurrent clients on the embed route, with GLUE SST-2 dev sentences.
+percentiles at 1, 8 and 64 concurrent clients on the embed route, with GLUE SST-2 dev sentences (or the first
+column of another TSV, `--data`).
 
     python bench/serve.py [--requests 300] [--seconds 60] [--threads 2] [--data ../shared/data/glue/SST-2/dev.tsv]
     python bench/serve.py --device cuda --dtype bfloat16 --levels 1,64 --model DIR   (on a GPU: both servers there)
@@ -15,7 +16,9 @@ change on the machine hits them alike):
   threadpool, which is how such a server is usually written;
 - with `--infinity_python PY`: infinity (infinity-emb, a batching server), `infinity_emb v2` once per engine of
   `--infinity_engines` (torch by default; optimum where its optimum is installed), on OpenAI's /embeddings
-  route (one sentence per request, as the others get).
+  route (one sentence per request, as the others get);
+- with `--worker_splits W`: `bert serve --workers=W` with the threads split among them; with `--variants`:
+  `bert serve` again with each set of extra flags (e.g. `--max_batch_tokens=2048`).
 Both get `--threads` torch threads. Each client is a thread with a keep-alive connection, sending one
 sentence per request (`{"inputs": text}`) in a closed loop; a level stops after `--requests` requests or
 `--seconds`, whichever comes first, after 20 warm-up requests. Ratios are ours / peer (throughput: higher
@@ -204,6 +207,11 @@ def main() -> None:
         default="",
         help="also `bert serve --workers=W --threads=THREADS/W` for each W, comma separated (2: a process a core)",
     )
+    parser.add_argument(
+        "--variants",
+        default="",
+        help="also `bert serve` with each of these flag sets, separated by ';' (--variants='--max_batch_tokens=2048')",
+    )
     parser.add_argument("--peer-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -235,6 +243,9 @@ def main() -> None:
         split = [common[0], f"--threads={threads}", *common[2:], f"--workers={workers}"]
         servers[name] = [sys.executable, "-m", "bert", "serve", *split]
         apis[name], envs[name] = "tei", dict(env, OMP_NUM_THREADS=str(threads))
+    for variant in (v.split() for v in args.variants.split(";") if v.strip()):
+        name = f"ours, {' '.join(variant)}"
+        servers[name], apis[name], envs[name] = [sys.executable, "-m", "bert", "serve", *common, *variant], "tei", env
     if args.infinity_python:
         # Served as its README shows (`infinity_emb v2 --model-id ...`), the model read from the local folder;
         # OMP_NUM_THREADS bounds its torch threads as it bounds the others'.
@@ -296,7 +307,7 @@ def main() -> None:
                 f"{o['p99'] / p['p99']:.2f} | {z['rps'] / p['rps']:.2f} | {z['p50'] / p['p50']:.2f} | "
                 f"{z['p99'] / p['p99']:.2f} |"
             )
-        ours = ["ours", *(n for n in servers if " workers x " in n)]
+        ours = ["ours", *(n for n in servers if " workers x " in n or n.startswith("ours, --"))]
         for name in (n for n in servers if n.startswith("infinity")):
             for mine in ours:
                 print(f"\n| clients | {mine} / {name} req/s | p50 | p99 |\n|---:|---:|---:|---:|")
