@@ -17,6 +17,9 @@ so it includes filling the memo; "warm" repeats the pass with the memo filled. T
 so it is timed on every `--ref_every`-th line (a uniform sample; its speed does not depend on what it saw
 before) and the output says so. Each timing is the best of `--repeats` runs, because the machine is shared.
 Ids are compared: fast vs reference (on the sample), batch vs single, and `tokenizers` vs fast (all lines).
+Two more rows time the pieces with their characters' spans (`tokenize_with_offsets`, what late chunking and
+NER's word spans run; its ids are checked too), and the character-by-character walk of the basic tokens that
+it ran on every text before 2026-11-29 (now only on runs that are not printable ASCII).
 """
 
 from __future__ import annotations
@@ -125,14 +128,25 @@ def bench(name: str, lines: list[str], vocab: Path, lower: bool, args: argparse.
             )
         )
     runs.append(("tokenizers BertWordPieceTokenizer.encode_batch()", mb, make_hf, args.repeats))
+    # Pieces with their characters (late chunking's spans, NER's words): printable-ASCII runs in one pass since
+    # 2026-11-29, beside the character-by-character walk that every text took before.
+    offsets = [
+        ("fast path, tokenize_with_offsets() per line", lambda t: lambda: [t.tokenize_with_offsets(s) for s in lines]),
+        (
+            "  its basic tokens' spans character by character (before)",
+            lambda t: lambda: [t.basic_tokenizer._spans_by_character(s) for s in lines],
+        ),
+    ]
+    runs += [(label, mb, (lambda f: lambda: f(fast_tok()))(f), args.repeats) for label, f in offsets]
 
     results = []
     for label, size, make, repeats in runs:
         wall, cpu, out = best_time(make, repeats)
         results.append((label, size / wall, size / cpu, out))
-    ref_wall, ref_ids = results[0][1], results[0][3]
-    hf_wall, hf_ids = results[-1][1], results[-1][3]
-    fast_ids = results[1][3]
+    encodes = results[: -len(offsets)]  # the rows whose output is ids
+    ref_wall, ref_ids = encodes[0][1], encodes[0][3]
+    hf_wall, hf_ids = encodes[-1][1], encodes[-1][3]
+    fast_ids = encodes[1][3]
 
     print(f"  {'':<72} {'wall MB/s':>9} {'CPU MB/s':>9} {'vs ref':>7} {'vs tokenizers':>13}")
     table = []
@@ -140,7 +154,8 @@ def bench(name: str, lines: list[str], vocab: Path, lower: bool, args: argparse.
         print(f"  {label:<72} {wall:9.2f} {cpu:9.2f} {wall / ref_wall:6.1f}x {wall / hf_wall:12.2f}x")
         table.append(f"| {name} | {label} | {wall:.2f} | {cpu:.2f} | {wall / ref_wall:.1f}x | {wall / hf_wall:.2f}x |")
     same_ref = fast_ids[:: args.ref_every] == ref_ids
-    same_all = all(r[3] == fast_ids for r in results[1:-1])
+    same_all = all(r[3] == fast_ids for r in encodes[1:-1])
+    same_all &= [[i for _, i, _, _ in line] for line in results[-2][3]] == fast_ids
     hf_diff = sum(a != b for a, b in zip(hf_ids, fast_ids))
     print(
         f"  ids: fast == reference on the sampled lines: {same_ref}; every fast variant identical: {same_all}; "

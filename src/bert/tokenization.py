@@ -419,6 +419,8 @@ def _char_tables(legacy_control_chars: bool) -> _CharTables:
 # return), and the split into punctuation characters and runs of other non-whitespace characters.
 _ASCII_REMOVE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _ASCII_SPLIT = re.compile(r"[!-/:-@\[-`{-~]|[^\s!-/:-@\[-`{-~]+")
+_WORD_RUNS = re.compile("[^ \t\n\r]+")  # what `_is_whitespace` always separates
+_PRINTABLE_ASCII = re.compile("[!-~]+")  # nothing `_clean_text` removes, no whitespace
 
 
 class _Memo(dict):
@@ -498,7 +500,26 @@ class BasicTokenizer:
         """
         if self.never_split:
             raise ValueError("tokenize_with_offsets does not support never_split")
+        if text.isascii() and _ASCII_REMOVE.search(text) is None:  # the usual case, in one pass
+            found = _ASCII_SPLIT.finditer(text)
+            return [(m.group().lower() if self.do_lower_case else m.group(), m.start(), m.end()) for m in found]
         tokens = self.tokenize(text)
+        spans: list[tuple[int, int]] = []
+        # " \t\n\r" end a word whatever surrounds them, so each run between them is split on its own: printable
+        # ASCII (lower-casing keeps each character where it is, nothing decomposes) in one pass, the rest
+        # character by character.
+        for run in _WORD_RUNS.finditer(text):
+            chunk, base = run.group(), run.start()
+            if _PRINTABLE_ASCII.fullmatch(chunk):
+                spans.extend((base + m.start(), base + m.end()) for m in _ASCII_SPLIT.finditer(chunk))
+            else:
+                spans.extend((base + a, base + b) for a, b in self._spans_by_character(chunk))
+        if len(spans) != len(tokens):
+            raise ValueError(f"could not align {len(tokens)} tokens with {len(spans)} spans of {text!r}")
+        return [(token, a, b) for token, (a, b) in zip(tokens, spans)]
+
+    def _spans_by_character(self, text: str) -> list[tuple[int, int]]:
+        """The (start, end) of each basic token of `text`, found one character at a time."""
         spans: list[tuple[int, int]] = []
         word_open = False  # whether the last span is a word that the next letter extends
         for i, char in enumerate(text):
@@ -526,9 +547,7 @@ class BasicTokenizer:
                     word_open = True
             if not normalized and word_open:  # a stripped combining mark stays with its word
                 spans[-1] = (spans[-1][0], i + 1)
-        if len(spans) != len(tokens):
-            raise ValueError(f"could not align {len(tokens)} tokens with {len(spans)} spans of {text!r}")
-        return [(token, start, end) for token, (start, end) in zip(tokens, spans)]
+        return spans
 
     # --- reference path (a plain port of the original) ------------------------------------------------
 
@@ -892,9 +911,12 @@ class FullTokenizer:
         """
         out = []
         for word, start, end in self.basic_tokenizer.tokenize_with_offsets(text):
-            pieces = self.wordpiece_tokenizer.tokenize(word)
-            ids = self.convert_tokens_to_ids(pieces)
-            exact = end - start == len(word) and pieces != [self.wordpiece_tokenizer.unk_token]
+            if self.fast:
+                pieces, ids = self.wordpiece_tokenizer._word_memo[word], self._word_ids_memo[word]
+            else:
+                pieces = self.wordpiece_tokenizer.tokenize(word)
+                ids = self.convert_tokens_to_ids(pieces)
+            exact = end - start == len(word) and list(pieces) != [self.wordpiece_tokenizer.unk_token]
             pos = start
             for piece, piece_id in zip(pieces, ids):
                 if exact:

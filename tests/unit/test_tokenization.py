@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 import re
 import subprocess
 import sys
@@ -518,6 +519,51 @@ def test_tokenize_with_offsets_spans_the_raw_characters(do_lower_case):
     ]
     for token, s, e in got:
         assert bt.tokenize(text[s:e]) == [token]
+
+
+@pytest.mark.parametrize("do_lower_case", [True, False])
+@pytest.mark.parametrize("legacy_control_chars", [False, True])
+def test_tokenize_with_offsets_runs_equal_the_character_by_character_spans(do_lower_case, legacy_control_chars):
+    """Printable-ASCII runs between " \t\n\r" take a regular expression, the rest goes character by
+    character: the same tokens and spans as the character-by-character walk over the whole text, on random
+    mixes of ASCII, whitespace of every kind, control characters, accents, CJK, ligatures and astral
+    characters (the all-ASCII text's one-pass path included)."""
+    bt = BasicTokenizer(do_lower_case=do_lower_case, legacy_control_chars=legacy_control_chars)
+    pool = [*"abcXYZ09", *"!.,-()'", *" \t\n\r", "\x0b", "\x0c", "\x1c", "\x00", "\x01", "\x7f", "\ufffd"]
+    pool += ["\u00a0", "\u2028", "\u3000", "é", "e\u0301", "\u0301", "北", "“", "’", "—", "Σ", "ﬁ", "😀", "ا"]
+    rng = random.Random(0)
+    for n in range(600):
+        ascii_only = n % 3 == 0
+        chars = [c for c in pool if c.isascii()] if ascii_only else pool
+        text = "".join(rng.choice(chars) for _ in range(rng.randint(0, 40)))
+        got = bt.tokenize_with_offsets(text)
+        tokens = bt.tokenize(text)
+        assert got == [(t, a, b) for t, (a, b) in zip(tokens, bt._spans_by_character(text), strict=True)], repr(text)
+
+
+def test_tokenize_with_offsets_walks_only_the_runs_that_are_not_printable_ascii(monkeypatch):
+    bt = BasicTokenizer()
+    walked: list[str] = []
+    by_character = bt._spans_by_character
+    monkeypatch.setattr(bt, "_spans_by_character", lambda text: walked.append(text) or by_character(text))
+    assert [t for t, _, _ in bt.tokenize_with_offsets("Plain ASCII, text.\n")] == ["plain", "ascii", ",", "text", "."]
+    assert not walked
+    got = bt.tokenize_with_offsets("a naïve “quick” fox")
+    assert walked == ["naïve", "“quick”"]
+    assert got == [("a", 0, 1), ("naive", 2, 7), ("“", 8, 9), ("quick", 9, 14), ("”", 14, 15), ("fox", 16, 19)]
+
+
+@pytest.mark.parametrize("vocab", ["test_vocab_file", "uncased_vocab_file"])
+def test_full_tokenizer_offsets_equal_the_reference_tokenizers(vocab, request):
+    """The fast tokenizer's pieces (memoised) and spans equal the reference port's, [UNK] words included."""
+    path = request.getfixturevalue(vocab)
+    fast = FullTokenizer(path, do_lower_case=True)
+    reference = FullTokenizer(path, do_lower_case=True, fast=False)
+    texts = ("The unaffable runner's “quick” fox, na\u0308ive 北京 ﬁne!", "unwanted running, plain ascii text.")
+    for text in texts:
+        got = fast.tokenize_with_offsets(text)
+        assert got == reference.tokenize_with_offsets(text)
+        assert [i for _, i, _, _ in got] == fast.encode(text)
 
 
 def test_tokenize_with_offsets_on_75_languages():
