@@ -168,12 +168,14 @@ def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
 FEED_FORWARD_ROWS = 512
 
 
-def by_rows(fn, x: torch.Tensor) -> torch.Tensor:
+def by_rows(fn, x: torch.Tensor, training: bool) -> torch.Tensor:
     """fn(x) for a token-wise `fn` from and to x's width, in chunks of `FEED_FORWARD_ROWS` rows in eager CPU
-    inference when x has more than twice that many rows."""
+    inference when x has more than twice that many rows. A module in training mode runs whole even without grad:
+    cached losses replay a no-grad pass's dropout masks from its random state, drawn for the whole batch."""
     width = x.shape[-1]
     rows = x.numel() // width
-    if rows <= 2 * FEED_FORWARD_ROWS or torch.is_grad_enabled() or x.device.type != "cpu" or not native_kernels():
+    inference = not (training or torch.is_grad_enabled())
+    if rows <= 2 * FEED_FORWARD_ROWS or not inference or x.device.type != "cpu" or not native_kernels():
         return fn(x)
     flat = x.reshape(rows, width)
     out = torch.empty_like(flat)

@@ -218,7 +218,7 @@ class BertLayer(nn.Module):
 
     def forward(self, hidden: torch.Tensor, mask_bias: torch.Tensor | None, unpadding: Unpadding | None = None):
         attention_output = self.attention(hidden, mask_bias, unpadding)
-        return kernels.by_rows(self.feed_forward, attention_output)
+        return kernels.by_rows(self.feed_forward, attention_output, self.training)
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.output(self.intermediate(x), x)

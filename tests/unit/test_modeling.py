@@ -269,8 +269,8 @@ def test_cpu_inference_runs_onednn_linear_and_equals_f_linear(tiny_config, hidde
 
 def test_cpu_inference_runs_the_feed_forward_in_row_chunks_with_the_same_outputs(tiny_config, monkeypatch):
     """In CPU inference each layer's feed-forward sub-layer runs on FEED_FORWARD_ROWS tokens at a time (the
-    batch's 79 real tokens in chunks of 16 here); the outputs equal the whole batch's, and with grad it runs
-    whole."""
+    batch's 79 real tokens in chunks of 16 here); the outputs equal the whole batch's; with grad, or in training
+    mode, it runs whole."""
     model = BertModel(tiny_config).eval()
     ids, mask, types = _inputs(tiny_config)
     calls: list[int] = []
@@ -287,9 +287,13 @@ def test_cpu_inference_runs_the_feed_forward_in_row_chunks_with_the_same_outputs
     assert calls == ([16] * 4 + [15]) * tiny_config.num_hidden_layers
     torch.testing.assert_close(chunked, whole, atol=1e-6, rtol=1e-6)
     calls.clear()
-    trained = model(ids, mask, types).sequence_output
+    with_grad = model(ids, mask, types).sequence_output
     assert calls == [rows] * tiny_config.num_hidden_layers
-    torch.testing.assert_close(trained.detach(), whole, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(with_grad.detach(), whole, atol=1e-5, rtol=1e-5)
+    calls.clear()
+    with torch.no_grad():  # training mode without grad (a cached loss's first pass) draws dropout for the whole
+        model.train()(ids, mask, types)
+    assert calls == [rows] * tiny_config.num_hidden_layers
 
 
 def test_inference_packs_each_weight_once_and_again_after_it_changes(tiny_config, monkeypatch):
