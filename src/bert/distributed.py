@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from bert.errors import InputError
@@ -160,6 +159,10 @@ def wrap_model(model: nn.Module, dist: DistContext, fsdp: bool = False) -> nn.Mo
     if not dist.distributed:
         return model
     if fsdp:
+        # Imported here, not with the module: torch.distributed.fsdp brings torch._dynamo and took 0.5 s of every
+        # command's start-up, `bert embed` of one line included (3.0 s in all; bench/RESULTS.md).
+        from torch.distributed.fsdp import fully_shard
+
         # Our outputs are never modified in place, which is what this warning is about.
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 

@@ -14,8 +14,9 @@ model being used.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 
 import torch
 
@@ -76,18 +77,38 @@ def has_mlm_head(ckpt: Checkpoint) -> bool:
     return MLM_KEY in ckpt.state_dict
 
 
+# What the layers' and the model's `reset_parameters`/`init_weights` call. Not the meta device: on a meta tensor
+# `normal_` runs a Python reference that imports torch._dynamo, 1 s of every inference command's start-up
+# (`bert embed` of one line took 3.0 s; bench/RESULTS.md).
+_INIT_FUNCTIONS = ("normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "xavier_uniform_", "ones_", "zeros_")
+
+
+@contextlib.contextmanager
+def _without_init() -> Iterator[None]:
+    """`torch.nn.init`'s initialisers return their tensor untouched meanwhile (in this thread's model building; the
+    tensors keep whatever memory held)."""
+    saved = {name: getattr(torch.nn.init, name) for name in _INIT_FUNCTIONS}
+    try:
+        for name in _INIT_FUNCTIONS:
+            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(torch.nn.init, name, function)
+
+
 def build_model(ckpt: Checkpoint, name: str) -> BertPreTrainedModel:
     """The `ARCHITECTURES[name]` model with the checkpoint's weights, in fp32 on the CPU, in train mode.
 
-    It is built on the meta device and given zeroed storage, which skips the random initialisation
-    (minutes for BERT-Base on a busy 2-core machine, all of it overwritten by the loading); weights
-    that share a tensor (the masked-LM decoder and the word embeddings) are tied again. Only weights
+    It is built with `torch.nn.init`'s functions as no-ops and given zeroed storage, which skips the random
+    initialisation (minutes for BERT-Base on a busy 2-core machine, all of it overwritten by the loading);
+    weights that share a tensor (the masked-LM decoder and the word embeddings) are tied again. Only weights
     the task never reads may be missing from the checkpoint: the next-sentence head and the pooler of a
     masked-LM model.
     """
     assert ckpt.config is not None  # read_model_checkpoint refuses weights without one
     model_class = ARCHITECTURES[name]
-    with torch.device("meta"):
+    with _without_init():
         if model_class is BertModel:
             model: BertPreTrainedModel = BertModel(ckpt.config, add_pooling_layer=has_pooler(ckpt))
         elif model_class in (BertForSequenceClassification, BertForTokenClassification):
@@ -96,7 +117,6 @@ def build_model(ckpt: Checkpoint, name: str) -> BertPreTrainedModel:
             model = model_class(ckpt.config)
     first_name: dict[int, str] = {}
     tied = [(n, first_name.setdefault(id(p), n)) for n, p in model.named_parameters(remove_duplicate=False)]
-    model.to_empty(device="cpu")
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()

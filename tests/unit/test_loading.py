@@ -3,6 +3,9 @@ and the exporter's outputs are keyed by, and every reader refuses a model direct
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -40,6 +43,22 @@ def test_loaded_weights_equal_the_saved_ones(tmp_path, vocab):
         torch.testing.assert_close(model.state_dict()[name], value, rtol=0, atol=0)
     # The decoder is tied to the word embeddings again, not a copy.
     assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+
+
+def test_loading_skips_the_initialisers_without_importing_dynamo(tmp_path, vocab):
+    """The model is built with torch.nn.init's functions as no-ops (restored after), not on the meta device,
+    whose normal_ imports torch._dynamo: a second of every inference command's start-up."""
+    torch.manual_seed(0)
+    model_dir = save_model_dir(BertModel(vocab_config(vocab)), tmp_path / "m", vocab)
+    normal = torch.nn.init.normal_
+    code = (
+        "import sys; from bert.loading import load_model; "
+        f"load_model({str(model_dir)!r}); print('torch._dynamo' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+    load_model(model_dir)
+    assert torch.nn.init.normal_ is normal
 
 
 def test_a_directory_without_a_config_is_one_message_everywhere(tmp_path, vocab):
