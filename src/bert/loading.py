@@ -85,8 +85,9 @@ _INIT_FUNCTIONS = ("normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "
 
 @contextlib.contextmanager
 def _without_init() -> Iterator[None]:
-    """`torch.nn.init`'s initialisers return their tensor untouched meanwhile (in this thread's model building; the
-    tensors keep whatever memory held)."""
+    """`torch.nn.init`'s initialisers return their tensor untouched meanwhile, in every thread of the process (the
+    loader builds one model at a time); the tensors keep whatever their memory held until `build_model` zeroes
+    them."""
     saved = {name: getattr(torch.nn.init, name) for name in _INIT_FUNCTIONS}
     try:
         for name in _INIT_FUNCTIONS:
