@@ -155,7 +155,8 @@ def bench(name: str, lines: list[str], vocab: Path, lower: bool, args: argparse.
         table.append(f"| {name} | {label} | {wall:.2f} | {cpu:.2f} | {wall / ref_wall:.1f}x | {wall / hf_wall:.2f}x |")
     same_ref = fast_ids[:: args.ref_every] == ref_ids
     same_all = all(r[3] == fast_ids for r in encodes[1:-1])
-    same_all &= [[i for _, i, _, _ in line] for line in results[-2][3]] == fast_ids
+    with_offsets = results[len(encodes)][3]  # the first of the offsets rows: tokenize_with_offsets
+    same_all &= [[i for _, i, _, _ in line] for line in with_offsets] == fast_ids
     hf_diff = sum(a != b for a, b in zip(hf_ids, fast_ids))
     print(
         f"  ids: fast == reference on the sampled lines: {same_ref}; every fast variant identical: {same_all}; "
