@@ -42,8 +42,6 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import platform
-import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -55,6 +53,7 @@ import bert  # noqa: F401  (before torch: the package's OpenMP default must prec
 # isort: on
 import numpy as np
 import torch
+from isa import cpu_name  # this folder is sys.path[0]
 
 from bert.checkpoint import save_pretrained
 from bert.config import named_config
@@ -71,15 +70,6 @@ from bert.tokenization import FullTokenizer
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 MAX_LEN = 128
 PROCESSORS = {"SST-2": Sst2Processor, "MRPC": MrpcProcessor, "STS-B": StsbProcessor}
-
-
-def cpu_name() -> str:
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = re.search(r"model name\s*:\s*(.+)", text)
-    flags = set(re.search(r"flags\s*:\s*(.+)", text).group(1).split()) if "flags" in text else set()
-    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
-    name = model.group(1).strip() if model else platform.processor()
-    return f"{name} (flags: {' '.join(f for f in wanted if f in flags)})"
 
 
 # ---------------------------------------------------------------------------------------------- inputs

@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from isa import add_argument as add_isa_argument  # this folder is sys.path[0]
+from isa import apply as apply_isa
+from isa import cpu_name
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
@@ -149,7 +151,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--data_dir", default=str(SHARED / "glue" / "SST-2"))
     parser.add_argument("--vocab_file", default=str(SHARED / "vocab" / "uncased.txt"))
+    add_isa_argument(parser)
     a = parser.parse_args()
+    apply_isa(a.isa)
     if a.threads:
         torch.set_num_threads(a.threads)
     import logging
@@ -173,7 +177,7 @@ def main() -> None:
     best_hf_e2e = max(t["end_to_end_examples_per_s"] for t in theirs)
     best_fixed = max(o["examples_per_s"] for o in fixed)
     print(
-        f"\n{time.strftime('%Y-%m-%d')}, {platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} "
+        f"\n{time.strftime('%Y-%m-%d')}, {cpu_name()}, {torch.get_num_threads()} "
         f"threads, torch {torch.__version__}, transformers {transformers.__version__}"
     )
     print(

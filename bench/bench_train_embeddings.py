@@ -41,6 +41,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from isa import add_argument as add_isa_argument  # this folder is sys.path[0]
+from isa import apply as apply_isa
+from isa import cpu_name
 
 from bert.commands.train_embeddings import TrainEmbeddingsArgs
 from bert.commands.train_reranker import TrainRerankerArgs
@@ -319,8 +322,11 @@ def main() -> None:
         help="(c), theirs: its own sampler (pairs shuffled), or each query's positive and negative in one batch",
     )
     p.add_argument("--json", default=None)
+    add_isa_argument(p)
     args = p.parse_args()
+    apply_isa(args.isa)
     seeds = [int(s) for s in args.seeds.split(",")]
+    print(cpu_name(), flush=True)
     print(f"torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}, seeds {seeds}, {vars(args)}", flush=True)
     everything = {}
     with tempfile.TemporaryDirectory() as d:

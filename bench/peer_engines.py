@@ -18,6 +18,7 @@ the answer line holds the seconds and the .npy of the embeddings.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -31,9 +32,11 @@ import numpy as np
 ENGINES = ("st_torch", "st_onnx", "st_onnx_int8", "st_openvino", "st_openvino_f32", "st_openvino_int8", "fastembed")
 
 
-def onnx_quantization_config() -> str:
-    """sentence-transformers' ONNX int8 preset for this CPU (the presets are "arm64", "avx2", "avx512",
-    "avx512_vnni"; its docs say to pick the one the CPU supports)."""
+def onnx_quantization_config(isa: str) -> str:
+    """sentence-transformers' ONNX int8 preset for this CPU, or for an AVX2 one under `--isa avx2` (the presets are
+    "arm64", "avx2", "avx512", "avx512_vnni"; its docs say to pick the one the CPU supports)."""
+    if isa == "avx2":
+        return "avx2"
     text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     match = re.search(r"flags\s*:\s*(.+)", text)
     flags = set(match.group(1).split()) if match else set()
@@ -42,7 +45,7 @@ def onnx_quantization_config() -> str:
     return "avx512" if "avx512f" in flags else "avx2"
 
 
-def build(engine: str, model_dir: Path, work: Path, threads: int, batch_size: int, calibration: Path | None):
+def build(engine: str, model_dir: Path, work: Path, threads: int, batch_size: int, calibration: Path | None, isa: str):
     """(embed function of a list of texts -> float32 array, a note on how it was built)."""
     # sentence-transformers saves its exports next to the model (onnx/, openvino/): a copy of its own.
     local = work / engine / "model"
@@ -54,6 +57,8 @@ def build(engine: str, model_dir: Path, work: Path, threads: int, batch_size: in
     from sentence_transformers import SentenceTransformer
 
     torch.set_num_threads(threads)
+    if isa == "avx2" and engine.startswith("st_openvino"):
+        openvino_in_float32()
     note = ""
     if engine == "st_torch":
         model = SentenceTransformer(str(local), device="cpu")
@@ -62,11 +67,12 @@ def build(engine: str, model_dir: Path, work: Path, threads: int, batch_size: in
     elif engine == "st_onnx_int8":
         from sentence_transformers import export_dynamic_quantized_onnx_model
 
-        config = onnx_quantization_config()
+        config = onnx_quantization_config(isa)
         export_dynamic_quantized_onnx_model(
             SentenceTransformer(str(local), device="cpu", backend="onnx"), config, str(local)
         )
-        file_name = f"onnx/model_qint8_{config}.onnx"
+        # Its file is model_qint8_<preset>.onnx, or model_quint8_avx2.onnx (the avx2 preset's weights are unsigned).
+        file_name = next((local / "onnx").glob(f"model_*int8_{config}.onnx")).relative_to(local).as_posix()
         model = SentenceTransformer(str(local), device="cpu", backend="onnx", model_kwargs={"file_name": file_name})
         note = f"export_dynamic_quantized_onnx_model, preset {config}"
     elif engine == "st_openvino":
@@ -82,6 +88,8 @@ def build(engine: str, model_dir: Path, work: Path, threads: int, batch_size: in
         model, note = build_openvino_int8(local, calibration)
     else:
         raise SystemExit(f"--engine: unknown {engine!r}; one of {', '.join(ENGINES)}")
+    if engine.startswith("st_openvino"):
+        note += f"; kernels: {openvino_kernels(model)}"
 
     def embed(texts: list[str]) -> np.ndarray:
         return np.asarray(model.encode(texts, batch_size=batch_size, normalize_embeddings=True), np.float32)
@@ -105,6 +113,33 @@ def openvino_default_precision() -> str:
     import openvino
 
     return openvino.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+
+
+def openvino_kernels(model) -> str:
+    """The kernels OpenVINO compiled the model's GEMMs and attention into (its runtime graph after one call):
+    which are MLAS and which oneDNN, for which instructions and in which precision."""
+    model.encode(["a first call compiles the kernels for dynamic shapes"])
+    counts: collections.Counter[str] = collections.Counter()
+    for op in model[0].auto_model.request.get_runtime_model().get_ops():
+        info = op.get_rt_info()
+        layer = info["layerType"].astype(str)
+        if layer in ("FullyConnected", "MatMul", "Subgraph", "ScaledDotProductAttention"):
+            counts[f"{layer} {info['primitiveType'].astype(str)} {info['runtimePrecision'].astype(str)}"] += 1
+    return ", ".join(f"{n} {kernel}" for kernel, n in sorted(counts.items()))
+
+
+def openvino_in_float32() -> None:
+    """Every model OpenVINO compiles in this process runs its float layers in float32, its default on a CPU without
+    bfloat16 instructions: OpenVINO reads bf16 support from CPUID, past `--isa avx2`'s cap, and then finds no
+    kernel under the cap (its Softmax first). The calibration pass of its int8 export compiles models too."""
+    import openvino
+
+    compile_model = openvino.Core.compile_model
+
+    def compile_in_float32(self, model, device_name=None, config=None):
+        return compile_model(self, model, device_name, {"INFERENCE_PRECISION_HINT": "f32", **(config or {})})
+
+    openvino.Core.compile_model = compile_in_float32
 
 
 def build_openvino_int8(local: Path, calibration: Path | None):
@@ -184,12 +219,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--calibration", type=Path, help="folder of a train.csv with a `sentence` column")
+    parser.add_argument("--isa", default="native", help="native, or avx2: bench_peers.py has capped the kernels")
     args = parser.parse_args()
     # The answers go to the real stdout; anything the libraries print goes to stderr.
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     sys.stdout = sys.stderr
     texts = json.loads(args.texts.read_text(encoding="utf-8"))
-    embed, note = build(args.engine, args.model, args.work, args.threads, args.batch_size, args.calibration)
+    embed, note = build(args.engine, args.model, args.work, args.threads, args.batch_size, args.calibration, args.isa)
     ready = {"ready": True, "note": note, "versions": versions(args.engine), "precision": precision(args.engine)}
     answers.write(json.dumps(ready) + "\n")
     for line in sys.stdin:
