@@ -219,7 +219,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--calibration", type=Path, help="folder of a train.csv with a `sentence` column")
-    parser.add_argument("--isa", default="native", help="native, or avx2: bench_peers.py has capped the kernels")
+    parser.add_argument(
+        "--isa", choices=("native", "avx2"), default="native", help="avx2: bench_peers.py has capped the kernels"
+    )
     args = parser.parse_args()
     # The answers go to the real stdout; anything the libraries print goes to stderr.
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
