@@ -1,4 +1,5 @@
 """The CPU a bench ran on, and `--isa avx2`: a bench run on an AVX-512 CPU as on one with AVX2 and FMA only.
+Standard library only: bench/peer_engines.py imports it under the peers' Pythons.
 
 Some of the machines users (and this project) run on are AMD EPYCs without AVX-512, VNNI or bfloat16; where none
 is at hand, each library's own switch caps the instructions its kernels may use. They are read when each library
@@ -56,12 +57,20 @@ def apply(isa: str) -> None:
     os.execv(sys.executable, [sys.executable, *sys.argv])
 
 
+def _cpuinfo() -> str:
+    return Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's instruction-set flags as the kernel lists them (none where /proc/cpuinfo is absent)."""
+    listed = re.search(r"flags\s*:\s*(.+)", _cpuinfo())
+    return set(listed.group(1).split()) if listed else set()
+
+
 def cpu_name() -> str:
     """The CPU's model, the flags that choose kernels, and the cap in force, if any."""
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = re.search(r"model name\s*:\s*(.+)", text)
-    listed = re.search(r"flags\s*:\s*(.+)", text)
-    flags = set(listed.group(1).split()) if listed else set()
+    model = re.search(r"model name\s*:\s*(.+)", _cpuinfo())
+    flags = cpu_flags()
     wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
     name = model.group(1).strip() if model else platform.processor()
     caps = [f"{variable}={os.environ[variable]}" for variable in CAPS["avx2"] if variable in os.environ]

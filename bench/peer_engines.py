@@ -3,7 +3,8 @@
 The peers pin transformers apart from each other and from this project's environment (sentence-transformers'
 ONNX backend needs optimum-onnx, which needs transformers < 4.58; its OpenVINO backend needs optimum-intel,
 transformers < 5.6), so each may run under another Python (`bench_peers.py --onnx_python/--openvino_python`).
-This file imports neither `bert` nor anything of the bench folder for that reason.
+This file imports neither `bert` nor anything of the bench folder for that reason, but bench/isa.py (standard
+library only).
 
     python bench/peer_engines.py --engine st_onnx --model DIR --work DIR --texts texts.json
 
@@ -21,13 +22,13 @@ import argparse
 import collections
 import json
 import os
-import re
 import shutil
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+from isa import CAPS, cpu_flags  # this folder is sys.path[0]
 
 ENGINES = ("st_torch", "st_onnx", "st_onnx_int8", "st_openvino", "st_openvino_f32", "st_openvino_int8", "fastembed")
 
@@ -37,9 +38,7 @@ def onnx_quantization_config(isa: str) -> str:
     "arm64", "avx2", "avx512", "avx512_vnni"; its docs say to pick the one the CPU supports)."""
     if isa == "avx2":
         return "avx2"
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    match = re.search(r"flags\s*:\s*(.+)", text)
-    flags = set(match.group(1).split()) if match else set()
+    flags = cpu_flags()
     if "avx512_vnni" in flags:
         return "avx512_vnni"
     return "avx512" if "avx512f" in flags else "avx2"
@@ -220,7 +219,7 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--calibration", type=Path, help="folder of a train.csv with a `sentence` column")
     parser.add_argument(
-        "--isa", choices=("native", "avx2"), default="native", help="avx2: bench_peers.py has capped the kernels"
+        "--isa", choices=("native", *CAPS), default="native", help="avx2: bench_peers.py has capped the kernels"
     )
     args = parser.parse_args()
     # The answers go to the real stdout; anything the libraries print goes to stderr.
