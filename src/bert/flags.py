@@ -606,7 +606,10 @@ class InferenceArgs:
     do_lower_case: bool | None = field(
         default=None, metadata={"help": "Lower-case the input; default: the model's tokenizer_config.json."}
     )
-    batch_size: int = field(default=32, metadata={"min": 1, "help": "Sequences per forward pass."})
+    batch_size: int | None = field(
+        default=None,
+        metadata={"min": 1, "help": "Sequences per forward pass; default: 16 on the CPU (torch backend), else 32."},
+    )
     device: str | None = same_as(TrainingArgs, "device")
     quantize: str = field(
         default="none",

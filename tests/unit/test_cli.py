@@ -176,7 +176,10 @@ DIFFERENT_ON_PURPOSE = {
         "training's is the arithmetic (fp32, bf16, ...), embed's the number format of the vectors written",
     ),
     "doc_stride": ({"help", "default"}, "predict takes the stride the model was fine-tuned with"),
-    "batch_size": ({"help"}, "extract-features keeps extract_features.py's help text"),
+    "batch_size": (
+        {"help", "default"},
+        "extract-features keeps extract_features.py's help text and 32; the Predictor's default depends on the device",
+    ),
     "model": (
         {"help", "default"},
         "each command needs another head: fine-tuned, any, masked-LM, exportable; index only records its digest",

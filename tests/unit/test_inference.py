@@ -3,7 +3,7 @@ forward pass per input and in input order, the config contract (problem types, t
 windows for long texts, NER spans on the raw characters, answers located in the context, multiple
 choice, embeddings equal to transformers' BertModel with the same pooling, fill-mask against a direct
 forward pass, sentence-transformers settings, bad input, one call at a time across threads, and CPU
-batches side by side."""
+batches side by side, 16 sequences each by default."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from bert.checkpoint import export_tf
 from bert.config import BertConfig
 from bert.errors import InputError
 from bert.inference import Predictor, read_sentence_transformers_config
+from bert.inference.core import CPU_BATCH_SIZE
 from bert.input_lines import InputItemError, read_input_record
 from bert.modeling import (
     BertForMultipleChoice,
@@ -540,6 +541,21 @@ def test_read_input_record():
     ]:
         with pytest.raises(InputError, match=message):
             read_input_record(line, task)
+
+
+def test_cpu_default_batch_is_cpu_batch_size_and_a_given_one_is_kept(classifier_dir):
+    sizes: list[int] = []
+    texts = [f"{SENTENCES[i % len(SENTENCES)]} {i}" for i in range(40)]
+    for batch_size, expected in ((None, [16, 16, 8]), (32, [32, 8])):
+        p = Predictor.from_pretrained(classifier_dir, "cpu", batch_size=batch_size)
+        hook = p.model.register_forward_hook(lambda _m, args, _o: sizes.append(args[0].shape[0]))
+        try:
+            p.classify(texts)
+        finally:
+            hook.remove()
+        assert p.batch_size == (batch_size or CPU_BATCH_SIZE)
+        assert sorted(sizes, reverse=True) == expected
+        sizes.clear()
 
 
 def test_calls_from_several_threads_run_one_at_a_time(classifier_dir):
