@@ -352,11 +352,14 @@ def test_serve_flags(vocab, tmp_path):
         served_model_name="tiny",
         api_key="k",
         threads=1,
+        batch_size=3,
     )
     predictor = Predictor.from_pretrained(directory, "cpu")
     long_text = " ".join(SENTENCES * 5)
     expected = predictor.embed([SENTENCES[0], long_text], pooling="cls", normalize=True, prompt_name="query")
-    with serving(app=build_app(args)) as url:
+    app = build_app(args)
+    assert app.state.api.batcher.predictor.batch_size == 3
+    with serving(app=app) as url:
         key = {"Authorization": "Bearer k"}
         info = requests.get(f"{url}/info", headers=key, timeout=30).json()
         assert (info["served_model_name"], info["auto_truncate"], info["default_prompt_name"]) == (

@@ -110,6 +110,7 @@ class ServeArgs:
     dtype: str = same_as(InferenceArgs, "dtype")
     backend: str = same_as(InferenceArgs, "backend")
     max_seq_length: int | None = same_as(InferenceArgs, "max_seq_length")
+    batch_size: int | None = same_as(InferenceArgs, "batch_size")
     do_lower_case: bool | None = same_as(InferenceArgs, "do_lower_case")
     device: str | None = same_as(InferenceArgs, "device")
     check: bool = field(
@@ -200,6 +201,7 @@ def build_app(args: ServeArgs) -> Starlette:
         args.model,
         args.device,
         max_seq_length=args.max_seq_length,
+        batch_size=args.batch_size,
         do_lower_case=args.do_lower_case,
         quantize=args.quantize,
         dtype=args.dtype,
