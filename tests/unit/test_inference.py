@@ -19,8 +19,8 @@ import torch
 from bert.checkpoint import export_tf
 from bert.config import BertConfig
 from bert.errors import InputError
+from bert.flags import CPU_BATCH_SIZE
 from bert.inference import Predictor, read_sentence_transformers_config
-from bert.inference.core import CPU_BATCH_SIZE
 from bert.input_lines import InputItemError, read_input_record
 from bert.modeling import (
     BertForMultipleChoice,

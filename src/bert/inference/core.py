@@ -26,7 +26,7 @@ from bert.config import BertConfig, check_task_settings
 from bert.cpu_kernels import bf16_in_hardware
 from bert.distributed import resolve_device
 from bert.errors import InputError
-from bert.flags import check_backend, check_dtype
+from bert.flags import BATCH_SIZE, CPU_BATCH_SIZE, check_backend, check_dtype
 from bert.inference.common import (
     HEAD_ADVICE,
     MASK_TOKEN,
@@ -55,12 +55,6 @@ P = TypeVar("P", bound="PredictorCore")
 BatchFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, np.ndarray], Sequence[Any]]
 # (token ids, segment ids) of each sequence `_run` runs.
 Sequences = list[tuple[list[int], list[int]]]
-# Sequences per forward pass when neither the caller nor a call says: 16 on the CPU with the torch backend, where a
-# call's batches, each sorted by length, then pad less and, being more, run side by side (`_run`): all-MiniLM-L6-v2
-# on two cores ran calls of 64 texts of mixed lengths 1.12x-1.46x faster than in batches of 32 (float32, bfloat16,
-# int8), and `bert serve` answered more requests at 64 clients (bench/RESULTS.md, 2026-11-29); a large sorted input
-# gains nothing. Elsewhere 32: a GPU wants the wider batch, and ONNX Runtime's threads split each one.
-BATCH_SIZE, CPU_BATCH_SIZE = 32, 16
 
 
 @dataclass
