@@ -70,10 +70,10 @@ class ServeArgs:
         default=16384, metadata={"help": "Tokens (after tokenization, with [CLS]/[SEP]) per model batch at most."}
     )
     max_wait_ms: float = field(
-        default=5.0,
+        default=0.0,
         metadata={
             "help": "How long a request may wait for others to share its batch, when the previous batch held several "
-            "requests (a lone client never waits); 0: run what is queued."
+            "requests (a lone client never waits); 0 (the default): run what is queued."
         },
     )
     max_queue_size: int = field(

@@ -12,7 +12,7 @@ class ServeSettings:
     model_id: str
     model_sha: str | None = None  # the commit of a model loaded by its Hub id
     max_batch_tokens: int = 16384
-    max_wait_ms: float = 5.0
+    max_wait_ms: float = 0.0
     max_queue_size: int = 1024
     max_client_batch_size: int = 32
     max_request_bytes: int = 2_000_000
