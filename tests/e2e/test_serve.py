@@ -248,6 +248,7 @@ def test_routes_equal_the_offline_commands(server, predictor, classifier, tmp_pa
     status, _, info = call(server.port, "/info")
     assert status == 200 and info["architecture"] == "BertForSequenceClassification"
     assert (info["max_input_length"], info["max_client_batch_size"], info["max_batch_tokens"]) == (24, 32, 16384)
+    assert info["max_wait_ms"] == 0  # by default a batch waits for no company (bench/RESULTS.md)
     assert call(server.port, "/health")[:3:2] == (200, {"status": "ok"})
 
 
