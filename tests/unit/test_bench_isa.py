@@ -38,8 +38,8 @@ def test_isa_avx2_restarts_the_bench_with_every_library_capped(tmp_path):
     script.write_text(SCRIPT.format(bench=str(REPO / "bench")), encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k not in isa.CAPS["avx2"]}
 
-    def probe(isa: str) -> dict:
-        out = subprocess.run([sys.executable, str(script), isa], env=env, capture_output=True, text=True, check=True)
+    def probe(cap: str) -> dict:
+        out = subprocess.run([sys.executable, str(script), cap], env=env, capture_output=True, text=True, check=True)
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     native = probe("native")
