@@ -46,7 +46,7 @@ def _activation(name: str) -> nn.Module:
 # ------------------------------------------------------------------------------------------- outputs
 @dataclass
 class EncoderOutput:
-    sequence_output: torch.Tensor  # [B, T, H] the last encoder layer
+    sequence_output: torch.Tensor  # [B, T, H] the last encoder layer; [B, P, H] when run at P output positions
     pooled_output: torch.Tensor | None  # [B, H] tanh(dense(first token)); None without a pooler
     all_encoder_layers: list[torch.Tensor]  # L x [B, T, H]; index 0 is the first block, the embeddings are not in it
     embedding_output: torch.Tensor  # [B, T, H] after LayerNorm and dropout
@@ -73,7 +73,7 @@ class TaskOutput:
     loss: torch.Tensor | None = None
     example_loss: torch.Tensor | None = None  # [B] the sum of each example's loss terms
     example_count: torch.Tensor | None = None  # [B] the number of each example's loss terms
-    hidden: EncoderOutput | None = None
+    hidden: EncoderOutput | None = None  # the pooled heads' last block runs for [CLS] alone ([B, 1, H])
 
 
 # ----------------------------------------------------------------------------------------- the model
@@ -105,6 +105,17 @@ class Unpadding:
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         full = x.new_zeros(self.batch * self.seq_len, *x.shape[1:]).index_copy(0, self.index, x)  # [B*T, H]
         return full.view(self.batch, self.seq_len, *x.shape[1:])  # [R, H] -> [B, T, H]
+
+
+def gather_positions(sequence_output: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Pick the hidden states at `positions` ([B, P]) of each sequence: [B, T, H] -> [B, P, H]."""
+    index = positions.long()[:, :, None].expand(-1, -1, sequence_output.shape[-1])  # [B, P, H]
+    return torch.gather(sequence_output, 1, index)
+
+
+def first_token(input_ids: torch.Tensor) -> torch.Tensor:
+    """`BertModel`'s output positions for a reader of [CLS] alone (the pooler, [CLS] pooling): [B, 1] zeros."""
+    return input_ids.new_zeros(input_ids.shape[0], 1)
 
 
 class BertEmbeddings(nn.Module):
@@ -140,16 +151,23 @@ class BertSelfAttention(nn.Module):
         return x.view(B, T, self.num_heads, self.head_size).transpose(1, 2)  # [B, T, H] -> [B, N, T, D]
 
     def forward(
-        self, hidden: torch.Tensor, mask_bias: torch.Tensor | None, unpadding: Unpadding | None = None
+        self,
+        hidden: torch.Tensor,
+        mask_bias: torch.Tensor | None,
+        unpadding: Unpadding | None = None,
+        queries: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Every token attends to every real token of its sequence; given `queries` ([B, P, H], some
+        tokens of `hidden`), only those do, and the output is theirs alone."""
         # [B, T, H], or [R, H] unpadded
         q, k, v = (
-            kernels.linear(self.query, hidden),
+            kernels.linear(self.query, hidden if queries is None else queries),
             kernels.linear(self.key, hidden),
             kernels.linear(self.value, hidden),
         )
         if unpadding is not None:
-            q, k, v = unpadding.pad(q), unpadding.pad(k), unpadding.pad(v)  # [R, H] -> [B, T, H]
+            k, v = unpadding.pad(k), unpadding.pad(v)  # [R, H] -> [B, T, H]
+            q = unpadding.pad(q) if queries is None else q
         B, T, H = q.shape
         q, k, v = self._heads(q), self._heads(k), self._heads(v)  # [B, N, T, D]
         # softmax(q k^T / sqrt(D) + mask_bias) v, mask_bias [B, 1, 1, T] masks padded keys only.
@@ -161,7 +179,7 @@ class BertSelfAttention(nn.Module):
                 q, k, v, attn_mask=mask_bias, dropout_p=self.dropout_p if self.training else 0.0
             )  # [B, N, T, D]
         context = context.transpose(1, 2).reshape(B, T, H)  # [B, N, T, D] -> [B, T, H]
-        return unpadding.unpad(context) if unpadding is not None else context
+        return unpadding.unpad(context) if unpadding is not None and queries is None else context
 
 
 class BertSelfOutput(nn.Module):
@@ -183,8 +201,15 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, hidden: torch.Tensor, mask_bias: torch.Tensor | None, unpadding: Unpadding | None = None):
-        return self.output(self.self(hidden, mask_bias, unpadding), hidden)
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        mask_bias: torch.Tensor | None,
+        unpadding: Unpadding | None = None,
+        queries: torch.Tensor | None = None,
+    ):
+        residual = hidden if queries is None else queries
+        return self.output(self.self(hidden, mask_bias, unpadding, queries), residual)
 
 
 class BertIntermediate(nn.Module):
@@ -216,8 +241,20 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, hidden: torch.Tensor, mask_bias: torch.Tensor | None, unpadding: Unpadding | None = None):
-        attention_output = self.attention(hidden, mask_bias, unpadding)
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        mask_bias: torch.Tensor | None,
+        unpadding: Unpadding | None = None,
+        positions: torch.Tensor | None = None,
+    ):
+        """The block's output at every token, or at `positions` ([B, P]) alone ([B, P, H]): their keys
+        and values still come from every token, and nothing else of the block reaches those tokens'
+        outputs, so they are the whole block's at those positions."""
+        queries = None
+        if positions is not None:
+            queries = gather_positions(hidden if unpadding is None else unpadding.pad(hidden), positions)
+        attention_output = self.attention(hidden, mask_bias, unpadding, queries)
         return kernels.by_rows(self.feed_forward, attention_output, self.training)
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -231,14 +268,20 @@ class BertEncoder(nn.Module):
         self.gradient_checkpointing = False
 
     def forward(
-        self, hidden: torch.Tensor, mask_bias: torch.Tensor | None, unpadding: Unpadding | None = None
+        self,
+        hidden: torch.Tensor,
+        mask_bias: torch.Tensor | None,
+        unpadding: Unpadding | None = None,
+        output_positions: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
+        """Every block's output; with `output_positions` the last block's is theirs alone, [B, P, H]."""
         outputs = []
-        for layer in self.layer:
+        for i, layer in enumerate(self.layer):
+            positions = output_positions if i == len(self.layer) - 1 else None
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                hidden = checkpoint(layer, hidden, mask_bias, unpadding, use_reentrant=False)
+                hidden = checkpoint(layer, hidden, mask_bias, unpadding, positions, use_reentrant=False)
             else:
-                hidden = layer(hidden, mask_bias, unpadding)
+                hidden = layer(hidden, mask_bias, unpadding, positions)
             outputs.append(hidden)
         return outputs
 
@@ -354,6 +397,7 @@ class BertModel(BertPreTrainedModel):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
+        output_positions: torch.Tensor | None = None,
     ) -> EncoderOutput:
         """Run the encoder.
 
@@ -361,6 +405,10 @@ class BertModel(BertPreTrainedModel):
             input_ids: [B, T] WordPiece ids.
             attention_mask: [B, T], 1 for real tokens and 0 for padding (the original's `input_mask`).
             token_type_ids: [B, T] segment ids (the original's `segment_ids`); zeros when None.
+            output_positions: [B, P] positions whose last-block outputs alone the caller reads (the
+                pooler reads position 0, the masked LM its masked positions): the last block runs for
+                them alone, and `sequence_output` (the last of `all_encoder_layers`) is [B, P, H], the
+                whole block's outputs at those positions; the pooler then reads `output_positions[:, 0]`.
 
         `self.unpad` chooses the path: True runs the encoder on real tokens only (see `Unpadding`), False
         on the padded batch, None (the default) decides per batch by the share of real tokens. Real
@@ -390,10 +438,11 @@ class BertModel(BertPreTrainedModel):
             if unpad:
                 unpadding = Unpadding.from_mask(attention_mask)
         if unpadding is not None:
-            layers = self.encoder(unpadding.unpad(hidden), mask_bias, unpadding)
-            layers = [unpadding.pad(h) for h in layers]
+            layers = self.encoder(unpadding.unpad(hidden), mask_bias, unpadding, output_positions)
+            # A last block run at output positions gives [B, P, H] already.
+            layers = [unpadding.pad(h) if h.dim() == 2 else h for h in layers]
         else:
-            layers = self.encoder(hidden, mask_bias)
+            layers = self.encoder(hidden, mask_bias, output_positions=output_positions)
         if self.encoder_dtype is not None:
             layers = [h.to(embedding_output.dtype) for h in layers]
         pooled = self.pooler(layers[-1]) if self.pooler is not None else None
@@ -450,12 +499,6 @@ class BertPreTrainingHeads(nn.Module):
         super().__init__()
         self.predictions = BertLMPredictionHead(config, word_embeddings)
         self.seq_relationship = nn.Linear(config.hidden_size, 2)
-
-
-def gather_positions(sequence_output: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Pick the hidden states at `positions` ([B, P]) of each sequence: [B, T, H] -> [B, P, H]."""
-    index = positions.long()[:, :, None].expand(-1, -1, sequence_output.shape[-1])  # [B, P, H]
-    return torch.gather(sequence_output, 1, index)
 
 
 def pretraining_loss_normalizers(masked_lm_weights: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -531,10 +574,14 @@ class BertForPreTraining(BertPreTrainedModel):
             loss_normalizers: the global batch's (see `pretraining_losses`); default this batch's.
         The losses are computed when all labels are given.
         """
-        out = self.bert(input_ids, attention_mask, token_type_ids)
-        hidden = out.sequence_output
-        if masked_lm_positions is not None:
-            hidden = gather_positions(hidden, masked_lm_positions)  # [B, P, H]
+        if masked_lm_positions is None:
+            out = self.bert(input_ids, attention_mask, token_type_ids)
+            hidden = out.sequence_output
+        else:
+            # The last block runs at [CLS] (the pooler's) and the masked positions alone.
+            positions = torch.cat([first_token(input_ids), masked_lm_positions.to(input_ids.dtype)], 1)  # [B, 1 + P]
+            out = self.bert(input_ids, attention_mask, token_type_ids, output_positions=positions)
+            hidden = out.sequence_output[:, 1:]  # [B, P, H]
         mlm_logits = self.cls.predictions(hidden)  # [B, P or T, V]
         nsp_logits = self.cls.seq_relationship(out.pooled_output)  # [B, 2]
         result = PreTrainingOutput(mlm_logits, nsp_logits, hidden=out)
@@ -625,7 +672,7 @@ class BertForSequenceClassification(FineTuningHead):
     ) -> TaskOutput:
         """Returns logits [B, L] (L = num_labels; [B, 1] for regression). Loss: cross-entropy, MSE, or for
         multi-label the mean sigmoid cross-entropy over the B*L (example, label) pairs."""
-        out = self.bert(input_ids, attention_mask, token_type_ids)
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_positions=first_token(input_ids))
         logits = self.classifier(self.dropout(out.pooled_output))  # [B, L]
         example_loss = count = None
         if labels is not None:
@@ -738,7 +785,8 @@ class BertForMultipleChoice(FineTuningHead):
         def flat(x):
             return None if x is None else x.reshape(B * C, T)  # [B, C, T] -> [B*C, T]
 
-        out = self.bert(flat(input_ids), flat(attention_mask), flat(token_type_ids))
+        ids = flat(input_ids)
+        out = self.bert(ids, flat(attention_mask), flat(token_type_ids), output_positions=first_token(ids))
         logits = self.classifier(self.dropout(out.pooled_output)).view(B, C)  # [B*C, 1] -> [B, C]
         example_loss = count = None
         if labels is not None:

@@ -329,8 +329,11 @@ def test_reranker_micro_batches_train_the_weights_of_the_whole_batch(model_files
             )
             assert run_train_reranker(args)["global_step"] == 2
             weights.append(read_weights(tmp_path / f"{loss}{steps}" / "model"))
+        # Adam's first steps divide a gradient by its own size: an element whose gradient is near 0 (the
+        # pooler's, under the listwise loss) moves by the rounding of GEMMs of 2 rows against 4, up to 1.5e-5
+        # of the 1e-3 step (it was 8e-7 before the last block ran for [CLS] alone): 5e-5 is 5% of a step.
         for name, value in weights[0].items():
-            np.testing.assert_allclose(weights[1][name].numpy(), value.numpy(), atol=1e-5, err_msg=name)
+            np.testing.assert_allclose(weights[1][name].numpy(), value.numpy(), atol=5e-5, err_msg=name)
     with pytest.raises(InputError, match="--train_batch_size=4 must be divisible by"):
         run_train_reranker(dataclasses.replace(args, gradient_accumulation_steps=3, output_dir=str(tmp_path / "x")))
 

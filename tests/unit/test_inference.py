@@ -364,6 +364,26 @@ def test_embeddings_equal_transformers_bert_model(vocab, tmp_path):
         np.testing.assert_allclose(p.embed(SENTENCES, pooling=pooling, normalize=True), normalized, atol=1e-5, rtol=0)
 
 
+def test_cls_and_pooler_embeddings_run_the_last_block_for_cls_alone(vocab, tmp_path, monkeypatch):
+    """The poolings that read [CLS] alone ask the encoder for it alone; the others for every token (the
+    vectors' values: the test above)."""
+    directory = save_model_dir(BertModel(vocab_config(vocab)), tmp_path / "enc", vocab)
+    p = Predictor.from_pretrained(directory, "cpu")
+    widths: list[int] = []
+    forward = BertModel.forward
+
+    def spy(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        widths.append(out.sequence_output.shape[1])
+        return out
+
+    monkeypatch.setattr(BertModel, "forward", spy)
+    for pooling in ("cls", "pooler", "mean", "max"):
+        widths.clear()
+        p.embed(SENTENCES, pooling=pooling)
+        assert widths and (set(widths) == {1}) == (pooling in ("cls", "pooler")), pooling
+
+
 def test_embeddings_are_cut_to_max_seq_length_and_not_normalized_by_default(vocab, tmp_path):
     directory = save_model_dir(BertModel(vocab_config(vocab)), tmp_path / "enc", vocab)
     p = Predictor.from_pretrained(directory, "cpu", max_seq_length=8)

@@ -442,10 +442,10 @@ def test_cpu_training_attention_dropout_recomputes_probabilities_with_the_same_g
     def step():
         torch.manual_seed(1)
         model.zero_grad()
-        square = []  # the shapes of the [B, N, T, T] tensors autograd keeps, with their dtype
+        square = []  # the dtypes of the [B, N, T, T] tensors autograd keeps ([B, N, 1, T]: the last block, [CLS] alone)
 
         def pack(t):
-            if t.dim() == 4 and t.shape[-2:] == (T, T):
+            if t.dim() == 4 and t.shape[1] == tiny_config.num_attention_heads and t.shape[-1] == T:
                 square.append(t.dtype)
             return t
 
@@ -483,3 +483,62 @@ def test_attention_dropout_gradients_equal_the_plain_ops_including_the_mask_bias
         # bfloat16 keeps 8 bits of mantissa: the two orders of the same ops part by a few percent of the largest
         tolerance = 0.1 * float(b.abs().max()) if autocast else 1e-5
         torch.testing.assert_close(a, b, atol=tolerance, rtol=1e-5)
+
+
+@pytest.mark.parametrize("unpad", [False, True])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_output_positions_equal_the_whole_last_block_there(tiny_config, unpad, checkpointing):
+    """`output_positions` runs the last block at those positions alone ([CLS] first, then others in any
+    order, repeated): their outputs and the pooler's, and every gradient of a loss on them, equal the whole
+    block's there, padded or unpadded."""
+    tiny_config.hidden_dropout_prob = tiny_config.attention_probs_dropout_prob = 0.0
+    ids, mask, types = _inputs(tiny_config)
+    torch.manual_seed(0)
+    model = BertModel(tiny_config).train()
+    model.set_unpad(unpad)
+    model.gradient_checkpointing_enable(checkpointing)
+    positions = torch.tensor([[0, 3, 1, 3]] * B)  # [B, P]
+    index = positions[:, :, None].expand(-1, -1, tiny_config.hidden_size)
+    results = []
+    for at in (None, positions):
+        model.zero_grad()
+        out = model(ids, mask, types, output_positions=at)
+        hidden = out.sequence_output if at is not None else out.sequence_output.gather(1, index)  # [B, P, H]
+        (hidden.sin().sum() + out.pooled_output.pow(2).sum()).backward()
+        results.append((out, hidden, [p.grad.clone() for p in model.parameters()]))
+    (whole, whole_hidden, whole_grads), (part, part_hidden, part_grads) = results
+    assert part.sequence_output.shape == (B, positions.shape[1], tiny_config.hidden_size)
+    assert part.all_encoder_layers[-1] is part.sequence_output
+    torch.testing.assert_close(part_hidden, whole_hidden, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(part.pooled_output, whole.pooled_output, atol=1e-5, rtol=1e-5)
+    for layer_part, layer_whole in zip(part.all_encoder_layers[:-1], whole.all_encoder_layers[:-1]):
+        torch.testing.assert_close(layer_part, layer_whole)
+    for a, b in zip(part_grads, whole_grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("head", [BertForSequenceClassification, BertForMultipleChoice])
+def test_pooled_heads_run_the_last_block_for_the_first_token_alone(tiny_config, head):
+    """The heads that read the pooler alone (classification, reranking, multiple choice) ask for it."""
+    ids, mask, types = _inputs(tiny_config)
+    if head is BertForMultipleChoice:
+        ids, mask, types = ids.view(1, B, T), mask.view(1, B, T), types.view(1, B, T)
+    out = head(tiny_config).eval()(ids, mask, types)
+    assert out.hidden.sequence_output.shape == (B, 1, tiny_config.hidden_size)
+
+
+def test_pretraining_runs_the_last_block_at_cls_and_the_masked_positions(tiny_config):
+    """Given masked positions, the last block runs at [CLS] and at them alone; the masked-LM and
+    next-sentence logits equal those of the whole last block (the MLM head run at every position)."""
+    tiny_config.hidden_dropout_prob = tiny_config.attention_probs_dropout_prob = 0.0
+    ids, mask, types = _inputs(tiny_config)
+    torch.manual_seed(0)
+    model = BertForPreTraining(tiny_config).eval()
+    positions = torch.tensor([[1, 4, 0]] * B)  # [B, P], a padding slot of 0 last, as the original pads
+    out = model(ids, mask, types, masked_lm_positions=positions)
+    whole = model(ids, mask, types)
+    V = tiny_config.vocab_size
+    assert out.hidden.sequence_output.shape == (B, 1 + positions.shape[1], tiny_config.hidden_size)
+    expected = whole.mlm_logits.gather(1, positions[:, :, None].expand(-1, -1, V))  # [B, P, V]
+    torch.testing.assert_close(out.mlm_logits, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.nsp_logits, whole.nsp_logits, atol=1e-5, rtol=1e-5)

@@ -16,7 +16,7 @@ from bert.errors import InputError
 from bert.inference.common import checked_windows, quiet_task_logs, require_texts
 from bert.inference.core import PredictorCore, Prepared
 from bert.input_lines import InputItemError
-from bert.modeling import pool_tokens
+from bert.modeling import first_token, pool_tokens
 from bert.request_rules import POOLINGS, check_dimensions, check_pooling
 from bert.request_rules import truncation_direction as direction_of
 from bert.tasks.classification import LONG_DOCUMENT
@@ -162,16 +162,26 @@ class EmbeddingMixin(PredictorCore):
             sequences = [(f.input_ids, f.segment_ids) for f in windows]
             return Prepared(sequences, len(texts), [0] * len(sequences), windows)
 
-    def _encode(self, prepared: Prepared, fn: EncodeFn, batch_size: int | None) -> list[Any]:
+    def _encode(
+        self, prepared: Prepared, fn: EncodeFn, batch_size: int | None, first_token_only: bool = False
+    ) -> list[Any]:
         """`fn(last layer [B, T, H], pooling mask [B, T], attention mask [B, T], encoder output)` over the
         prepared sequences; the pooling mask is the attention mask without the prompt when the model's
-        Pooling says `include_prompt: false`."""
+        Pooling says `include_prompt: false`. `first_token_only`: `fn` reads the first token alone, so the
+        torch backend runs the last block for it alone (`BertModel.forward`'s `output_positions`): the last layer
+        is then [B, 1, H]."""
+        first_token_only = first_token_only and self.backend == "torch"
         st = self.sentence_transformers
         exclude_prompt = st is not None and not st.include_prompt
         skip = torch.tensor(prepared.prompt_lengths if exclude_prompt else [0] * len(prepared.sequences))
 
         def run(ids, mask, types, idx):
-            out = self.encoder(ids, mask, types)
+            # An ONNX graph takes the three inputs alone.
+            out = (
+                self.encoder(ids, mask, types, output_positions=first_token(ids))
+                if first_token_only
+                else self.encoder(ids, mask, types)
+            )
             hidden = out.sequence_output.float()  # [B, T, H]
             positions = torch.arange(ids.shape[1], device=ids.device)[None, :]  # [1, T]
             pool_mask = mask * (positions >= skip[idx].to(ids.device)[:, None])  # [B, T]
@@ -245,7 +255,8 @@ class EmbeddingMixin(PredictorCore):
         """`embed`'s vectors of inputs `prepare_embeddings` prepared: [lead + inputs, dimensions or hidden_size],
         the lead sequence's first where there is one (`prepare_similarity`)."""
         pooling, normalize = self._pooling_options(pooling, normalize, dimensions)
-        vectors = self._encode(prepared, _pooler(pooling, normalize, dimensions), batch_size)
+        pooler = _pooler(pooling, normalize, dimensions)
+        vectors = self._encode(prepared, pooler, batch_size, first_token_only=pooling in ("cls", "pooler"))
         if not vectors:
             return np.zeros((0, dimensions or self.config.hidden_size), dtype=np.float32)
         out = np.stack(vectors).astype(np.float32, copy=False)  # [N or windows, D]
