@@ -197,6 +197,28 @@ def test_sts_training_and_evaluation_equal_sentence_transformers(model_files, tm
     assert again["global_step"] == 2 and again["eval"] == result["eval"]
 
 
+def test_cls_pooled_training_runs_the_last_block_for_cls_alone(model_files, tmp_path, monkeypatch):
+    """Under --pooling=cls the training passes ask the encoder for [CLS] alone (that it equals the whole
+    block there, gradients too: tests/unit/test_modeling.py); under mean pooling for every token."""
+    from bert.modeling import BertModel
+
+    widths: dict[str, set[int]] = {}
+    forward = BertModel.forward
+
+    def spy(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        if self.training:
+            widths.setdefault(pooling, set()).add(out.sequence_output.shape[1])
+        return out
+
+    monkeypatch.setattr(BertModel, "forward", spy)
+    for pooling in ("cls", "mean"):
+        (tmp_path / pooling).mkdir()
+        _, args = sts_run(model_files, tmp_path / pooling, pooling=pooling)
+        assert run_train_embeddings(args)["global_step"] == 2
+    assert widths["cls"] == {1} and 1 not in widths["mean"]
+
+
 def test_mined_negatives_skip_the_positives(model_files):
     anchors = [f"what is {t}" for t in TOPICS] + ["what is rain"]
     positives = [f"all about {t}" for t in TOPICS] + ["rain falls"]

@@ -25,7 +25,7 @@ from bert.distributed import DistContext
 from bert.errors import InputError
 from bert.flags import check_batch_division
 from bert.inference import Predictor, SentenceTransformersConfig, read_sentence_transformers_config
-from bert.modeling import SENTENCE_POOLINGS, BertModel, pool_tokens
+from bert.modeling import SENTENCE_POOLINGS, BertModel, first_token, pool_tokens
 from bert.sentence import evaluation, losses, teachers
 from bert.sentence.data import SCORED, TEXTS, Corpus, TrainingData, read_beir, read_training_data, unique_texts
 from bert.sentence.loss_table import EMBEDDING_LOSS_TABLE, LossSpec, check_data, check_loss, with_transfer
@@ -173,8 +173,9 @@ class EmbeddingRun(SentenceRun):
         device = self.dist.device
 
         def embed(model, batch, c: int, rows: slice = slice(None)) -> torch.Tensor:
-            mask = batch[f"attention_mask_{c}"][rows]
-            out = model(batch[f"input_ids_{c}"][rows], mask, batch[f"token_type_ids_{c}"][rows])
+            ids, mask = batch[f"input_ids_{c}"][rows], batch[f"attention_mask_{c}"][rows]
+            positions = first_token(ids) if pooling == "cls" else None  # [CLS] pooling reads nothing else
+            out = model(ids, mask, batch[f"token_type_ids_{c}"][rows], output_positions=positions)
             vectors = pool_tokens(out.sequence_output, mask, pooling)
             return torch.nn.functional.normalize(vectors, p=2, dim=-1) if normalize else vectors
 
