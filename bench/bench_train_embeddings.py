@@ -253,6 +253,8 @@ def part_c(args, tmp: Path, seed: int, results: dict) -> None:
     if "theirs" not in args.sides:
         return
 
+    # Its new head is drawn from torch's global random state: seeded here, not left by our run before it.
+    torch.manual_seed(seed)
     model = CrossEncoder(minilm(), num_labels=1, max_length=args.max_seq_length, device="cpu")
     order = list(range(len(triples)))
     if args.st_batches == "grouped":  # the triples in a seeded order, read in turn: each pair beside its twin
