@@ -11,8 +11,11 @@ Memory per device, in bytes:
   probabilities (the backward pass recomputes the probabilities: `cpu_kernels.attention_dropout`; under
   autocast the probabilities before and after dropout too), and LayerNorm statistics. On CUDA (not
   measured: no GPU here) the plan counts 10 [b, s, h] and the fused SDPA kernels' [b, a, s] instead of
-  [b, a, s, s]; bf16/fp16 halve the tensors autocast computes. The embeddings keep 2 [b, s, h] and a bool
-  mask, and the heads 4 h + V values per masked position (the log-softmax over the vocabulary).
+  [b, a, s, s]; bf16/fp16 halve the tensors autocast computes. The last layer runs its queries, attention
+  output and feed-forward at [CLS] and the m masked positions alone (`BertModel`'s `output_positions`): its
+  input, keys and values stay [b, s, h], the rest is [b, 1 + m, ...], and it keeps the gathered rows too.
+  The embeddings keep a [b, s, h] (their output is the first layer's input) and a bool mask, and the heads
+  4 h + V values per masked position (the log-softmax over the vocabulary).
   With `--gradient_checkpointing` each layer keeps its input only, and one layer's activations exist again
   while it is recomputed.
 - the peak: weights, optimizer state and the activations at the end of the forward pass, plus the larger
@@ -21,10 +24,10 @@ Memory per device, in bytes:
   are freed. Checked on the CPU against the measured peak (`measure_cpu_peak`, bench/bench_plan.py).
 
 FLOPs per step: matrix products only (2 multiply-adds per weight per token, attention's two products of
-s x s x h per sequence), forward x 3 for forward and backward (x 4 for the encoder with gradient
-checkpointing, which recomputes its forward; on the CPU with attention dropout plus QK^T once more, which
-its backward pass recomputes), over the global batch. `tests/unit/test_plan.py` checks the
-count against `torch.utils.flop_counter.FlopCounterMode`.
+s x s x h per sequence; the last layer's queries, output and feed-forward at 1 + m tokens), forward x 3 for
+forward and backward (x 4 for the encoder with gradient checkpointing, which recomputes its forward; on the
+CPU with attention dropout plus QK^T once more, which its backward pass recomputes), over the global batch.
+`tests/unit/test_plan.py` checks the count against `torch.utils.flop_counter.FlopCounterMode`.
 
 Time: FLOPs / (devices x peak FLOP/s x MFU). The peaks are the vendors' dense figures (`DEVICES`).
 """
@@ -72,14 +75,19 @@ def num_parameters(config: BertConfig) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _layer_bytes(config: BertConfig, shape: Shape, cuda: bool, half: bool) -> int:
+def _layer_bytes(config: BertConfig, shape: Shape, cuda: bool, half: bool, last: bool = False) -> int:
+    """A layer's activations; `last`: the last layer, whose queries, attention output and feed-forward run at
+    q = 1 + m rows of each sequence (its input, keys and values at all s; the gathered rows kept too)."""
     b, s, h, i, a = shape.batch, shape.seq, config.hidden_size, config.intermediate_size, config.num_attention_heads
-    if cuda:  # the fused SDPA kernels keep [b, a, s] log-sum-exps instead of the probabilities
-        return (2 if half else FP32) * (10 * b * s * h + 2 * b * s * i) + b * a * s * FP32 + FP32 * 4 * b * s
-    # two bool dropout masks [b, s, h] and the attention probabilities' [b, a, s, s]; under autocast the plain
+    q = 1 + shape.predictions if last else s
+    # the input, keys and values [b, s, h]; queries, context, two LayerNorm inputs and the feed-forward input
+    rows = 3 * b * s * h + (6 if last else 5) * b * q * h
+    if cuda:  # the fused SDPA kernels keep [b, a, q] log-sum-exps instead of the probabilities
+        return (2 if half else FP32) * (rows + 2 * b * q * h + 2 * b * q * i) + b * a * q * FP32 + FP32 * 4 * b * q
+    # two bool dropout masks [b, q, h] and the attention probabilities' [b, a, q, s]; under autocast the plain
     # ops keep the probabilities (fp32: the mask bias promotes them) before and after dropout too
-    masks_and_scores = 2 * b * s * h + (2 * FP32 + 1 if half else 1) * b * a * s * s
-    return (2 if half else FP32) * (8 * b * s * h + 2 * b * s * i) + masks_and_scores + FP32 * 4 * b * s
+    masks_and_scores = 2 * b * q * h + (2 * FP32 + 1 if half else 1) * b * a * q * s
+    return (2 if half else FP32) * (rows + 2 * b * q * i) + masks_and_scores + FP32 * 4 * b * q
 
 
 def activation_bytes(
@@ -87,13 +95,14 @@ def activation_bytes(
 ) -> int:
     """Bytes autograd keeps for one micro-batch's backward (see the module docstring)."""
     b, s, m, h, v = shape.batch, shape.seq, shape.predictions, config.hidden_size, config.vocab_size
-    embeddings = FP32 * (2 * b * s * h + 8 * b * s) + b * s * h  # and the dropout mask, bool
+    # the LayerNorm's input and the dropout mask, bool; their output is the first layer's input, counted there
+    embeddings = FP32 * (b * s * h + 8 * b * s) + b * s * h
     heads = FP32 * b * m * (v + 4 * h + 7) + FP32 * b * (h + 5)
-    layer = _layer_bytes(config, shape, cuda, half)
-    if gradient_checkpointing:
+    layer, last = _layer_bytes(config, shape, cuda, half), _layer_bytes(config, shape, cuda, half, last=True)
+    if gradient_checkpointing:  # and the largest layer's activations, while it is recomputed
         layer_inputs = config.num_hidden_layers * (2 if half else FP32) * b * s * h
-        return layer_inputs + layer + embeddings + heads
-    return config.num_hidden_layers * layer + embeddings + heads
+        return layer_inputs + (layer if config.num_hidden_layers > 1 else last) + embeddings + heads
+    return (config.num_hidden_layers - 1) * layer + last + embeddings + heads
 
 
 def step_flops(
@@ -103,10 +112,14 @@ def step_flops(
     QK^T once more per layer, as the CPU's attention dropout recomputes it (`cpu_kernels.attention_dropout`)."""
     b, s, m = shape.batch, shape.seq, shape.predictions
     h, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
-    layer = b * s * (2 * 4 * h * h + 2 * 2 * h * i) + 2 * 2 * b * s * s * h  # QKV + output, FFN; QK^T and PV
-    encoder = config.num_hidden_layers * layer
+
+    def layer(q: int) -> int:  # K and V at s tokens; Q, output, FFN at q; QK^T and PV of q queries
+        return b * s * 2 * 2 * h * h + b * q * (2 * 2 * h * h + 2 * 2 * h * i) + 2 * 2 * b * q * s * h
+
+    encoder = (config.num_hidden_layers - 1) * layer(s) + layer(1 + m)  # the last at [CLS] and the masked positions
     heads = b * m * (2 * h * h + 2 * h * v) + b * (2 * h * h + 2 * h * 2)  # MLM transform + decoder; pooler + NSP
-    recomputed = config.num_hidden_layers * 2 * b * s * s * h if recompute_attention else 0
+    queries = (config.num_hidden_layers - 1) * s + 1 + m
+    recomputed = 2 * b * queries * s * h if recompute_attention else 0
     return 3 * (encoder + heads) + (encoder if gradient_checkpointing else 0) + recomputed
 
 
