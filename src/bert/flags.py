@@ -42,6 +42,21 @@ BACKENDS = ("torch", "onnx")
 # (bench/RESULTS.md, 2026-11-29); a large sorted input gains nothing. Elsewhere 32: a GPU wants the wider batch,
 # and ONNX Runtime splits each batch over its own threads (neither measured against 16).
 BATCH_SIZE, CPU_BATCH_SIZE = 32, 16
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """`bert serve`'s limits, declared once for its flags (`ServeArgs`) and the server's settings
+    (`bert.serving.ServeSettings`), whose package needs the serve extra the flags must not."""
+
+    max_batch_tokens: int = 16384
+    max_wait_ms: float = 0.0
+    max_queue_size: int = 1024
+    max_client_batch_size: int = 32
+    max_request_bytes: int = 2_000_000
+
+
+SERVE_LIMITS = ServeLimits()
 # The number type the Transformer blocks run in at inference (the inference commands' --dtype, Text Embeddings
 # Inference's flag of that name): bfloat16 doubles the GEMM rate on CPUs with AVX512-BF16 or AMX; float16 is for
 # CUDA (the CPU has no fast float16 kernels).

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from bert.commands.embed import EmbedArgs
 from bert.errors import InputError
-from bert.flags import InferenceArgs, check_backend, check_dtype, same_as
+from bert.flags import SERVE_LIMITS, InferenceArgs, check_backend, check_dtype, same_as
 from bert.hub import hub_id_of
 from bert.utils import LOG_FORMAT, exit_with_parent
 
@@ -67,19 +67,23 @@ class ServeArgs:
         default=None, metadata={"help": "torch threads per worker process; default: CPU cores // workers."}
     )
     max_batch_tokens: int = field(
-        default=16384, metadata={"help": "Tokens (after tokenization, with [CLS]/[SEP]) per model batch at most."}
+        default=SERVE_LIMITS.max_batch_tokens,
+        metadata={"help": "Tokens (after tokenization, with [CLS]/[SEP]) per model batch at most."},
     )
     max_wait_ms: float = field(
-        default=0.0,
+        default=SERVE_LIMITS.max_wait_ms,
         metadata={
             "help": "How long a request may wait for others to share its batch, when the previous batch held several "
             "requests (a lone client never waits); 0 (the default): run what is queued."
         },
     )
     max_queue_size: int = field(
-        default=1024, metadata={"help": "Inputs waiting for the model at most; beyond: 429 with Retry-After: 1."}
+        default=SERVE_LIMITS.max_queue_size,
+        metadata={"help": "Inputs waiting for the model at most; beyond: 429 with Retry-After: 1."},
     )
-    max_client_batch_size: int = field(default=32, metadata={"help": "Inputs per request at most (413 beyond)."})
+    max_client_batch_size: int = field(
+        default=SERVE_LIMITS.max_client_batch_size, metadata={"help": "Inputs per request at most (413 beyond)."}
+    )
     auto_truncate: bool = field(
         default=False,
         metadata={
@@ -105,7 +109,9 @@ class ServeArgs:
     served_model_name: str | None = field(
         default=None, metadata={"help": "The model's name in /info and /v1/embeddings answers; default: --model."}
     )
-    max_request_bytes: int = field(default=2_000_000, metadata={"help": "Request body size at most (413 beyond)."})
+    max_request_bytes: int = field(
+        default=SERVE_LIMITS.max_request_bytes, metadata={"help": "Request body size at most (413 beyond)."}
+    )
     quantize: str = same_as(InferenceArgs, "quantize")
     dtype: str = same_as(InferenceArgs, "dtype")
     backend: str = same_as(InferenceArgs, "backend")

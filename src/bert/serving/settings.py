@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bert.flags import SERVE_LIMITS
+
 
 @dataclass
 class ServeSettings:
@@ -11,11 +13,11 @@ class ServeSettings:
 
     model_id: str
     model_sha: str | None = None  # the commit of a model loaded by its Hub id
-    max_batch_tokens: int = 16384
-    max_wait_ms: float = 0.0
-    max_queue_size: int = 1024
-    max_client_batch_size: int = 32
-    max_request_bytes: int = 2_000_000
+    max_batch_tokens: int = SERVE_LIMITS.max_batch_tokens
+    max_wait_ms: float = SERVE_LIMITS.max_wait_ms
+    max_queue_size: int = SERVE_LIMITS.max_queue_size
+    max_client_batch_size: int = SERVE_LIMITS.max_client_batch_size
+    max_request_bytes: int = SERVE_LIMITS.max_request_bytes
     quantize: str = "none"
     auto_truncate: bool = False  # the default of "truncate" (TEI's --auto-truncate)
     pooling: str | None = None  # the embedding routes' pooling; None: the model's (`Predictor.default_pooling`)
