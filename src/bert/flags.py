@@ -42,6 +42,12 @@ BACKENDS = ("torch", "onnx")
 # (bench/RESULTS.md, 2026-11-29); a large sorted input gains nothing. Elsewhere 32: a GPU wants the wider batch,
 # and ONNX Runtime splits each batch over its own threads (neither measured against 16).
 BATCH_SIZE, CPU_BATCH_SIZE = 32, 16
+# And there, by default, a batch holds at most this many tokens (its longest sequence's length times its rows): long
+# inputs run in smaller batches, which pad less and run side by side; sentences keep 16 a batch. all-MiniLM-L6-v2 on
+# two cores against 16 a batch: calls of 16 and 64 passages of 200-254 tokens 1.26x and 1.06x, one call of 256 the
+# same, rerankings of 16 pairs of up to 256 tokens 1.12x, sentences 1.00x-1.02x; 512 gave reranking 1.38x but
+# sentences 0.94x-0.96x (bench/RESULTS.md, 2026-11-29).
+CPU_BATCH_TOKENS = 1024
 
 
 @dataclass(frozen=True)
@@ -632,8 +638,8 @@ class InferenceArgs:
         default=None,
         metadata={
             "min": 1,
-            "help": f"Sequences per forward pass; default: {CPU_BATCH_SIZE} on the CPU (torch backend), else "
-            f"{BATCH_SIZE}.",
+            "help": f"Sequences per forward pass; default: {CPU_BATCH_SIZE} and at most {CPU_BATCH_TOKENS} tokens on "
+            f"the CPU (torch backend), else {BATCH_SIZE}.",
         },
     )
     device: str | None = same_as(TrainingArgs, "device")

@@ -19,7 +19,7 @@ import torch
 from bert.checkpoint import export_tf
 from bert.config import BertConfig
 from bert.errors import InputError
-from bert.flags import CPU_BATCH_SIZE
+from bert.flags import CPU_BATCH_SIZE, CPU_BATCH_TOKENS
 from bert.inference import Predictor, read_sentence_transformers_config
 from bert.input_lines import InputItemError, read_input_record
 from bert.modeling import (
@@ -576,6 +576,32 @@ def test_cpu_default_batch_is_cpu_batch_size_and_a_given_one_is_kept(classifier_
         assert p.batch_size == (batch_size or CPU_BATCH_SIZE)
         assert sorted(sizes, reverse=True) == expected
         sizes.clear()
+
+
+def test_cpu_default_batches_hold_at_most_cpu_batch_tokens_and_a_given_size_is_kept(classifier_dir):
+    """By default on the CPU a batch holds at most CPU_BATCH_TOKENS tokens by its longest sequence, and
+    CPU_BATCH_SIZE sequences; a batch size given to the Predictor or to a call is kept as given."""
+    lengths = [300] * 5 + [100] * 20 + [10] * 40
+    sequences = [([1] * n, [0] * n) for n in lengths]
+    shapes: list[tuple[int, int]] = []
+
+    def fn(ids, mask, types, idx):
+        shapes.append(tuple(ids.shape))
+        return [None] * len(idx)
+
+    default = Predictor.from_pretrained(classifier_dir, "cpu")
+    default._run(sequences, fn, None)
+    assert sum(b for b, _ in shapes) == len(sequences)
+    assert all(b * t <= CPU_BATCH_TOKENS or b == 1 for b, t in shapes)
+    assert {t: max(b for b, u in shapes if u == t) for _, t in shapes} == {
+        300: min(CPU_BATCH_SIZE, CPU_BATCH_TOKENS // 300),
+        100: min(CPU_BATCH_SIZE, CPU_BATCH_TOKENS // 100),
+        10: CPU_BATCH_SIZE,
+    }
+    for given, call in ((Predictor.from_pretrained(classifier_dir, "cpu", batch_size=16), None), (default, 16)):
+        shapes.clear()
+        given._run(sequences, fn, call)
+        assert sorted(b for b, _ in shapes) == sorted([16] * 4 + [1])
 
 
 def test_calls_from_several_threads_run_one_at_a_time(classifier_dir):

@@ -26,7 +26,7 @@ from bert.config import BertConfig, check_task_settings
 from bert.cpu_kernels import bf16_in_hardware
 from bert.distributed import resolve_device
 from bert.errors import InputError
-from bert.flags import BATCH_SIZE, CPU_BATCH_SIZE, check_backend, check_dtype
+from bert.flags import BATCH_SIZE, CPU_BATCH_SIZE, CPU_BATCH_TOKENS, check_backend, check_dtype
 from bert.inference.common import (
     HEAD_ADVICE,
     MASK_TOKEN,
@@ -149,8 +149,11 @@ class PredictorCore:
         self.architecture = architecture
         self.task = TASKS[architecture]
         self.device = device
+        cpu_torch = device.type == "cpu" and self.backend == "torch"
+        # The default's token cap (CPU_BATCH_TOKENS) holds where neither the caller nor a call gives a batch size.
+        self.batch_tokens = CPU_BATCH_TOKENS if batch_size is None and cpu_torch else None
         if batch_size is None:
-            batch_size = CPU_BATCH_SIZE if device.type == "cpu" and self.backend == "torch" else BATCH_SIZE
+            batch_size = CPU_BATCH_SIZE if cpu_torch else BATCH_SIZE
         self.batch_size = batch_size
         self.source = source
         self.config: BertConfig = _config_of(model)
@@ -331,15 +334,22 @@ class PredictorCore:
         to split well across threads, and one-thread batches wait at no OpenMP barrier (all-MiniLM-L6-v2,
         two cores: 1.15x the throughput from 96 sentences up, bench/RESULTS.md). With as many batches
         as threads or fewer, the longest batch would set the time, so each batch uses every thread.
-        `fn` must only read shared state.
+        `fn` must only read shared state. With the default batch size on the CPU a batch also holds at most
+        `batch_tokens` tokens by its longest sequence (`bert.flags.CPU_BATCH_TOKENS`).
         """
+        tokens = self.batch_tokens if batch_size is None else None
         batch_size = batch_size or self.batch_size
         lengths = np.array([len(ids) for ids, _ in sequences])
         order = np.argsort(-lengths, kind="stable")
         out: list[Any] = [None] * len(sequences)
+        starts = [0]
+        while starts[-1] < len(order):
+            size = batch_size if tokens is None else max(1, min(batch_size, tokens // int(lengths[order[starts[-1]]])))
+            starts.append(starts[-1] + size)
+        bounds = list(zip(starts[:-1], starts[1:]))
 
-        def run_batch(start: int) -> None:
-            idx = order[start : start + batch_size]
+        def run_batch(start: int, stop: int) -> None:
+            idx = order[start:stop]
             T = int(lengths[idx[0]])
             ids = pad_2d([sequences[i][0] for i in idx], T)
             types = pad_2d([sequences[i][1] for i in idx], T)
@@ -349,11 +359,10 @@ class PredictorCore:
                 for i, row in zip(idx, fn(tensors[0], tensors[1], tensors[2], idx)):
                     out[i] = row
 
-        starts = range(0, len(order), batch_size)
         threads = torch.get_num_threads()
-        if self.device.type != "cpu" or self.backend != "torch" or not 1 < threads < len(starts):
-            for start in starts:
-                run_batch(start)
+        if self.device.type != "cpu" or self.backend != "torch" or not 1 < threads < len(bounds):
+            for start, stop in bounds:
+                run_batch(start, stop)
             return out
 
         # Each worker sets its OpenMP team size to one as it starts; that also sets torch's process-wide
@@ -362,7 +371,7 @@ class PredictorCore:
             threads, thread_name_prefix="bert-batch", initializer=torch.set_num_threads, initargs=(1,)
         )
         try:
-            for future in [pool.submit(run_batch, start) for start in starts]:
+            for future in [pool.submit(run_batch, start, stop) for start, stop in bounds]:
                 future.result()
         finally:
             pool.shutdown(cancel_futures=True)
