@@ -1,4 +1,5 @@
-"""One peer embedding engine in a process of its own, driven by bench/bench_peers.py over stdin/stdout.
+"""One peer engine in a process of its own, driven by bench/bench_peers.py (embedders) or
+bench/bench_rerank_peers.py (cross-encoders, the `ce_` engines) over stdin/stdout.
 
 The peers pin transformers apart from each other and from this project's environment (sentence-transformers'
 ONNX backend needs optimum-onnx, which needs transformers < 4.58; its OpenVINO backend needs optimum-intel,
@@ -11,9 +12,11 @@ library only).
 Each engine is built as its own documentation shows (sentence-transformers' "Speeding up Inference" page:
 `backend="onnx"` / `backend="openvino"`, `export_dynamic_quantized_onnx_model`,
 `export_static_quantized_openvino_model`; fastembed's custom-model page: `TextEmbedding.add_custom_model` on
-an ONNX export by optimum). Then one line on stdout says it is ready; each line read on stdin names a set of
-texts in texts.json, which the engine embeds in batches of `--batch_size`, timed here so that the pipe is not;
-the answer line holds the seconds and the .npy of the embeddings.
+an ONNX export by optimum; `CrossEncoder(..., backend=...)` for the cross-encoders, whose sets are lists of
+{"query", "documents"}, each scored as `CrossEncoder.predict` scores a query's pairs). Then one line on stdout
+says it is ready; each line read on stdin names a set of texts in texts.json, which the engine embeds (or
+scores) in batches of `--batch_size`, timed here so that the pipe is not; the answer line holds the seconds and
+the .npy of the embeddings (or scores).
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ import numpy as np
 from isa import CAPS, cpu_flags  # this folder is sys.path[0]
 
 ENGINES = ("st_torch", "st_onnx", "st_onnx_int8", "st_openvino", "st_openvino_f32", "st_openvino_int8", "fastembed")
+CROSS_ENCODERS = ("ce_torch", "ce_onnx", "ce_openvino", "ce_openvino_f32")
+# OpenVINO's precision hint for float32 (it runs a float32 model in bfloat16 by default where the CPU has bf16
+# instructions), through the optimum-intel model's ov_config.
+OPENVINO_F32 = {"ov_config": {"INFERENCE_PRECISION_HINT": "f32"}}
 
 
 def onnx_quantization_config(isa: str) -> str:
@@ -52,6 +59,8 @@ def build(engine: str, model_dir: Path, work: Path, threads: int, batch_size: in
         shutil.copytree(model_dir, local)
     if engine == "fastembed":
         return build_fastembed(local, work / engine, threads, batch_size)
+    if engine in CROSS_ENCODERS:
+        return build_cross_encoder(engine, local, threads, batch_size, isa)
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -78,15 +87,12 @@ def build(engine: str, model_dir: Path, work: Path, threads: int, batch_size: in
         model = SentenceTransformer(str(local), device="cpu", backend="openvino")
         note = f"OpenVINO's default inference precision on this CPU: {openvino_default_precision()}"
     elif engine == "st_openvino_f32":
-        # OpenVINO runs a float32 model in bfloat16 by default where the CPU has bf16 instructions; its
-        # INFERENCE_PRECISION_HINT asks for float32 (the optimum-intel model's ov_config, through model_kwargs).
-        kwargs = {"ov_config": {"INFERENCE_PRECISION_HINT": "f32"}}
-        model = SentenceTransformer(str(local), device="cpu", backend="openvino", model_kwargs=kwargs)
+        model = SentenceTransformer(str(local), device="cpu", backend="openvino", model_kwargs=OPENVINO_F32)
         note = "ov_config INFERENCE_PRECISION_HINT=f32"
     elif engine == "st_openvino_int8":
         model, note = build_openvino_int8(local, calibration)
     else:
-        raise SystemExit(f"--engine: unknown {engine!r}; one of {', '.join(ENGINES)}")
+        raise SystemExit(f"--engine: unknown {engine!r}; one of {', '.join(ENGINES + CROSS_ENCODERS)}")
     if engine.startswith("st_openvino"):
         note += f"; kernels: {openvino_kernels(model)}"
 
@@ -101,7 +107,7 @@ def precision(engine: str) -> str:
     float32 otherwise."""
     if engine.endswith("_int8"):
         return "int8"
-    if engine == "st_openvino":
+    if engine in ("st_openvino", "ce_openvino"):
         return {"bf16": "bf16", "f16": "fp16"}.get(openvino_default_precision(), "fp32")
     return "fp32"
 
@@ -162,6 +168,31 @@ def build_openvino_int8(local: Path, calibration: Path | None):
     return model, "export_static_quantized_openvino_model, static int8 calibrated on SST-2 train"
 
 
+def build_cross_encoder(engine: str, local: Path, threads: int, batch_size: int, isa: str):
+    """sentence-transformers' CrossEncoder on the torch, ONNX or OpenVINO backend (its "Speeding up Inference"
+    page); each query's documents scored in one `predict` call, sigmoid scores (its default for one label)."""
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    torch.set_num_threads(threads)
+    if isa == "avx2" and "openvino" in engine:
+        openvino_in_float32()
+    backend = {"ce_torch": "torch", "ce_onnx": "onnx"}.get(engine, "openvino")
+    kwargs = {"model_kwargs": OPENVINO_F32} if engine == "ce_openvino_f32" else {}
+    model = CrossEncoder(str(local), device="cpu", backend=backend, **kwargs)
+    note = f"CrossEncoder backend={backend}" + ("; ov_config INFERENCE_PRECISION_HINT=f32" if kwargs else "")
+
+    def score(items: list[dict]) -> np.ndarray:
+        return np.concatenate(
+            [
+                np.asarray(model.predict([(i["query"], d) for d in i["documents"]], batch_size=batch_size), np.float32)
+                for i in items
+            ]
+        )
+
+    return score, note
+
+
 def build_fastembed(local: Path, work: Path, threads: int, batch_size: int):
     from fastembed import TextEmbedding
     from fastembed.common.model_description import ModelSource, PoolingType
@@ -211,7 +242,7 @@ def versions(engine: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--engine", required=True, choices=ENGINES)
+    parser.add_argument("--engine", required=True, choices=ENGINES + CROSS_ENCODERS)
     parser.add_argument("--model", required=True, type=Path)
     parser.add_argument("--work", required=True, type=Path)
     parser.add_argument("--texts", required=True, type=Path)
