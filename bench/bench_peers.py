@@ -146,6 +146,25 @@ class Peer:
         self.process.wait()
 
 
+def start_peers(
+    engines, args, model: Path, work: Path, calibration: Path, onnx_family, torch_engine: str
+) -> dict[str, Peer]:
+    """Each engine's process (texts in work/texts.json), under `--onnx_python` for `onnx_family`, this Python for
+    `torch_engine` and `--openvino_python` for the rest; each one's ready line printed."""
+    peers: dict[str, Peer] = {}
+    for engine in engines:
+        python = args.onnx_python if engine in onnx_family else args.openvino_python
+        python = python if engine != torch_engine else sys.executable
+        start = time.perf_counter()
+        peers[engine] = Peer(engine, python, args, model, work, work / "texts.json", calibration)
+        note = f"; {peers[engine].note}" if peers[engine].note else ""
+        print(
+            f"# {engine}: ready in {time.perf_counter() - start:.0f} s ({peers[engine].versions}{note})",
+            flush=True,
+        )
+    return peers
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sentences", type=int, default=2000, help="GLUE dev sentences")
@@ -209,17 +228,7 @@ def main() -> None:
         f"# torch {torch.__version__}; batch {args.batch_size}, best of {args.repeats}; load average "
         f"{os.getloadavg()[0]:.1f}; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
     )
-    peers: dict[str, Peer] = {}
-    for engine in engines:
-        python = args.onnx_python if engine in ONNX_FAMILY else args.openvino_python
-        python = python if engine != "st_torch" else sys.executable
-        start = time.perf_counter()
-        peers[engine] = Peer(engine, python, args, minilm, work, work / "texts.json", calibration)
-        note = f"; {peers[engine].note}" if peers[engine].note else ""
-        print(
-            f"# {engine}: ready in {time.perf_counter() - start:.0f} s ({peers[engine].versions}{note})",
-            flush=True,
-        )
+    peers = start_peers(engines, args, minilm, work, calibration, ONNX_FAMILY, "st_torch")
 
     def timed(fn, name):
         start = time.perf_counter()

@@ -43,7 +43,7 @@ import bert  # noqa: F401  (before torch: the package's OpenMP default must prec
 import numpy as np
 import torch
 from bench_export import SHARED  # this folder is sys.path[0]
-from bench_peers import Peer
+from bench_peers import start_peers
 from isa import add_argument as add_isa_argument
 from isa import apply as apply_isa
 from isa import cpu_name
@@ -122,17 +122,9 @@ def main() -> None:
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {cpu_name()}, {os.cpu_count()} cores, {args.threads} threads")
     print(
         f"# torch {torch.__version__}; {len(items)} queries, {pairs} pairs; batch {args.batch_size or 'each default'}, "
-        f"best of "
-        f"{args.repeats}; load average {os.getloadavg()[0]:.1f}"
+        f"best of {args.repeats}; load average {os.getloadavg()[0]:.1f}"
     )
-    peers: dict[str, Peer] = {}
-    for engine in engines:
-        python = args.onnx_python if engine in ONNX_FAMILY else args.openvino_python
-        python = python if engine != "ce_torch" else sys.executable
-        start = time.perf_counter()
-        peers[engine] = Peer(engine, python, peer_args, model, work, work / "texts.json", work)
-        print(f"# {engine}: ready in {time.perf_counter() - start:.0f} s ({peers[engine].versions}; "
-              f"{peers[engine].note})", flush=True)  # fmt: skip
+    peers = start_peers(engines, peer_args, model, work, work, ONNX_FAMILY, "ce_torch")
 
     def rank(predictor: Predictor) -> tuple[float, np.ndarray]:
         start = time.perf_counter()
