@@ -46,7 +46,8 @@ BATCH_SIZE, CPU_BATCH_SIZE = 32, 16
 # inputs run in smaller batches, which pad less and run side by side; sentences keep 16 a batch. all-MiniLM-L6-v2 on
 # two cores against 16 a batch: calls of 16 and 64 passages of 200-254 tokens 1.26x and 1.06x, one call of 256 the
 # same, rerankings of 16 pairs of up to 256 tokens 1.12x, sentences 1.00x-1.02x; 512 gave reranking 1.38x but
-# sentences 0.94x-0.96x (bench/RESULTS.md, 2026-11-29).
+# sentences 0.94x-0.96x (bench/RESULTS.md, 2026-11-29). Batches run side by side are evened out under it
+# (`bert.inference.core.batch_bounds`: rerankings 1.18x more, 2026-11-30), which 512 had done by chance.
 CPU_BATCH_TOKENS = 1024
 
 

@@ -21,6 +21,7 @@ from bert.config import BertConfig
 from bert.errors import InputError
 from bert.flags import CPU_BATCH_SIZE, CPU_BATCH_TOKENS
 from bert.inference import Predictor, read_sentence_transformers_config
+from bert.inference.core import batch_bounds
 from bert.input_lines import InputItemError, read_input_record
 from bert.modeling import (
     BertForMultipleChoice,
@@ -590,7 +591,12 @@ def test_cpu_default_batches_hold_at_most_cpu_batch_tokens_and_a_given_size_is_k
         return [None] * len(idx)
 
     default = Predictor.from_pretrained(classifier_dir, "cpu")
-    default._run(sequences, fn, None)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one batch at a time: none evened out (the next test)
+    try:
+        default._run(sequences, fn, None)
+    finally:
+        torch.set_num_threads(threads)
     assert sum(b for b, _ in shapes) == len(sequences)
     assert all(b * t <= CPU_BATCH_TOKENS or b == 1 for b, t in shapes)
     assert {t: max(b for b, u in shapes if u == t) for _, t in shapes} == {
@@ -602,6 +608,39 @@ def test_cpu_default_batches_hold_at_most_cpu_batch_tokens_and_a_given_size_is_k
         shapes.clear()
         given._run(sequences, fn, call)
         assert sorted(b for b, _ in shapes) == sorted([16] * 4 + [1])
+
+
+def test_batches_run_side_by_side_are_evened_out(classifier_dir):
+    """A reranking call's 16 pairs cut at CPU_BATCH_TOKENS leave a last batch of one pair, which one thread
+    runs while the other waits; run side by side on two threads they are cut into as many batches as a
+    multiple of two, no batch over the cap, and `_run` runs those."""
+    lengths = [243, 207, 200, 195, 189, 179, 172, 170, 170, 154, 152, 145, 134, 128, 117, 110]
+
+    def cost(bounds):
+        return [(stop - start) * lengths[start] for start, stop in bounds]
+
+    alone = batch_bounds(np.array(lengths), CPU_BATCH_SIZE, CPU_BATCH_TOKENS, lanes=1)
+    even = batch_bounds(np.array(lengths), CPU_BATCH_SIZE, CPU_BATCH_TOKENS, lanes=2)
+    assert [stop - start for start, stop in alone] == [4, 5, 6, 1]
+    assert len(even) % 2 == 0 and even[-1][1] == len(lengths)
+    assert max(cost(even)) <= CPU_BATCH_TOKENS and min(cost(even)) > max(cost(even)) / 2
+    # A batch size given by the caller is kept.
+    assert batch_bounds(np.array(lengths), 5, None, lanes=2) == [(0, 5), (5, 10), (10, 15), (15, 16)]
+
+    sizes: list[int] = []
+
+    def fn(ids, mask, types, idx):
+        sizes.append(ids.shape[0])
+        return [None] * len(idx)
+
+    p = Predictor.from_pretrained(classifier_dir, "cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        p._run([([1] * n, [0] * n) for n in lengths], fn, None)
+    finally:
+        torch.set_num_threads(threads)
+    assert sorted(sizes) == sorted(stop - start for start, stop in even)
 
 
 def test_calls_from_several_threads_run_one_at_a_time(classifier_dir):
