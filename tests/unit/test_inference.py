@@ -453,12 +453,25 @@ def test_sentence_transformers_settings(vocab, tmp_path):
 
 
 # -------------------------------------------------------------------------------------------- fill-mask
-def test_fill_mask_matches_a_direct_forward_pass(vocab, tmp_path):
+def test_fill_mask_matches_a_direct_forward_pass(vocab, tmp_path, monkeypatch):
+    """The predictions equal the whole model's at the masks, though the encoder's last block runs at the
+    masks alone (each batch's widest row's count of them)."""
     torch.manual_seed(7)
     model = BertForPreTraining(vocab_config(vocab)).eval()
     p = Predictor.from_pretrained(save_model_dir(model, tmp_path / "mlm", vocab), "cpu", batch_size=2)
     texts = ["The capital of France is [MASK].", "[MASK] [MASK] went home", "play[MASK] now", "A [MASK]."]
+    widths: list[int] = []
+    forward = BertModel.forward
+
+    def spy(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        widths.append(out.sequence_output.shape[1])
+        return out
+
+    monkeypatch.setattr(BertModel, "forward", spy)
     results = p.fill_mask(texts, top_k=4)
+    monkeypatch.undo()
+    assert sorted(widths) == [1, 2]
     tok = p.tokenizer
     for text, result in zip(texts, results):
         parts = text.split("[MASK]")

@@ -80,12 +80,15 @@ class FillMaskMixin(PredictorCore):
 
         def predict(ids, mask, types, idx):
             rows = [b for b, i in enumerate(idx) for _ in positions[i]]
-            cols = [p for i in idx for p in positions[i]]
             if self.backend == "onnx":  # the exported graph's head runs at every position
+                cols = [p for i in idx for p in positions[i]]
                 logits = self.model(ids, mask, types).mlm_logits[rows, cols]  # [B, T, V] -> [M, V]
-            else:  # the head at the masks only
-                hidden = self.encoder(ids, mask, types).sequence_output  # [B, T, H]
-                logits = self.model.cls.predictions(hidden[rows, cols])  # [M, H] -> [M, V]
+            else:  # the last block and the head at the masks only; a row with fewer repeats its last
+                most = max(len(positions[i]) for i in idx)
+                at = [positions[i] + positions[i][-1:] * (most - len(positions[i])) for i in idx]
+                hidden = self.encoder(ids, mask, types, output_positions=torch.tensor(at, device=ids.device))
+                slots = [j for i in idx for j in range(len(positions[i]))]
+                logits = self.model.cls.predictions(hidden.sequence_output[rows, slots])  # [B, P, H] -> [M, V]
             probs = torch.softmax(logits.float(), dim=-1)  # [M, V]
             values, tokens = probs.topk(min(top_k, probs.shape[-1]), dim=-1)  # [M, k]
             values, tokens = values.cpu().tolist(), tokens.cpu().tolist()
