@@ -487,7 +487,8 @@ def batch_bounds(lengths: np.ndarray, batch_size: int, tokens: int | None, lanes
 
     With `tokens` and more batches than `lanes` (threads running batches side by side), the cap is lowered to
     the least that still gives no more batches than the next multiple of `lanes`: a reranking call of 16 pairs
-    cut 4/6/6 at 1,024 tokens left one thread idle for a third of the call; cut 4/4/4/4 both finish together.
+    cut 4/5/6/1 at 1,024 tokens gave one of two threads 1,869 padded tokens and the other 1,082; cut 3/4/4/5,
+    1,409 and 1,505 (all-MiniLM-L6-v2's rerankings 1.18x, bench/RESULTS.md).
     A batch size given by a caller (`tokens` None) is kept as given.
     """
 
