@@ -637,8 +637,11 @@ def test_batches_run_side_by_side_are_evened_out(classifier_dir):
     assert [stop - start for start, stop in alone] == [4, 5, 6, 1]
     assert len(even) % 2 == 0 and even[-1][1] == len(lengths)
     assert max(cost(even)) <= CPU_BATCH_TOKENS and min(cost(even)) > max(cost(even)) / 2
-    # A batch size given by the caller is kept.
+    # A batch size given by the caller is kept; a sequence longer than the cap is a batch of its own.
     assert batch_bounds(np.array(lengths), 5, None, lanes=2) == [(0, 5), (5, 10), (10, 15), (15, 16)]
+    longer = np.array([2000, 1500, 900, 10, 10, 10, 10, 10, 10])
+    for start, stop in batch_bounds(longer, CPU_BATCH_SIZE, CPU_BATCH_TOKENS, lanes=2):
+        assert stop - start == 1 or (stop - start) * longer[start] <= CPU_BATCH_TOKENS
 
     sizes: list[int] = []
 

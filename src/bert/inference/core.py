@@ -503,7 +503,7 @@ def batch_bounds(lengths: np.ndarray, batch_size: int, tokens: int | None, lanes
     if tokens is not None and 1 < lanes < len(cut) - 1:
         # The number of batches only falls as the cap rises, so the least cap is found by bisection.
         most = -(-(len(cut) - 1) // lanes) * lanes
-        low, high = int(lengths[0]), tokens
+        low, high = min(int(lengths[0]), tokens), tokens  # a sequence over the cap is a batch of its own
         while low < high:
             mid = (low + high) // 2
             if len(starts(mid)) - 1 <= most:
