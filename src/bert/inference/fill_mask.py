@@ -83,7 +83,7 @@ class FillMaskMixin(PredictorCore):
             if self.backend == "onnx":  # the exported graph's head runs at every position
                 cols = [p for i in idx for p in positions[i]]
                 logits = self.model(ids, mask, types).mlm_logits[rows, cols]  # [B, T, V] -> [M, V]
-            else:  # the last block and the head at the masks only; a row with fewer repeats its last
+            else:  # the last block and the head at the masks only; a row with fewer masks repeats its last one
                 most = max(len(positions[i]) for i in idx)
                 at = [positions[i] + positions[i][-1:] * (most - len(positions[i])) for i in idx]
                 hidden = self.encoder(ids, mask, types, output_positions=torch.tensor(at, device=ids.device))
