@@ -365,11 +365,8 @@ def test_embeddings_equal_transformers_bert_model(vocab, tmp_path):
         np.testing.assert_allclose(p.embed(SENTENCES, pooling=pooling, normalize=True), normalized, atol=1e-5, rtol=0)
 
 
-def test_cls_and_pooler_embeddings_run_the_last_block_for_cls_alone(vocab, tmp_path, monkeypatch):
-    """The poolings that read [CLS] alone ask the encoder for it alone; the others for every token (the
-    vectors' values: the test above)."""
-    directory = save_model_dir(BertModel(vocab_config(vocab)), tmp_path / "enc", vocab)
-    p = Predictor.from_pretrained(directory, "cpu")
+def output_widths(monkeypatch) -> list[int]:
+    """Each encoder pass's `sequence_output` width from now on (the positions its last block ran at)."""
     widths: list[int] = []
     forward = BertModel.forward
 
@@ -379,6 +376,15 @@ def test_cls_and_pooler_embeddings_run_the_last_block_for_cls_alone(vocab, tmp_p
         return out
 
     monkeypatch.setattr(BertModel, "forward", spy)
+    return widths
+
+
+def test_cls_and_pooler_embeddings_run_the_last_block_for_cls_alone(vocab, tmp_path, monkeypatch):
+    """The poolings that read [CLS] alone ask the encoder for it alone; the others for every token (the
+    vectors' values: the test above)."""
+    directory = save_model_dir(BertModel(vocab_config(vocab)), tmp_path / "enc", vocab)
+    p = Predictor.from_pretrained(directory, "cpu")
+    widths = output_widths(monkeypatch)
     for pooling in ("cls", "pooler", "mean", "max"):
         widths.clear()
         p.embed(SENTENCES, pooling=pooling)
@@ -460,15 +466,7 @@ def test_fill_mask_matches_a_direct_forward_pass(vocab, tmp_path, monkeypatch):
     model = BertForPreTraining(vocab_config(vocab)).eval()
     p = Predictor.from_pretrained(save_model_dir(model, tmp_path / "mlm", vocab), "cpu", batch_size=2)
     texts = ["The capital of France is [MASK].", "[MASK] [MASK] went home", "play[MASK] now", "A [MASK]."]
-    widths: list[int] = []
-    forward = BertModel.forward
-
-    def spy(self, *args, **kwargs):
-        out = forward(self, *args, **kwargs)
-        widths.append(out.sequence_output.shape[1])
-        return out
-
-    monkeypatch.setattr(BertModel, "forward", spy)
+    widths = output_widths(monkeypatch)
     results = p.fill_mask(texts, top_k=4)
     monkeypatch.undo()
     assert sorted(widths) == [1, 2]
