@@ -265,6 +265,8 @@ def main() -> None:
         launcher = str(Path(python).with_name("infinity_emb"))
         servers[name] = [launcher, "v2", f"--model-id={model}", f"--engine={engine}", "--device=cpu"]
         servers[name] += ["--served-model-name=m", "--no-model-warmup"]
+        if engine == "optimum":  # its "auto" pooling is [CLS]'s there, not the model's mean (1_Pooling)
+            servers[name].append("--pooling-method=mean")
         apis[name], envs[name] = "openai", infinity_env
     ports, processes = {}, {}
     try:
