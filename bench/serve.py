@@ -254,9 +254,10 @@ def main() -> None:
     for engine, python in (("torch", args.infinity_python), ("optimum", args.infinity_optimum_python)):
         if not python:
             continue
-        name, model = f"infinity ({engine})", args.model
+        name, model, extra = f"infinity ({engine})", args.model, []
         if engine == "optimum":
             cwds[name], model = work / "onnx", "."  # bench/infinity_onnx_folder.py says why
+            extra = ["--pooling-method=mean"]  # its "auto" pooling is [CLS]'s there, not the model's mean (1_Pooling)
             prepare = [python, str(Path(__file__).with_name("infinity_onnx_folder.py")), args.model, str(cwds[name])]
             done = subprocess.run(prepare, env=infinity_env, capture_output=True, text=True)
             if done.returncode:
@@ -264,9 +265,7 @@ def main() -> None:
                 raise SystemExit(f"{done.stderr[-2000:]}\n{' '.join(prepare)}: exit {done.returncode}")
         launcher = str(Path(python).with_name("infinity_emb"))
         servers[name] = [launcher, "v2", f"--model-id={model}", f"--engine={engine}", "--device=cpu"]
-        servers[name] += ["--served-model-name=m", "--no-model-warmup"]
-        if engine == "optimum":  # its "auto" pooling is [CLS]'s there, not the model's mean (1_Pooling)
-            servers[name].append("--pooling-method=mean")
+        servers[name] += ["--served-model-name=m", "--no-model-warmup", *extra]
         apis[name], envs[name] = "openai", infinity_env
     ports, processes = {}, {}
     try:
