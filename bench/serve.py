@@ -48,6 +48,7 @@ import numpy as np
 from isa import add_argument as add_isa_argument  # this folder is sys.path[0]
 from isa import apply as apply_isa
 from isa import cpu_name
+from tqdm import tqdm
 
 REPO = Path(__file__).resolve().parents[1]
 LEVELS = (1, 8, 64)
@@ -259,7 +260,9 @@ def main() -> None:
             cwds[name], model = work / "onnx", "."  # bench/infinity_onnx_folder.py says why
             extra = ["--pooling-method=mean"]  # its "auto" pooling is [CLS]'s there, not the model's mean (1_Pooling)
             prepare = [python, str(Path(__file__).with_name("infinity_onnx_folder.py")), args.model, str(cwds[name])]
-            done = subprocess.run(prepare, env=infinity_env, capture_output=True, text=True)
+            with tqdm(total=1, desc="infinity optimum: the ONNX export, optimized", unit="model") as bar:
+                done = subprocess.run(prepare, env=infinity_env, capture_output=True, text=True)
+                bar.update()
             if done.returncode:
                 shutil.rmtree(work)
                 raise SystemExit(f"{done.stderr[-2000:]}\n{' '.join(prepare)}: exit {done.returncode}")

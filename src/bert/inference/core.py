@@ -149,11 +149,12 @@ class PredictorCore:
         self.architecture = architecture
         self.task = TASKS[architecture]
         self.device = device
-        cpu_torch = device.type == "cpu" and self.backend == "torch"
+        # torch's own CPU kernels: the CPU's batch defaults and batches side by side (`_run`) are for them.
+        self.cpu_torch = device.type == "cpu" and self.backend == "torch"
         # The default's token cap (CPU_BATCH_TOKENS) holds where neither the caller nor a call gives a batch size.
-        self.batch_tokens = CPU_BATCH_TOKENS if batch_size is None and cpu_torch else None
+        self.batch_tokens = CPU_BATCH_TOKENS if batch_size is None and self.cpu_torch else None
         if batch_size is None:
-            batch_size = CPU_BATCH_SIZE if cpu_torch else BATCH_SIZE
+            batch_size = CPU_BATCH_SIZE if self.cpu_torch else BATCH_SIZE
         self.batch_size = batch_size
         self.source = source
         self.config: BertConfig = _config_of(model)
@@ -343,7 +344,7 @@ class PredictorCore:
         order = np.argsort(-lengths, kind="stable")
         out: list[Any] = [None] * len(sequences)
         threads = torch.get_num_threads()
-        side_by_side = self.device.type == "cpu" and self.backend == "torch" and threads > 1
+        side_by_side = self.cpu_torch and threads > 1
         bounds = batch_bounds(lengths[order], batch_size or self.batch_size, tokens, threads if side_by_side else 1)
 
         def run_batch(start: int, stop: int) -> None:
