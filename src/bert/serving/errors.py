@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from starlette.responses import JSONResponse
+from bert.serving.responses import JSONResponse
 
 # Error kinds, TEI's names.
 VALIDATION = "Validation"

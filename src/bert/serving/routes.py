@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, Response
 
 import bert
 from bert.errors import InputError
@@ -37,6 +37,7 @@ from bert.serving.checks import (
 from bert.serving.errors import UNHEALTHY, ApiError
 from bert.serving.metrics import Metrics
 from bert.serving.openapi import docs_page, openapi_document
+from bert.serving.responses import JSONResponse
 from bert.serving.schemas import DIRECTION, ENDPOINTS, dispatch_targets
 from bert.serving.settings import ServeSettings
 from bert.tasks.common import CLASSIFICATION
@@ -94,14 +95,14 @@ class Api:
     # ---------------------------------------------------------------------------------------- routes
     async def embed(self, request: Request, body: dict) -> Response:
         vectors, _, _ = await self._embed(request, body, "inputs", body["normalize"])
-        return JSONResponse([v.tolist() for v in vectors])
+        return JSONResponse(vectors)
 
     async def embed_all(self, request: Request, body: dict) -> Response:
         items, _ = text_inputs(body.get("inputs"), "inputs", self.settings.max_client_batch_size)
         request.state.inputs = len(items)
         options = dict(**self._truncation(body), prompt_name=self._prompt_name(body))
         rows, _ = await self._run(EMBED_ALL, items, **options)
-        return JSONResponse([r.tolist() for r in rows])
+        return JSONResponse(rows)
 
     async def openai_embeddings(self, request: Request, body: dict) -> Response:
         encoding = body["encoding_format"]
@@ -110,7 +111,7 @@ class Api:
         data = []
         for i, v in enumerate(vectors):
             # base64: little-endian float32 bytes, what OpenAI's clients ask for by default and decode.
-            embedding = base64.b64encode(v.astype("<f4").tobytes()).decode() if encoding == "base64" else v.tolist()
+            embedding = base64.b64encode(v.astype("<f4").tobytes()).decode() if encoding == "base64" else v
             data.append({"object": "embedding", "embedding": embedding, "index": i})
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         return JSONResponse({"object": "list", "data": data, "model": model, "usage": usage})
