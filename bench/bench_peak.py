@@ -14,8 +14,9 @@ divided by the wall time. Settings, alternating round by round, each keeping its
 - "Predictor.embed (now)": what `bert embed` runs (batches side by side, one thread each, when they outnumber
   the threads; its pooling and batching are counted in its time, not in its FLOPs).
 Then one pass of "oneDNN (now)" under torch's profiler splits its time between the Linear layers, attention
-(SDPA) and the rest, each with its GFLOP/s: how far each part is from the peak bounds what any kernel choice in
-that part could still gain. The load average is printed beside each result: the machine may be shared.
+(torch's SDPA, or bert.csrc's kernel where it is built) and the rest, each with its GFLOP/s: how far each part is
+from the peak bounds what any kernel choice in that part could still gain. The load average is printed beside
+each result: the machine may be shared.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from bert.tokenization import FullTokenizer
 
 GLUE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "glue"
 LINEAR_OPS = ("mkldnn::_linear_pointwise", "aten::addmm", "aten::mm")
-ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu",)
+ATTENTION_OPS = ("aten::_scaled_dot_product_flash_attention_for_cpu", cpu_kernels.ATTENTION_EVENT)
 WHOLE = 1 << 30  # FEED_FORWARD_ROWS larger than any batch: the feed-forward sub-layer runs whole
 
 

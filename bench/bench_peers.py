@@ -76,6 +76,7 @@ from isa import cpu_name
 from peer_engines import ENGINES
 from tqdm import tqdm
 
+from bert import csrc
 from bert.cpu_kernels import bf16_in_hardware
 from bert.inference import Predictor
 from bert.metrics import spearman
@@ -235,6 +236,8 @@ def main() -> None:
         f"# torch {torch.__version__}; batch {args.batch_size}, best of {args.repeats}; load average "
         f"{os.getloadavg()[0]:.1f}; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
     )
+    kernel = "bert.csrc" if csrc.attention_kernel() is not None else "torch"
+    print(f"# ours: float32 attention by {kernel}'s kernel (CPU read as {torch.backends.cpu.get_cpu_capability()})")
     peers = start_peers(engines, args, minilm, work, calibration, ONNX_FAMILY, "st_torch")
 
     def timed(fn, name):

@@ -9,6 +9,7 @@ first runs, so `apply` starts the bench again with them set:
   oneDNN inside OpenVINO (its attention subgraphs, its oneDNN FullyConnected layers, its int8 layers);
 - MKL_ENABLE_INSTRUCTIONS=AVX2: MKL (torch's F.linear and bmm);
 - FBGEMM_ENABLE_INSTRUCTIONS=AVX2: fbgemm (torch's int8 Linear).
+bert.csrc's attention kernel follows torch's reading of the CPU, so the first cap builds and runs its AVX2 version.
 Not capped: MLAS, which picks its kernels from CPUID alone: all of ONNX Runtime's (sentence-transformers' ONNX
 backend, fastembed) and OpenVINO's float32 FullyConnected layers run as MLAS GEMMs (30 of all-MiniLM-L6-v2's 36;
 bench_peers prints each OpenVINO engine's kernels). Those peers keep AVX-512 GEMMs under the cap, so it favours

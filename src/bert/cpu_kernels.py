@@ -1,19 +1,23 @@
 """CPU kernels of the model's layers, chosen at run time: oneDNN's Linear (with the feed-forward activation
-fused in inference), weights packed once for inference mode, a faster dropout mask, and training's attention
-with dropout, its probabilities recomputed in the backward pass. Numerically each is the plain PyTorch
-operation it replaces (`F.linear`, `F.dropout`, autograd through softmax and matmul; tests/unit/test_modeling.py
-compares them), so `bert.modeling` reads as the original's `modeling.py` and calls these where it multiplies
-or drops out.
+fused in inference), weights packed once for inference mode, a faster dropout mask, training's attention
+with dropout, its probabilities recomputed in the backward pass, and inference's attention by bert.csrc's
+compiled kernel. Numerically each is the plain PyTorch operation it replaces (`F.linear`, `F.dropout`, autograd
+through softmax and matmul, SDPA; tests/unit/test_modeling.py and test_compiled_attention.py compare them), so
+`bert.modeling` reads as the original's `modeling.py` and calls these where it multiplies or drops out.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from bert import csrc
 
 # The encoder's Linear layers on CPU run as oneDNN's Linear (`torch.ops.mkldnn._linear_pointwise`, the kernel
 # inductor emits for frozen CPU graphs) rather than F.linear's MKL sgemm, which takes a slow path on AMD CPUs:
@@ -280,3 +284,71 @@ def attention_dropout(
     if torch.is_autocast_enabled("cpu"):
         return torch.matmul(dropout(_AttentionDropout._probs(q, k, mask_bias, scale), p, True), v)
     return _AttentionDropout.apply(q, k, v, mask_bias, scale, p)
+
+
+# A call of the compiled attention kernel is split among the intra-op threads only when each share holds at least
+# this many multiply-adds (~150 us of one core): handing a share to another thread costs ~60 us.
+_SPLIT_MULTIPLY_ADDS = 1 << 23
+# The kernel's calls as torch's profiler lists them (it sees torch's operators only).
+ATTENTION_EVENT = "bert::compiled_attention"
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (the process that made it, the pool)
+_pool_lock = threading.Lock()
+
+
+def _helpers(count: int) -> ThreadPoolExecutor:
+    """A pool of at least `count` threads, made on first need, again when torch's thread count grows, and in a
+    forked child (whose copy of the pool has no threads)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid() or _pool[1]._max_workers < count:
+            _pool = (os.getpid(), ThreadPoolExecutor(count, thread_name_prefix="bert-attention"))
+        return _pool[1]
+
+
+def inference_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_bias: torch.Tensor | None, num_heads: int
+) -> torch.Tensor | None:
+    """softmax(q k^T / sqrt(D) + mask_bias) v per head for queries [B, Tq, H] and keys and values [B, T, H]
+    (heads side by side, as the projections write them), mask_bias [B, 1, 1, T] or None, as [B, Tq, H], by
+    bert.csrc's CPU kernel (1.9x-3.5x torch's SDPA on an AMD EPYC, bench/RESULTS.md), split among torch's intra-op
+    threads. The kernel computes in float32: bfloat16 inputs are widened and the context rounded back (a bfloat16
+    encoder's SDPA took longer than float32's, and rounds within). None where it does not apply: a gradient
+    wanted, not float32 or bfloat16 on the CPU, tracing or autocast, a head size it is not built for, or no kernel
+    on this machine (`bert.csrc`); the caller runs torch's."""
+    B, Tq, H = q.shape
+    T, D = k.shape[1], H // num_heads
+    if (
+        torch.is_grad_enabled()
+        and (q.requires_grad or k.requires_grad or v.requires_grad)
+        or any(x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) for x in (q, k, v))
+        or D not in csrc.HEAD_SIZES
+        or min(Tq, T) == 0
+        or torch.is_autocast_enabled("cpu")
+        or not native_kernels()
+        or (mask_bias is not None and (mask_bias.shape != (B, 1, 1, T) or not mask_bias.is_floating_point()))
+    ):
+        return None
+    kernel = csrc.attention_kernel()
+    if kernel is None:
+        return None
+    dtype = q.dtype
+    q, k, v = (x.to(torch.float32).contiguous() for x in (q, k, v))
+    bias = None if mask_bias is None else mask_bias.reshape(B, T).to(torch.float32).contiguous()
+    out = torch.empty_like(q)
+    pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr())
+    heads = B * num_heads
+
+    def run(first: int, last: int) -> None:
+        if kernel(*pointers, Tq, T, num_heads, D, D**-0.5, first, last) != 0:  # only its few KB of buffers can fail
+            raise MemoryError("the attention kernel could not allocate its buffers")
+
+    shares = min(torch.get_num_threads(), heads, max(1, heads * Tq * T * D * 2 // _SPLIT_MULTIPLY_ADDS))
+    bounds = [heads * i // shares for i in range(shares + 1)]
+    with torch.profiler.record_function(ATTENTION_EVENT):
+        others = (
+            [_helpers(shares - 1).submit(run, a, b) for a, b in zip(bounds[1:-1], bounds[2:])] if shares > 1 else []
+        )
+        run(bounds[0], bounds[1])
+        for share in others:
+            share.result()
+    return out.to(dtype)

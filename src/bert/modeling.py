@@ -168,17 +168,20 @@ class BertSelfAttention(nn.Module):
         if unpadding is not None:
             k, v = unpadding.pad(k), unpadding.pad(v)  # [R, H] -> [B, T, H]
             q = unpadding.pad(q) if queries is None else q
-        B, T, H = q.shape
-        q, k, v = self._heads(q), self._heads(k), self._heads(v)  # [B, N, T, D]
         # softmax(q k^T / sqrt(D) + mask_bias) v, mask_bias [B, 1, 1, T] masks padded keys only.
-        if self.training and self.dropout_p > 0.0 and q.device.type == "cpu" and kernels.native_kernels():
-            # SDPA's CPU kernels have no dropout: it would take this math path, keeping [B, N, T, T] tensors.
-            context = kernels.attention_dropout(q, k, v, mask_bias, self.head_size**-0.5, self.dropout_p)
-        else:
-            context = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask_bias, dropout_p=self.dropout_p if self.training else 0.0
-            )  # [B, N, T, D]
-        context = context.transpose(1, 2).reshape(B, T, H)  # [B, N, T, D] -> [B, T, H]
+        dropout = self.training and self.dropout_p > 0.0
+        context = None if dropout else kernels.inference_attention(q, k, v, mask_bias, self.num_heads)
+        if context is None:
+            B, T, H = q.shape
+            q, k, v = self._heads(q), self._heads(k), self._heads(v)  # [B, N, T, D]
+            if dropout and q.device.type == "cpu" and kernels.native_kernels():
+                # SDPA's CPU kernels have no dropout: it would take this math path, keeping [B, N, T, T] tensors.
+                context = kernels.attention_dropout(q, k, v, mask_bias, self.head_size**-0.5, self.dropout_p)
+            else:
+                context = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask_bias, dropout_p=self.dropout_p if dropout else 0.0
+                )  # [B, N, T, D]
+            context = context.transpose(1, 2).reshape(B, T, H)  # [B, N, T, D] -> [B, T, H]
         return unpadding.unpad(context) if unpadding is not None and queries is None else context
 
 

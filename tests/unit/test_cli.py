@@ -325,6 +325,10 @@ def test_env_names_versions_and_extras(capsys):
     assert lines["torch"].split()[0] == torch.__version__
     assert lines["threads"].split()[0] == str(torch.get_num_threads())
     assert {"bert", "python", "cpu", "cuda", "extra [plot]", "extra [corpus]"} <= set(lines)
+    from bert import csrc
+
+    # Which attention kernel inference runs: the compiled one where it is built, else torch's and why.
+    assert lines["attention"].strip().startswith("bert.csrc's" if csrc.attention_kernel() else "torch's (")
     # Every extra of the package's own metadata, each installed or not (serve, onnx and minilm included).
     declared = importlib.metadata.metadata("bert").get_all("Provides-Extra")
     assert {"serve", "onnx", "minilm"} <= set(declared)

