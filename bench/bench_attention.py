@@ -7,13 +7,15 @@ inputs, every sequence but the first with padded keys masked as the model masks 
 same [B, T, N * D] projections and return [B, T, N * D]: SDPA's time includes the head transposes the model
 makes around it, as the model's own call does. Each runs `--repeats` times after a warm-up, alternating, best
 kept. Printed per shape and thread count: milliseconds, the kernel's GFLOP/s (4 B N T^2 D), the ratio, and the
-largest difference of the outputs. `--isa avx2` restarts under bench/isa.py's caps: torch reads the CPU as AVX2,
-so the kernel is built for AVX2 and torch's kernels are capped alike.
+largest difference of the outputs. Where the kernel is built with bfloat16 pairs (AVX512-BF16), the same with
+its products in pairs (what int8 and bfloat16 encoders run): milliseconds, GFLOP/s, its speed over the float32
+products' and its mean difference from SDPA's float32 result. `--isa avx2` restarts under bench/isa.py's caps:
+torch reads the CPU as AVX2, so the kernel is built for AVX2 (without pairs) and torch's kernels are capped alike.
 
 `--embed` then times all-MiniLM-L6-v2's `Predictor.embed` (batch 32, all threads) on bench_peers.py's 2,000
 sentences and 256 of its passages in float32, int8 and (where the CPU multiplies it) bfloat16, with the kernel
-and with torch's attention (`BERT_COMPILED_KERNELS=0` read again), alternating twice, best kept: texts a second
-and the ratio.
+and with torch's attention (`BERT_COMPILED_KERNELS=0` read again), and for int8 and bfloat16 also the kernel
+with float32 products where it has pairs, alternating twice, best kept: texts a second and the ratios.
 """
 
 from __future__ import annotations
@@ -77,26 +79,49 @@ def embed_ratios() -> None:
     if bf16_in_hardware():
         settings["bfloat16"] = {"dtype": "bfloat16"}
     given = os.environ.get(csrc.SWITCH)
-    print("| precision | texts | torch's attention per s | the kernel per s | ratio |")
-    print("|---|---|---:|---:|---:|")
-    for name, options in settings.items():
-        predictor = Predictor.from_pretrained(model, "cpu", batch_size=32, **options)
-        texts = {"sentences": embed_sentences(2000), "passages": passages(predictor.tokenizer, 256)}
-        for label, batch in texts.items():
-            rates = {"0": 0.0, "1": 0.0}
-            for _ in range(2):
-                for switch in rates:
-                    os.environ[csrc.SWITCH] = switch
-                    csrc.load_attention.cache_clear()
-                    predictor.embed(batch[:64])
-                    start = time.perf_counter()
-                    predictor.embed(batch)
-                    rates[switch] = max(rates[switch], len(batch) / (time.perf_counter() - start))
-            print(f"| {name} | {label} | {rates['0']:.1f} | {rates['1']:.1f} | {rates['1'] / rates['0']:.2f} |")
-    os.environ.pop(csrc.SWITCH)
-    if given is not None:
-        os.environ[csrc.SWITCH] = given
-    csrc.load_attention.cache_clear()
+    load_attention = csrc.load_attention
+    pairs_built = load_attention().bf16_pairs
+    # Each column: BERT_COMPILED_KERNELS, and whether the kernel may multiply in bfloat16 pairs.
+    modes = {"torch": ("0", False), "float32 products": ("1", False), "kernel": ("1", True)}
+
+    def use(mode: str) -> None:
+        switch, pairs = modes[mode]
+        os.environ[csrc.SWITCH] = switch
+        load_attention.cache_clear()
+        attention = load_attention()
+        csrc.load_attention = lambda: attention._replace(bf16_pairs=attention.bf16_pairs and pairs)
+
+    print("| precision | texts | torch's attention per s | kernel, float32 products | kernel | ratio | pairs' ratio |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    try:
+        for name, options in settings.items():
+            predictor = Predictor.from_pretrained(model, "cpu", batch_size=32, **options)
+            texts = {"sentences": embed_sentences(2000), "passages": passages(predictor.tokenizer, 256)}
+            compared = list(modes) if pairs_built and name != "float32" else ["torch", "kernel"]
+            for label, batch in texts.items():
+                rates = dict.fromkeys(compared, 0.0)
+                for _ in range(2):
+                    for mode in compared:
+                        use(mode)
+                        predictor.embed(batch[:64])
+                        start = time.perf_counter()
+                        predictor.embed(batch)
+                        rates[mode] = max(rates[mode], len(batch) / (time.perf_counter() - start))
+                products = rates.get("float32 products")
+                columns = [
+                    f"{rates['torch']:.1f}",
+                    "-" if products is None else f"{products:.1f}",
+                    f"{rates['kernel']:.1f}",
+                    f"{rates['kernel'] / rates['torch']:.2f}",
+                    "-" if products is None else f"{rates['kernel'] / products:.2f}",
+                ]
+                print(f"| {name} | {label} | {' | '.join(columns)} |")
+    finally:
+        csrc.load_attention = load_attention
+        os.environ.pop(csrc.SWITCH)
+        if given is not None:
+            os.environ[csrc.SWITCH] = given
+        csrc.load_attention.cache_clear()
 
 
 def main() -> None:
@@ -113,8 +138,12 @@ def main() -> None:
         f"# {time.strftime('%Y-%m-%d %H:%M')}, {cpu_name()}; torch {torch.__version__}; the kernel built for "
         f"{torch.backends.cpu.get_cpu_capability()}; load average {os.getloadavg()[0]:.1f}"
     )
-    print("| B x T, N x D | threads | SDPA ms | kernel ms | kernel GFLOP/s | ratio | largest difference |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    pairs = csrc.load_attention().bf16_pairs
+    print(
+        "| B x T, N x D | threads | SDPA ms | kernel ms | kernel GFLOP/s | ratio | largest difference |"
+        + (" pairs ms | pairs GFLOP/s | pairs / float32 products | pairs' mean difference |" if pairs else "")
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|---:|---:|" if pairs else ""))
     with torch.inference_mode():
         for threads in (int(t) for t in args.threads.split(",")):
             torch.set_num_threads(threads)
@@ -122,18 +151,30 @@ def main() -> None:
                 q, k, v, mask = inputs(B, T, N, D)
                 ours = cpu_kernels.inference_attention(q, k, v, mask, N)
                 assert ours is not None
-                difference = (ours - sdpa(q, k, v, mask, N)).abs().max().item()
-                times = {"sdpa": float("inf"), "ours": float("inf")}
-                for _ in range(2):  # alternating: a slower moment of the machine falls on both
-                    times["sdpa"] = min(times["sdpa"], best_ms(lambda: sdpa(q, k, v, mask, N), args.repeats))
-                    times["ours"] = min(
-                        times["ours"], best_ms(lambda: cpu_kernels.inference_attention(q, k, v, mask, N), args.repeats)
-                    )
-                gflops = 4 * B * N * T * T * D / times["ours"] / 1e6
-                print(
-                    f"| {B} x {T}, {N} x {D} | {threads} | {times['sdpa']:.2f} | {times['ours']:.2f} | {gflops:.0f} "
-                    f"| {times['sdpa'] / times['ours']:.2f} | {difference:.1e} |"
+                exact = sdpa(q, k, v, mask, N)
+                difference = (ours - exact).abs().max().item()
+                runs = {
+                    "sdpa": lambda: sdpa(q, k, v, mask, N),
+                    "ours": lambda: cpu_kernels.inference_attention(q, k, v, mask, N),
+                }
+                if pairs:
+                    runs["pairs"] = lambda: cpu_kernels.inference_attention(q, k, v, mask, N, bf16_products=True)
+                times = dict.fromkeys(runs, float("inf"))
+                for _ in range(2):  # alternating: a slower moment of the machine falls on all
+                    for name, run in runs.items():
+                        times[name] = min(times[name], best_ms(run, args.repeats))
+                flops = 4 * B * N * T * T * D / 1e6
+                line = (
+                    f"| {B} x {T}, {N} x {D} | {threads} | {times['sdpa']:.2f} | {times['ours']:.2f} "
+                    f"| {flops / times['ours']:.0f} | {times['sdpa'] / times['ours']:.2f} | {difference:.1e} |"
                 )
+                if pairs:
+                    mean = (runs["pairs"]() - exact).abs().mean().item()
+                    line += (
+                        f" {times['pairs']:.2f} | {flops / times['pairs']:.0f} | {times['ours'] / times['pairs']:.2f} "
+                        f"| {mean:.1e} |"
+                    )
+                print(line)
     if args.embed:
         torch.set_num_threads(max(int(t) for t in args.threads.split(",")))
         embed_ratios()

@@ -69,11 +69,17 @@ def cpu_flags() -> set[str]:
 
 
 def cpu_name() -> str:
-    """The CPU's model, the flags that choose kernels, and the cap in force, if any."""
-    model = re.search(r"model name\s*:\s*(.+)", _cpuinfo())
+    """The CPU's model, its family and model numbers (a virtual machine's model name may be the vendor's line
+    alone, "AMD EPYC", while family 25 model 17 is a Zen 4 core and family 26 a Zen 5: half and full-width AVX-512
+    units), the flags that choose kernels, and the cap in force, if any."""
+    info = _cpuinfo()
+    model = re.search(r"model name\s*:\s*(.+)", info)
+    numbers = re.search(r"cpu family\s*:\s*(\d+)\s*\nmodel\s*:\s*(\d+)", info)
     flags = cpu_flags()
     wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
     name = model.group(1).strip() if model else platform.processor()
+    if numbers:
+        name += f", family {numbers.group(1)} model {numbers.group(2)}"
     caps = [f"{variable}={os.environ[variable]}" for variable in CAPS["avx2"] if variable in os.environ]
     capped = f"; capped: {' '.join(caps)}" if caps else ""
     return f"{name} (flags: {' '.join(f for f in wanted if f in flags)}{capped})"

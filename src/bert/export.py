@@ -350,7 +350,7 @@ def export(
     model, ckpt = load_model(model_dir, OUTPUT_NAMES, "export supports")
     model.set_unpad(False)
     if quantize == "int8" and fmt == "torchscript":
-        quantize_int8(model)
+        quantize_int8(model, bf16_products=False)
     graph = ExportGraph(model).eval()
     batches = check_batches(model, _tokenizer(ckpt))
     out = output_path(output, fmt)

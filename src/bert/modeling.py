@@ -144,6 +144,9 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
+        # Set by bert.quantization.quantize_int8: its int8 projections carry less precision than bfloat16's products,
+        # so inference attention may multiply in bfloat16 pairs (cpu_kernels.inference_attention).
+        self.bf16_products = False
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
@@ -170,7 +173,9 @@ class BertSelfAttention(nn.Module):
             q = unpadding.pad(q) if queries is None else q
         # softmax(q k^T / sqrt(D) + mask_bias) v, mask_bias [B, 1, 1, T] masks padded keys only.
         dropout = self.training and self.dropout_p > 0.0
-        context = None if dropout else kernels.inference_attention(q, k, v, mask_bias, self.num_heads)
+        context = (
+            None if dropout else kernels.inference_attention(q, k, v, mask_bias, self.num_heads, self.bf16_products)
+        )
         if context is None:
             B, T, H = q.shape
             q, k, v = self._heads(q), self._heads(k), self._heads(v)  # [B, N, T, D]

@@ -8,7 +8,9 @@ weights and 7-bit inputs: the products run as uint8 x int8 pairs summed into int
 can overflow only when both are full range, and BERT's LayerNorm outputs have a few outlier features
 that set the input's scale, so the input's resolution matters more (measured on all-MiniLM-L6-v2,
 STS-B dev: cosine to the fp32 embeddings 0.992 against 0.976 with torch's default; Spearman 86.61
-against 86.30, fp32 86.72). Embeddings, LayerNorm, GELU and attention's softmax stay in fp32. The
+against 86.30, fp32 86.72). Embeddings, LayerNorm, GELU and attention's softmax stay in fp32; attention's
+products are taken in bfloat16 pairs where the CPU has AVX512-BF16 (`BertSelfAttention.bf16_products`,
+bert.csrc's kernel), which round less than the int8 projections feeding them. The
 Linear layers hold about 85% of BERT-Base's weights and most of its time, so the model is about 3x
 smaller in memory and runs faster on CPUs without bf16 matrix units; the outputs move by about 1%
 (see bench/RESULTS.md for the measured cost on real tasks).
@@ -26,6 +28,7 @@ from torch import nn
 
 from bert.errors import InputError
 from bert.flags import QUANTIZE_CHOICES
+from bert.modeling import BertSelfAttention
 
 _QCONFIG = torch.ao.quantization.QConfig(
     activation=torch.ao.quantization.PlaceholderObserver.with_args(
@@ -37,8 +40,10 @@ _QCONFIG = torch.ao.quantization.QConfig(
 )
 
 
-def quantize_int8(model: nn.Module) -> nn.Module:
-    """Quantize every Linear layer of `model` (in eval mode, in place) to int8 weights for CPU inference.
+def quantize_int8(model: nn.Module, bf16_products: bool = True) -> nn.Module:
+    """Quantize every Linear layer of `model` (in eval mode, in place) to int8 weights for CPU inference, and
+    let its attention multiply in bfloat16 pairs where the kernel can (`bf16_products`; False for a model to be
+    traced, whose graph runs torch's float32 attention: its eager outputs are then the graph's).
 
     Returns the same model object. The model must stay on the CPU: quantized Linear layers have no
     CUDA kernels.
@@ -57,6 +62,8 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         if isinstance(m, torch.ao.nn.quantized.dynamic.Linear):
             # Version 4 of the module quantizes its input to 7 bits (reduce_range=True); version 3 to 8 bits.
             m.version = 3
+        elif isinstance(m, BertSelfAttention):
+            m.bf16_products = bf16_products
     return model
 
 

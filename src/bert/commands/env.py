@@ -98,7 +98,7 @@ def _attention() -> str:
     """Which kernel runs inference attention on the CPU: bert.csrc's, built here (on first use), or torch's and why."""
     from bert import csrc  # imports torch: see _cpu
 
-    return csrc.load_attention()[1]
+    return csrc.load_attention().description
 
 
 def environment() -> dict[str, Any]:

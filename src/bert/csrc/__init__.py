@@ -3,7 +3,8 @@ the C++ compiler the machine has (`$CXX`, else `c++`), into `$XDG_CACHE_HOME/ber
 `~/.cache/bert/kernels`), where later processes find them. The CPU's vector width is torch's own reading of it
 (`torch.backends.cpu.get_cpu_capability()`, which `ATEN_CPU_CAPABILITY` caps): AVX-512 or AVX2. Where there is
 no compiler, no such CPU, the build fails, or `BERT_COMPILED_KERNELS=0` is set, `attention_kernel()` is None and
-the model keeps torch's kernels; why is logged once (another value of the variable is an InputError).
+the model keeps torch's kernels; why is logged once (another value of the variable is an InputError). On an AVX-512
+CPU with AVX512-BF16 (`torch.cpu`'s reading) the build also holds attention's bfloat16-pairs products.
 
 Plain C ABI through ctypes (which lets go of the GIL during a call): no Python or torch headers, so a kernel
 builds in about a second.
@@ -23,6 +24,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -37,11 +39,23 @@ ISA_FLAGS = {
     "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx2", "-mfma"],
     "AVX2": ["-mavx2", "-mfma"],
 }
+# Added where the CPU has AVX512-BF16: attention.cpp's products in bfloat16 pairs (VDPBF16PS).
+BF16_FLAGS = ["-mavx512bf16"]
 HEAD_SIZES = (32, 64)  # those attention.cpp is built for: BERT's (64) and the MiniLM family's (32)
 
 _P, _INT = ctypes.c_void_p, ctypes.c_int
-# bert_attention(q, k, v, bias, out, Tq, T, N, D, scale, first, last) -> 0; 1: a head size not built; 2: no memory
-ATTENTION_ARGS: list[type[ctypes._SimpleCData]] = [*[_P] * 5, *[_INT] * 4, ctypes.c_float, _INT, _INT]
+# bert_attention(q, k, v, bias, out, Tq, T, N, D, scale, first, last, bf16) -> 0; 1: a head size or bfloat16 pairs
+# not built; 2: no memory
+ATTENTION_ARGS: list[type[ctypes._SimpleCData]] = [*[_P] * 5, *[_INT] * 4, ctypes.c_float, *[_INT] * 3]
+
+
+class Attention(NamedTuple):
+    """attention.cpp's `bert_attention` as built here (None where it cannot be), what it is or why not (`bert env`
+    prints it), and whether it can multiply in bfloat16 pairs."""
+
+    kernel: Callable[..., int] | None
+    description: str
+    bf16_pairs: bool = False
 
 
 class Unavailable(Exception):
@@ -90,9 +104,9 @@ def build(source: Path, flags: list[str]) -> Path:
 
 
 @functools.cache
-def load_attention() -> tuple[Callable[..., int] | None, str]:
-    """attention.cpp's `bert_attention` for this CPU and what it is (`bert env` prints it), or None and why it
-    cannot be had here (the module docstring), logged once."""
+def load_attention() -> Attention:
+    """attention.cpp's `bert_attention` for this CPU, or None and why it cannot be had here (the module
+    docstring), logged once."""
     switch = os.environ.get(SWITCH, "1")
     if switch not in ("0", "1"):
         raise InputError(
@@ -105,15 +119,17 @@ def load_attention() -> tuple[Callable[..., int] | None, str]:
         flags = ISA_FLAGS.get(capability)
         if flags is None or platform.machine().lower() not in ("x86_64", "amd64"):
             raise Unavailable(f"built for AVX2 or AVX-512 x86 CPUs, and torch reads this one as {capability}")
-        library = build(SOURCES / "attention.cpp", flags)
+        pairs = capability == "AVX512" and bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)())
+        library = build(SOURCES / "attention.cpp", flags + BF16_FLAGS if pairs else flags)
     except Unavailable as why:
         logger.log(logging.WARNING if why.failed else logging.INFO, "%s: torch's CPU attention is used", why)
-        return None, f"torch's ({why})"
+        return Attention(None, f"torch's ({why})")
     kernel = ctypes.CDLL(str(library)).bert_attention
     kernel.argtypes, kernel.restype = ATTENTION_ARGS, _INT
-    return kernel, f"bert.csrc's, built for {capability} ({library})"
+    isa = f"{capability} with AVX512-BF16" if pairs else capability
+    return Attention(kernel, f"bert.csrc's, built for {isa} ({library})", pairs)
 
 
 def attention_kernel() -> Callable[..., int] | None:
     """attention.cpp's `bert_attention` for this CPU, or None where it cannot be had (`load_attention`)."""
-    return load_attention()[0]
+    return load_attention().kernel

@@ -8,12 +8,23 @@
 // vector holds W keys), the rows' maxima kept as the scores are written; then 2^(s - max) in place, with the
 // scale and the bias pre-multiplied by log2(e); then the tile's context, divided by its sums at the end.
 // Scores live in an R x T buffer (12 KB at 512 tokens), never [T, T].
+//
+// Built with AVX512-BF16 (-mavx512bf16: AMD Zen 4 and later, Intel Cooper Lake and Sapphire Rapids and later), it
+// also multiplies in bfloat16 pairs when asked (`bf16` = 1; bert/cpu_kernels.py asks for an encoder whose own
+// precision is below float32's: bfloat16 or int8): q, k, the probabilities and v rounded to bfloat16 (nearest
+// even), each product summed into float32 by VDPBF16PS, two products an instruction where an FMA makes one.
+// Maxima, exponentials and sums stay in float32.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <utility>
+
+#if defined(__AVX512BF16__) && (defined(__clang__) || __GNUC__ >= 12)
+#include <immintrin.h>
+#define BF16_PAIRS 1
+#endif
 
 #ifdef __AVX512F__
 constexpr int W = 16;  // floats a vector
@@ -26,6 +37,7 @@ constexpr int R = 6;
 constexpr int ACC = 12;
 typedef float vec __attribute__((vector_size(W * 4)));
 typedef int32_t ivec __attribute__((vector_size(W * 4)));
+typedef uint32_t word;  // two bfloat16, the lower the even element
 
 static inline vec splat(float x) { return vec{} + x; }
 static inline vec load(const float *p) { vec v; memcpy(&v, p, sizeof v); return v; }
@@ -159,44 +171,163 @@ static void head(const float *q, const float *k, const float *v, const float *bi
     }
 }
 
+#ifdef BF16_PAIRS
+// 32 floats as 16 words of bfloat16 pairs, in order: (x[0], x[1]), (x[2], x[3]), ...
+static inline vec pairs_of(const float *x) {
+    return (vec)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
+}
+static inline vec pairs_of(vec lo, vec hi) { return (vec)_mm512_cvtne2ps_pbh((__m512)hi, (__m512)lo); }
+static inline vec dot_pairs(vec acc, vec a, vec b) {
+    return (vec)_mm512_dpbf16_ps((__m512)acc, (__m512bh)a, (__m512bh)b);
+}
+static inline vec splat_word(word w) { return (vec)_mm512_set1_epi32((int)w); }
+
+// One head as head() above, the products in bfloat16 pairs. KP: D/2 x Tp words, key j's pairs in column j;
+// VP: Tp/2 x D words, row m the pairs (v[2m][d], v[2m+1][d]); S: R x Tp floats; P: R x Tp/2 words.
 template <int D>
+static void head_pairs(const float *q, const float *k, const float *v, const float *bias, float *out, int Tq, int T,
+                       int stride, float scale, word *KP, word *VP, float *S, word *P, int Tp) {
+    static_assert(W == 16 && D % 32 == 0, "bfloat16 pairs are built for AVX-512 and head sizes of 32s");
+    constexpr int DP = D / 2;    // pairs a row of q or k
+    constexpr int DV = D / W;    // vectors a context row
+    constexpr int DC = ACC / R;  // of them a pass over the values
+    // The keys: each row's pairs, W rows at a time, transposed in registers as 32-bit elements.
+    for (int j0 = 0; j0 < Tp; j0 += W)
+        for (int p0 = 0; p0 < DP; p0 += W) {
+            vec r[W];
+            for (int c = 0; c < W; c++) r[c] = j0 + c < T ? pairs_of(k + (size_t)(j0 + c) * stride + 2 * p0) : splat(0.f);
+            transpose_in_registers<W / 2>(r);
+            for (int c = 0; c < W; c++) store((float *)KP + (p0 + c) * Tp + j0, r[c]);
+        }
+    // The values: rows 2m and 2m + 1 interleaved, bfloat16 by bfloat16 (a key past T is zero).
+    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                                6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const int pairs = (T + 1) / 2;
+    for (int m = 0; m < pairs; m++)
+        for (int c = 0; c < DV; c++) {
+            const vec a = load(v + (size_t)(2 * m) * stride + c * W);
+            const vec b = 2 * m + 1 < T ? load(v + (size_t)(2 * m + 1) * stride + c * W) : splat(0.f);
+            const __m512i halves = (__m512i)_mm512_cvtne2ps_pbh((__m512)b, (__m512)a);  // a's 16, then b's
+            store((float *)VP + m * D + c * W, (vec)_mm512_permutexvar_epi16(interleave, halves));
+        }
+    for (int i0 = 0; i0 < Tq; i0 += R) {
+        const int rows = Tq - i0 < R ? Tq - i0 : R;
+        word qw[R][DP];  // unscaled, so that a bfloat16 encoder's q is taken exactly
+        for (int r = 0; r < R; r++)
+            for (int p0 = 0; p0 < DP; p0 += W) {
+                vec w = splat(0.f);
+                if (r < rows) w = pairs_of(q + (size_t)(i0 + r) * stride + 2 * p0);
+                store((float *)qw[r] + p0, w);
+            }
+        vec m[R];
+        for (int r = 0; r < R; r++) m[r] = splat(-INFINITY);
+        for (int j = 0; j < Tp; j += 2 * W) {
+            vec a0[R], a1[R];
+            for (int r = 0; r < R; r++) a0[r] = a1[r] = splat(0.f);
+            for (int p = 0; p < DP; p++) {
+                const vec k0 = load((const float *)KP + p * Tp + j), k1 = load((const float *)KP + p * Tp + j + W);
+                for (int r = 0; r < R; r++) {
+                    const vec s = splat_word(qw[r][p]);
+                    a0[r] = dot_pairs(a0[r], s, k0);
+                    a1[r] = dot_pairs(a1[r], s, k1);
+                }
+            }
+            const vec b0 = load(bias + j), b1 = load(bias + j + W);
+            for (int r = 0; r < R; r++) {
+                const vec s0 = a0[r] * scale + b0, s1 = a1[r] * scale + b1;
+                m[r] = vmax(m[r], vmax(s0, s1));
+                store(S + r * Tp + j, s0);
+                store(S + r * Tp + j + W, s1);
+            }
+        }
+        // The probabilities rounded to bfloat16 pairs, and summed as rounded: the weights the context is made of.
+        float inv[R];
+        for (int r = 0; r < R; r++) {
+            const float *s = S + r * Tp;
+            const vec top = splat(hmax(m[r]));
+            vec sum = splat(0.f);
+            for (int j = 0; j < Tp; j += 2 * W) {
+                const vec w = pairs_of(exp2_nonpositive(load(s + j) - top), exp2_nonpositive(load(s + j + W) - top));
+                store((float *)P + r * Tp / 2 + j / 2, w);
+                sum = dot_pairs(sum, w, splat_word(0x3F803F80u));  // each pair times (1, 1)
+            }
+            inv[r] = 1.f / hsum(sum);
+        }
+        for (int c0 = 0; c0 < DV; c0 += DC) {
+            vec o[R][DC];
+            for (int r = 0; r < R; r++)
+                for (int c = 0; c < DC; c++) o[r][c] = splat(0.f);
+            for (int j = 0; j < pairs; j++) {
+                vec vj[DC];
+                for (int c = 0; c < DC; c++) vj[c] = load((const float *)VP + j * D + (c0 + c) * W);
+                for (int r = 0; r < R; r++) {
+                    const vec p = splat_word(P[r * Tp / 2 + j]);
+                    for (int c = 0; c < DC; c++) o[r][c] = dot_pairs(o[r][c], p, vj[c]);
+                }
+            }
+            for (int r = 0; r < rows; r++)
+                for (int c = 0; c < DC; c++) store(out + (size_t)(i0 + r) * stride + (c0 + c) * W, o[r][c] * inv[r]);
+        }
+    }
+}
+#endif
+
+template <int D, bool PAIRS>
 static int heads(const float *q, const float *k, const float *v, const float *bias, float *out, int Tq, int T,
                  int N, float scale, int first, int last) {
     const int stride = N * D, Tp = (T + 2 * W - 1) / (2 * W) * (2 * W);
+    // The keys transposed (D x Tp floats, or D/2 x Tp words of pairs), the scores, the bias; with pairs also the
+    // values' pairs (Tp/2 x D words) and the probabilities' (R x Tp/2 words).
     float *KT = (float *)aligned_alloc(64, sizeof(float) * D * Tp);
     float *S = (float *)aligned_alloc(64, sizeof(float) * R * Tp);
     float *b = (float *)aligned_alloc(64, sizeof(float) * Tp);
-    if (!KT || !S || !b) {
-        free(KT);
-        free(S);
-        free(b);
-        return 2;
-    }
+    word *VP = PAIRS ? (word *)aligned_alloc(64, sizeof(word) * D * Tp / 2) : nullptr;
+    word *P = PAIRS ? (word *)aligned_alloc(64, sizeof(word) * R * Tp / 2) : nullptr;
+    int status = KT && S && b && (!PAIRS || (VP && P)) ? 0 : 2;
     const float log2e = 1.44269504088896341f;
-    for (int g = first, seq = -1; g < last; g++) {
+    for (int g = first, seq = -1; g < last && status == 0; g++) {
         const int n = g % N;
         if (g / N != seq) {
             seq = g / N;
             for (int j = 0; j < Tp; j++) b[j] = j >= T ? -INFINITY : bias ? bias[(size_t)seq * T + j] * log2e : 0.f;
         }
-        head<D>(q + ((size_t)seq * Tq * stride + n * D), k + ((size_t)seq * T * stride + n * D),
-                v + ((size_t)seq * T * stride + n * D), b, out + ((size_t)seq * Tq * stride + n * D), Tq, T, stride,
-                scale * log2e, KT, S, Tp);
+        const float *qh = q + ((size_t)seq * Tq * stride + n * D), *kh = k + ((size_t)seq * T * stride + n * D);
+        const float *vh = v + ((size_t)seq * T * stride + n * D);
+        float *oh = out + ((size_t)seq * Tq * stride + n * D);
+#ifdef BF16_PAIRS
+        if constexpr (PAIRS) {
+            head_pairs<D>(qh, kh, vh, b, oh, Tq, T, stride, scale * log2e, (word *)KT, VP, S, P, Tp);
+            continue;
+        }
+#endif
+        head<D>(qh, kh, vh, b, oh, Tq, T, stride, scale * log2e, KT, S, Tp);
     }
     free(KT);
     free(S);
     free(b);
-    return 0;
+    free(VP);
+    free(P);
+    return status;
 }
 
 // Heads first..last-1 of the B * N (sequence-major), so that threads can share a call's heads. q, out:
-// [B, Tq, N * D], k, v: [B, T, N * D] (T >= 1), bias: [B, T] or null. Returns 0; 1 for a head size not built
-// here; 2 when its buffers (a few KB) could not be allocated.
+// [B, Tq, N * D], k, v: [B, T, N * D] (T >= 1), bias: [B, T] or null; bf16: 1 for the products in bfloat16 pairs.
+// Returns 0; 1 for a head size, or bfloat16 pairs, not built here; 2 when its buffers (a few KB) could not be
+// allocated.
 extern "C" int bert_attention(const float *q, const float *k, const float *v, const float *bias, float *out, int Tq,
-                              int T, int N, int D, float scale, int first, int last) {
+                              int T, int N, int D, float scale, int first, int last, int bf16) {
+#ifdef BF16_PAIRS
+    if (bf16) switch (D) {
+        case 32: return heads<32, true>(q, k, v, bias, out, Tq, T, N, scale, first, last);
+        case 64: return heads<64, true>(q, k, v, bias, out, Tq, T, N, scale, first, last);
+        default: return 1;
+        }
+#else
+    if (bf16) return 1;
+#endif
     switch (D) {
-    case 32: return heads<32>(q, k, v, bias, out, Tq, T, N, scale, first, last);
-    case 64: return heads<64>(q, k, v, bias, out, Tq, T, N, scale, first, last);
+    case 32: return heads<32, false>(q, k, v, bias, out, Tq, T, N, scale, first, last);
+    case 64: return heads<64, false>(q, k, v, bias, out, Tq, T, N, scale, first, last);
     default: return 1;
     }
 }
