@@ -316,10 +316,11 @@ def inference_attention(
     """softmax(q k^T / sqrt(D) + mask_bias) v per head for queries [B, Tq, H] and keys and values [B, T, H]
     (heads side by side, as the projections write them), mask_bias [B, 1, 1, T] or None, as [B, Tq, H], by
     bert.csrc's CPU kernel (1.9x-3.5x torch's SDPA on an AMD EPYC, bench/RESULTS.md), split among torch's intra-op
-    threads. bfloat16 inputs are widened and the context rounded back (a bfloat16 encoder's SDPA took longer than
-    float32's). The kernel multiplies in float32, or in bfloat16 pairs where it is built with them (AVX512-BF16)
-    and the inputs are bfloat16 or `bf16_products` asks (an int8 encoder, whose inputs carry less precision than
-    that): about 1.6x its float32 speed on 128-256 tokens. None where it does not apply: a gradient wanted, not
+    threads (a bfloat16 encoder's SDPA took longer than float32's). The kernel multiplies in float32, or in bfloat16
+    pairs where it is built with them (AVX512-BF16) and the inputs are bfloat16 (read as they are, the context
+    written in bfloat16) or `bf16_products` asks (an int8 encoder, whose inputs carry less precision than that):
+    about 1.6x its float32 speed on 128-256 tokens; elsewhere bfloat16 inputs are widened and the context rounded
+    back. None where it does not apply: a gradient wanted, not
     float32 or bfloat16 on the CPU, tracing or autocast, a head size it is not built for, or no kernel on this
     machine (`bert.csrc`); the caller runs torch's."""
     B, Tq, H = q.shape
@@ -339,17 +340,17 @@ def inference_attention(
     if kernel is None:
         return None
     dtype = q.dtype
-    pairs = int(pairs_built and (bf16_products or dtype == torch.bfloat16))
-    q, k, v = (x.to(torch.float32).contiguous() for x in (q, k, v))
+    # 2: bfloat16 tensors in and out, 1: float32 ones multiplied in pairs, 0: in float32 (attention.cpp)
+    products = (2 if dtype == torch.bfloat16 else int(bf16_products)) if pairs_built else 0
+    q, k, v = (x.to(torch.float32 if products < 2 else dtype).contiguous() for x in (q, k, v))
     bias = None if mask_bias is None else mask_bias.reshape(B, T).to(torch.float32).contiguous()
     out = torch.empty_like(q)
     pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr())
     heads = B * num_heads
 
     def run(first: int, last: int) -> None:
-        if (
-            kernel(*pointers, Tq, T, num_heads, D, D**-0.5, first, last, pairs) != 0
-        ):  # only its few KB of buffers can fail
+        # only its few KB of buffers can fail
+        if kernel(*pointers, Tq, T, num_heads, D, D**-0.5, first, last, products) != 0:
             raise MemoryError("the attention kernel could not allocate its buffers")
 
     shares = min(torch.get_num_threads(), heads, max(1, heads * Tq * T * D * 2 // _SPLIT_MULTIPLY_ADDS))

@@ -56,7 +56,7 @@ def _inputs(B, Tq, T, heads, D, masked, seed=0):
     return q, k, v, torch.where(torch.arange(T) < lengths[:, None], 0.0, -10000.0)[:, None, None, :]
 
 
-def _call(kernel, q, k, v, mask_bias, heads, bf16=0):
+def _call(kernel, q, k, v, mask_bias, heads, products=0):
     B, Tq, H = q.shape
     bias = None if mask_bias is None else mask_bias.reshape(B, -1).contiguous()
     out = torch.empty_like(q)
@@ -73,7 +73,7 @@ def _call(kernel, q, k, v, mask_bias, heads, bf16=0):
         (H // heads) ** -0.5,
         0,
         B * heads,
-        bf16,
+        products,
     )
     return status, out
 
@@ -109,7 +109,7 @@ def test_each_vector_width_builds_and_equals_sdpa(isa, extra, kernel_cache):
         assert status == 0
         torch.testing.assert_close(out, _sdpa(q, k, v, mask_bias, heads), atol=2e-6, rtol=1e-5)
     assert _call(kernel, *_inputs(1, 4, 4, 2, 16, False), 2)[0] == 1  # a head size not built: refused, not run
-    assert _call(kernel, *_inputs(1, 4, 4, 2, 32, False), 2, bf16=1)[0] == 1  # built without bfloat16 pairs: refused
+    assert _call(kernel, *_inputs(1, 4, 4, 2, 32, False), 2, products=1)[0] == 1  # built without pairs: refused
 
 
 def _pairs_kernel(kernel_cache):
@@ -132,7 +132,7 @@ def test_bfloat16_pairs_equal_sdpa_on_the_rounded_inputs_within_bfloat16s_roundi
         (2, 129, 129, 4, 64, False),
     ]:
         q, k, v, mask_bias = _inputs(B, Tq, T, heads, D, masked)
-        status, out = _call(kernel, q, k, v, mask_bias, heads, bf16=1)
+        status, out = _call(kernel, q, k, v, mask_bias, heads, products=1)
         assert status == 0
         exact = _sdpa(q, k, v, mask_bias, heads)
         fp32 = _call(kernel, q, k, v, mask_bias, heads)[1]
@@ -143,6 +143,13 @@ def test_bfloat16_pairs_equal_sdpa_on_the_rounded_inputs_within_bfloat16s_roundi
         error = (out - exact).abs().mean()
         assert 1e-4 < error <= 1.1 * (sdpa_bf16.float() - exact).abs().mean()
         torch.testing.assert_close(fp32, exact, atol=2e-6, rtol=1e-5)  # the same build's float32 path is unchanged
+        # bfloat16 tensors read as they are (2): float32 tensors of the same values multiplied in pairs (1), the
+        # context rounded to bfloat16, bit for bit.
+        q, k, v = (x.bfloat16() for x in (q, k, v))
+        status, out16 = _call(kernel, q, k, v, mask_bias, heads, products=2)
+        assert status == 0 and out16.dtype == torch.bfloat16
+        widened = _call(kernel, q.float(), k.float(), v.float(), mask_bias, heads, products=1)[1]
+        assert torch.equal(out16, widened.bfloat16())
 
 
 @needs_build
@@ -167,7 +174,7 @@ def test_inference_attention_equals_sdpa_on_every_thread_share(threads, monkeypa
 
 
 @needs_build
-def test_bfloat16_inputs_are_widened_and_the_context_rounded_back():
+def test_bfloat16_inputs_give_a_bfloat16_context_near_float32_attention():
     q, k, v, mask_bias = _inputs(2, 40, 40, 12, 32, True)
     q, k, v, mask_bias = (x.to(torch.bfloat16) for x in (q, k, v, mask_bias))
     with torch.inference_mode():
@@ -175,8 +182,9 @@ def test_bfloat16_inputs_are_widened_and_the_context_rounded_back():
         exact = _sdpa(q.float(), k.float(), v.float(), mask_bias.float(), 12)  # the same inputs, in float32
         sdpa_bf16 = _sdpa(q, k, v, mask_bias, 12)
     assert out is not None and out.dtype == torch.bfloat16
-    # In float32, or in bfloat16 pairs where they are built (the probabilities rounded too): within bfloat16's
-    # rounding of the exact result, and on average as near to it as torch's bfloat16 SDPA (within 10%).
+    # Read as they are and multiplied in bfloat16 pairs where those are built (the probabilities rounded too), else
+    # widened to float32: within bfloat16's rounding of the exact result, and on average as near to it as torch's
+    # bfloat16 SDPA (within 10%).
     torch.testing.assert_close(out.float(), exact, rtol=2**-7, atol=5e-3)
     assert (out.float() - exact).abs().mean() <= 1.1 * (sdpa_bf16.float() - exact).abs().mean()
 

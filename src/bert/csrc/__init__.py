@@ -44,8 +44,8 @@ BF16_FLAGS = ["-mavx512bf16"]
 HEAD_SIZES = (32, 64)  # those attention.cpp is built for: BERT's (64) and the MiniLM family's (32)
 
 _P, _INT = ctypes.c_void_p, ctypes.c_int
-# bert_attention(q, k, v, bias, out, Tq, T, N, D, scale, first, last, bf16) -> 0; 1: a head size or bfloat16 pairs
-# not built; 2: no memory
+# bert_attention(q, k, v, bias, out, Tq, T, N, D, scale, first, last, products) -> 0; 1: a head size or bfloat16
+# pairs not built; 2: no memory. products: 0 float32, 1 bfloat16 pairs, 2 the same with bfloat16 q, k, v and out.
 ATTENTION_ARGS: list[type[ctypes._SimpleCData]] = [*[_P] * 5, *[_INT] * 4, ctypes.c_float, *[_INT] * 3]
 
 

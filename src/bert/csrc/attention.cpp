@@ -10,10 +10,11 @@
 // Scores live in an R x T buffer (12 KB at 512 tokens), never [T, T].
 //
 // Built with AVX512-BF16 (-mavx512bf16: AMD Zen 4 and later, Intel Cooper Lake and Sapphire Rapids and later), it
-// also multiplies in bfloat16 pairs when asked (`bf16` = 1; bert/cpu_kernels.py asks for an encoder whose own
-// precision is below float32's: bfloat16 or int8): q, k, the probabilities and v rounded to bfloat16 (nearest
+// also multiplies in bfloat16 pairs when asked (`products` 1 or 2; bert/cpu_kernels.py asks for an encoder whose
+// own precision is below float32's: bfloat16 or int8): q, k, the probabilities and v rounded to bfloat16 (nearest
 // even), each product summed into float32 by VDPBF16PS, two products an instruction where an FMA makes one.
-// Maxima, exponentials and sums stay in float32.
+// Maxima, exponentials and sums stay in float32. A bfloat16 encoder's q, k and v are read as they are and its
+// context written in bfloat16 (2), rather than widened and narrowed around the call by torch.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -38,6 +39,7 @@ constexpr int ACC = 12;
 typedef float vec __attribute__((vector_size(W * 4)));
 typedef int32_t ivec __attribute__((vector_size(W * 4)));
 typedef uint32_t word;  // two bfloat16, the lower the even element
+typedef uint16_t bf16;  // a bfloat16 tensor's element: a float32's upper half
 
 static inline vec splat(float x) { return vec{} + x; }
 static inline vec load(const float *p) { vec v; memcpy(&v, p, sizeof v); return v; }
@@ -177,6 +179,21 @@ static inline vec pairs_of(const float *x) {
     return (vec)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
 }
 static inline vec pairs_of(vec lo, vec hi) { return (vec)_mm512_cvtne2ps_pbh((__m512)hi, (__m512)lo); }
+// A bfloat16 tensor's 32 elements are its pairs already.
+static inline vec pairs_of(const bf16 *x) { vec v; memcpy(&v, x, sizeof v); return v; }
+// 16 elements of row a, then 16 of row b (zero without b), as bfloat16.
+static inline __m512i two_rows(const float *a, const float *b) {
+    return (__m512i)_mm512_cvtne2ps_pbh(b ? _mm512_loadu_ps(b) : _mm512_setzero_ps(), _mm512_loadu_ps(a));
+}
+static inline __m512i two_rows(const bf16 *a, const bf16 *b) {
+    const __m256i lo = _mm256_loadu_si256((const __m256i *)a);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), b ? _mm256_loadu_si256((const __m256i *)b) : __m256i{}, 1);
+}
+static inline void store_row(float *p, vec x) { store(p, x); }
+static inline void store_row(bf16 *p, vec x) {
+    const __m256bh h = _mm512_cvtneps_pbh((__m512)x);  // rounded to nearest even
+    memcpy(p, &h, sizeof h);
+}
 static inline vec dot_pairs(vec acc, vec a, vec b) {
     return (vec)_mm512_dpbf16_ps((__m512)acc, (__m512bh)a, (__m512bh)b);
 }
@@ -184,9 +201,9 @@ static inline vec splat_word(word w) { return (vec)_mm512_set1_epi32((int)w); }
 
 // One head as head() above, the products in bfloat16 pairs. KP: D/2 x Tp words, key j's pairs in column j;
 // VP: Tp/2 x D words, row m the pairs (v[2m][d], v[2m+1][d]); S: R x Tp floats; P: R x Tp/2 words.
-template <int D>
-static void head_pairs(const float *q, const float *k, const float *v, const float *bias, float *out, int Tq, int T,
-                       int stride, float scale, word *KP, word *VP, float *S, word *P, int Tp) {
+template <int D, typename E>
+static void head_pairs(const E *q, const E *k, const E *v, const float *bias, E *out, int Tq, int T, int stride,
+                       float scale, word *KP, word *VP, float *S, word *P, int Tp) {
     static_assert(W == 16 && D % 32 == 0, "bfloat16 pairs are built for AVX-512 and head sizes of 32s");
     constexpr int DP = D / 2;    // pairs a row of q or k
     constexpr int DV = D / W;    // vectors a context row
@@ -205,9 +222,8 @@ static void head_pairs(const float *q, const float *k, const float *v, const flo
     const int pairs = (T + 1) / 2;
     for (int m = 0; m < pairs; m++)
         for (int c = 0; c < DV; c++) {
-            const vec a = load(v + (size_t)(2 * m) * stride + c * W);
-            const vec b = 2 * m + 1 < T ? load(v + (size_t)(2 * m + 1) * stride + c * W) : splat(0.f);
-            const __m512i halves = (__m512i)_mm512_cvtne2ps_pbh((__m512)b, (__m512)a);  // a's 16, then b's
+            const E *a = v + (size_t)(2 * m) * stride + c * W;
+            const __m512i halves = two_rows(a, 2 * m + 1 < T ? a + stride : nullptr);  // a's 16, then b's
             store((float *)VP + m * D + c * W, (vec)_mm512_permutexvar_epi16(interleave, halves));
         }
     for (int i0 = 0; i0 < Tq; i0 += R) {
@@ -266,15 +282,16 @@ static void head_pairs(const float *q, const float *k, const float *v, const flo
                 }
             }
             for (int r = 0; r < rows; r++)
-                for (int c = 0; c < DC; c++) store(out + (size_t)(i0 + r) * stride + (c0 + c) * W, o[r][c] * inv[r]);
+                for (int c = 0; c < DC; c++)
+                    store_row(out + (size_t)(i0 + r) * stride + (c0 + c) * W, o[r][c] * inv[r]);
         }
     }
 }
 #endif
 
-template <int D, bool PAIRS>
-static int heads(const float *q, const float *k, const float *v, const float *bias, float *out, int Tq, int T,
-                 int N, float scale, int first, int last) {
+template <int D, bool PAIRS, typename E = float>
+static int heads(const E *q, const E *k, const E *v, const float *bias, E *out, int Tq, int T, int N, float scale,
+                 int first, int last) {
     const int stride = N * D, Tp = (T + 2 * W - 1) / (2 * W) * (2 * W);
     // The keys transposed (D x Tp floats, or D/2 x Tp words of pairs), the scores, the bias; with pairs also the
     // values' pairs (Tp/2 x D words) and the probabilities' (R x Tp/2 words).
@@ -291,16 +308,16 @@ static int heads(const float *q, const float *k, const float *v, const float *bi
             seq = g / N;
             for (int j = 0; j < Tp; j++) b[j] = j >= T ? -INFINITY : bias ? bias[(size_t)seq * T + j] * log2e : 0.f;
         }
-        const float *qh = q + ((size_t)seq * Tq * stride + n * D), *kh = k + ((size_t)seq * T * stride + n * D);
-        const float *vh = v + ((size_t)seq * T * stride + n * D);
-        float *oh = out + ((size_t)seq * Tq * stride + n * D);
+        const E *qh = q + ((size_t)seq * Tq * stride + n * D), *kh = k + ((size_t)seq * T * stride + n * D);
+        const E *vh = v + ((size_t)seq * T * stride + n * D);
+        E *oh = out + ((size_t)seq * Tq * stride + n * D);
 #ifdef BF16_PAIRS
         if constexpr (PAIRS) {
             head_pairs<D>(qh, kh, vh, b, oh, Tq, T, stride, scale * log2e, (word *)KT, VP, S, P, Tp);
             continue;
         }
 #endif
-        head<D>(qh, kh, vh, b, oh, Tq, T, stride, scale * log2e, KT, S, Tp);
+        if constexpr (!PAIRS) head<D>(qh, kh, vh, b, oh, Tq, T, stride, scale * log2e, KT, S, Tp);
     }
     free(KT);
     free(S);
@@ -311,23 +328,25 @@ static int heads(const float *q, const float *k, const float *v, const float *bi
 }
 
 // Heads first..last-1 of the B * N (sequence-major), so that threads can share a call's heads. q, out:
-// [B, Tq, N * D], k, v: [B, T, N * D] (T >= 1), bias: [B, T] or null; bf16: 1 for the products in bfloat16 pairs.
-// Returns 0; 1 for a head size, or bfloat16 pairs, not built here; 2 when its buffers (a few KB) could not be
-// allocated.
-extern "C" int bert_attention(const float *q, const float *k, const float *v, const float *bias, float *out, int Tq,
-                              int T, int N, int D, float scale, int first, int last, int bf16) {
+// [B, Tq, N * D], k, v: [B, T, N * D] (T >= 1), bias: [B, T] or null, all float32 but for `products`: 0 for the
+// products in float32, 1 in bfloat16 pairs, 2 in bfloat16 pairs with q, k, v and out bfloat16 tensors. Returns 0;
+// 1 for a head size, or bfloat16 pairs, not built here; 2 when its buffers (a few KB) could not be allocated.
+extern "C" int bert_attention(const void *q, const void *k, const void *v, const float *bias, void *out, int Tq, int T,
+                              int N, int D, float scale, int first, int last, int products) {
+    if (D != 32 && D != 64) return 1;
 #ifdef BF16_PAIRS
-    if (bf16) switch (D) {
-        case 32: return heads<32, true>(q, k, v, bias, out, Tq, T, N, scale, first, last);
-        case 64: return heads<64, true>(q, k, v, bias, out, Tq, T, N, scale, first, last);
-        default: return 1;
-        }
-#else
-    if (bf16) return 1;
-#endif
-    switch (D) {
-    case 32: return heads<32, false>(q, k, v, bias, out, Tq, T, N, scale, first, last);
-    case 64: return heads<64, false>(q, k, v, bias, out, Tq, T, N, scale, first, last);
-    default: return 1;
+    if (products == 2) {
+        const bf16 *q16 = (const bf16 *)q, *k16 = (const bf16 *)k, *v16 = (const bf16 *)v;
+        return D == 32 ? heads<32, true>(q16, k16, v16, bias, (bf16 *)out, Tq, T, N, scale, first, last)
+                       : heads<64, true>(q16, k16, v16, bias, (bf16 *)out, Tq, T, N, scale, first, last);
     }
+#else
+    if (products) return 1;
+#endif
+    const float *q32 = (const float *)q, *k32 = (const float *)k, *v32 = (const float *)v;
+    if (products == 1)
+        return D == 32 ? heads<32, true>(q32, k32, v32, bias, (float *)out, Tq, T, N, scale, first, last)
+                       : heads<64, true>(q32, k32, v32, bias, (float *)out, Tq, T, N, scale, first, last);
+    return D == 32 ? heads<32, false>(q32, k32, v32, bias, (float *)out, Tq, T, N, scale, first, last)
+                   : heads<64, false>(q32, k32, v32, bias, (float *)out, Tq, T, N, scale, first, last);
 }
