@@ -315,14 +315,14 @@ def inference_attention(
 ) -> torch.Tensor | None:
     """softmax(q k^T / sqrt(D) + mask_bias) v per head for queries [B, Tq, H] and keys and values [B, T, H]
     (heads side by side, as the projections write them), mask_bias [B, 1, 1, T] or None, as [B, Tq, H], by
-    bert.csrc's CPU kernel (1.9x-3.5x torch's SDPA on an AMD EPYC, bench/RESULTS.md), split among torch's intra-op
-    threads (a bfloat16 encoder's SDPA took longer than float32's). The kernel multiplies in float32, or in bfloat16
-    pairs where it is built with them (AVX512-BF16) and the inputs are bfloat16 (read as they are, the context
-    written in bfloat16) or `bf16_products` asks (an int8 encoder, whose inputs carry less precision than that):
-    about 1.6x its float32 speed on 128-256 tokens; elsewhere bfloat16 inputs are widened and the context rounded
-    back. None where it does not apply: a gradient wanted, not
-    float32 or bfloat16 on the CPU, tracing or autocast, a head size it is not built for, or no kernel on this
-    machine (`bert.csrc`); the caller runs torch's."""
+    bert.csrc's CPU kernel (1.9x-3.5x torch's SDPA on an AMD EPYC Zen 5 core, 1.1x-2.6x on a Zen 4 core,
+    bench/RESULTS.md), split among torch's intra-op threads (a bfloat16 encoder's SDPA took longer than float32's).
+    The kernel multiplies in float32, or in bfloat16 pairs where it is built with them (AVX512-BF16) and the inputs
+    are bfloat16 (read as they are, the context written in bfloat16) or `bf16_products` asks (an int8 encoder, whose
+    inputs carry less precision than that): 1.5x-1.7x its float32 speed on 64-254 tokens; elsewhere bfloat16
+    inputs are widened and the context rounded back. None where it does not apply: a gradient wanted, not float32
+    or bfloat16 on the CPU, tracing or autocast, a head size it is not built for, or no kernel on this machine
+    (`bert.csrc`); the caller runs torch's."""
     B, Tq, H = q.shape
     T, D = k.shape[1], H // num_heads
     if (
