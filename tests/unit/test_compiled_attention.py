@@ -78,6 +78,17 @@ def _call(kernel, q, k, v, mask_bias, heads, products=0):
     return status, out
 
 
+# (B, Tq, T, heads, D, masked): lengths off the kernel's tiles (rows of 6, keys in vectors of 8-16, in pairs), odd
+# key counts, queries fewer than keys, both head sizes, with and without masks.
+SHAPES = [(3, 37, 37, 12, 32, True), (2, 5, 71, 2, 64, True), (4, 1, 1, 4, 32, False), (2, 129, 129, 4, 64, False)]
+
+
+def _load(library):
+    kernel = ctypes.CDLL(str(library)).bert_attention
+    kernel.argtypes, kernel.restype = csrc.ATTENTION_ARGS, ctypes.c_int
+    return kernel
+
+
 # A compiler without __builtin_shufflevector (GCC before 12), as GCC 12+ can pretend to be: the keys are then
 # transposed element by element.
 OLD_GCC = ["-U__GNUC__", "-D__GNUC__=11"]
@@ -95,15 +106,8 @@ def test_each_vector_width_builds_and_equals_sdpa(isa, extra, kernel_cache):
         pytest.skip("clang has __builtin_shufflevector at every version")
     library = csrc.build(SOURCE, csrc.ISA_FLAGS[isa] + extra)
     assert library is not None and library.parent == kernel_cache
-    kernel = ctypes.CDLL(str(library)).bert_attention
-    kernel.argtypes, kernel.restype = csrc.ATTENTION_ARGS, ctypes.c_int
-    # Lengths off the kernel's tiles (rows of 6, keys in vectors of 8-16), queries fewer than keys, both head sizes.
-    for B, Tq, T, heads, D, masked in [
-        (3, 37, 37, 12, 32, True),
-        (2, 5, 70, 2, 64, True),
-        (4, 1, 1, 4, 32, False),
-        (2, 129, 129, 4, 64, False),
-    ]:
+    kernel = _load(library)
+    for B, Tq, T, heads, D, masked in SHAPES:
         q, k, v, mask_bias = _inputs(B, Tq, T, heads, D, masked)
         status, out = _call(kernel, q, k, v, mask_bias, heads)
         assert status == 0
@@ -117,20 +121,12 @@ def _pairs_kernel(kernel_cache):
         CAN_BUILD and torch.backends.cpu.get_cpu_capability() == "AVX512" and torch.cpu._is_avx512_bf16_supported()
     ):
         pytest.skip("needs AVX512-BF16 and a C++ compiler")
-    kernel = ctypes.CDLL(str(csrc.build(SOURCE, csrc.ISA_FLAGS["AVX512"] + csrc.BF16_FLAGS))).bert_attention
-    kernel.argtypes, kernel.restype = csrc.ATTENTION_ARGS, ctypes.c_int
-    return kernel
+    return _load(csrc.build(SOURCE, csrc.ISA_FLAGS["AVX512"] + csrc.BF16_FLAGS))
 
 
-def test_bfloat16_pairs_equal_sdpa_on_the_rounded_inputs_within_bfloat16s_rounding(kernel_cache):
+def test_bfloat16_pairs_near_float32_attention_and_bfloat16_tensors_read_exactly(kernel_cache):
     kernel = _pairs_kernel(kernel_cache)
-    # Odd key counts (the last pair of values half zero), lengths off the tiles, Tq != T, both head sizes, masks.
-    for B, Tq, T, heads, D, masked in [
-        (3, 37, 37, 12, 32, True),
-        (2, 5, 71, 2, 64, True),
-        (4, 1, 1, 4, 32, False),
-        (2, 129, 129, 4, 64, False),
-    ]:
+    for B, Tq, T, heads, D, masked in SHAPES:
         q, k, v, mask_bias = _inputs(B, Tq, T, heads, D, masked)
         status, out = _call(kernel, q, k, v, mask_bias, heads, products=1)
         assert status == 0
