@@ -187,7 +187,7 @@ static inline __m512i two_rows(const float *a, const float *b) {
 }
 static inline __m512i two_rows(const bf16 *a, const bf16 *b) {
     const __m256i lo = _mm256_loadu_si256((const __m256i *)a);
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), b ? _mm256_loadu_si256((const __m256i *)b) : __m256i{}, 1);
+    return _mm512_inserti64x4(_mm512_zextsi256_si512(lo), b ? _mm256_loadu_si256((const __m256i *)b) : __m256i{}, 1);
 }
 static inline void store_row(float *p, vec x) { store(p, x); }
 static inline void store_row(bf16 *p, vec x) {
@@ -334,19 +334,19 @@ static int heads(const E *q, const E *k, const E *v, const float *bias, E *out, 
 extern "C" int bert_attention(const void *q, const void *k, const void *v, const float *bias, void *out, int Tq, int T,
                               int N, int D, float scale, int first, int last, int products) {
     if (D != 32 && D != 64) return 1;
+    const float *q32 = (const float *)q, *k32 = (const float *)k, *v32 = (const float *)v;
 #ifdef BF16_PAIRS
     if (products == 2) {
         const bf16 *q16 = (const bf16 *)q, *k16 = (const bf16 *)k, *v16 = (const bf16 *)v;
         return D == 32 ? heads<32, true>(q16, k16, v16, bias, (bf16 *)out, Tq, T, N, scale, first, last)
                        : heads<64, true>(q16, k16, v16, bias, (bf16 *)out, Tq, T, N, scale, first, last);
     }
-#else
-    if (products) return 1;
-#endif
-    const float *q32 = (const float *)q, *k32 = (const float *)k, *v32 = (const float *)v;
     if (products == 1)
         return D == 32 ? heads<32, true>(q32, k32, v32, bias, (float *)out, Tq, T, N, scale, first, last)
                        : heads<64, true>(q32, k32, v32, bias, (float *)out, Tq, T, N, scale, first, last);
+#else
+    if (products) return 1;  // pairs not built: their instantiations are left out too
+#endif
     return D == 32 ? heads<32, false>(q32, k32, v32, bias, (float *)out, Tq, T, N, scale, first, last)
                    : heads<64, false>(q32, k32, v32, bias, (float *)out, Tq, T, N, scale, first, last);
 }
