@@ -1,8 +1,9 @@
 """CPU kernels of the model's layers, chosen at run time: oneDNN's Linear (with the feed-forward activation
-fused in inference), weights packed once for inference mode, a faster dropout mask, training's attention
-with dropout, its probabilities recomputed in the backward pass, and inference's attention by bert.csrc's
-compiled kernel. Numerically each is the plain PyTorch operation it replaces (`F.linear`, `F.dropout`, autograd
-through softmax and matmul, SDPA; tests/unit/test_modeling.py and test_compiled_attention.py compare them), so
+fused in inference), weights packed once for inference mode, a faster dropout mask, and attention by bert.csrc's
+compiled kernel, in inference and in training with dropout (its probabilities and mask recomputed in the backward
+pass; where the kernel cannot be had, by torch's ops with the probabilities recomputed). Numerically each is the
+plain PyTorch operation it replaces (`F.linear`, `F.dropout`, autograd through softmax and matmul, SDPA;
+tests/unit/test_modeling.py and test_compiled_attention.py compare them), so
 `bert.modeling` reads as the original's `modeling.py` and calls these where it multiplies or drops out.
 """
 
@@ -275,6 +276,71 @@ class _AttentionDropout(torch.autograd.Function):
         return grad_q, grad_k, grad_v, grad_mask, None, None
 
 
+class _CompiledTrainingAttention(torch.autograd.Function):
+    """dropout(softmax(q k^T / sqrt(D) + bias), p) v per head by bert.csrc's `bert_attention_training`, forward
+    and backward, on [B, T, H] tensors as the projections write them (no head transposes either way). The keep mask
+    is a hash of a seed drawn from torch's generator (so `torch.manual_seed`, a replayed random state and activation
+    checkpointing give the same masks) and of each element's place: drawn again in the backward pass, never stored.
+    Kept for backward: q, k, v, the context and one float a query row and head."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias: torch.Tensor | None, num_heads: int, p: float, kernel) -> torch.Tensor:
+        B, Tq, H = q.shape
+        T, D = k.shape[1], H // num_heads
+        seed = int(torch.randint(0, 2**32, (), dtype=torch.int64))
+        out, lse = torch.empty_like(q), q.new_empty(B * num_heads, Tq)
+        pointers = [x.data_ptr() for x in (q, k, v)] + [0 if bias is None else bias.data_ptr(), out.data_ptr()]
+        shape = (Tq, T, num_heads, D, D**-0.5, p, seed)
+        _by_heads(
+            lambda first, last: kernel(*pointers, None, lse.data_ptr(), None, None, None, *shape, first, last),
+            B * num_heads,
+            Tq * T * D * 2,
+        )
+        ctx.save_for_backward(q, k, v, bias, out, lse)
+        ctx.shape, ctx.kernel = shape, kernel
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        q, k, v, bias, out, lse = ctx.saved_tensors
+        grad = grad.contiguous()
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        pointers = [x.data_ptr() for x in (q, k, v)] + [0 if bias is None else bias.data_ptr()]
+        pointers += [x.data_ptr() for x in (out, grad, lse, dq, dk, dv)]
+        Tq, T, N, D = ctx.shape[:4]
+        _by_heads(lambda first, last: ctx.kernel(*pointers, *ctx.shape, first, last), q.shape[0] * N, Tq * T * D * 5)
+        return dq, dk, dv, None, None, None, None
+
+
+def training_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_bias: torch.Tensor | None, num_heads: int, p: float
+) -> torch.Tensor | None:
+    """dropout(softmax(q k^T / sqrt(D) + mask_bias), p) v per head in training on the CPU, for queries [B, Tq, H]
+    and keys and values [B, T, H] (heads side by side), mask_bias [B, 1, 1, T] or None, as [B, Tq, H], by bert.csrc's
+    compiled kernel (`_CompiledTrainingAttention`; bench/RESULTS.md has its speed against `attention_dropout`). The
+    same distribution as F.dropout's, another random stream. None where it does not apply: not float32 on the
+    CPU, autocast, tracing, a mask bias that wants a gradient, a head size it is not built for, or no kernel here;
+    the caller runs `attention_dropout`."""
+    B, Tq, H = q.shape
+    T, D = k.shape[1], H // num_heads
+    if (
+        any(x.device.type != "cpu" or x.dtype != torch.float32 for x in (q, k, v))
+        or D not in csrc.HEAD_SIZES
+        or min(Tq, T) == 0
+        or torch.is_autocast_enabled("cpu")
+        or not native_kernels()
+        or (mask_bias is not None and (mask_bias.shape != (B, 1, 1, T) or mask_bias.requires_grad))
+    ):
+        return None
+    kernel = csrc.load_attention().training
+    if kernel is None:
+        return None
+    bias = None if mask_bias is None else mask_bias.reshape(B, T).to(torch.float32).contiguous()
+    q, k, v = (x.contiguous() for x in (q, k, v))
+    return _CompiledTrainingAttention.apply(q, k, v, bias, num_heads, p, kernel)
+
+
 def attention_dropout(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask_bias: torch.Tensor | None, scale: float, p: float
 ) -> torch.Tensor:
@@ -336,7 +402,7 @@ def inference_attention(
         or (mask_bias is not None and (mask_bias.shape != (B, 1, 1, T) or not mask_bias.is_floating_point()))
     ):
         return None
-    kernel, _, pairs_built = csrc.load_attention()
+    kernel, _, pairs_built, _ = csrc.load_attention()
     if kernel is None:
         return None
     dtype = q.dtype
@@ -348,12 +414,23 @@ def inference_attention(
     pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr())
     heads = B * num_heads
 
+    _by_heads(
+        lambda first, last: kernel(*pointers, Tq, T, num_heads, D, D**-0.5, first, last, products),
+        heads,
+        Tq * T * D * 2,
+    )
+    return out.to(dtype)
+
+
+def _by_heads(call, heads: int, multiply_adds: int) -> None:
+    """call(first, last) over heads 0..heads-1, split among torch's intra-op threads by `_SPLIT_MULTIPLY_ADDS`
+    (`multiply_adds` a head); a kernel's nonzero status is its buffers (a few KB a thread) not allocated."""
+
     def run(first: int, last: int) -> None:
-        # only its few KB of buffers can fail
-        if kernel(*pointers, Tq, T, num_heads, D, D**-0.5, first, last, products) != 0:
+        if call(first, last) != 0:
             raise MemoryError("the attention kernel could not allocate its buffers")
 
-    shares = min(torch.get_num_threads(), heads, max(1, heads * Tq * T * D * 2 // _SPLIT_MULTIPLY_ADDS))
+    shares = min(torch.get_num_threads(), heads, max(1, heads * multiply_adds // _SPLIT_MULTIPLY_ADDS))
     bounds = [heads * i // shares for i in range(shares + 1)]
     with torch.profiler.record_function(ATTENTION_EVENT):
         others = (
@@ -362,4 +439,3 @@ def inference_attention(
         run(bounds[0], bounds[1])
         for share in others:
             share.result()
-    return out.to(dtype)

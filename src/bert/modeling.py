@@ -174,7 +174,9 @@ class BertSelfAttention(nn.Module):
         # softmax(q k^T / sqrt(D) + mask_bias) v, mask_bias [B, 1, 1, T] masks padded keys only.
         dropout = self.training and self.dropout_p > 0.0
         context = (
-            None if dropout else kernels.inference_attention(q, k, v, mask_bias, self.num_heads, self.bf16_products)
+            kernels.training_attention(q, k, v, mask_bias, self.num_heads, self.dropout_p)
+            if dropout
+            else kernels.inference_attention(q, k, v, mask_bias, self.num_heads, self.bf16_products)
         )
         if context is None:
             B, T, H = q.shape

@@ -266,3 +266,157 @@ def test_a_switch_value_it_does_not_know_is_an_error_naming_it(kernel_cache, mon
     monkeypatch.setenv(csrc.SWITCH, "false")
     with pytest.raises(InputError, match=f"{csrc.SWITCH}='false': set it to 0"):
         csrc.attention_kernel()
+
+
+def _training_kernel(isa):
+    if isa == "AVX512" and torch.backends.cpu.get_cpu_capability() != "AVX512":
+        pytest.skip("this CPU has no AVX-512")
+    kernel = ctypes.CDLL(str(csrc.build(SOURCE, csrc.ISA_FLAGS[isa]))).bert_attention_training
+    kernel.argtypes, kernel.restype = csrc.TRAINING_ARGS, ctypes.c_int
+    return kernel
+
+
+def _train(kernel, q, k, v, mask_bias, heads, p, seed, grad=None):
+    """The training kernel's context and lse (grad None), or with `grad` also dq, dk, dv."""
+    B, Tq, H = q.shape
+    T, D = k.shape[1], H // heads
+    bias = None if mask_bias is None else mask_bias.reshape(B, T).contiguous()
+    out, lse = torch.empty_like(q), torch.empty(B * heads, Tq)
+    shape = (Tq, T, heads, D, D**-0.5, p, seed, 0, B * heads)
+    ptr = lambda x: None if x is None else x.data_ptr()  # noqa: E731
+    assert kernel(*map(ptr, (q, k, v, bias, out, None, lse, None, None, None)), *shape) == 0
+    if grad is None:
+        return out, lse
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    assert kernel(*map(ptr, (q, k, v, bias, out, grad, lse, dq, dk, dv)), *shape) == 0
+    return out, dq, dk, dv
+
+
+def _keep_mask(kernel, q, k, mask_bias, heads, p, seed):
+    """[B, N, Tq, T] the kernel's keep mask for this seed at every real key (masked keys' probabilities are 0, their
+    draw unseen: True), read from its context with one-hot values, D keys at a time."""
+    B, Tq, H = q.shape
+    T, D = k.shape[1], H // heads
+    keep = torch.ones(B, heads, Tq, T, dtype=torch.bool)
+    for first in range(0, T, D):
+        keys = min(D, T - first)
+        v = torch.zeros(B, T, heads, D)
+        v[:, first : first + keys, :, :keys] = torch.eye(keys)[None, :, None, :]
+        out = _train(kernel, q, k, v.reshape(B, T, H), mask_bias, heads, p, seed)[0]
+        seen = out.view(B, Tq, heads, D)[..., :keys].transpose(1, 2)  # [B, N, Tq, keys]
+        real = seen if mask_bias is None else seen + (mask_bias[:, :, :, first : first + keys] < 0)
+        keep[..., first : first + keys] = real != 0
+    return keep
+
+
+@needs_build
+@pytest.mark.parametrize("isa", ["AVX512", "AVX2"])
+def test_training_kernel_equals_autograd_through_its_own_dropout_mask(isa, kernel_cache):
+    """Forward and backward against float64 autograd of dropout(softmax(q k^T / sqrt(D) + bias)) v with the mask
+    the forward pass drew (read back from it): so the backward pass draws the same mask again."""
+    kernel = _training_kernel(isa)
+    for B, Tq, T, heads, D, masked in SHAPES:
+        q, k, v, mask_bias = _inputs(B, Tq, T, heads, D, masked)
+        grad = torch.randn(B, Tq, heads * D, generator=torch.Generator().manual_seed(1))
+        for p in (0.0, 0.3):
+            keep = _keep_mask(kernel, q, k, mask_bias, heads, p, seed=12345)
+            out, dq, dk, dv = _train(kernel, q, k, v, mask_bias, heads, p, 12345, grad)
+            split = lambda x: x.double().view(B, x.shape[1], heads, D).transpose(1, 2).requires_grad_()  # noqa: E731
+            q64, k64, v64 = split(q), split(k), split(v)
+            scores = q64 @ k64.transpose(-1, -2) * D**-0.5 + (0.0 if mask_bias is None else mask_bias.double())
+            expected = (scores.softmax(-1) * keep / (1 - p)) @ v64
+            expected.backward(split(grad))
+            join = lambda x: x.transpose(1, 2).reshape(B, x.shape[2], heads * D).float()  # noqa: E731
+            torch.testing.assert_close(out, join(expected.detach()), atol=1e-5, rtol=1e-5)
+            for got, x in ((dq, q64), (dk, k64), (dv, v64)):
+                torch.testing.assert_close(got, join(x.grad), atol=1e-5, rtol=1e-5)
+            assert keep.all() if p == 0 else not keep.all()
+
+
+@needs_build
+def test_training_kernels_dropout_keeps_1_minus_p_independently_and_follows_the_seed(kernel_cache):
+    kernel = _training_kernel("AVX2")
+    q, k, _, _ = _inputs(8, 32, 32, 12, 32, False)  # 98,304 draws
+    p = 0.1
+    keep = _keep_mask(kernel, q, k, None, 12, p, seed=7).float()
+    assert abs(keep.mean() - (1 - p)) < 0.005  # 5 standard deviations
+
+    def correlation(a, b):
+        a, b = a - a.mean(), b - b.mean()
+        return float((a * b).mean() / (a.std() * b.std()))
+
+    for a, b in (
+        (keep[..., 1:], keep[..., :-1]),  # neighbouring keys
+        (keep[:, :, 1:], keep[:, :, :-1]),  # neighbouring rows
+        (keep[:, 1:], keep[:, :-1]),  # neighbouring heads
+        (keep[1:], keep[:-1]),  # neighbouring sequences
+    ):
+        assert abs(correlation(a, b)) < 0.02  # ~6 standard deviations
+    assert torch.equal(_keep_mask(kernel, q, k, None, 12, p, seed=7).float(), keep)
+    other = _keep_mask(kernel, q, k, None, 12, p, seed=8).float()
+    assert abs(correlation(keep, other)) < 0.02
+
+
+@needs_build
+@pytest.mark.parametrize("threads", [1, 2])
+def test_training_attention_equals_autograd_without_dropout_on_every_thread_share(threads, monkeypatch):
+    """p = 0 through `training_attention` (the autograd Function, split among threads; queries fewer than keys) is
+    softmax attention: its context and gradients equal SDPA's through autograd."""
+    monkeypatch.setattr(cpu_kernels, "_SPLIT_MULTIPLY_ADDS", 1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        q, k, v, mask_bias = _inputs(3, 9, 24, 12, 32, True)
+        grads = []
+        for attention in (
+            lambda q, k, v: cpu_kernels.training_attention(q, k, v, mask_bias, 12, 0.0),
+            lambda q, k, v: _sdpa(q, k, v, mask_bias, 12),
+        ):
+            leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+            out = attention(*leaves)
+            (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+            grads.append([out.detach()] + [x.grad for x in leaves])
+    finally:
+        torch.set_num_threads(before)
+    for got, expected in zip(*grads):
+        torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
+
+
+@needs_build
+def test_the_model_trains_through_the_kernel_and_replays_its_masks_under_checkpointing(tiny_config, monkeypatch):
+    """In training with attention dropout the model calls the training kernel forward and backward, keeps no
+    [B, N, T, T] tensor for backward, and activation checkpointing (which replays torch's random state) gives the
+    same loss and gradients: the masks follow torch's generator. Under autocast the plain ops run."""
+    config = dataclasses.replace(tiny_config, num_attention_heads=1, attention_probs_dropout_prob=0.3)
+    ids = torch.randint(0, 99, (3, 20))
+    mask = torch.ones_like(ids)
+    mask[1, 12:] = 0
+    plain = csrc.load_attention()
+    passes = []
+    counted = csrc.Attention(
+        plain.kernel, "counted", training=lambda *a: passes.append(a[5] is not None) or plain.training(*a)
+    )
+    monkeypatch.setattr(csrc, "load_attention", lambda: counted)
+    torch.manual_seed(0)
+    model = BertModel(config, add_pooling_layer=False).train()
+    results = []
+    for checkpointing in (False, True):
+        model.gradient_checkpointing_enable(checkpointing)
+        model.zero_grad()
+        square = []
+        torch.manual_seed(1)
+        pack = lambda t: square.append(t.shape[-2:] == (20, 20)) or t  # noqa: E731
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model(ids, attention_mask=mask).sequence_output.pow(2).mean()
+        loss.backward()
+        results.append([loss.detach()] + [p.grad.clone() for p in model.parameters()])
+        assert not any(square)
+    layers = config.num_hidden_layers
+    # forward, then backward, per layer; with checkpointing each layer's forward runs again before its backward
+    assert passes == [False] * layers + [True] * layers + [False] * layers + [False, True] * layers
+    for got, expected in zip(*results):
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+    passes.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(ids, attention_mask=mask).sequence_output.float().sum().backward()
+    assert passes == []

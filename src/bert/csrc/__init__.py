@@ -4,7 +4,8 @@ the C++ compiler the machine has (`$CXX`, else `c++`), into `$XDG_CACHE_HOME/ber
 (`torch.backends.cpu.get_cpu_capability()`, which `ATEN_CPU_CAPABILITY` caps): AVX-512 or AVX2. Where there is
 no compiler, no such CPU, the build fails, or `BERT_COMPILED_KERNELS=0` is set, `attention_kernel()` is None and
 the model keeps torch's kernels; why is logged once (another value of the variable is an InputError). On an AVX-512
-CPU with AVX512-BF16 (`torch.cpu`'s reading) the build also holds attention's bfloat16-pairs products.
+CPU with AVX512-BF16 (`torch.cpu`'s reading) the build also holds attention's bfloat16-pairs products. The same
+library holds training's attention with dropout (`Attention.training`).
 
 Plain C ABI through ctypes (which lets go of the GIL during a call): no Python or torch headers, so a kernel
 builds in about a second.
@@ -47,15 +48,26 @@ _P, _INT = ctypes.c_void_p, ctypes.c_int
 # bert_attention(q, k, v, bias, out, Tq, T, N, D, scale, first, last, products) -> 0; 1: a head size or bfloat16
 # pairs not built; 2: no memory. products: 0 float32, 1 bfloat16 pairs, 2 the same with bfloat16 q, k, v and out.
 ATTENTION_ARGS: list[type[ctypes._SimpleCData]] = [*[_P] * 5, *[_INT] * 4, ctypes.c_float, *[_INT] * 3]
+# bert_attention_training(q, k, v, bias, out, dout, lse, dq, dk, dv, Tq, T, N, D, scale, p, seed, first, last) -> 0;
+# 1: a head size not built; 2: no memory. dout null: the forward pass (out, lse written), else the backward pass.
+TRAINING_ARGS: list[type[ctypes._SimpleCData]] = [
+    *[_P] * 10,
+    *[_INT] * 4,
+    ctypes.c_float,
+    ctypes.c_float,
+    ctypes.c_uint32,
+    *[_INT] * 2,
+]
 
 
 class Attention(NamedTuple):
     """attention.cpp's `bert_attention` as built here (None where it cannot be), what it is or why not (`bert env`
-    prints it), and whether it can multiply in bfloat16 pairs."""
+    prints it), whether it can multiply in bfloat16 pairs, and its `bert_attention_training` (built with it)."""
 
     kernel: Callable[..., int] | None
     description: str
     bf16_pairs: bool = False
+    training: Callable[..., int] | None = None
 
 
 class Unavailable(Exception):
@@ -124,10 +136,12 @@ def load_attention() -> Attention:
     except Unavailable as why:
         logger.log(logging.WARNING if why.failed else logging.INFO, "%s: torch's CPU attention is used", why)
         return Attention(None, f"torch's ({why})")
-    kernel = ctypes.CDLL(str(library)).bert_attention
+    loaded = ctypes.CDLL(str(library))
+    kernel, training = loaded.bert_attention, loaded.bert_attention_training
     kernel.argtypes, kernel.restype = ATTENTION_ARGS, _INT
+    training.argtypes, training.restype = TRAINING_ARGS, _INT
     isa = f"{capability} with AVX512-BF16" if pairs else capability
-    return Attention(kernel, f"bert.csrc's, built for {isa} ({library})", pairs)
+    return Attention(kernel, f"bert.csrc's, built for {isa} ({library})", pairs, training)
 
 
 def attention_kernel() -> Callable[..., int] | None:

@@ -1,8 +1,9 @@
-// Inference attention for the CPU, float32: softmax(q k^T * scale + bias) v for every head of every sequence,
-// reading q, k, v as the projections write them ([B, T, N * D]) and writing the context the same way, so no
-// head transposes are needed on either side. bert/csrc/__init__.py compiles it for the CPU it runs on
+// Attention for the CPU, float32: softmax(q k^T * scale + bias) v for every head of every sequence, reading q, k,
+// v as the projections write them ([B, T, N * D]) and writing the context the same way, so no head transposes are
+// needed on either side; in inference (`bert_attention`) and in training with dropout on the probabilities,
+// forward and backward (`bert_attention_training`). bert/csrc/__init__.py compiles it for the CPU it runs on
 // (AVX-512 or AVX2) and bert/cpu_kernels.py calls it; torch's own CPU attention multiplies through MKL, whose
-// path on AMD CPUs uses half the vector width (bench/RESULTS.md).
+// path on AMD CPUs uses half the vector width, and has no dropout in its fused kernels (bench/RESULTS.md).
 //
 // Per head, a tile of R query rows at a time: its scores against every key (K transposed once per head so a
 // vector holds W keys), the rows' maxima kept as the scores are written; then 2^(s - max) in place, with the
@@ -108,11 +109,52 @@ __attribute__((noinline)) static void transpose_keys(const float *k, float *KT, 
 }
 #endif
 
+// Training's dropout on the probabilities. The keep mask is a hash of (seed, row, key) rather than stored random
+// numbers, so the backward pass draws it again for nothing: row `row` (head g's query i is row g * Tq + i) has the
+// key mix(mix(row) ^ seed), and its key j is kept where mix(that + j) >= threshold (p * 2^32). mix is a bijective
+// 32-bit integer hash ("lowbias32", C. Wellons' hash prospector): each output bit flips with probability
+// 0.5 +- 0.002 when one input bit does, so the kept fraction is 1 - p and neighbouring keys' draws are independent
+// to that degree. Each row also keeps its log2 of the softmax's sum (`lse`, the scores in log2 units, max added)
+// for the backward pass to rebuild the probabilities from the scores alone.
+struct Dropout {
+    uint32_t seed, threshold;
+    float keep_scale;  // 1 / (1 - p)
+    int first_row;     // the head's first query row, g * Tq
+    float *lse;        // the head's Tq entries
+};
+
+typedef uint32_t uvec __attribute__((vector_size(W * 4)));
+static inline uint32_t mix(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7feb352dU;
+    x ^= x >> 15;
+    x *= 0x846ca68bU;
+    x ^= x >> 16;
+    return x;
+}
+static inline uvec mix(uvec x) {
+    x ^= x >> 16;
+    x *= 0x7feb352dU;
+    x ^= x >> 15;
+    x *= 0x846ca68bU;
+    x ^= x >> 16;
+    return x;
+}
+static inline uint32_t row_key(const Dropout &drop, int i) { return mix(mix((uint32_t)(drop.first_row + i)) ^ drop.seed); }
+// Lanes of keys j..j+W-1 of the row whose key is `key`: all ones where kept, zero where dropped.
+static inline ivec kept(uint32_t key, int j, uint32_t threshold) {
+    uvec lanes;
+    for (int c = 0; c < W; c++) lanes[c] = key + (uint32_t)(j + c);
+    return (ivec)(mix(lanes) >= threshold);
+}
+static inline vec select(ivec mask, vec x) { return (vec)(mask & (ivec)x); }
+
 // One head: q, out rows of Tq queries, k, v rows of T keys, each row `stride` floats apart; bias has Tp entries
-// (log2(e) times the mask's, -inf past T). KT: D x Tp, S: R x Tp.
+// (log2(e) times the mask's, -inf past T). KT: D x Tp, S: R x Tp. With `drop`, training's forward pass: the
+// probabilities dropped out and each row's lse kept.
 template <int D>
 static void head(const float *q, const float *k, const float *v, const float *bias, float *out, int Tq, int T,
-                 int stride, float scale, float *KT, float *S, int Tp) {
+                 int stride, float scale, float *KT, float *S, int Tp, const Dropout *drop = nullptr) {
     constexpr int DV = D / W;    // vectors a context row
     constexpr int DC = ACC / R;  // of them a pass over the values
     static_assert(DV % DC == 0, "a head's size must be a multiple of the pass's width");
@@ -153,7 +195,14 @@ static void head(const float *q, const float *k, const float *v, const float *bi
                 store(s + j, e);
                 sum += e;
             }
-            inv[r] = 1.f / hsum(sum);
+            const float total = hsum(sum);
+            inv[r] = 1.f / total;
+            if (drop && r < rows) {
+                drop->lse[i0 + r] = top[0] + log2f(total);
+                inv[r] *= drop->keep_scale;
+                const uint32_t key = row_key(*drop, i0 + r);
+                for (int j = 0; j < Tp; j += W) store(s + j, select(kept(key, j, drop->threshold), load(s + j)));
+            }
         }
         for (int c0 = 0; c0 < DV; c0 += DC) {
             vec o[R][DC];
@@ -289,6 +338,13 @@ static void head_pairs(const E *q, const E *k, const E *v, const float *bias, E 
 }
 #endif
 
+constexpr float LOG2E = 1.44269504088896341f;
+
+// Sequence seq's mask bias times log2(e), -inf past T (the keys padding Tp), 0 without a mask.
+static void log2_bias(float *b, const float *bias, int seq, int T, int Tp) {
+    for (int j = 0; j < Tp; j++) b[j] = j >= T ? -INFINITY : bias ? bias[(size_t)seq * T + j] * LOG2E : 0.f;
+}
+
 template <int D, bool PAIRS, typename E = float>
 static int heads(const E *q, const E *k, const E *v, const float *bias, E *out, int Tq, int T, int N, float scale,
                  int first, int last) {
@@ -301,23 +357,22 @@ static int heads(const E *q, const E *k, const E *v, const float *bias, E *out, 
     word *VP = PAIRS ? (word *)aligned_alloc(64, sizeof(word) * D * Tp / 2) : nullptr;
     word *P = PAIRS ? (word *)aligned_alloc(64, sizeof(word) * R * Tp / 2) : nullptr;
     int status = KT && S && b && (!PAIRS || (VP && P)) ? 0 : 2;
-    const float log2e = 1.44269504088896341f;
     for (int g = first, seq = -1; g < last && status == 0; g++) {
         const int n = g % N;
         if (g / N != seq) {
             seq = g / N;
-            for (int j = 0; j < Tp; j++) b[j] = j >= T ? -INFINITY : bias ? bias[(size_t)seq * T + j] * log2e : 0.f;
+            log2_bias(b, bias, seq, T, Tp);
         }
         const E *qh = q + ((size_t)seq * Tq * stride + n * D), *kh = k + ((size_t)seq * T * stride + n * D);
         const E *vh = v + ((size_t)seq * T * stride + n * D);
         E *oh = out + ((size_t)seq * Tq * stride + n * D);
 #ifdef BF16_PAIRS
         if constexpr (PAIRS) {
-            head_pairs<D>(qh, kh, vh, b, oh, Tq, T, stride, scale * log2e, (word *)KT, VP, S, P, Tp);
+            head_pairs<D>(qh, kh, vh, b, oh, Tq, T, stride, scale * LOG2E, (word *)KT, VP, S, P, Tp);
             continue;
         }
 #endif
-        if constexpr (!PAIRS) head<D>(qh, kh, vh, b, oh, Tq, T, stride, scale * log2e, KT, S, Tp);
+        if constexpr (!PAIRS) head<D>(qh, kh, vh, b, oh, Tq, T, stride, scale * LOG2E, KT, S, Tp);
     }
     free(KT);
     free(S);
@@ -349,4 +404,144 @@ extern "C" int bert_attention(const void *q, const void *k, const void *v, const
 #endif
     return D == 32 ? heads<32, false>(q32, k32, v32, bias, (float *)out, Tq, T, N, scale, first, last)
                    : heads<64, false>(q32, k32, v32, bias, (float *)out, Tq, T, N, scale, first, last);
+}
+
+// Training's backward pass for one head whose forward pass was head() with `drop`: dq, dk, dv from the context's
+// gradient dout, the context out and each row's lse, the probabilities and the keep mask rebuilt from q, k and the
+// seed (KT, VT: keys and values transposed, D x Tp). Per tile of R query rows: the scores and dout v^T again, from
+// which P (the probabilities dropped out and scaled, R x Tp) and G (the scores' gradient, R x Tp); then over the
+// tile dv += P^T dout and dk += G^T q into the head's sums dK, dV (Tp x D), and the tile's own dq = G k.
+template <int D>
+static void head_backward(const float *q, const float *k, const float *v, const float *out, const float *dout,
+                          const float *bias, float *dq, float *dk, float *dv, int Tq, int T, int stride, float scale,
+                          const Dropout &drop, float *KT, float *VT, float *P, float *G, float *dK, float *dV, int Tp) {
+    constexpr int NV = D / W;    // vectors a row
+    constexpr int DC = ACC / R;  // of them a pass over the keys
+    static_assert(NV % DC == 0, "a head's size must be a multiple of the pass's width");
+    const float scale2 = scale * LOG2E;  // the scores in log2 units, as head() made them
+    transpose_keys(k, KT, T, D, stride, Tp);
+    transpose_keys(v, VT, T, D, stride, Tp);
+    memset(dK, 0, sizeof(float) * Tp * D);
+    memset(dV, 0, sizeof(float) * Tp * D);
+    for (int i0 = 0; i0 < Tq; i0 += R) {
+        const int rows = Tq - i0 < R ? Tq - i0 : R;
+        float qs[R][D], dos[R][D], lse[R], di[R];
+        uint32_t keys[R];
+        for (int r = 0; r < R; r++) {
+            di[r] = 0.f;
+            for (int d = 0; d < D; d++) {
+                const size_t at = (size_t)(i0 + r) * stride + d;
+                qs[r][d] = r < rows ? q[at] * scale2 : 0.f;
+                dos[r][d] = r < rows ? dout[at] : 0.f;
+                if (r < rows) di[r] += dout[at] * out[at];  // sum_j P_ij dP_ij, the softmax's correction
+            }
+            lse[r] = r < rows ? drop.lse[i0 + r] : INFINITY;  // a row past Tq: probabilities 0
+            keys[r] = row_key(drop, i0 + r);
+        }
+        for (int j = 0; j < Tp; j += W) {
+            vec a[R], g[R];
+            for (int r = 0; r < R; r++) a[r] = g[r] = splat(0.f);
+            for (int d = 0; d < D; d++) {
+                const vec kd = load(KT + d * Tp + j), vd = load(VT + d * Tp + j);
+                for (int r = 0; r < R; r++) {
+                    a[r] += splat(qs[r][d]) * kd;
+                    g[r] += splat(dos[r][d]) * vd;
+                }
+            }
+            const vec b = load(bias + j);
+            for (int r = 0; r < R; r++) {
+                const vec p = exp2_nonpositive(a[r] + b - lse[r]);
+                const ivec keep = kept(keys[r], j, drop.threshold);
+                store(P + r * Tp + j, select(keep, p * drop.keep_scale));
+                store(G + r * Tp + j, p * (select(keep, g[r] * drop.keep_scale) - di[r]));
+            }
+        }
+        for (int c = 0; c < NV; c++) {
+            vec dov[R], qv[R];
+            for (int r = 0; r < R; r++) {
+                dov[r] = load(dos[r] + c * W);
+                qv[r] = load(qs[r] + c * W);
+            }
+            for (int j = 0; j < T; j++) {
+                vec x = load(dV + j * D + c * W), y = load(dK + j * D + c * W);
+                for (int r = 0; r < R; r++) {
+                    x += splat(P[r * Tp + j]) * dov[r];
+                    y += splat(G[r * Tp + j]) * qv[r];
+                }
+                store(dV + j * D + c * W, x);
+                store(dK + j * D + c * W, y);
+            }
+        }
+        for (int c0 = 0; c0 < NV; c0 += DC) {
+            vec o[R][DC];
+            for (int r = 0; r < R; r++)
+                for (int c = 0; c < DC; c++) o[r][c] = splat(0.f);
+            for (int j = 0; j < T; j++) {
+                vec kj[DC];
+                for (int c = 0; c < DC; c++) kj[c] = load(k + (size_t)j * stride + (c0 + c) * W);
+                for (int r = 0; r < R; r++) {
+                    const vec p = splat(G[r * Tp + j]);
+                    for (int c = 0; c < DC; c++) o[r][c] += p * kj[c];
+                }
+            }
+            for (int r = 0; r < rows; r++)
+                for (int c = 0; c < DC; c++) store(dq + (size_t)(i0 + r) * stride + (c0 + c) * W, o[r][c] * scale);
+        }
+    }
+    // dK summed G^T (q * scale * log2(e)): the log2(e) comes off here
+    for (int j = 0; j < T; j++)
+        for (int c = 0; c < NV; c++) {
+            store(dk + (size_t)j * stride + c * W, load(dK + j * D + c * W) * (1.f / LOG2E));
+            store(dv + (size_t)j * stride + c * W, load(dV + j * D + c * W));
+        }
+}
+
+// Training's attention, heads first..last-1 of the B * N: the forward pass (dout null: out and lse written) or the
+// backward one (dq, dk, dv written from dout, out and lse). q, out, dout, dq: [B, Tq, N * D], k, v, dk, dv:
+// [B, T, N * D], all float32; bias: [B, T] or null, lse: [B * N, Tq]; p the dropout probability, seed its draw.
+template <int D>
+static int heads_training(const float *q, const float *k, const float *v, const float *bias, float *out,
+                          const float *dout, float *lse, float *dq, float *dk, float *dv, int Tq, int T, int N,
+                          float scale, float p, uint32_t seed, int first, int last) {
+    const int stride = N * D, Tp = (T + 2 * W - 1) / (2 * W) * (2 * W);
+    const bool forward = dout == nullptr;
+    // forward: KT (D x Tp), S (R x Tp); backward also VT (D x Tp), G (R x Tp), dK and dV (Tp x D each)
+    const size_t floats = forward ? (size_t)D * Tp + R * Tp : 2 * ((size_t)D * Tp + R * Tp) + 2 * (size_t)Tp * D;
+    float *buffer = (float *)aligned_alloc(64, sizeof(float) * (floats + Tp));
+    if (!buffer) return 2;
+    float *KT = buffer, *S = KT + D * Tp, *b = S + R * Tp;
+    float *VT = b + Tp, *G = VT + D * Tp, *dK = G + R * Tp, *dV = dK + Tp * D;
+    Dropout drop;
+    drop.seed = seed;
+    drop.threshold = p <= 0.f ? 0u : (uint32_t)fmin((double)p * 4294967296.0, 4294967295.0);
+    drop.keep_scale = 1.f / (1.f - p);
+    for (int g = first, seq = -1; g < last; g++) {
+        const int n = g % N;
+        if (g / N != seq) {
+            seq = g / N;
+            log2_bias(b, bias, seq, T, Tp);
+        }
+        const size_t at = (size_t)seq * Tq * stride + n * D, kat = (size_t)seq * T * stride + n * D;
+        drop.first_row = g * Tq;
+        drop.lse = lse + (size_t)g * Tq;
+        if (forward)
+            head<D>(q + at, k + kat, v + kat, b, out + at, Tq, T, stride, scale * LOG2E, KT, S, Tp, &drop);
+        else
+            head_backward<D>(q + at, k + kat, v + kat, out + at, dout + at, b, dq + at, dk + kat, dv + kat, Tq, T,
+                             stride, scale, drop, KT, VT, S, G, dK, dV, Tp);
+    }
+    free(buffer);
+    return 0;
+}
+
+// Training's attention with dropout, forward (dout null) or backward, heads first..last-1 (`heads_training`).
+// Returns 0; 1 for a head size not built here; 2 when its buffers (tens of KB) could not be allocated.
+extern "C" int bert_attention_training(const float *q, const float *k, const float *v, const float *bias, float *out,
+                                       const float *dout, float *lse, float *dq, float *dk, float *dv, int Tq, int T,
+                                       int N, int D, float scale, float p, uint32_t seed, int first, int last) {
+    if (D == 32)
+        return heads_training<32>(q, k, v, bias, out, dout, lse, dq, dk, dv, Tq, T, N, scale, p, seed, first, last);
+    if (D == 64)
+        return heads_training<64>(q, k, v, bias, out, dout, lse, dq, dk, dv, Tq, T, N, scale, p, seed, first, last);
+    return 1;
 }
