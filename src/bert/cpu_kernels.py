@@ -216,13 +216,47 @@ class _CpuDropout(torch.autograd.Function):
         return grad.mul(keep).mul_(ctx.scale), None
 
 
+class _CompiledDropout(torch.autograd.Function):
+    """F.dropout's output and gradient by bert.csrc's `bert_dropout`, the keep mask a hash of a seed drawn from
+    torch's generator and each element's place (attention's dropout's): drawn again for the gradient, so nothing is
+    kept for backward. The same distribution, another random stream."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, p: float, kernel) -> torch.Tensor:
+        ctx.seed, ctx.p, ctx.kernel = _seed(), p, kernel
+        return _CompiledDropout._apply(x.contiguous(), p, ctx.seed, kernel)
+
+    @staticmethod
+    def _apply(x: torch.Tensor, p: float, seed: int, kernel) -> torch.Tensor:
+        out = torch.empty_like(x)
+        width = x.shape[-1]
+        pointers = (x.data_ptr(), out.data_ptr(), width, p, seed)
+        _split(lambda first, last: kernel(*pointers, first, last), x.numel() // width, width, DROPOUT_EVENT)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        return _CompiledDropout._apply(grad.contiguous(), ctx.p, ctx.seed, ctx.kernel), None, None
+
+
+def _seed() -> int:
+    """A seed for the compiled kernels' dropout masks, from torch's generator: `torch.manual_seed`, a replayed
+    random state and activation checkpointing give the same masks."""
+    return int(torch.randint(0, 2**32, (), dtype=torch.int64))
+
+
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """F.dropout(x, p, training), on the CPU through `_CpuDropout`."""
+    """F.dropout(x, p, training), on the CPU through `_CompiledDropout` where bert.csrc's kernels are built (float32,
+    not under autocast), else `_CpuDropout`."""
     if not training or p == 0.0:
         return x
     if x.device.type != "cpu" or not native_kernels():
         return F.dropout(x, p, True)
-    return _CpuDropout.apply(x, p)
+    kernel = csrc.load_attention().dropout
+    if kernel is None or x.dtype != torch.float32 or x.numel() == 0 or torch.is_autocast_enabled("cpu"):
+        return _CpuDropout.apply(x, p)
+    return _CompiledDropout.apply(x, p, kernel)
 
 
 class Dropout(nn.Dropout):
@@ -279,19 +313,18 @@ class _AttentionDropout(torch.autograd.Function):
 class _CompiledTrainingAttention(torch.autograd.Function):
     """dropout(softmax(q k^T / sqrt(D) + bias), p) v per head by bert.csrc's `bert_attention_training`, forward
     and backward, on [B, T, H] tensors as the projections write them (no head transposes either way). The keep mask
-    is a hash of a seed drawn from torch's generator (so `torch.manual_seed`, a replayed random state and activation
-    checkpointing give the same masks) and of each element's place: drawn again in the backward pass, never stored.
+    is a hash of a seed (`_seed`) and of each element's place: drawn again in the backward pass, never stored.
     Kept for backward: q, k, v, the context and one float a query row and head."""
 
     @staticmethod
     def forward(ctx, q, k, v, bias: torch.Tensor | None, num_heads: int, p: float, kernel) -> torch.Tensor:
         B, Tq, H = q.shape
         T, D = k.shape[1], H // num_heads
-        seed = int(torch.randint(0, 2**32, (), dtype=torch.int64))
+        seed = _seed()
         out, lse = torch.empty_like(q), q.new_empty(B * num_heads, Tq)
         pointers = [x.data_ptr() for x in (q, k, v)] + [0 if bias is None else bias.data_ptr(), out.data_ptr()]
         shape = (Tq, T, num_heads, D, D**-0.5, p, seed)
-        _by_heads(
+        _split(
             lambda first, last: kernel(*pointers, None, lse.data_ptr(), None, None, None, *shape, first, last),
             B * num_heads,
             Tq * T * D * 2,
@@ -309,7 +342,7 @@ class _CompiledTrainingAttention(torch.autograd.Function):
         pointers = [x.data_ptr() for x in (q, k, v)] + [0 if bias is None else bias.data_ptr()]
         pointers += [x.data_ptr() for x in (out, grad, lse, dq, dk, dv)]
         Tq, T, N, D = ctx.shape[:4]
-        _by_heads(lambda first, last: ctx.kernel(*pointers, *ctx.shape, first, last), q.shape[0] * N, Tq * T * D * 5)
+        _split(lambda first, last: ctx.kernel(*pointers, *ctx.shape, first, last), q.shape[0] * N, Tq * T * D * 5)
         return dq, dk, dv, None, None, None, None
 
 
@@ -318,10 +351,10 @@ def training_attention(
 ) -> torch.Tensor | None:
     """dropout(softmax(q k^T / sqrt(D) + mask_bias), p) v per head in training on the CPU, for queries [B, Tq, H]
     and keys and values [B, T, H] (heads side by side), mask_bias [B, 1, 1, T] or None, as [B, Tq, H], by bert.csrc's
-    compiled kernel (`_CompiledTrainingAttention`; bench/RESULTS.md has its speed against `attention_dropout`). The
-    same distribution as F.dropout's, another random stream. None where it does not apply: not float32 on the
-    CPU, autocast, tracing, a mask bias that wants a gradient, a head size it is not built for, or no kernel here;
-    the caller runs `attention_dropout`."""
+    compiled kernel (`_CompiledTrainingAttention`; bench/RESULTS.md has its speed against `attention_dropout`), its
+    dropout mask drawn as `_CompiledDropout` draws its own: the same distribution as F.dropout's, another random
+    stream. None where it does not apply: not float32 on the CPU, autocast, tracing, a mask bias that wants a
+    gradient, a head size it is not built for, or no kernel here; the caller runs `attention_dropout`."""
     B, Tq, H = q.shape
     T, D = k.shape[1], H // num_heads
     if (
@@ -357,6 +390,7 @@ def attention_dropout(
 _SPLIT_MULTIPLY_ADDS = 1 << 23
 # The kernel's calls as torch's profiler lists them (it sees torch's operators only).
 ATTENTION_EVENT = "bert::compiled_attention"
+DROPOUT_EVENT = "bert::compiled_dropout"
 _pool: tuple[int, ThreadPoolExecutor] | None = None  # (the process that made it, the pool)
 _pool_lock = threading.Lock()
 
@@ -402,7 +436,7 @@ def inference_attention(
         or (mask_bias is not None and (mask_bias.shape != (B, 1, 1, T) or not mask_bias.is_floating_point()))
     ):
         return None
-    kernel, _, pairs_built, _ = csrc.load_attention()
+    kernel, _, pairs_built = csrc.load_attention()[:3]
     if kernel is None:
         return None
     dtype = q.dtype
@@ -414,7 +448,7 @@ def inference_attention(
     pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr())
     heads = B * num_heads
 
-    _by_heads(
+    _split(
         lambda first, last: kernel(*pointers, Tq, T, num_heads, D, D**-0.5, first, last, products),
         heads,
         Tq * T * D * 2,
@@ -422,17 +456,18 @@ def inference_attention(
     return out.to(dtype)
 
 
-def _by_heads(call, heads: int, multiply_adds: int) -> None:
-    """call(first, last) over heads 0..heads-1, split among torch's intra-op threads by `_SPLIT_MULTIPLY_ADDS`
-    (`multiply_adds` a head); a kernel's nonzero status is its buffers (a few KB a thread) not allocated."""
+def _split(call, units: int, multiply_adds: int, event: str = ATTENTION_EVENT) -> None:
+    """call(first, last) over units (heads, rows) 0..units-1, split among torch's intra-op threads by
+    `_SPLIT_MULTIPLY_ADDS` (`multiply_adds` a unit), listed by the profiler as `event`; a kernel's nonzero status is
+    its buffers (a few KB a thread) not allocated."""
 
     def run(first: int, last: int) -> None:
         if call(first, last) != 0:
             raise MemoryError("the attention kernel could not allocate its buffers")
 
-    shares = min(torch.get_num_threads(), heads, max(1, heads * multiply_adds // _SPLIT_MULTIPLY_ADDS))
-    bounds = [heads * i // shares for i in range(shares + 1)]
-    with torch.profiler.record_function(ATTENTION_EVENT):
+    shares = min(torch.get_num_threads(), units, max(1, units * multiply_adds // _SPLIT_MULTIPLY_ADDS))
+    bounds = [units * i // shares for i in range(shares + 1)]
+    with torch.profiler.record_function(event):
         others = (
             [_helpers(shares - 1).submit(run, a, b) for a, b in zip(bounds[1:-1], bounds[2:])] if shares > 1 else []
         )

@@ -420,3 +420,29 @@ def test_the_model_trains_through_the_kernel_and_replays_its_masks_under_checkpo
     with torch.autocast("cpu", dtype=torch.bfloat16):
         model(ids, attention_mask=mask).sequence_output.float().sum().backward()
     assert passes == []
+
+
+@needs_build
+@pytest.mark.parametrize("width", [384, 37])  # whole vectors; a tail past them
+def test_compiled_dropout_keeps_1_minus_p_and_drops_the_gradient_where_it_dropped(width):
+    """The hidden layers' dropout by the kernel's hash: kept elements scaled by 1 / (1 - p), the fraction kept
+    1 - p with neighbours independent, the gradient masked alike with nothing kept for backward, and the mask set
+    by torch's generator."""
+    p = 0.1
+    x = torch.randn(40_000, width).add_(5.0).requires_grad_()  # no zeros: a zero output is a dropped element
+    saved = []
+    torch.manual_seed(3)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = cpu_kernels.dropout(x, p, True)
+    keep = out.detach() != 0
+    torch.testing.assert_close(out.detach()[keep], x.detach()[keep] / (1 - p))
+    assert saved == [] and abs(keep.float().mean() - (1 - p)) < 0.002
+    for a, b in ((keep[:, 1:], keep[:, :-1]), (keep[1:], keep[:-1])):
+        a, b = a.float() - a.float().mean(), b.float() - b.float().mean()
+        assert abs(float((a * b).mean() / (a.std() * b.std()))) < 0.02
+    grad = torch.randn_like(x)
+    out.backward(grad)
+    torch.testing.assert_close(x.grad, grad * keep / (1 - p))
+    torch.manual_seed(3)
+    assert torch.equal(cpu_kernels.dropout(x.detach(), p, True), out.detach())
+    assert not torch.equal(cpu_kernels.dropout(x.detach(), p, True), out.detach())  # the generator moved on

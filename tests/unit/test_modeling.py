@@ -422,11 +422,14 @@ def test_bfloat16_encoder_runs_onednn_where_the_cpu_multiplies_bfloat16(tiny_con
 
 
 def _plain_attention(q, k, v, mask_bias, scale, p):
-    """The attention core through autograd's plain ops, which keep every [B, N, T, T] tensor for backward."""
+    """The attention core through autograd's plain ops, which keep every [B, N, T, T] tensor for backward, its
+    dropout mask drawn as `attention_dropout` draws it (`_CpuDropout`'s)."""
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     if mask_bias is not None:
         scores = scores + mask_bias
-    return torch.matmul(cpu_kernels.dropout(scores.softmax(-1), p, True), v)
+    probs = scores.softmax(-1)
+    keep = torch.rand(probs.shape) >= p
+    return torch.matmul(probs.mul(keep).mul(1.0 / (1.0 - p)), v)
 
 
 def test_cpu_training_attention_dropout_recomputes_probabilities_with_the_same_gradients(tiny_config, monkeypatch):

@@ -5,7 +5,7 @@ the C++ compiler the machine has (`$CXX`, else `c++`), into `$XDG_CACHE_HOME/ber
 no compiler, no such CPU, the build fails, or `BERT_COMPILED_KERNELS=0` is set, `attention_kernel()` is None and
 the model keeps torch's kernels; why is logged once (another value of the variable is an InputError). On an AVX-512
 CPU with AVX512-BF16 (`torch.cpu`'s reading) the build also holds attention's bfloat16-pairs products. The same
-library holds training's attention with dropout (`Attention.training`).
+library holds training's attention with dropout and the hidden layers' dropout (`Attention.training`, `.dropout`).
 
 Plain C ABI through ctypes (which lets go of the GIL during a call): no Python or torch headers, so a kernel
 builds in about a second.
@@ -58,16 +58,20 @@ TRAINING_ARGS: list[type[ctypes._SimpleCData]] = [
     ctypes.c_uint32,
     *[_INT] * 2,
 ]
+# bert_dropout(x, out, width, p, seed, first_row, last_row) -> 0
+DROPOUT_ARGS: list[type[ctypes._SimpleCData]] = [_P, _P, _INT, ctypes.c_float, ctypes.c_uint32, *[ctypes.c_int64] * 2]
 
 
 class Attention(NamedTuple):
     """attention.cpp's `bert_attention` as built here (None where it cannot be), what it is or why not (`bert env`
-    prints it), whether it can multiply in bfloat16 pairs, and its `bert_attention_training` (built with it)."""
+    prints it), whether it can multiply in bfloat16 pairs, and the library's training kernels built with it:
+    `bert_attention_training` and `bert_dropout`."""
 
     kernel: Callable[..., int] | None
     description: str
     bf16_pairs: bool = False
     training: Callable[..., int] | None = None
+    dropout: Callable[..., int] | None = None
 
 
 class Unavailable(Exception):
@@ -137,11 +141,12 @@ def load_attention() -> Attention:
         logger.log(logging.WARNING if why.failed else logging.INFO, "%s: torch's CPU attention is used", why)
         return Attention(None, f"torch's ({why})")
     loaded = ctypes.CDLL(str(library))
-    kernel, training = loaded.bert_attention, loaded.bert_attention_training
+    kernel, training, dropout = loaded.bert_attention, loaded.bert_attention_training, loaded.bert_dropout
     kernel.argtypes, kernel.restype = ATTENTION_ARGS, _INT
     training.argtypes, training.restype = TRAINING_ARGS, _INT
+    dropout.argtypes, dropout.restype = DROPOUT_ARGS, _INT
     isa = f"{capability} with AVX512-BF16" if pairs else capability
-    return Attention(kernel, f"bert.csrc's, built for {isa} ({library})", pairs, training)
+    return Attention(kernel, f"bert.csrc's, built for {isa} ({library})", pairs, training, dropout)
 
 
 def attention_kernel() -> Callable[..., int] | None:

@@ -140,7 +140,7 @@ static inline uvec mix(uvec x) {
     x ^= x >> 16;
     return x;
 }
-static inline uint32_t row_key(const Dropout &drop, int i) { return mix(mix((uint32_t)(drop.first_row + i)) ^ drop.seed); }
+static inline uint32_t row_key(int64_t row, uint32_t seed) { return mix(mix((uint32_t)row) ^ seed); }
 // Lanes of keys j..j+W-1 of the row whose key is `key`: all ones where kept, zero where dropped.
 static inline ivec kept(uint32_t key, int j, uint32_t threshold) {
     uvec lanes;
@@ -148,6 +148,7 @@ static inline ivec kept(uint32_t key, int j, uint32_t threshold) {
     return (ivec)(mix(lanes) >= threshold);
 }
 static inline vec select(ivec mask, vec x) { return (vec)(mask & (ivec)x); }
+static inline uint32_t threshold_of(float p) { return p <= 0.f ? 0u : (uint32_t)fmin((double)p * 4294967296.0, 4294967295.0); }
 
 // One head: q, out rows of Tq queries, k, v rows of T keys, each row `stride` floats apart; bias has Tp entries
 // (log2(e) times the mask's, -inf past T). KT: D x Tp, S: R x Tp. With `drop`, training's forward pass: the
@@ -200,7 +201,7 @@ static void head(const float *q, const float *k, const float *v, const float *bi
             if (drop && r < rows) {
                 drop->lse[i0 + r] = top[0] + log2f(total);
                 inv[r] *= drop->keep_scale;
-                const uint32_t key = row_key(*drop, i0 + r);
+                const uint32_t key = row_key(drop->first_row + i0 + r, drop->seed);
                 for (int j = 0; j < Tp; j += W) store(s + j, select(kept(key, j, drop->threshold), load(s + j)));
             }
         }
@@ -436,7 +437,7 @@ static void head_backward(const float *q, const float *k, const float *v, const 
                 if (r < rows) di[r] += dout[at] * out[at];  // sum_j P_ij dP_ij, the softmax's correction
             }
             lse[r] = r < rows ? drop.lse[i0 + r] : INFINITY;  // a row past Tq: probabilities 0
-            keys[r] = row_key(drop, i0 + r);
+            keys[r] = row_key(drop.first_row + i0 + r, drop.seed);
         }
         for (int j = 0; j < Tp; j += W) {
             vec a[R], g[R];
@@ -513,7 +514,7 @@ static int heads_training(const float *q, const float *k, const float *v, const 
     float *VT = b + Tp, *G = VT + D * Tp, *dK = G + R * Tp, *dV = dK + Tp * D;
     Dropout drop;
     drop.seed = seed;
-    drop.threshold = p <= 0.f ? 0u : (uint32_t)fmin((double)p * 4294967296.0, 4294967295.0);
+    drop.threshold = threshold_of(p);
     drop.keep_scale = 1.f / (1.f - p);
     for (int g = first, seq = -1; g < last; g++) {
         const int n = g % N;
@@ -544,4 +545,22 @@ extern "C" int bert_attention_training(const float *q, const float *k, const flo
     if (D == 64)
         return heads_training<64>(q, k, v, bias, out, dout, lse, dq, dk, dv, Tq, T, N, scale, p, seed, first, last);
     return 1;
+}
+
+// The hidden layers' dropout by the same hash as attention's: x (rows first..last-1 of `width` floats) times the
+// keep mask of row r's key mix(mix(r) ^ seed), times 1 / (1 - p), into out. Its backward pass is the same call on
+// the gradient with the same seed. Returns 0.
+extern "C" int bert_dropout(const float *x, float *out, int width, float p, uint32_t seed, int64_t first,
+                             int64_t last) {
+    const uint32_t threshold = threshold_of(p);
+    const float scale = 1.f / (1.f - p);
+    for (int64_t row = first; row < last; row++) {
+        const uint32_t key = row_key(row, seed);
+        const float *a = x + row * width;
+        float *b = out + row * width;
+        int j = 0;
+        for (; j + W <= width; j += W) store(b + j, select(kept(key, j, threshold), load(a + j) * scale));
+        for (; j < width; j++) b[j] = mix(key + (uint32_t)j) >= threshold ? a[j] * scale : 0.f;
+    }
+    return 0;
 }
