@@ -317,33 +317,34 @@ class _CompiledTrainingAttention(torch.autograd.Function):
     Kept for backward: q, k, v, the context and one float a query row and head."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias: torch.Tensor | None, num_heads: int, p: float, kernel) -> torch.Tensor:
+    def forward(ctx, q, k, v, bias: torch.Tensor | None, lengths, num_heads: int, p: float, kernel) -> torch.Tensor:
         B, Tq, H = q.shape
         T, D = k.shape[1], H // num_heads
         seed = _seed()
         out, lse = torch.empty_like(q), q.new_empty(B * num_heads, Tq)
-        pointers = [x.data_ptr() for x in (q, k, v)] + [0 if bias is None else bias.data_ptr(), out.data_ptr()]
+        pointers = [x.data_ptr() for x in (q, k, v)]
+        pointers += [0 if x is None else x.data_ptr() for x in (bias, lengths)] + [out.data_ptr()]
         shape = (Tq, T, num_heads, D, D**-0.5, p, seed)
         _split(
             lambda first, last: kernel(*pointers, None, lse.data_ptr(), None, None, None, *shape, first, last),
             B * num_heads,
             Tq * T * D * 2,
         )
-        ctx.save_for_backward(q, k, v, bias, out, lse)
+        ctx.save_for_backward(q, k, v, bias, lengths, out, lse)
         ctx.shape, ctx.kernel = shape, kernel
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        q, k, v, bias, out, lse = ctx.saved_tensors
+        q, k, v, bias, lengths, out, lse = ctx.saved_tensors
         grad = grad.contiguous()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        pointers = [x.data_ptr() for x in (q, k, v)] + [0 if bias is None else bias.data_ptr()]
+        pointers = [x.data_ptr() for x in (q, k, v)] + [0 if x is None else x.data_ptr() for x in (bias, lengths)]
         pointers += [x.data_ptr() for x in (out, grad, lse, dq, dk, dv)]
         Tq, T, N, D = ctx.shape[:4]
         _split(lambda first, last: ctx.kernel(*pointers, *ctx.shape, first, last), q.shape[0] * N, Tq * T * D * 5)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def training_attention(
@@ -353,8 +354,11 @@ def training_attention(
     and keys and values [B, T, H] (heads side by side), mask_bias [B, 1, 1, T] or None, as [B, Tq, H], by bert.csrc's
     compiled kernel (`_CompiledTrainingAttention`; bench/RESULTS.md has its speed against `attention_dropout`), its
     dropout mask drawn as `_CompiledDropout` draws its own: the same distribution as F.dropout's, another random
-    stream. None where it does not apply: not float32 on the CPU, autocast, tracing, a mask bias that wants a
-    gradient, a head size it is not built for, or no kernel here; the caller runs `attention_dropout`."""
+    stream. Where each sequence's real tokens come first (the mask bias 0 there and nowhere else), the padding is
+    skipped as keys and as queries: its rows of the context are zero (what padded positions hold matters to nothing
+    downstream: no real token attends to them, and pooling and unpadding leave them out). None where it does not
+    apply: not float32 on the CPU, autocast, tracing, a mask bias that wants a gradient, a head size it is not built
+    for, or no kernel here; the caller runs `attention_dropout`."""
     B, Tq, H = q.shape
     T, D = k.shape[1], H // num_heads
     if (
@@ -370,8 +374,14 @@ def training_attention(
     if kernel is None:
         return None
     bias = None if mask_bias is None else mask_bias.reshape(B, T).to(torch.float32).contiguous()
+    lengths = None
+    if bias is not None and Tq == T:
+        real = bias == 0  # a padded key's bias is MASK_BIAS
+        count = real.sum(1, dtype=torch.int32)
+        if torch.equal(real, torch.arange(T) < count[:, None]):  # real tokens first: the padding can be skipped
+            lengths = count
     q, k, v = (x.contiguous() for x in (q, k, v))
-    return _CompiledTrainingAttention.apply(q, k, v, bias, num_heads, p, kernel)
+    return _CompiledTrainingAttention.apply(q, k, v, bias, lengths, num_heads, p, kernel)
 
 
 def attention_dropout(

@@ -440,7 +440,8 @@ class BertModel(BertPreTrainedModel):
         hidden = embedding_output if self.encoder_dtype is None else embedding_output.to(self.encoder_dtype)
         mask_bias = unpadding = None
         if attention_mask is not None:
-            # [B, T] -> [B, 1, 1, T]: only keys are masked; padded queries are computed and ignored.
+            # [B, T] -> [B, 1, 1, T]: only keys are masked; padded queries are computed and ignored (skipped by
+            # the compiled training attention, `cpu_kernels.training_attention`).
             mask_bias = (1.0 - attention_mask[:, None, None, :].to(hidden.dtype)) * MASK_BIAS
             unpad = self.unpad
             if unpad is None:

@@ -276,7 +276,7 @@ def _training_kernel(isa):
     return kernel
 
 
-def _train(kernel, q, k, v, mask_bias, heads, p, seed, grad=None):
+def _train(kernel, q, k, v, mask_bias, heads, p, seed, grad=None, lengths=None):
     """The training kernel's context and lse (grad None), or with `grad` also dq, dk, dv."""
     B, Tq, H = q.shape
     T, D = k.shape[1], H // heads
@@ -284,11 +284,11 @@ def _train(kernel, q, k, v, mask_bias, heads, p, seed, grad=None):
     out, lse = torch.empty_like(q), torch.empty(B * heads, Tq)
     shape = (Tq, T, heads, D, D**-0.5, p, seed, 0, B * heads)
     ptr = lambda x: None if x is None else x.data_ptr()  # noqa: E731
-    assert kernel(*map(ptr, (q, k, v, bias, out, None, lse, None, None, None)), *shape) == 0
+    assert kernel(*map(ptr, (q, k, v, bias, lengths, out, None, lse, None, None, None)), *shape) == 0
     if grad is None:
         return out, lse
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    assert kernel(*map(ptr, (q, k, v, bias, out, grad, lse, dq, dk, dv)), *shape) == 0
+    assert kernel(*map(ptr, (q, k, v, bias, lengths, out, grad, lse, dq, dk, dv)), *shape) == 0
     return out, dq, dk, dv
 
 
@@ -394,7 +394,7 @@ def test_the_model_trains_through_the_kernel_and_replays_its_masks_under_checkpo
     plain = csrc.load_attention()
     passes = []
     counted = csrc.Attention(
-        plain.kernel, "counted", training=lambda *a: passes.append(a[5] is not None) or plain.training(*a)
+        plain.kernel, "counted", training=lambda *a: passes.append(a[6] is not None) or plain.training(*a)
     )
     monkeypatch.setattr(csrc, "load_attention", lambda: counted)
     torch.manual_seed(0)
@@ -446,3 +446,22 @@ def test_compiled_dropout_keeps_1_minus_p_and_drops_the_gradient_where_it_droppe
     torch.manual_seed(3)
     assert torch.equal(cpu_kernels.dropout(x.detach(), p, True), out.detach())
     assert not torch.equal(cpu_kernels.dropout(x.detach(), p, True), out.detach())  # the generator moved on
+
+
+@needs_build
+@pytest.mark.parametrize("isa", ["AVX512", "AVX2"])
+def test_training_kernel_skips_padding_given_lengths(isa, kernel_cache):
+    """Given each sequence's real-token count, the context and every gradient at real positions equal the masked
+    call's (the same dropout draws), and the padded rows are zero. The context's gradient is zero at padded
+    positions, as in the model, where nothing downstream reads them."""
+    kernel = _training_kernel(isa)
+    for B, _, T, heads, D, _ in SHAPES:
+        q, k, v, mask_bias = _inputs(B, T, T, heads, D, True)
+        lengths = (mask_bias.reshape(B, T) == 0).sum(1, dtype=torch.int32)
+        real = (torch.arange(T) < lengths[:, None])[..., None]  # [B, T, 1]
+        grad = torch.randn(B, T, heads * D, generator=torch.Generator().manual_seed(1)) * real
+        masked = _train(kernel, q, k, v, mask_bias, heads, 0.3, 99, grad)
+        skipped = _train(kernel, q, k, v, mask_bias, heads, 0.3, 99, grad, lengths)
+        for a, b in zip(skipped, masked):
+            torch.testing.assert_close(a * real, b * real, atol=1e-6, rtol=1e-5)
+            assert not (a * ~real).any()

@@ -48,10 +48,11 @@ _P, _INT = ctypes.c_void_p, ctypes.c_int
 # bert_attention(q, k, v, bias, out, Tq, T, N, D, scale, first, last, products) -> 0; 1: a head size or bfloat16
 # pairs not built; 2: no memory. products: 0 float32, 1 bfloat16 pairs, 2 the same with bfloat16 q, k, v and out.
 ATTENTION_ARGS: list[type[ctypes._SimpleCData]] = [*[_P] * 5, *[_INT] * 4, ctypes.c_float, *[_INT] * 3]
-# bert_attention_training(q, k, v, bias, out, dout, lse, dq, dk, dv, Tq, T, N, D, scale, p, seed, first, last) -> 0;
-# 1: a head size not built; 2: no memory. dout null: the forward pass (out, lse written), else the backward pass.
+# bert_attention_training(q, k, v, bias, lengths, out, dout, lse, dq, dk, dv, Tq, T, N, D, scale, p, seed, first,
+# last) -> 0; 1: a head size not built; 2: no memory. dout null: the forward pass (out, lse written), else the
+# backward pass; lengths null, or each sequence's count of real tokens (padding after them) to skip the padding.
 TRAINING_ARGS: list[type[ctypes._SimpleCData]] = [
-    *[_P] * 10,
+    *[_P] * 11,
     *[_INT] * 4,
     ctypes.c_float,
     ctypes.c_float,

@@ -341,9 +341,16 @@ static void head_pairs(const E *q, const E *k, const E *v, const float *bias, E 
 
 constexpr float LOG2E = 1.44269504088896341f;
 
-// Sequence seq's mask bias times log2(e), -inf past T (the keys padding Tp), 0 without a mask.
-static void log2_bias(float *b, const float *bias, int seq, int T, int Tp) {
-    for (int j = 0; j < Tp; j++) b[j] = j >= T ? -INFINITY : bias ? bias[(size_t)seq * T + j] * LOG2E : 0.f;
+// Sequence seq's mask bias ([B, T]) times log2(e) for its first `keys` keys, -inf past them (to Tp), 0 without a
+// mask.
+static void log2_bias(float *b, const float *bias, int seq, int T, int keys, int Tp) {
+    for (int j = 0; j < Tp; j++) b[j] = j >= keys ? -INFINITY : bias ? bias[(size_t)seq * T + j] * LOG2E : 0.f;
+}
+
+// Rows first..last-1 of a head's D columns set to zero.
+template <int D>
+static void zero_rows(float *x, int first, int last, int stride) {
+    for (int i = first; i < last; i++) memset(x + (size_t)i * stride, 0, sizeof(float) * D);
 }
 
 template <int D, bool PAIRS, typename E = float>
@@ -362,7 +369,7 @@ static int heads(const E *q, const E *k, const E *v, const float *bias, E *out, 
         const int n = g % N;
         if (g / N != seq) {
             seq = g / N;
-            log2_bias(b, bias, seq, T, Tp);
+            log2_bias(b, bias, seq, T, T, Tp);
         }
         const E *qh = q + ((size_t)seq * Tq * stride + n * D), *kh = k + ((size_t)seq * T * stride + n * D);
         const E *vh = v + ((size_t)seq * T * stride + n * D);
@@ -500,10 +507,12 @@ static void head_backward(const float *q, const float *k, const float *v, const 
 // Training's attention, heads first..last-1 of the B * N: the forward pass (dout null: out and lse written) or the
 // backward one (dq, dk, dv written from dout, out and lse). q, out, dout, dq: [B, Tq, N * D], k, v, dk, dv:
 // [B, T, N * D], all float32; bias: [B, T] or null, lse: [B * N, Tq]; p the dropout probability, seed its draw.
+// lengths ([B], or null; only with Tq == T): sequence b's tokens past lengths[b] are padding, which the bias masks
+// as keys; they are skipped as keys and as queries, their rows of out, dq, dk and dv zero.
 template <int D>
-static int heads_training(const float *q, const float *k, const float *v, const float *bias, float *out,
-                          const float *dout, float *lse, float *dq, float *dk, float *dv, int Tq, int T, int N,
-                          float scale, float p, uint32_t seed, int first, int last) {
+static int heads_training(const float *q, const float *k, const float *v, const float *bias, const int *lengths,
+                          float *out, const float *dout, float *lse, float *dq, float *dk, float *dv, int Tq, int T,
+                          int N, float scale, float p, uint32_t seed, int first, int last) {
     const int stride = N * D, Tp = (T + 2 * W - 1) / (2 * W) * (2 * W);
     const bool forward = dout == nullptr;
     // forward: KT (D x Tp), S (R x Tp); backward also VT (D x Tp), G (R x Tp), dK and dV (Tp x D each)
@@ -516,20 +525,28 @@ static int heads_training(const float *q, const float *k, const float *v, const 
     drop.seed = seed;
     drop.threshold = threshold_of(p);
     drop.keep_scale = 1.f / (1.f - p);
-    for (int g = first, seq = -1; g < last; g++) {
+    for (int g = first, seq = -1, keys = T, queries = Tq, Tk = Tp; g < last; g++) {
         const int n = g % N;
         if (g / N != seq) {
             seq = g / N;
-            log2_bias(b, bias, seq, T, Tp);
+            keys = lengths ? lengths[seq] : T;
+            queries = lengths ? keys : Tq;
+            Tk = (keys + 2 * W - 1) / (2 * W) * (2 * W);
+            log2_bias(b, bias, seq, T, keys, Tk);
         }
         const size_t at = (size_t)seq * Tq * stride + n * D, kat = (size_t)seq * T * stride + n * D;
         drop.first_row = g * Tq;
         drop.lse = lse + (size_t)g * Tq;
-        if (forward)
-            head<D>(q + at, k + kat, v + kat, b, out + at, Tq, T, stride, scale * LOG2E, KT, S, Tp, &drop);
-        else
-            head_backward<D>(q + at, k + kat, v + kat, out + at, dout + at, b, dq + at, dk + kat, dv + kat, Tq, T,
-                             stride, scale, drop, KT, VT, S, G, dK, dV, Tp);
+        if (forward) {
+            head<D>(q + at, k + kat, v + kat, b, out + at, queries, keys, stride, scale * LOG2E, KT, S, Tk, &drop);
+            zero_rows<D>(out + at, queries, Tq, stride);
+        } else {
+            head_backward<D>(q + at, k + kat, v + kat, out + at, dout + at, b, dq + at, dk + kat, dv + kat, queries,
+                             keys, stride, scale, drop, KT, VT, S, G, dK, dV, Tk);
+            zero_rows<D>(dq + at, queries, Tq, stride);
+            zero_rows<D>(dk + kat, keys, T, stride);
+            zero_rows<D>(dv + kat, keys, T, stride);
+        }
     }
     free(buffer);
     return 0;
@@ -537,13 +554,16 @@ static int heads_training(const float *q, const float *k, const float *v, const 
 
 // Training's attention with dropout, forward (dout null) or backward, heads first..last-1 (`heads_training`).
 // Returns 0; 1 for a head size not built here; 2 when its buffers (tens of KB) could not be allocated.
-extern "C" int bert_attention_training(const float *q, const float *k, const float *v, const float *bias, float *out,
-                                       const float *dout, float *lse, float *dq, float *dk, float *dv, int Tq, int T,
-                                       int N, int D, float scale, float p, uint32_t seed, int first, int last) {
+extern "C" int bert_attention_training(const float *q, const float *k, const float *v, const float *bias,
+                                       const int *lengths, float *out, const float *dout, float *lse, float *dq,
+                                       float *dk, float *dv, int Tq, int T, int N, int D, float scale, float p,
+                                       uint32_t seed, int first, int last) {
     if (D == 32)
-        return heads_training<32>(q, k, v, bias, out, dout, lse, dq, dk, dv, Tq, T, N, scale, p, seed, first, last);
+        return heads_training<32>(q, k, v, bias, lengths, out, dout, lse, dq, dk, dv, Tq, T, N, scale, p, seed, first,
+                                  last);
     if (D == 64)
-        return heads_training<64>(q, k, v, bias, out, dout, lse, dq, dk, dv, Tq, T, N, scale, p, seed, first, last);
+        return heads_training<64>(q, k, v, bias, lengths, out, dout, lse, dq, dk, dv, Tq, T, N, scale, p, seed, first,
+                                  last);
     return 1;
 }
 
