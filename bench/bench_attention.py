@@ -1,6 +1,7 @@
-"""Inference attention on the CPU: bert.csrc's compiled kernel against torch's SDPA, per shape and in `bert embed`.
+"""Attention on the CPU: bert.csrc's compiled kernel against torch's SDPA per shape and in `bert embed`, and in
+training against torch's ops.
 
-    python bench/bench_attention.py [--threads 1,2] [--repeats 5] [--isa avx2] [--embed]
+    python bench/bench_attention.py [--threads 1,2] [--repeats 5] [--isa avx2] [--embed] [--training]
 
 Each shape is a batch of B sequences of T tokens, N heads of D: softmax(q k^T / sqrt(D) + mask) v, random
 inputs, every sequence but the first with padded keys masked as the model masks them. The two paths read the
@@ -11,6 +12,13 @@ largest difference of the outputs. Where the kernel is built with bfloat16 pairs
 its products in pairs (what int8 and bfloat16 encoders run): milliseconds, GFLOP/s, its speed over the float32
 products' and its mean difference from SDPA's float32 result. `--isa avx2` restarts under bench/isa.py's caps:
 torch reads the CPU as AVX2, so the kernel is built for AVX2 (without pairs) and torch's kernels are capped alike.
+
+`--training` then times training's attention with dropout 0.1, forward and backward (a random gradient), on
+`TRAINING_SHAPES`: the compiled kernel (`cpu_kernels.training_attention`) against torch's ops with the
+probabilities recomputed in the backward pass (`cpu_kernels.attention_dropout`, what runs without the kernel),
+the latter's time including the head transposes the model makes around it; milliseconds each, the kernel's
+GFLOP/s (14 B N T^2 D: two products forward, five backward, counted on the padded shape) and the ratio. Masks as
+above: every sequence but the first padded, its real tokens first, which the kernel skips and torch's ops do not.
 
 `--embed` then times all-MiniLM-L6-v2's `Predictor.embed` (batch 32, all threads) on bench_peers.py's 2,000
 sentences and 256 of its passages in float32, int8 and (where the CPU multiplies it) bfloat16, with the kernel
@@ -40,6 +48,9 @@ from bert.cpu_kernels import bf16_in_hardware
 # (B, T, N, D): batches of SST-2-like sentences and of bench_peers.py's passages for all-MiniLM-L6-v2 (N 12, D 32),
 # BERT-Base's heads (N 12, D 64) on 128 tokens, and one short request as the server runs it.
 SHAPES = [(32, 24, 12, 32), (32, 64, 12, 32), (32, 254, 12, 32), (16, 128, 12, 64), (1, 12, 12, 32)]
+# Training batches: bench_train_embeddings.py's 16 passages of 128 tokens and twice that, 256 tokens, a batch of
+# short sentences, and BERT-Base's heads.
+TRAINING_SHAPES = [(16, 128, 12, 32), (32, 128, 12, 32), (16, 256, 12, 32), (32, 32, 12, 32), (8, 128, 12, 64)]
 
 
 def inputs(B: int, T: int, N: int, D: int) -> tuple[torch.Tensor, ...]:
@@ -124,11 +135,43 @@ def embed_ratios() -> None:
         csrc.load_attention.cache_clear()
 
 
+def training_ratios(threads: list[int], repeats: int) -> None:
+    print("\n| B x T, N x D | threads | torch's ops ms | kernel ms | kernel GFLOP/s | ratio |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for count in threads:
+        torch.set_num_threads(count)
+        for B, T, N, D in TRAINING_SHAPES:
+            q, k, v, mask = inputs(B, T, N, D)
+            q, k, v = (x.requires_grad_() for x in (q, k, v))
+            grad = torch.randn(B, T, N * D)
+
+            def plain() -> None:
+                split = [x.view(B, T, N, D).transpose(1, 2) for x in (q, k, v)]
+                out = cpu_kernels.attention_dropout(*split, mask, D**-0.5, 0.1).transpose(1, 2).reshape(B, T, N * D)
+                out.backward(grad)
+
+            def kernel() -> None:
+                out = cpu_kernels.training_attention(q, k, v, mask, N, 0.1)
+                assert out is not None
+                out.backward(grad)
+
+            times = {"plain": float("inf"), "kernel": float("inf")}
+            for _ in range(2):  # alternating
+                for name, run in (("plain", plain), ("kernel", kernel)):
+                    times[name] = min(times[name], best_ms(run, repeats))
+            gflops = 14 * B * N * T * T * D / 1e6 / times["kernel"]
+            print(
+                f"| {B} x {T}, {N} x {D} | {count} | {times['plain']:.2f} | {times['kernel']:.2f} | {gflops:.0f} "
+                f"| {times['plain'] / times['kernel']:.2f} |"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--embed", action="store_true", help="also bert embed's texts a second with and without it")
+    parser.add_argument("--training", action="store_true", help="also training's attention with dropout")
     add_isa_argument(parser)
     args = parser.parse_args()
     apply_isa(args.isa)
@@ -175,6 +218,8 @@ def main() -> None:
                         f"| {mean:.1e} |"
                     )
                 print(line)
+    if args.training:
+        training_ratios([int(t) for t in args.threads.split(",")], args.repeats)
     if args.embed:
         torch.set_num_threads(max(int(t) for t in args.threads.split(",")))
         embed_ratios()

@@ -254,7 +254,7 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     if x.device.type != "cpu" or not native_kernels():
         return F.dropout(x, p, True)
     kernel = csrc.load_attention().dropout
-    if kernel is None or x.dtype != torch.float32 or x.numel() == 0 or torch.is_autocast_enabled("cpu"):
+    if kernel is None or x.dtype != torch.float32 or x.dim() == 0 or x.numel() == 0 or torch.is_autocast_enabled("cpu"):
         return _CpuDropout.apply(x, p)
     return _CompiledDropout.apply(x, p, kernel)
 

@@ -112,10 +112,11 @@ __attribute__((noinline)) static void transpose_keys(const float *k, float *KT, 
 // Training's dropout on the probabilities. The keep mask is a hash of (seed, row, key) rather than stored random
 // numbers, so the backward pass draws it again for nothing: row `row` (head g's query i is row g * Tq + i) has the
 // key mix(mix(row) ^ seed), and its key j is kept where mix(that + j) >= threshold (p * 2^32). mix is a bijective
-// 32-bit integer hash ("lowbias32", C. Wellons' hash prospector): each output bit flips with probability
-// 0.5 +- 0.002 when one input bit does, so the kept fraction is 1 - p and neighbouring keys' draws are independent
-// to that degree. Each row also keeps its log2 of the softmax's sum (`lse`, the scores in log2 units, max added)
-// for the backward pass to rebuild the probabilities from the scores alone.
+// 32-bit integer hash (the "lowbias32" constants of C. Wellons' hash prospector, among the least biased
+// two-multiply hashes it found); tests/unit/test_compiled_attention.py checks the kept fraction and that
+// neighbouring keys', rows', heads' and sequences' draws are uncorrelated. Each row also keeps its log2 of the
+// softmax's sum (`lse`, the scores in log2 units, max added) for the backward pass to rebuild the probabilities
+// from the scores alone.
 struct Dropout {
     uint32_t seed, threshold;
     float keep_scale;  // 1 / (1 - p)
@@ -148,7 +149,9 @@ static inline ivec kept(uint32_t key, int j, uint32_t threshold) {
     return (ivec)(mix(lanes) >= threshold);
 }
 static inline vec select(ivec mask, vec x) { return (vec)(mask & (ivec)x); }
-static inline uint32_t threshold_of(float p) { return p <= 0.f ? 0u : (uint32_t)fmin((double)p * 4294967296.0, 4294967295.0); }
+static inline uint32_t threshold_of(float p) {
+    return p <= 0.f ? 0u : (uint32_t)fmin((double)p * 4294967296.0, 4294967295.0);
+}
 
 // One head: q, out rows of Tq queries, k, v rows of T keys, each row `stride` floats apart; bias has Tp entries
 // (log2(e) times the mask's, -inf past T). KT: D x Tp, S: R x Tp. With `drop`, training's forward pass: the
