@@ -6,15 +6,19 @@ Memory per device, in bytes:
   world size.
 - activations: what autograd keeps for the backward pass of one micro-batch. Per encoder layer (b sequences
   of s tokens, hidden h, a heads, intermediate i), counted on this implementation's CPU kernels with dropout
-  on (the released configs): fp32 copies of 8 [b, s, h] tensors and two bool dropout masks of that shape,
-  2 [b, s, i] (the GELU's input and output), the bool dropout mask of the [b, a, s, s] attention
-  probabilities (the backward pass recomputes the probabilities: `cpu_kernels.attention_dropout`; under
-  autocast the probabilities before and after dropout too), and LayerNorm statistics. On CUDA (not
+  on (the released configs): fp32 copies of 8 [b, s, h] tensors, 2 [b, s, i] (the GELU's input and output),
+  LayerNorm statistics, and for attention [b, a, s] floats (bert.csrc's training kernel, head sizes 32 and 64:
+  `cpu_kernels.training_attention`, which draws its dropout masks again in the backward pass, as the hidden
+  layers' dropout does). Without the compiled kernels (no compiler here, or under autocast), two bool dropout
+  masks of [b, s, h] and the bool dropout mask of the [b, a, s, s] attention probabilities (the backward pass
+  recomputes the probabilities: `cpu_kernels.attention_dropout`; under autocast the probabilities before and
+  after dropout too); with the compiled dropout but another head size, the latter alone. On CUDA (not
   measured: no GPU here) the plan counts 10 [b, s, h] and the fused SDPA kernels' [b, a, s] instead of
   [b, a, s, s]; bf16/fp16 halve the tensors autocast computes. The last layer runs its queries, attention
   output and feed-forward at [CLS] and the m masked positions alone (`BertModel`'s `output_positions`): its
   input, keys and values stay [b, s, h], the rest is [b, 1 + m, ...], and it keeps the gathered rows too.
-  The embeddings keep a [b, s, h] (their output is the first layer's input) and a bool mask, and the heads
+  The embeddings keep a [b, s, h] (their output is the first layer's input) and, without the compiled
+  dropout, a bool mask, and the heads
   4 h + V values per masked position (the log-softmax over the vocabulary).
   With `--gradient_checkpointing` each layer keeps its input only, and one layer's activations exist again
   while it is recomputed.
@@ -41,6 +45,7 @@ from typing import Any
 
 import torch
 
+from bert import csrc
 from bert.config import BertConfig
 from bert.errors import InputError
 from bert.modeling import BertForPreTraining
@@ -84,10 +89,20 @@ def _layer_bytes(config: BertConfig, shape: Shape, cuda: bool, half: bool, last:
     rows = 3 * b * s * h + (6 if last else 5) * b * q * h
     if cuda:  # the fused SDPA kernels keep [b, a, q] log-sum-exps instead of the probabilities
         return (2 if half else FP32) * (rows + 2 * b * q * h + 2 * b * q * i) + b * a * q * FP32 + FP32 * 4 * b * q
-    # two bool dropout masks [b, q, h] and the attention probabilities' [b, a, q, s]; under autocast the plain
-    # ops keep the probabilities (fp32: the mask bias promotes them) before and after dropout too
-    masks_and_scores = 2 * b * q * h + (2 * FP32 + 1 if half else 1) * b * a * q * s
-    return (2 if half else FP32) * (rows + 2 * b * q * i) + masks_and_scores + FP32 * 4 * b * q
+    dropout, attention = _compiled(config, half)
+    # without the compiled dropout, two bool dropout masks [b, q, h]; the compiled attention keeps [b, a, q] floats,
+    # torch's ops the probabilities' bool dropout mask [b, a, q, s], and under autocast the probabilities (fp32: the
+    # mask bias promotes them) before and after dropout too
+    masks = 0 if dropout else 2 * b * q * h
+    scores = FP32 * b * a * q if attention else (2 * FP32 + 1 if half else 1) * b * a * q * s
+    return (2 if half else FP32) * (rows + 2 * b * q * i) + masks + scores + FP32 * 4 * b * q
+
+
+def _compiled(config: BertConfig, half: bool) -> tuple[bool, bool]:
+    """Whether CPU training here runs bert.csrc's dropout and its attention with dropout (float32 only; the
+    attention for head sizes it is built for)."""
+    built = not half and csrc.load_attention().dropout is not None
+    return built, built and config.head_size in csrc.HEAD_SIZES
 
 
 def activation_bytes(
@@ -95,8 +110,9 @@ def activation_bytes(
 ) -> int:
     """Bytes autograd keeps for one micro-batch's backward (see the module docstring)."""
     b, s, m, h, v = shape.batch, shape.seq, shape.predictions, config.hidden_size, config.vocab_size
-    # the LayerNorm's input and the dropout mask, bool; their output is the first layer's input, counted there
-    embeddings = FP32 * (b * s * h + 8 * b * s) + b * s * h
+    # the LayerNorm's input and, without the compiled dropout, its bool mask; their output is the first layer's
+    # input, counted there
+    embeddings = FP32 * (b * s * h + 8 * b * s) + (0 if not cuda and _compiled(config, half)[0] else b * s * h)
     heads = FP32 * b * m * (v + 4 * h + 7) + FP32 * b * (h + 5)
     layer, last = _layer_bytes(config, shape, cuda, half), _layer_bytes(config, shape, cuda, half, last=True)
     if gradient_checkpointing:  # and the largest layer's activations, while it is recomputed
