@@ -1,6 +1,8 @@
 """bert.csrc's CPU attention kernel: built for this CPU on first use (both vector widths), equal to torch's SDPA
 within float32 rounding wherever the model calls it, and left aside (torch's kernel runs) where it does not apply
-or cannot be built."""
+or cannot be built; in training, forward and backward equal autograd through the dropout mask it draws, and that
+mask (and the hidden layers' dropout's) has the kept fraction and independence of a dropout mask and follows
+torch's generator."""
 
 from __future__ import annotations
 

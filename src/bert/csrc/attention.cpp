@@ -153,15 +153,38 @@ static inline uint32_t threshold_of(float p) {
     return p <= 0.f ? 0u : (uint32_t)fmin((double)p * 4294967296.0, 4294967295.0);
 }
 
+// A tile's rows of P x times each row's factor into `rows` rows of out: P is R x Tp weights over the T rows of x
+// (D floats each), x's and out's rows `stride` floats apart. The context (P the probabilities, x the values) and,
+// in training's backward pass, dq (P the scores' gradient, x the keys).
+template <int D>
+static inline void tile_times(const float *P, int Tp, const float *x, int T, int stride, const float *factor, int rows,
+                              float *out) {
+    constexpr int DV = D / W;    // vectors a row
+    constexpr int DC = ACC / R;  // of them a pass over x
+    static_assert(DV % DC == 0, "a head's size must be a multiple of the pass's width");
+    for (int c0 = 0; c0 < DV; c0 += DC) {
+        vec o[R][DC];
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < DC; c++) o[r][c] = splat(0.f);
+        for (int j = 0; j < T; j++) {
+            vec xj[DC];
+            for (int c = 0; c < DC; c++) xj[c] = load(x + (size_t)j * stride + (c0 + c) * W);
+            for (int r = 0; r < R; r++) {
+                const vec p = splat(P[r * Tp + j]);
+                for (int c = 0; c < DC; c++) o[r][c] += p * xj[c];
+            }
+        }
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < DC; c++) store(out + (size_t)r * stride + (c0 + c) * W, o[r][c] * factor[r]);
+    }
+}
+
 // One head: q, out rows of Tq queries, k, v rows of T keys, each row `stride` floats apart; bias has Tp entries
 // (log2(e) times the mask's, -inf past T). KT: D x Tp, S: R x Tp. With `drop`, training's forward pass: the
 // probabilities dropped out and each row's lse kept.
 template <int D>
 static void head(const float *q, const float *k, const float *v, const float *bias, float *out, int Tq, int T,
                  int stride, float scale, float *KT, float *S, int Tp, const Dropout *drop = nullptr) {
-    constexpr int DV = D / W;    // vectors a context row
-    constexpr int DC = ACC / R;  // of them a pass over the values
-    static_assert(DV % DC == 0, "a head's size must be a multiple of the pass's width");
     transpose_keys(k, KT, T, D, stride, Tp);
     for (int i0 = 0; i0 < Tq; i0 += R) {
         const int rows = Tq - i0 < R ? Tq - i0 : R;
@@ -208,21 +231,7 @@ static void head(const float *q, const float *k, const float *v, const float *bi
                 for (int j = 0; j < Tp; j += W) store(s + j, select(kept(key, j, drop->threshold), load(s + j)));
             }
         }
-        for (int c0 = 0; c0 < DV; c0 += DC) {
-            vec o[R][DC];
-            for (int r = 0; r < R; r++)
-                for (int c = 0; c < DC; c++) o[r][c] = splat(0.f);
-            for (int j = 0; j < T; j++) {
-                vec vj[DC];
-                for (int c = 0; c < DC; c++) vj[c] = load(v + (size_t)j * stride + (c0 + c) * W);
-                for (int r = 0; r < R; r++) {
-                    const vec p = splat(S[r * Tp + j]);
-                    for (int c = 0; c < DC; c++) o[r][c] += p * vj[c];
-                }
-            }
-            for (int r = 0; r < rows; r++)
-                for (int c = 0; c < DC; c++) store(out + (size_t)(i0 + r) * stride + (c0 + c) * W, o[r][c] * inv[r]);
-        }
+        tile_times<D>(S, Tp, v, T, stride, inv, rows, out + (size_t)i0 * stride);
     }
 }
 
@@ -426,9 +435,7 @@ template <int D>
 static void head_backward(const float *q, const float *k, const float *v, const float *out, const float *dout,
                           const float *bias, float *dq, float *dk, float *dv, int Tq, int T, int stride, float scale,
                           const Dropout &drop, float *KT, float *VT, float *P, float *G, float *dK, float *dV, int Tp) {
-    constexpr int NV = D / W;    // vectors a row
-    constexpr int DC = ACC / R;  // of them a pass over the keys
-    static_assert(NV % DC == 0, "a head's size must be a multiple of the pass's width");
+    constexpr int NV = D / W;  // vectors a row
     const float scale2 = scale * LOG2E;  // the scores in log2 units, as head() made them
     transpose_keys(k, KT, T, D, stride, Tp);
     transpose_keys(v, VT, T, D, stride, Tp);
@@ -483,21 +490,9 @@ static void head_backward(const float *q, const float *k, const float *v, const 
                 store(dK + j * D + c * W, y);
             }
         }
-        for (int c0 = 0; c0 < NV; c0 += DC) {
-            vec o[R][DC];
-            for (int r = 0; r < R; r++)
-                for (int c = 0; c < DC; c++) o[r][c] = splat(0.f);
-            for (int j = 0; j < T; j++) {
-                vec kj[DC];
-                for (int c = 0; c < DC; c++) kj[c] = load(k + (size_t)j * stride + (c0 + c) * W);
-                for (int r = 0; r < R; r++) {
-                    const vec p = splat(G[r * Tp + j]);
-                    for (int c = 0; c < DC; c++) o[r][c] += p * kj[c];
-                }
-            }
-            for (int r = 0; r < rows; r++)
-                for (int c = 0; c < DC; c++) store(dq + (size_t)(i0 + r) * stride + (c0 + c) * W, o[r][c] * scale);
-        }
+        float scales[R];
+        for (int r = 0; r < R; r++) scales[r] = scale;
+        tile_times<D>(G, Tp, k, T, stride, scales, rows, dq + (size_t)i0 * stride);
     }
     // dK summed G^T (q * scale * log2(e)): the log2(e) comes off here
     for (int j = 0; j < T; j++)

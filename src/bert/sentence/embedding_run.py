@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # A batch's columns (anchors, positives, negatives) are embedded in one pass when padding them all to the longest
-# makes at most this many times the tokens of their own paddings (`EmbeddingRun.loss_fn`).
+# makes at most this many times the tokens of their own paddings (`embed_columns`).
 STACK_PADDING = 1.25
 
 
@@ -242,8 +242,9 @@ class EmbeddingRun(SentenceRun):
 def embed_columns(embed: Callable[[dict, int], torch.Tensor], batch: dict, num_columns: int) -> list[torch.Tensor]:
     """Every column's embeddings, `embed(batch, c)` being column c's; from one pass over the columns stacked (each
     padded to the longest) where that pads at most `STACK_PADDING` times the tokens of the columns' own passes: one
-    pass of larger GEMMs and one embedding gradient where each column's pass made its own (1.12x a training step of
-    16 STS-B pairs on the CPU, bench/RESULTS.md; short queries stacked over 128-token passages: 0.97x, run apart)."""
+    pass of larger GEMMs and one embedding gradient where each column's pass made its own (1.11x-1.12x a training
+    step of 16 STS-B pairs on the CPU, bench/RESULTS.md; short queries stacked over 128-token passages: 0.97x, run
+    apart)."""
     shapes = [batch[f"input_ids_{c}"].shape for c in range(num_columns)]
     longest = max(T for _, T in shapes)
     if sum(B for B, _ in shapes) * longest > STACK_PADDING * sum(B * T for B, T in shapes):
