@@ -125,15 +125,9 @@ struct Dropout {
 };
 
 typedef uint32_t uvec __attribute__((vector_size(W * 4)));
-static inline uint32_t mix(uint32_t x) {
-    x ^= x >> 16;
-    x *= 0x7feb352dU;
-    x ^= x >> 15;
-    x *= 0x846ca68bU;
-    x ^= x >> 16;
-    return x;
-}
-static inline uvec mix(uvec x) {
+// One word (uint32_t) or a vector of them (uvec), lane by lane.
+template <typename U>
+static inline U mix(U x) {
     x ^= x >> 16;
     x *= 0x7feb352dU;
     x ^= x >> 15;
