@@ -19,6 +19,8 @@ probabilities recomputed in the backward pass (`cpu_kernels.attention_dropout`, 
 the latter's time including the head transposes the model makes around it; milliseconds each, the kernel's
 GFLOP/s (14 B N T^2 D: two products forward, five backward, counted on the padded shape) and the ratio. Masks as
 above: every sequence but the first padded, its real tokens first, which the kernel skips and torch's ops do not.
+Then the hidden layers' dropout (p 0.1, forward and backward) on `DROPOUT_SHAPE`: the compiled kernel's
+(`cpu_kernels.dropout`) against torch's draw of a uniform mask (`cpu_kernels._CpuDropout`, what runs without it).
 
 `--embed` then times all-MiniLM-L6-v2's `Predictor.embed` (batch 32, all threads) on bench_peers.py's 2,000
 sentences and 256 of its passages in float32, int8 and (where the CPU multiplies it) bfloat16, with the kernel
@@ -51,6 +53,8 @@ SHAPES = [(32, 24, 12, 32), (32, 64, 12, 32), (32, 254, 12, 32), (16, 128, 12, 6
 # Training batches: bench_train_embeddings.py's 16 passages of 128 tokens and twice that, 256 tokens, a batch of
 # short sentences, and BERT-Base's heads.
 TRAINING_SHAPES = [(16, 128, 12, 32), (32, 128, 12, 32), (16, 256, 12, 32), (32, 32, 12, 32), (8, 128, 12, 64)]
+# The hidden layers' dropout on an MNRL step's tokens (16 queries of up to 24 and 16 passages of 128) x MiniLM's width.
+DROPOUT_SHAPE = (2432, 384)
 
 
 def inputs(B: int, T: int, N: int, D: int) -> tuple[torch.Tensor, ...]:
@@ -164,6 +168,20 @@ def training_ratios(threads: list[int], repeats: int) -> None:
                 f"| {B} x {T}, {N} x {D} | {count} | {times['plain']:.2f} | {times['kernel']:.2f} | {gflops:.0f} "
                 f"| {times['plain'] / times['kernel']:.2f} |"
             )
+        x = torch.randn(*DROPOUT_SHAPE, requires_grad=True)
+        grad = torch.randn(*DROPOUT_SHAPE)
+        runs = {
+            "plain": lambda: cpu_kernels._CpuDropout.apply(x, 0.1).backward(grad),
+            "kernel": lambda: cpu_kernels.dropout(x, 0.1, True).backward(grad),
+        }
+        times = dict.fromkeys(runs, float("inf"))
+        for _ in range(2):
+            for name, run in runs.items():
+                times[name] = min(times[name], best_ms(run, repeats))
+        print(
+            f"| dropout, {DROPOUT_SHAPE[0]} x {DROPOUT_SHAPE[1]} | {count} | {times['plain']:.2f} "
+            f"| {times['kernel']:.2f} | - | {times['plain'] / times['kernel']:.2f} |"
+        )
 
 
 def main() -> None:
