@@ -327,8 +327,9 @@ def _fit_prefix(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, t
     return state
 
 
-def load_into(model: nn.Module, ckpt: Checkpoint) -> None:
-    """Copy the checkpoint's weights into `model` like the original's assignment map does.
+def load_into(model: nn.Module, ckpt: Checkpoint) -> set[str]:
+    """Copy the checkpoint's weights into `model` like the original's assignment map does; returns the names (the
+    model's) of those copied.
 
     Weights only the model has (a new task head) keep their initialisation; weights only the checkpoint
     has (other heads) are ignored; a shape mismatch, or encoder weights missing from the checkpoint,
@@ -363,6 +364,7 @@ def load_into(model: nn.Module, ckpt: Checkpoint) -> None:
         logger.info("initialised from scratch (not in the checkpoint): %s", ", ".join(new))
     if unused:
         logger.info("not used from the checkpoint: %s", ", ".join(unused))
+    return set(loadable)
 
 
 def load_pretrained(cls, path, config: BertConfig | None = None, checkpoint: Checkpoint | None = None, **kwargs):

@@ -492,8 +492,9 @@ class _FinetuneRun:
         checkpointing.set_seed(args.seed)
         head = MODEL_CLASSES[self.task.head]
         assert issubclass(head, FineTuningHead)  # a task's head is a fine-tuning head
-        model = head(start.config, **self.task.model_kwargs())
-        global_step, state = start.load_weights(model, args, self.exported, FINETUNE_STATE_NAME)
+        model, global_step, state = start.build(
+            head, args, self.exported, FINETUNE_STATE_NAME, **self.task.model_kwargs()
+        )
         logger.info("%s: %d parameters", type(model).__name__, num_parameters(model))
         self.wrapped = training.prepare_model(model, args, self.dist)
         if self.evaluate_during_training:

@@ -17,10 +17,12 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Collection, Iterator
+from typing import Any, TypeVar
 
 import torch
 
-from bert.checkpoint import Checkpoint, _fit_prefix, architecture, load_into, read_checkpoint
+from bert.checkpoint import Checkpoint, architecture, load_into, read_checkpoint
+from bert.config import BertConfig
 from bert.errors import InputError
 from bert.modeling import (
     BertForMultipleChoice,
@@ -51,6 +53,8 @@ FINE_TUNING_COMMANDS = {
     "BertForMultipleChoice": "bert swag",
 }
 MLM_KEY = "cls.predictions.transform.dense.weight"
+# A model class that `build_loaded` returns as itself.
+Model = TypeVar("Model", bound=BertPreTrainedModel)
 # Weights a masked-LM model may lack: its task never reads them.
 _UNUSED_BY_MASKED_LM = ("cls.seq_relationship.", "bert.pooler.")
 
@@ -98,6 +102,25 @@ def _without_init() -> Iterator[None]:
             setattr(torch.nn.init, name, function)
 
 
+def _uninitialised(model_class: type[Model], config: BertConfig, **kwargs: Any) -> Model:
+    """`model_class(config, **kwargs)` without the random initialisation, its parameters zeroed."""
+    with _without_init():
+        model = model_class(config, **kwargs)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    return model
+
+
+def build_loaded(model_class: type[Model], config: BertConfig, ckpt: Checkpoint, **kwargs: Any) -> Model:
+    """`model_class(config, **kwargs)` with `ckpt`'s weights (`load_into`), initialised at random only where the
+    checkpoint has none (a new task head): the start of a training run. Drawing the rest, all of it overwritten,
+    took 1.8 s of all-MiniLM-L6-v2's start-up and 7 s of BERT-Base's (torch's truncated normal, 2 cores)."""
+    model = _uninitialised(model_class, config, **kwargs)
+    model.init_weights(keep=load_into(model, ckpt))
+    return model
+
+
 def build_model(ckpt: Checkpoint, name: str) -> BertPreTrainedModel:
     """The `ARCHITECTURES[name]` model with the checkpoint's weights, in fp32 on the CPU, in train mode.
 
@@ -109,24 +132,19 @@ def build_model(ckpt: Checkpoint, name: str) -> BertPreTrainedModel:
     """
     assert ckpt.config is not None  # read_model_checkpoint refuses weights without one
     model_class = ARCHITECTURES[name]
-    with _without_init():
-        if model_class is BertModel:
-            model: BertPreTrainedModel = BertModel(ckpt.config, add_pooling_layer=has_pooler(ckpt))
-        elif model_class in (BertForSequenceClassification, BertForTokenClassification):
-            model = model_class(ckpt.config, num_labels=_num_labels(ckpt, name))
-        else:
-            model = model_class(ckpt.config)
+    if model_class is BertModel:
+        model: BertPreTrainedModel = _uninitialised(BertModel, ckpt.config, add_pooling_layer=has_pooler(ckpt))
+    elif model_class in (BertForSequenceClassification, BertForTokenClassification):
+        model = _uninitialised(model_class, ckpt.config, num_labels=_num_labels(ckpt, name))
+    else:
+        model = _uninitialised(model_class, ckpt.config)
     first_name: dict[int, str] = {}
     tied = [(n, first_name.setdefault(id(p), n)) for n, p in model.named_parameters(remove_duplicate=False)]
-    with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
     for n, source in tied:
         if n != source:
             owner, _, attr = n.rpartition(".")
             setattr(model.get_submodule(owner), attr, model.get_parameter(source))
-    load_into(model, ckpt)
-    loaded = set(_fit_prefix(ckpt.state_dict, model))
+    loaded = load_into(model, ckpt)
     unused_when_missing = _UNUSED_BY_MASKED_LM if model_class is BertForPreTraining else ()
     missing = [n for n, source in tied if n == source and n not in loaded and not n.startswith(unused_when_missing)]
     if missing:

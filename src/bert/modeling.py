@@ -16,6 +16,7 @@ Dimension legend used in the shape comments:
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import cast
 
@@ -322,8 +323,23 @@ class BertPreTrainedModel(nn.Module):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
 
-    def init_weights(self) -> None:
-        self.apply(self._init_weights)
+    def init_weights(self, keep: Collection[str] = ()) -> None:
+        """The original's initialisation of every parameter but those named in `keep` (weights a checkpoint gave:
+        `bert.loading.build_loaded`), in one order whatever `keep` holds."""
+        kept = {id(p) for name, p in self.named_parameters(remove_duplicate=False) if name in keep}
+
+        def init(module: nn.Module) -> None:
+            own = list(module.parameters(recurse=False))
+            if own and all(id(p) in kept for p in own):
+                return
+            # A layer partly in `keep` (a bias the checkpoint lacks) is initialised whole, its given part put back.
+            given = [(p, p.detach().clone()) for p in own if id(p) in kept]
+            self._init_weights(module)
+            with torch.no_grad():
+                for p, value in given:
+                    p.copy_(value)
+
+        self.apply(init)
 
     def set_unpad(self, unpad: bool | None) -> None:
         """Run the encoder on real tokens only (True), on padded batches (False), or decide per batch (None)."""

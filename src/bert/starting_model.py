@@ -27,15 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from torch import nn
-
-from bert.checkpoint import Checkpoint, load_into, read_checkpoint
+from bert.checkpoint import Checkpoint, read_checkpoint
 from bert.checkpointing import CHECKPOINT_PREFIX, check_checkpoint_config, latest_checkpoint, load_training_state
 from bert.config import BertConfig, resolve_config
 from bert.distillation import student_from_teacher_layers
 from bert.errors import InputError
 from bert.flags import LAYERS_FLAG, SHAPE_NAMES, DistillArgs, TeacherArgs
-from bert.loading import read_model_checkpoint
+from bert.loading import Model, build_loaded, read_model_checkpoint
 from bert.tokenization import load_vocab, validate_case_matches_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -69,39 +67,44 @@ class StartingModel:
     resume_dir: Path | None  # the newest checkpoint of --output_dir: the run resumes from it
     init: Checkpoint | None  # --init_checkpoint, read; None when resuming or when none was given
 
-    def load_weights(
-        self, model: nn.Module, args: StartingFlags, exported: Path, state_name: str
-    ) -> tuple[int, dict[str, Any] | None]:
-        """Put the weights the run `args` (`--do_train`, `--init_checkpoint`, `--ignore_checkpoint_digest`)
-        continues from into `model`; returns the step they come from and the
+    def build(
+        self, model_class: type[Model], args: StartingFlags, exported: Path, state_name: str, **kwargs: Any
+    ) -> tuple[Model, int, dict[str, Any] | None]:
+        """`model_class(self.config, **kwargs)` with the weights the run `args` (`--do_train`, `--init_checkpoint`,
+        `--ignore_checkpoint_digest`) continues from; returns it, the step those weights come from and the
         training state to resume (None unless training resumes).
 
         Training resumes from the newest checkpoint, else starts from --init_checkpoint, else from random
         weights; evaluation alone uses the model a finished training exported to `exported` (its step in
-        `exported/state_name`), else the newest checkpoint.
+        `exported/state_name`), else the newest checkpoint. Only weights none of these give are drawn at random
+        (`bert.loading.build_loaded`).
         """
         verify = not args.ignore_checkpoint_digest
         state = None
         global_step = 0
+        ckpt = self.init
         if not args.do_train and (exported / "config.json").is_file():
             logger.info("evaluating the model in %s", exported)
-            load_into(model, read_checkpoint(exported, verify=verify))
+            ckpt = read_checkpoint(exported, verify=verify)
             state_file = exported / state_name
             if state_file.is_file():
                 global_step = int(json.loads(state_file.read_text(encoding="utf-8")).get("global_step", 0))
         elif self.resume_dir is not None:
             ignored = " (--init_checkpoint is ignored)" if args.init_checkpoint else ""
             logger.info("resuming from %s%s", self.resume_dir, ignored)
-            load_into(model, read_checkpoint(self.resume_dir, verify=verify))
+            ckpt = read_checkpoint(self.resume_dir, verify=verify)
             global_step = int(self.resume_dir.name[len(CHECKPOINT_PREFIX) :])
             if args.do_train:
                 state = load_training_state(self.resume_dir, verify=verify)
-        elif self.init is not None:
-            load_into(model, self.init)
-        else:
+        elif ckpt is None:
             logger.warning("no --init_checkpoint: the model starts from random weights")
         self.init = None  # the weights are in the model now
-        return global_step, state
+        model = (
+            model_class(self.config, **kwargs)
+            if ckpt is None
+            else build_loaded(model_class, self.config, ckpt, **kwargs)
+        )
+        return model, global_step, state
 
 
 def resolve_starting_model(

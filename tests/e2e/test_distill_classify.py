@@ -105,8 +105,9 @@ def test_student_learns_the_teachers_labels(model_files, sst2, teacher, tmp_path
     # The teacher answers "1" everywhere; the distilled student moves there, the label-trained one does not.
     before, labels_only, after = (teacher_probability(tmp_path / n) for n in ("untrained", "plain", "distilled"))
     assert after > 0.8 > max(before, labels_only), (before, labels_only, after)
-    agreement = (read_tsv(out / "test_results.tsv").argmax(1) == 1).mean()
-    assert agreement > (read_tsv(tmp_path / "untrained" / "test_results.tsv").argmax(1) == 1).mean()
+    # And answers as the teacher does nearly everywhere (an untrained head's argmax is one label for all rows on
+    # this tiny model, the teacher's or not as its draw falls: no baseline).
+    assert (read_tsv(out / "test_results.tsv").argmax(1) == 1).mean() >= 0.9
 
 
 def test_max_train_examples_cuts_the_transfer_set_too(model_files, sst2, teacher, tmp_path):

@@ -38,13 +38,14 @@ import torch
 
 from bert import checkpointing, run_dir, training
 from bert.batching import RecordStream
-from bert.checkpoint import Checkpoint, load_into, read_checkpoint
+from bert.checkpoint import Checkpoint, read_checkpoint
 from bert.config import BertConfig
 from bert.distributed import distributed
 from bert.errors import InputError
 from bert.flags import check_batch_division, check_flag_values
 from bert.formats.results import write_results
 from bert.formats.tensorboard import EventWriter
+from bert.loading import build_loaded
 from bert.modeling import BertForPreTraining, num_parameters
 from bert.optimization import polynomial_warmup_lr
 from bert.pretraining.evaluation import evaluate
@@ -238,7 +239,6 @@ def _load_model(
     """The model (resumed, or from --init_checkpoint, or random) and the training state to resume; logs
     the features and variables as run_pretraining.py does."""
     checkpointing.set_seed(args.seed)
-    model = BertForPreTraining(config)
     state = None
     if resume_dir is not None:
         if args.init_checkpoint:
@@ -250,8 +250,8 @@ def _load_model(
     elif init is None and not args.do_train:
         logger.warning("evaluating a randomly initialised model: no checkpoint in --output_dir, no --init_checkpoint")
     restored: set[str] = set()
+    model = BertForPreTraining(config) if init is None else build_loaded(BertForPreTraining, config, init)
     if init is not None:
-        load_into(model, init)
         # Names as in the model: an encoder-only checkpoint's keys lack the "bert." prefix.
         prefixed = any(k.startswith("bert.") for k in init.state_dict)
         restored = {k if prefixed or k.startswith("cls.") else f"bert.{k}" for k in init.state_dict}

@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from bert.checkpoint import load_into, read_checkpoint
+from bert.checkpoint import read_checkpoint
 from bert.config import BertConfig
 from bert.cpu_kernels import bf16_in_hardware
 from bert.distillation import kd_classification_loss, minilm_losses, teacher_config
 from bert.errors import InputError
 from bert.flags import check_dtype
+from bert.loading import build_loaded
 from bert.modeling import BertForPreTraining
 from bert.pretraining.inputs import pretraining_metrics
 from bert.tokenization import load_vocab
@@ -77,8 +78,7 @@ def load_teacher(
             f"--max_seq_length={args.max_seq_length} exceeds --teacher={args.teacher}'s max_position_embeddings="
             f"{config.max_position_embeddings}"
         )
-    teacher = BertForPreTraining(config)
-    load_into(teacher, ckpt)
+    teacher = build_loaded(BertForPreTraining, config, ckpt)
     teacher.eval().requires_grad_(False).to(device)
     if args.teacher_dtype != "float32":
         if args.teacher_dtype == "bfloat16" and device.type == "cpu" and not bf16_in_hardware():

@@ -36,7 +36,7 @@ from bert.evaluations import EVAL_HISTORY_NAME, EvalHistory
 from bert.flags import check_batch_division, check_flag_values
 from bert.formats.results import write_results
 from bert.inference import Predictor
-from bert.modeling import BertModel, num_parameters
+from bert.modeling import BertModel, BertPreTrainedModel, num_parameters
 from bert.run_dir import MODEL_DIR
 from bert.sentence import evaluation
 from bert.sentence.data import TrainingData
@@ -125,7 +125,7 @@ class SentenceRun:
     args: TrainEmbeddingsArgs | TrainRerankerArgs
 
     command = ""
-    model_class: type = BertModel
+    model_class: type[BertPreTrainedModel] = BertModel
     next_command = ""  # the result block's next step, `{model}` the exported model
     # The loss is a mean over independent queries: a batch may be split over processes and micro-batches.
     accumulates = False
@@ -195,8 +195,9 @@ class SentenceRun:
     def load_model(self) -> None:
         args, files = self.args, self.files
         checkpointing.set_seed(args.seed)
-        model = self.model_class(files.config, **self.model_kwargs())
-        self.global_step, self.state = files.load_weights(model, args, self.exported, STATE_NAME)
+        model, self.global_step, self.state = files.build(
+            self.model_class, args, self.exported, STATE_NAME, **self.model_kwargs()
+        )
         logger.info("%s: %d parameters", type(model).__name__, num_parameters(model))
         self.model = model.to(self.dist.device)
         self.wrapped = training.prepare_model(model, args, self.dist)
