@@ -4,11 +4,13 @@ compiled kernel, in inference and in training with dropout (its probabilities an
 pass; where the kernel cannot be had, by torch's ops with the probabilities recomputed). Numerically each is the
 plain PyTorch operation it replaces (`F.linear`, `F.dropout`, autograd through softmax and matmul, SDPA;
 tests/unit/test_modeling.py and test_compiled_attention.py compare them), so
-`bert.modeling` reads as the original's `modeling.py` and calls these where it multiplies or drops out.
+`bert.modeling` reads as the original's `modeling.py` and calls these where it multiplies or drops out. The one
+approximation is `Int8Linear`, the Linear layers of `bert.quantization`'s int8 models.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import weakref
@@ -195,6 +197,72 @@ def by_rows(fn, x: torch.Tensor, training: bool) -> torch.Tensor:
     for start in range(0, rows, FEED_FORWARD_ROWS):
         out[start : start + FEED_FORWARD_ROWS] = fn(flat[start : start + FEED_FORWARD_ROWS])
     return out.view(x.shape)
+
+
+# oneDNN's int8 Linear (`torch.ops.onednn.qlinear_pointwise`, the kernel inductor emits for quantized CPU graphs):
+# int8 products summed in int32 by VNNI where the CPU has it, rescaled to float32 with the bias, the feed-forward
+# activation and the residual added in the same pass over the output.
+ONEDNN_INT8 = hasattr(torch.ops.onednn, "qlinear_pointwise") and hasattr(torch.ops.onednn, "qlinear_prepack")
+
+
+class Int8Linear(nn.Module):
+    """An nn.Linear for inference in int8: its weight 8-bit per output row (symmetric, the scale the row's largest
+    magnitude), each input 8-bit with the zero point and scale of its own range (taken per call), the products
+    summed in int32 and rescaled to float32; `forward` adds the activation and the residual in that pass."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().float()
+        scale = weight.abs().amax(1).clamp_min(1e-12) / 127
+        self.register_buffer("weight_scale", scale)
+        self.register_buffer("weight_int8", torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+        self.zero_points = torch.zeros(self.out_features, dtype=torch.int64)
+        self.packed = torch.ops.onednn.qlinear_prepack(self.weight_int8, [FEED_FORWARD_ROWS, self.in_features])
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        activation: tuple[str, list[float], str] = ("none", [], ""),
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if residual is not None and activation[0] != "none":  # oneDNN fuses one or the other (BERT needs no both)
+            return self(x, activation) + residual
+        flat = x.reshape(-1, self.in_features).contiguous()
+        rows = flat.shape[0]
+        if rows <= 2 * FEED_FORWARD_ROWS:
+            other = None if residual is None else residual.reshape(rows, self.out_features).contiguous()
+            return self._rows(flat, activation, other, "add").view(*x.shape[:-1], self.out_features)
+        # In chunks, as the feed-forward layer runs (`by_rows`): oneDNN's int8 GEMM ran at half its rate on
+        # [7264, 384] rows as on 512; each chunk takes a scale of its own. The chunks' results are summed into their
+        # rows of the output (oneDNN's "sum": in place), which holds the residual or zeros.
+        out = torch.zeros(rows, self.out_features) if residual is None else residual.reshape(rows, -1).clone()
+        for start in range(0, rows, FEED_FORWARD_ROWS):
+            part = slice(start, start + FEED_FORWARD_ROWS)
+            if activation[0] == "none":
+                self._rows(flat[part], activation, out[part], "sum")
+            else:  # (no "sum" after an activation in oneDNN's int8 Linear)
+                out[part] = self._rows(flat[part], activation, None, "")
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def _rows(
+        self, flat: torch.Tensor, activation: tuple[str, list[float], str], other: torch.Tensor | None, how: str
+    ) -> torch.Tensor:
+        kernel = csrc.load_attention().quantize
+        if kernel is not None:
+            q, scale, zero = torch.empty(flat.shape, dtype=torch.uint8), ctypes.c_float(), ctypes.c_int()
+            kernel(flat.data_ptr(), q.data_ptr(), flat.numel(), ctypes.byref(scale), ctypes.byref(zero))
+            x_scale, x_zero = scale.value, zero.value
+        else:
+            quantized = torch.quantize_per_tensor_dynamic(flat, torch.quint8, False)
+            q, x_scale, x_zero = quantized.int_repr(), quantized.q_scale(), quantized.q_zero_point()
+        args = (q, x_scale, x_zero, self.packed, self.weight_scale, self.zero_points)
+        if other is None:
+            return torch.ops.onednn.qlinear_pointwise(*args, self.bias, 1.0, 0, torch.float32, *activation)
+        return torch.ops.onednn.qlinear_pointwise.binary(
+            *args, other, self.bias, 1.0, 0, torch.float32, 1.0, 0, how, 1.0, *activation
+        )
 
 
 class _CpuDropout(torch.autograd.Function):

@@ -203,6 +203,8 @@ class BertSelfOutput(nn.Module):
         self.dropout = kernels.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.dense, kernels.Int8Linear) and not self.training:
+            return self.LayerNorm(self.dense(hidden, residual=residual))
         return self.LayerNorm(self.dropout(kernels.linear(self.dense, hidden)) + residual)
 
 
@@ -231,6 +233,8 @@ class BertIntermediate(nn.Module):
         self.fused_activation = kernels.FUSED_ACTIVATIONS.get(config.hidden_act)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.fused_activation is not None and isinstance(self.dense, kernels.Int8Linear):
+            return self.dense(hidden, self.fused_activation)
         if self.fused_activation is not None and kernels.onednn_inference(self.dense, hidden):
             d = self.dense
             weight = kernels.inference_weight(d.weight)

@@ -1,22 +1,25 @@
-"""int8 inference on CPU: dynamic quantization of the Linear layers.
+"""int8 inference on CPU: the Linear layers in 8-bit integers.
 
-Every `nn.Linear` of the encoder and the heads is replaced by torch's dynamically quantized Linear: its
-weight is stored as 7-bit integers in int8 (one scale per output row), and at run time each input is
-quantized to 8 bits with a scale taken from its own range, multiplied in integers (fbgemm kernels; AVX2
-is enough) and dequantized to fp32. Why 7-bit weights and 8-bit inputs, not torch's default of 8-bit
-weights and 7-bit inputs: the products run as uint8 x int8 pairs summed into int16 (VPMADDUBSW), which
-can overflow only when both are full range, and BERT's LayerNorm outputs have a few outlier features
-that set the input's scale, so the input's resolution matters more (measured on all-MiniLM-L6-v2,
-STS-B dev: cosine to the fp32 embeddings 0.992 against 0.976 with torch's default; Spearman 86.61
-against 86.30, fp32 86.72). Embeddings, LayerNorm, GELU and attention's softmax stay in fp32; attention's
-products are taken in bfloat16 pairs where the CPU has AVX512-BF16 (`BertSelfAttention.bf16_products`,
-bert.csrc's kernel), which round less than the int8 projections feeding them. The
-Linear layers hold about 85% of BERT-Base's weights and most of its time, so the model is about 3x
-smaller in memory and runs faster on CPUs without bf16 matrix units; the outputs move by about 1%
-(see bench/RESULTS.md for the measured cost on real tasks).
+Every `nn.Linear` of the encoder and the heads is replaced by `bert.cpu_kernels.Int8Linear`: its weight is stored
+as 8-bit integers (one scale per output row), and at run time each input (each chunk of 512 rows) is quantized to
+8 bits with the zero point and scale of its own range, multiplied in integers by oneDNN's int8 Linear (VNNI where
+the CPU has it, AVX2 otherwise) and rescaled to fp32 with the bias, the feed-forward activation and the residual
+added in that pass. Against torch's dynamically quantized Linear (fbgemm, with the activation and the residual as
+passes of their own), this path ran all-MiniLM-L6-v2's passages 1.05x faster and its STS-B embeddings nearer fp32's
+(mean cosine 0.9928 against 0.9909, bench/RESULTS.md): fbgemm's products sum uint8 x int8 pairs into int16
+(VPMADDUBSW), so its weights had to be 7-bit to leave room, and oneDNN's sum into int32. A model to be traced
+(`bert export --format=torchscript --quantize=int8`) takes torch's dynamically quantized Linear instead, which
+TorchScript can save; there the weights are 7-bit and the inputs 8-bit (not torch's default of 8-bit weights and
+7-bit inputs: BERT's LayerNorm outputs have a few outlier features that set the input's scale, so the input's
+resolution matters more: STS-B Spearman 86.61 against 86.30, fp32 86.72). Embeddings, LayerNorm and attention's
+softmax stay in fp32; attention's products are taken in bfloat16 pairs where the CPU has AVX512-BF16
+(`BertSelfAttention.bf16_products`, bert.csrc's kernel), which round less than the int8 projections feeding them.
+The Linear layers hold about 85% of BERT-Base's weights and most of its time, so the model is about 3x smaller in
+memory and runs faster on CPUs without bf16 matrix units; the outputs move by about 1% (see bench/RESULTS.md for
+the measured cost on real tasks).
 
-The masked-LM decoder is left in fp32: its weight is the word-embedding table (tied, as in the
-original), which the embedding lookup needs unquantized.
+The masked-LM decoder is left in fp32: its weight is the word-embedding table (tied, as in the original), which the
+embedding lookup needs unquantized.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import warnings
 import torch
 from torch import nn
 
+from bert.cpu_kernels import ONEDNN_INT8, Int8Linear
 from bert.errors import InputError
 from bert.flags import QUANTIZE_CHOICES
 from bert.modeling import BertSelfAttention
@@ -42,22 +46,27 @@ _QCONFIG = torch.ao.quantization.QConfig(
 
 def quantize_int8(model: nn.Module, bf16_products: bool = True) -> nn.Module:
     """Quantize every Linear layer of `model` (in eval mode, in place) to int8 weights for CPU inference, and
-    let its attention multiply in bfloat16 pairs where the kernel can (`bf16_products`; False for a model to be
-    traced, whose graph runs torch's float32 attention: its eager outputs are then the graph's).
+    let its attention multiply in bfloat16 pairs where the kernel can (`bf16_products`). `bf16_products=False`
+    is for a model to be traced: its Linear layers are torch's dynamically quantized ones (which TorchScript
+    saves) and its graph runs torch's float32 attention, so its eager outputs are the graph's.
 
-    Returns the same model object. The model must stay on the CPU: quantized Linear layers have no
-    CUDA kernels.
+    Returns the same model object. The model must stay on the CPU: the int8 Linear layers have no CUDA kernels.
     """
     model.eval()
     linears = {name for name, m in model.named_modules() if type(m) is nn.Linear and not _is_tied_decoder(name)}
-    with warnings.catch_warnings():
-        # torch.ao.quantization warns that it will move to the torchao package; in the torch versions this
-        # project admits (< 2.14) it is present and its kernels are the fastest int8 path on CPU (torchao's
-        # eager int8 Linear is 50x slower here).
-        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.ao")
-        warnings.filterwarnings("ignore", message=r".*torch\.ao\.quantization is deprecated")
-        warnings.filterwarnings("ignore", message=r".*quantized tensor creation functions.*deprecated")
-        torch.ao.quantization.quantize_dynamic(model, {name: _QCONFIG for name in linears}, inplace=True)
+    if bf16_products and ONEDNN_INT8:
+        for name in linears:
+            owner, _, attr = name.rpartition(".")
+            parent = model.get_submodule(owner)
+            setattr(parent, attr, Int8Linear(getattr(parent, attr)))
+    else:
+        with warnings.catch_warnings():
+            # torch.ao.quantization warns that it will move to the torchao package; in the torch versions this
+            # project admits (< 2.14) it is present, and TorchScript saves its modules.
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.ao")
+            warnings.filterwarnings("ignore", message=r".*torch\.ao\.quantization is deprecated")
+            warnings.filterwarnings("ignore", message=r".*quantized tensor creation functions.*deprecated")
+            torch.ao.quantization.quantize_dynamic(model, {name: _QCONFIG for name in linears}, inplace=True)
     for m in model.modules():
         if isinstance(m, torch.ao.nn.quantized.dynamic.Linear):
             # Version 4 of the module quantizes its input to 7 bits (reduce_range=True); version 3 to 8 bits.
@@ -88,4 +97,4 @@ def quantize_model(model: nn.Module, quantize: str | None, device: torch.device 
 
 def is_quantized(model: nn.Module) -> bool:
     """Whether `quantize_int8` was applied to `model`."""
-    return any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in model.modules())
+    return any(isinstance(m, (Int8Linear, torch.ao.nn.quantized.dynamic.Linear)) for m in model.modules())

@@ -4,13 +4,18 @@ close to fp32, state about 3x smaller, and the flag's bad values refused in one 
 from __future__ import annotations
 
 import copy
+import ctypes
 import io
+import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from bert import csrc
 from bert.config import BertConfig
+from bert.cpu_kernels import FUSED_ACTIVATIONS, Int8Linear
 from bert.errors import InputError
 from bert.modeling import MODEL_CLASSES, BertForMultipleChoice, BertForPreTraining, BertModel
 from bert.quantization import is_quantized, quantize_int8, quantize_model
@@ -43,7 +48,7 @@ def test_every_head_quantized_and_close_to_fp32(architecture):
         fp32 = _main_output(model, model(ids, mask))
         q = quantize_int8(copy.deepcopy(model))
         int8 = _main_output(q, q(ids, mask))
-    quantized = sum(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in q.modules())
+    quantized = sum(isinstance(m, Int8Linear) for m in q.modules())
     tied = 1 if isinstance(model, BertForPreTraining) else 0  # the MLM decoder is the embedding table
     assert quantized == n_linear - tied and is_quantized(q) and not is_quantized(model)
     if tied:
@@ -53,6 +58,44 @@ def test_every_head_quantized_and_close_to_fp32(architecture):
         int8, fp32 = int8[real], fp32[real]
     err = float((int8 - fp32).abs().max())
     assert 0 < err < 0.03 * float(fp32.abs().max()), err
+
+
+@pytest.mark.parametrize("rows", [40, 1100])  # one call; chunks of FEED_FORWARD_ROWS rows
+def test_int8_linear_adds_the_activation_and_the_residual(rows):
+    torch.manual_seed(0)
+    layer = nn.Linear(96, 64)
+    x, residual = torch.randn(rows, 96), torch.randn(rows, 64)
+    int8 = Int8Linear(layer)
+    assert int8.weight_int8.dtype == torch.int8 and int8.weight_int8.abs().max() == 127  # 8-bit rows
+    kept = residual.clone()
+    with torch.inference_mode():
+        exact = layer(x)
+        plain = int8(x)
+        gelu = int8(x, FUSED_ACTIVATIONS["gelu"])
+        added = int8(x, residual=residual)
+        both = int8(x, FUSED_ACTIVATIONS["gelu"], residual)
+    assert float((plain - exact).abs().max()) < 0.02 * float(exact.abs().max())
+    torch.testing.assert_close(gelu, F.gelu(plain), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(added, plain + residual, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(both, F.gelu(plain) + residual, atol=1e-4, rtol=1e-4)
+    assert torch.equal(residual, kept)  # summed into a copy, never into the caller's tensor
+
+
+def test_the_compiled_quantization_is_torchs():
+    """bert.csrc's `bert_quantize` gives torch.quantize_per_tensor_dynamic's scale, zero point and bytes (a level
+    apart at most where x / scale falls on a half)."""
+    kernel = csrc.load_attention().quantize
+    if kernel is None:
+        pytest.skip("needs a C++ compiler and an AVX2 or AVX-512 CPU")
+    torch.manual_seed(0)
+    for x in (torch.randn(333, 37) * 3 + 1, torch.rand(64, 40), -torch.rand(7, 5), torch.zeros(4, 8)):
+        q, scale, zero = torch.empty(x.shape, dtype=torch.uint8), ctypes.c_float(), ctypes.c_int()
+        kernel(x.data_ptr(), q.data_ptr(), x.numel(), ctypes.byref(scale), ctypes.byref(zero))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            theirs = torch.quantize_per_tensor_dynamic(x, torch.quint8, False)
+        assert scale.value == pytest.approx(theirs.q_scale(), rel=1e-6) and zero.value == theirs.q_zero_point()
+        assert int((q.int() - theirs.int_repr().int()).abs().max()) <= 1
 
 
 def test_state_is_smaller_on_disk():

@@ -5,7 +5,8 @@ the C++ compiler the machine has (`$CXX`, else `c++`), into `$XDG_CACHE_HOME/ber
 no compiler, no such CPU, the build fails, or `BERT_COMPILED_KERNELS=0` is set, `attention_kernel()` is None and
 the model keeps torch's kernels; why is logged once (another value of the variable is an InputError). On an AVX-512
 CPU with AVX512-BF16 (`torch.cpu`'s reading) the build also holds attention's bfloat16-pairs products. The same
-library holds training's attention with dropout and the hidden layers' dropout (`Attention.training`, `.dropout`).
+library holds training's attention with dropout and the hidden layers' dropout (`Attention.training`, `.dropout`),
+and int8 Linear's input quantization (`.quantize`).
 
 Plain C ABI through ctypes (which lets go of the GIL during a call): no Python or torch headers, so a kernel
 builds in about a second.
@@ -61,6 +62,8 @@ TRAINING_ARGS: list[type[ctypes._SimpleCData]] = [
 ]
 # bert_dropout(x, out, width, p, seed, first_row, last_row) -> 0
 DROPOUT_ARGS: list[type[ctypes._SimpleCData]] = [_P, _P, _INT, ctypes.c_float, ctypes.c_uint32, *[ctypes.c_int64] * 2]
+# bert_quantize(x, q, n, scale, zero) -> 0: n floats to bytes, the scale and zero point written to the last two.
+QUANTIZE_ARGS: list[type[ctypes._SimpleCData]] = [_P, _P, ctypes.c_int64, _P, _P]
 
 
 class Attention(NamedTuple):
@@ -73,6 +76,7 @@ class Attention(NamedTuple):
     bf16_pairs: bool = False
     training: Callable[..., int] | None = None
     dropout: Callable[..., int] | None = None
+    quantize: Callable[..., int] | None = None
 
 
 class Unavailable(Exception):
@@ -143,11 +147,13 @@ def load_attention() -> Attention:
         return Attention(None, f"torch's ({why})")
     loaded = ctypes.CDLL(str(library))
     kernel, training, dropout = loaded.bert_attention, loaded.bert_attention_training, loaded.bert_dropout
+    quantize = loaded.bert_quantize
     kernel.argtypes, kernel.restype = ATTENTION_ARGS, _INT
     training.argtypes, training.restype = TRAINING_ARGS, _INT
     dropout.argtypes, dropout.restype = DROPOUT_ARGS, _INT
+    quantize.argtypes, quantize.restype = QUANTIZE_ARGS, _INT
     isa = f"{capability} with AVX512-BF16" if pairs else capability
-    return Attention(kernel, f"bert.csrc's, built for {isa} ({library})", pairs, training, dropout)
+    return Attention(kernel, f"bert.csrc's, built for {isa} ({library})", pairs, training, dropout, quantize)
 
 
 def attention_kernel() -> Callable[..., int] | None:

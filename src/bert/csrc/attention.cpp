@@ -576,3 +576,42 @@ extern "C" int bert_dropout(const float *x, float *out, int width, float p, uint
     }
     return 0;
 }
+
+// int8 Linear's input (cpu_kernels.Int8Linear): x (n floats) to bytes q with x ~ scale * (q - zero), the range
+// [min(x, 0), max(x, 0)] over 256 levels (0 exact), as torch.quantize_per_tensor_dynamic takes it, in two passes
+// and no quantized tensor (whose bytes torch copies out again). Rounds half to even (the magic-number addition).
+extern "C" int bert_quantize(const float *x, uint8_t *q, int64_t n, float *scale, int *zero) {
+    vec lo = splat(0.f), hi = splat(0.f);
+    int64_t i = 0;
+    for (; i + W <= n; i += W) {
+        const vec v = load(x + i);
+        lo = v < lo ? v : lo;
+        hi = vmax(hi, v);
+    }
+    float l = -hmax(-lo), h = hmax(hi);
+    for (; i < n; i++) {
+        l = x[i] < l ? x[i] : l;
+        h = x[i] > h ? x[i] : h;
+    }
+    float s = (h - l) / 255.f;
+    if (!(s > 0.f) || !(1.f / s < __builtin_inff())) s = 0.1f;  // all zeros (or a range too small to invert)
+    const float inv = 1.f / s, magic = 12582912.f;                // 1.5 * 2^23: adding it rounds to an integer
+    float z = -l * inv + magic - magic;
+    z = z < 0.f ? 0.f : z > 255.f ? 255.f : z;
+    *scale = s;
+    *zero = (int)z;
+    typedef uint8_t bvec __attribute__((vector_size(W)));
+    const vec zv = splat(z + magic), low = splat(magic), high = splat(magic + 255.f);
+    for (i = 0; i + W <= n; i += W) {
+        vec r = load(x + i) * inv + zv;  // magic + round(x / s) + zero
+        r = r < low ? low : r;
+        r = r > high ? high : r;
+        const bvec b = __builtin_convertvector(__builtin_convertvector(r - low, ivec), bvec);
+        memcpy(q + i, &b, sizeof b);
+    }
+    for (; i < n; i++) {
+        float r = x[i] * inv + z + magic - magic;
+        q[i] = (uint8_t)(r < 0.f ? 0.f : r > 255.f ? 255.f : r);
+    }
+    return 0;
+}
