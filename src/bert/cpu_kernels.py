@@ -205,18 +205,30 @@ def by_rows(fn, x: torch.Tensor, training: bool) -> torch.Tensor:
 ONEDNN_INT8 = hasattr(torch.ops.onednn, "qlinear_pointwise") and hasattr(torch.ops.onednn, "qlinear_prepack")
 
 
+def int8_weight_limit() -> int:
+    """The largest magnitude of Int8Linear's weights: 127 where oneDNN multiplies by VNNI (uint8 x int8 pairs summed
+    straight into int32); 63 elsewhere, where AVX2's VPMADDUBSW sums the pairs into int16, which full-range inputs
+    and weights overflow (oneDNN's documentation asks for 7-bit weights there). `ONEDNN_MAX_CPU_ISA` below VNNI
+    (`bench/isa.py`'s AVX2 cap) counts as no VNNI."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    capped = cap not in ("ALL", "DEFAULT") and not any(isa in cap for isa in ("VNNI", "AMX", "AVX10"))
+    return 127 if torch.cpu._is_vnni_supported() and not capped else 63
+
+
 class Int8Linear(nn.Module):
     """An nn.Linear for inference in int8: its weight 8-bit per output row (symmetric, the scale the row's largest
-    magnitude), each input 8-bit with the zero point and scale of its own range (taken per call), the products
-    summed in int32 and rescaled to float32; `forward` adds the activation and the residual in that pass."""
+    magnitude; 7-bit without VNNI, `int8_weight_limit`), each input 8-bit with the zero point and scale of its own
+    range (taken per call), the products summed in int32 and rescaled to float32; `forward` adds the activation and
+    the residual in that pass."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().float()
-        scale = weight.abs().amax(1).clamp_min(1e-12) / 127
+        limit = int8_weight_limit()
+        scale = weight.abs().amax(1).clamp_min(1e-12) / limit
         self.register_buffer("weight_scale", scale)
-        self.register_buffer("weight_int8", torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8))
+        self.register_buffer("weight_int8", torch.round(weight / scale[:, None]).clamp_(-limit, limit).to(torch.int8))
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
         self.zero_points = torch.zeros(self.out_features, dtype=torch.int64)
         self.packed = torch.ops.onednn.qlinear_prepack(self.weight_int8, [FEED_FORWARD_ROWS, self.in_features])
@@ -254,9 +266,11 @@ class Int8Linear(nn.Module):
             q, scale, zero = torch.empty(flat.shape, dtype=torch.uint8), ctypes.c_float(), ctypes.c_int()
             kernel(flat.data_ptr(), q.data_ptr(), flat.numel(), ctypes.byref(scale), ctypes.byref(zero))
             x_scale, x_zero = scale.value, zero.value
-        else:
-            quantized = torch.quantize_per_tensor_dynamic(flat, torch.quint8, False)
-            q, x_scale, x_zero = quantized.int_repr(), quantized.q_scale(), quantized.q_zero_point()
+        else:  # the same rule by torch's ops
+            lo, hi = (float(v) for v in torch.aminmax(flat))
+            x_scale = (max(hi, 0.0) - min(lo, 0.0)) / 255 or 0.1
+            x_zero = min(max(round(-min(lo, 0.0) / x_scale), 0), 255)
+            q = torch.round(flat / x_scale).add_(x_zero).clamp_(0, 255).to(torch.uint8)
         args = (q, x_scale, x_zero, self.packed, self.weight_scale, self.zero_points)
         if other is None:
             return torch.ops.onednn.qlinear_pointwise(*args, self.bias, 1.0, 0, torch.float32, *activation)

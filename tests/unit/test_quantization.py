@@ -15,7 +15,7 @@ from torch import nn
 
 from bert import csrc
 from bert.config import BertConfig
-from bert.cpu_kernels import FUSED_ACTIVATIONS, Int8Linear
+from bert.cpu_kernels import FUSED_ACTIVATIONS, Int8Linear, int8_weight_limit
 from bert.errors import InputError
 from bert.modeling import MODEL_CLASSES, BertForMultipleChoice, BertForPreTraining, BertModel
 from bert.quantization import is_quantized, quantize_int8, quantize_model
@@ -66,7 +66,7 @@ def test_int8_linear_adds_the_activation_and_the_residual(rows):
     layer = nn.Linear(96, 64)
     x, residual = torch.randn(rows, 96), torch.randn(rows, 64)
     int8 = Int8Linear(layer)
-    assert int8.weight_int8.dtype == torch.int8 and int8.weight_int8.abs().max() == 127  # 8-bit rows
+    assert int8.weight_int8.dtype == torch.int8 and int8.weight_int8.abs().max() == int8_weight_limit()
     kept = residual.clone()
     with torch.inference_mode():
         exact = layer(x)
@@ -79,6 +79,14 @@ def test_int8_linear_adds_the_activation_and_the_residual(rows):
     torch.testing.assert_close(added, plain + residual, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(both, F.gelu(plain) + residual, atol=1e-4, rtol=1e-4)
     assert torch.equal(residual, kept)  # summed into a copy, never into the caller's tensor
+
+
+def test_weights_are_7_bit_where_onednn_multiplies_without_vnni(monkeypatch):
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert int8_weight_limit() == 63
+    assert int(Int8Linear(nn.Linear(8, 4)).weight_int8.abs().max()) == 63
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_VNNI")
+    assert int8_weight_limit() == (127 if torch.cpu._is_vnni_supported() else 63)
 
 
 def test_the_compiled_quantization_is_torchs():
