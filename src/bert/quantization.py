@@ -1,18 +1,18 @@
 """int8 inference on CPU: the Linear layers in 8-bit integers.
 
-Every `nn.Linear` of the encoder and the heads is replaced by `bert.cpu_kernels.Int8Linear`: its weight is stored
-as 8-bit integers (one scale per output row), and at run time each input (each chunk of 512 rows) is quantized to
-8 bits with the zero point and scale of its own range, multiplied in integers by oneDNN's int8 Linear (VNNI where
-the CPU has it, AVX2 otherwise) and rescaled to fp32 with the bias, the feed-forward activation and the residual
-added in that pass. Against torch's dynamically quantized Linear (fbgemm, with the activation and the residual as
-passes of their own), this path ran all-MiniLM-L6-v2's passages 1.05x faster and its STS-B embeddings nearer fp32's
-(mean cosine 0.9928 against 0.9909, bench/RESULTS.md): fbgemm's products sum uint8 x int8 pairs into int16
-(VPMADDUBSW), so its weights had to be 7-bit to leave room, and oneDNN's sum into int32. A model to be traced
-(`bert export --format=torchscript --quantize=int8`) takes torch's dynamically quantized Linear instead, which
-TorchScript can save; there the weights are 7-bit and the inputs 8-bit (not torch's default of 8-bit weights and
-7-bit inputs: BERT's LayerNorm outputs have a few outlier features that set the input's scale, so the input's
-resolution matters more: STS-B Spearman 86.61 against 86.30, fp32 86.72). Embeddings, LayerNorm and attention's
-softmax stay in fp32; attention's products are taken in bfloat16 pairs where the CPU has AVX512-BF16
+On a CPU with VNNI every `nn.Linear` of the encoder and the heads is replaced by `bert.cpu_kernels.Int8Linear`:
+its weight is stored as 8-bit integers (one scale per output row), and at run time each input (each chunk of 512
+rows) is quantized to 8 bits with the zero point and scale of its own range, multiplied in integers by oneDNN's
+int8 Linear and rescaled to fp32 with the bias, the feed-forward activation and the residual added in that pass.
+Against torch's dynamically quantized Linear (fbgemm, 7-bit weights, the activation and the residual as passes of
+their own) this path ran all-MiniLM-L6-v2's passages 1.05x faster at one thread and its embeddings nearer fp32's
+(mean cosine 0.9928 against 0.9909; bench/RESULTS.md). Without VNNI (AVX2's products sum pairs into int16, so the
+weights must be 7-bit either way) fbgemm's was the faster, and a model to be traced (`bert export
+--format=torchscript --quantize=int8`) needs a module TorchScript can save: both take torch's dynamically quantized
+Linear, its weights 7-bit and its inputs 8-bit (not torch's default
+of 8-bit weights and 7-bit inputs: BERT's LayerNorm outputs have a few outlier features that set the input's scale,
+so the input's resolution matters more: STS-B Spearman 86.61 against 86.30, fp32 86.72). Embeddings, LayerNorm and
+attention's softmax stay in fp32; attention's products are taken in bfloat16 pairs where the CPU has AVX512-BF16
 (`BertSelfAttention.bf16_products`, bert.csrc's kernel), which round less than the int8 projections feeding them.
 The Linear layers hold about 85% of BERT-Base's weights and most of its time, so the model is about 3x smaller in
 memory and runs faster on CPUs without bf16 matrix units; the outputs move by about 1% (see bench/RESULTS.md for
@@ -29,7 +29,7 @@ import warnings
 import torch
 from torch import nn
 
-from bert.cpu_kernels import ONEDNN_INT8, Int8Linear
+from bert.cpu_kernels import ONEDNN_INT8, Int8Linear, int8_weight_limit
 from bert.errors import InputError
 from bert.flags import QUANTIZE_CHOICES
 from bert.modeling import BertSelfAttention
@@ -54,7 +54,9 @@ def quantize_int8(model: nn.Module, bf16_products: bool = True) -> nn.Module:
     """
     model.eval()
     linears = {name for name, m in model.named_modules() if type(m) is nn.Linear and not _is_tied_decoder(name)}
-    if bf16_products and ONEDNN_INT8:
+    # oneDNN's int8 Linear where it multiplies by VNNI (8-bit weights); without VNNI torch's fbgemm path ran
+    # all-MiniLM-L6-v2 1.03x faster (the AVX2 cap, bench/RESULTS.md), both with 7-bit weights.
+    if bf16_products and ONEDNN_INT8 and int8_weight_limit() == 127:
         for name in linears:
             owner, _, attr = name.rpartition(".")
             parent = model.get_submodule(owner)
