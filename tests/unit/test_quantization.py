@@ -110,6 +110,18 @@ def test_the_compiled_quantization_is_torchs():
         assert int((q.int() - theirs.int_repr().int()).abs().max()) <= 1
 
 
+def test_without_the_compiled_quantizer_torchs_ops_give_the_same(monkeypatch):
+    torch.manual_seed(0)
+    int8, x = Int8Linear(nn.Linear(96, 64)), torch.randn(40, 96) * 2 + 0.5
+    with torch.inference_mode():
+        compiled = int8(x)
+        monkeypatch.setattr(csrc, "load_attention", lambda: csrc.Attention(None, "off"))
+        fallback = int8(x)
+    # Equal but where a value falls on a half-level, rounded the other way by the two (one level of the input).
+    torch.testing.assert_close(fallback, compiled, atol=0.05, rtol=0)
+    assert float((fallback - compiled).abs().mean()) < 1e-3
+
+
 def test_state_is_smaller_on_disk():
     model = MODEL_CLASSES["BertForSequenceClassification"](_config()).eval()
 
