@@ -97,12 +97,14 @@ def _extract(args: ExtractFeaturesArgs, input_file, init_checkpoint, ckpt, confi
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
     import torch
 
-    from bert.checkpoint import load_pretrained
+    from bert.checkpoint import check_config_against_weights
     from bert.extract_features import convert_examples_to_features, extract, read_examples
+    from bert.loading import build_loaded
     from bert.modeling import BertModel
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model = load_pretrained(BertModel, init_checkpoint, config=config, checkpoint=ckpt).to(device).eval()
+    check_config_against_weights(config, ckpt.state_dict, "the config", ckpt.source)
+    model = build_loaded(BertModel, config, ckpt).to(device).eval()
     tokenizer = FullTokenizer(vocab_file, do_lower_case=args.do_lower_case)
     features = convert_examples_to_features(
         read_examples(input_file, args.decode_errors), args.max_seq_length, tokenizer
