@@ -55,4 +55,5 @@ def test_quickstart_prints_the_readme_figures(tmp_path, flags):
         "(another CPU class or torch build than the README's can move the third digit)"
     )
     assert printed_gap.group(1) == gap
-    assert float(gap) > 0  # pre-training shows its effect
+    if not flags:  # the default run shows pre-training's effect (the shortened one is a smoke run: the README)
+        assert float(gap) > 0
