@@ -190,13 +190,21 @@ def by_rows(fn, x: torch.Tensor, training: bool) -> torch.Tensor:
     width = x.shape[-1]
     rows = x.numel() // width
     inference = not (training or torch.is_grad_enabled())
-    if rows <= 2 * FEED_FORWARD_ROWS or not inference or x.device.type != "cpu" or not native_kernels():
+    parts = row_chunks(rows)
+    if len(parts) == 1 or not inference or x.device.type != "cpu" or not native_kernels():
         return fn(x)
     flat = x.reshape(rows, width)
     out = torch.empty_like(flat)
-    for start in range(0, rows, FEED_FORWARD_ROWS):
-        out[start : start + FEED_FORWARD_ROWS] = fn(flat[start : start + FEED_FORWARD_ROWS])
+    for part in parts:
+        out[part] = fn(flat[part])
     return out.view(x.shape)
+
+
+def row_chunks(rows: int) -> list[slice]:
+    """The chunks of `FEED_FORWARD_ROWS` rows a pass over `rows` rows runs on: one, of all of them, up to twice that."""
+    if rows <= 2 * FEED_FORWARD_ROWS:
+        return [slice(0, rows)]
+    return [slice(start, start + FEED_FORWARD_ROWS) for start in range(0, rows, FEED_FORWARD_ROWS)]
 
 
 # oneDNN's int8 Linear (`torch.ops.onednn.qlinear_pointwise`, the kernel inductor emits for quantized CPU graphs):
@@ -243,15 +251,15 @@ class Int8Linear(nn.Module):
             return self(x, activation) + residual
         flat = x.reshape(-1, self.in_features).contiguous()
         rows = flat.shape[0]
-        if rows <= 2 * FEED_FORWARD_ROWS:
+        parts = row_chunks(rows)
+        if len(parts) == 1:
             other = None if residual is None else residual.reshape(rows, self.out_features).contiguous()
             return self._rows(flat, activation, other, "add").view(*x.shape[:-1], self.out_features)
         # In chunks, as the feed-forward layer runs (`by_rows`): oneDNN's int8 GEMM ran at half its rate on
         # [7264, 384] rows as on 512; each chunk takes a scale of its own. The chunks' results are summed into their
         # rows of the output (oneDNN's "sum": in place), which holds the residual or zeros.
         out = torch.zeros(rows, self.out_features) if residual is None else residual.reshape(rows, -1).clone()
-        for start in range(0, rows, FEED_FORWARD_ROWS):
-            part = slice(start, start + FEED_FORWARD_ROWS)
+        for part in parts:
             if activation[0] == "none":
                 self._rows(flat[part], activation, out[part], "sum")
             else:  # (no "sum" after an activation in oneDNN's int8 Linear)
