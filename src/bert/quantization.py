@@ -9,14 +9,14 @@ their own) this path ran all-MiniLM-L6-v2's passages 1.05x faster at one thread 
 (mean cosine 0.9928 against 0.9909; bench/RESULTS.md). Without VNNI (AVX2's products sum pairs into int16, so the
 weights must be 7-bit either way) fbgemm's was the faster, and a model to be traced (`bert export
 --format=torchscript --quantize=int8`) needs a module TorchScript can save: both take torch's dynamically quantized
-Linear, its weights 7-bit and its inputs 8-bit (not torch's default
-of 8-bit weights and 7-bit inputs: BERT's LayerNorm outputs have a few outlier features that set the input's scale,
-so the input's resolution matters more: STS-B Spearman 86.61 against 86.30, fp32 86.72). Embeddings, LayerNorm and
-attention's softmax stay in fp32; attention's products are taken in bfloat16 pairs where the CPU has AVX512-BF16
-(`BertSelfAttention.bf16_products`, bert.csrc's kernel), which round less than the int8 projections feeding them.
-The Linear layers hold about 85% of BERT-Base's weights and most of its time, so the model is about 3x smaller in
-memory and runs faster on CPUs without bf16 matrix units; the outputs move by about 1% (see bench/RESULTS.md for
-the measured cost on real tasks).
+Linear, its weights 7-bit and its inputs 8-bit (not torch's default of 8-bit weights and 7-bit inputs: BERT's
+LayerNorm outputs have a few outlier features that set the input's scale, so the input's resolution matters more:
+STS-B Spearman 86.61 against 86.30, fp32 86.72). Embeddings, LayerNorm and attention's softmax stay in fp32;
+attention's products are taken in bfloat16 pairs where the CPU has AVX512-BF16 (`BertSelfAttention.bf16_products`,
+bert.csrc's kernel), which round less than the int8 projections feeding them. The Linear layers hold about 85% of
+BERT-Base's weights and most of its time, and their int8 weights take a quarter of the fp32 bytes (half where
+Int8Linear keeps oneDNN's packed copy beside them), so the model is smaller in memory and runs faster on CPUs
+without bf16 matrix units; the outputs move by about 1% (see bench/RESULTS.md for the measured cost on real tasks).
 
 The masked-LM decoder is left in fp32: its weight is the word-embedding table (tied, as in the original), which the
 embedding lookup needs unquantized.
