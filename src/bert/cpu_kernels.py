@@ -223,6 +223,12 @@ def int8_weight_limit() -> int:
     return 127 if torch.cpu._is_vnni_supported() and not capped else 63
 
 
+def onednn_int8() -> bool:
+    """Whether eager int8 inference runs `Int8Linear` (oneDNN's int8 Linear multiplying by VNNI, 8-bit weights);
+    elsewhere torch's dynamically quantized Linear (fbgemm) was the faster (`bert.quantization`)."""
+    return ONEDNN_INT8 and int8_weight_limit() == 127
+
+
 class Int8Linear(nn.Module):
     """An nn.Linear for inference in int8: its weight 8-bit per output row (symmetric, the scale the row's largest
     magnitude; 7-bit without VNNI, `int8_weight_limit`), each input 8-bit with the zero point and scale of its own

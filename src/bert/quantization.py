@@ -29,7 +29,7 @@ import warnings
 import torch
 from torch import nn
 
-from bert.cpu_kernels import ONEDNN_INT8, Int8Linear, int8_weight_limit
+from bert.cpu_kernels import Int8Linear, onednn_int8
 from bert.errors import InputError
 from bert.flags import QUANTIZE_CHOICES
 from bert.modeling import BertSelfAttention
@@ -56,7 +56,7 @@ def quantize_int8(model: nn.Module, bf16_products: bool = True) -> nn.Module:
     linears = {name for name, m in model.named_modules() if type(m) is nn.Linear and not _is_tied_decoder(name)}
     # oneDNN's int8 Linear where it multiplies by VNNI (8-bit weights); without VNNI torch's fbgemm path ran
     # all-MiniLM-L6-v2 1.03x faster (the AVX2 cap, bench/RESULTS.md), both with 7-bit weights.
-    if bf16_products and ONEDNN_INT8 and int8_weight_limit() == 127:
+    if bf16_products and onednn_int8():
         for name in linears:
             owner, _, attr = name.rpartition(".")
             parent = model.get_submodule(owner)

@@ -329,6 +329,10 @@ def test_env_names_versions_and_extras(capsys):
 
     # Which attention kernel inference runs: the compiled one where it is built, else torch's and why.
     assert lines["attention"].strip().startswith("bert.csrc's" if csrc.attention_kernel() else "torch's (")
+    from bert.cpu_kernels import onednn_int8
+
+    # Which int8 Linear --quantize=int8 runs: oneDNN's where it multiplies by VNNI, else torch's.
+    assert lines["int8"].strip().startswith("oneDNN's" if onednn_int8() else "torch's")
     # Every extra of the package's own metadata, each installed or not (serve, onnx and minilm included).
     declared = importlib.metadata.metadata("bert").get_all("Provides-Extra")
     assert {"serve", "onnx", "minilm"} <= set(declared)

@@ -1,9 +1,9 @@
 """`bert env`: what a bug report needs to know about the machine, one `name: value` line each.
 
 The package and Python versions, torch with its threads and build, the devices (CUDA GPUs and whether
-they run bf16, the CPU's instruction set), the CPU attention kernel (`bert.csrc`), and every optional extra the
-package's own metadata declares (`importlib.metadata`: pyproject.toml's `[project.optional-dependencies]` as
-installed), each installed or not, with what it lacks.
+they run bf16, the CPU's instruction set), the CPU attention kernel (`bert.csrc`), the int8 path, and every
+optional extra the package's own metadata declares (`importlib.metadata`: pyproject.toml's
+`[project.optional-dependencies]` as installed), each installed or not, with what it lacks.
 """
 
 from __future__ import annotations
@@ -101,6 +101,15 @@ def _attention() -> str:
     return csrc.load_attention().description
 
 
+def _int8() -> str:
+    """Which Linear layers `--quantize=int8` runs on the CPU (`bert.quantization`)."""
+    from bert.cpu_kernels import onednn_int8  # imports torch: see _cpu
+
+    if onednn_int8():
+        return "oneDNN's int8 Linear (VNNI; 8-bit weights)"
+    return "torch's dynamically quantized Linear (fbgemm; 7-bit weights: no VNNI here, or ONEDNN_MAX_CPU_ISA below it)"
+
+
 def environment() -> dict[str, Any]:
     """The report as an ordered dict of strings."""
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
@@ -115,6 +124,7 @@ def environment() -> dict[str, Any]:
         f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})",
         "cpu": _cpu(),
         "attention": _attention(),
+        "int8": _int8(),
     }
     if torch.cuda.is_available():
         names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
