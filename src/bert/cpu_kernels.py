@@ -233,12 +233,19 @@ class Int8Linear(nn.Module):
     """An nn.Linear for inference in int8: its weight 8-bit per output row (symmetric, the scale the row's largest
     magnitude; 7-bit without VNNI, `int8_weight_limit`), each input 8-bit with the zero point and scale of its own
     range (taken per call), the products summed in int32 and rescaled to float32; `forward` adds the activation and
-    the residual in that pass."""
+    the residual in that pass. With `smoothing` (one factor per input feature), the weight's columns are multiplied
+    by it and the input's features divided by it before each is quantized: the same product, with an input whose
+    few large features no longer set the scale of all the others (`quantization.smoothing_factors`)."""
 
-    def __init__(self, linear: nn.Linear):
+    input_multiplier: torch.Tensor | None
+
+    def __init__(self, linear: nn.Linear, smoothing: torch.Tensor | None = None):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().float()
+        if smoothing is not None:
+            weight = weight * smoothing[None, :]
+        self.register_buffer("input_multiplier", None if smoothing is None else (1.0 / smoothing).float().contiguous())
         limit = int8_weight_limit()
         scale = weight.abs().amax(1).clamp_min(1e-12) / limit
         self.register_buffer("weight_scale", scale)
@@ -276,11 +283,14 @@ class Int8Linear(nn.Module):
         self, flat: torch.Tensor, activation: tuple[str, list[float], str], other: torch.Tensor | None, how: str
     ) -> torch.Tensor:
         kernel = csrc.load_attention().quantize
+        multiplier = self.input_multiplier
         if kernel is not None:
             q, scale, zero = torch.empty(flat.shape, dtype=torch.uint8), ctypes.c_float(), ctypes.c_int()
-            kernel(flat.data_ptr(), q.data_ptr(), flat.numel(), ctypes.byref(scale), ctypes.byref(zero))
+            mul = None if multiplier is None else multiplier.data_ptr()
+            kernel(flat.data_ptr(), q.data_ptr(), *flat.shape, mul, ctypes.byref(scale), ctypes.byref(zero))
             x_scale, x_zero = scale.value, zero.value
         else:  # the same rule by torch's ops
+            flat = flat if multiplier is None else flat * multiplier
             lo, hi = (float(v) for v in torch.aminmax(flat))
             x_scale = (max(hi, 0.0) - min(lo, 0.0)) / 255 or 0.1
             x_zero = min(max(round(-min(lo, 0.0) / x_scale), 0), 255)

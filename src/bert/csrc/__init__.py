@@ -62,8 +62,9 @@ TRAINING_ARGS: list[type[ctypes._SimpleCData]] = [
 ]
 # bert_dropout(x, out, width, p, seed, first_row, last_row) -> 0
 DROPOUT_ARGS: list[type[ctypes._SimpleCData]] = [_P, _P, _INT, ctypes.c_float, ctypes.c_uint32, *[ctypes.c_int64] * 2]
-# bert_quantize(x, q, n, scale, zero) -> 0: n floats to bytes, the scale and zero point written to the last two.
-QUANTIZE_ARGS: list[type[ctypes._SimpleCData]] = [_P, _P, ctypes.c_int64, _P, _P]
+# bert_quantize(x, q, rows, width, mul, scale, zero) -> 0: [rows, width] floats, each column times mul's (null: 1), to
+# bytes, the scale and zero point written to the last two.
+QUANTIZE_ARGS: list[type[ctypes._SimpleCData]] = [_P, _P, ctypes.c_int64, ctypes.c_int64, _P, _P, _P]
 
 
 class Attention(NamedTuple):

@@ -577,22 +577,33 @@ extern "C" int bert_dropout(const float *x, float *out, int width, float p, uint
     return 0;
 }
 
-// int8 Linear's input (cpu_kernels.Int8Linear): x (n floats) to bytes q with x ~ scale * (q - zero), the range
-// [min(x, 0), max(x, 0)] over 256 levels (0 exact), as torch.quantize_per_tensor_dynamic takes it, in two passes
-// and no quantized tensor (whose bytes torch copies out again). Rounds half to even (the magic-number addition).
-extern "C" int bert_quantize(const float *x, uint8_t *q, int64_t n, float *scale, int *zero) {
+// int8 Linear's input (cpu_kernels.Int8Linear): x ([rows, width] floats), each column j times mul[j] where mul is
+// given (the layer's smoothing, quantization.quantize_int8), to bytes q with x * mul ~ scale * (q - zero), the range
+// [min(x * mul, 0), max(x * mul, 0)] over 256 levels (0 exact), as torch.quantize_per_tensor_dynamic takes it, in two
+// passes and no quantized tensor (whose bytes torch copies out again). Rounds half to even (the magic-number addition).
+static inline float column(const float *mul, int64_t j) { return mul ? mul[j] : 1.f; }
+static inline vec columns(const float *mul, int64_t j) { return mul ? load(mul + j) : splat(1.f); }
+
+extern "C" int bert_quantize(const float *x, uint8_t *q, int64_t rows, int64_t width, const float *mul, float *scale,
+                             int *zero) {
     vec lo = splat(0.f), hi = splat(0.f);
-    int64_t i = 0;
-    for (; i + W <= n; i += W) {
-        const vec v = load(x + i);
-        lo = v < lo ? v : lo;
-        hi = vmax(hi, v);
+    float l = 0.f, h = 0.f;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *a = x + r * width;
+        int64_t j = 0;
+        for (; j + W <= width; j += W) {
+            const vec v = load(a + j) * columns(mul, j);
+            lo = v < lo ? v : lo;
+            hi = vmax(hi, v);
+        }
+        for (; j < width; j++) {
+            const float v = a[j] * column(mul, j);
+            l = v < l ? v : l;
+            h = v > h ? v : h;
+        }
     }
-    float l = -hmax(-lo), h = hmax(hi);
-    for (; i < n; i++) {
-        l = x[i] < l ? x[i] : l;
-        h = x[i] > h ? x[i] : h;
-    }
+    l = -hmax(-lo) < l ? -hmax(-lo) : l;
+    h = hmax(hi) > h ? hmax(hi) : h;
     float s = (h - l) / 255.f;
     if (!(s > 0.f) || !(1.f / s < __builtin_inff())) s = 0.1f;  // all zeros (or a range too small to invert)
     const float inv = 1.f / s, magic = 12582912.f;                // 1.5 * 2^23: adding it rounds to an integer
@@ -602,16 +613,21 @@ extern "C" int bert_quantize(const float *x, uint8_t *q, int64_t n, float *scale
     *zero = (int)z;
     typedef uint8_t bvec __attribute__((vector_size(W)));
     const vec zv = splat(z + magic), low = splat(magic), high = splat(magic + 255.f);
-    for (i = 0; i + W <= n; i += W) {
-        vec r = load(x + i) * inv + zv;  // magic + round(x / s) + zero
-        r = r < low ? low : r;
-        r = r > high ? high : r;
-        const bvec b = __builtin_convertvector(__builtin_convertvector(r - low, ivec), bvec);
-        memcpy(q + i, &b, sizeof b);
-    }
-    for (; i < n; i++) {
-        float r = x[i] * inv + z + magic - magic;
-        q[i] = (uint8_t)(r < 0.f ? 0.f : r > 255.f ? 255.f : r);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *a = x + r * width;
+        uint8_t *b = q + r * width;
+        int64_t j = 0;
+        for (; j + W <= width; j += W) {
+            vec v = load(a + j) * (columns(mul, j) * inv) + zv;  // magic + round(x * mul / s) + zero
+            v = v < low ? low : v;
+            v = v > high ? high : v;
+            const bvec c = __builtin_convertvector(__builtin_convertvector(v - low, ivec), bvec);
+            memcpy(b + j, &c, sizeof c);
+        }
+        for (; j < width; j++) {
+            float v = a[j] * (column(mul, j) * inv) + z + magic - magic;
+            b[j] = (uint8_t)(v < 0.f ? 0.f : v > 255.f ? 255.f : v);
+        }
     }
     return 0;
 }
