@@ -270,8 +270,12 @@ class Int8Linear(nn.Module):
             return self._rows(flat, activation, other, "add").view(*x.shape[:-1], self.out_features)
         # In chunks, as the feed-forward layer runs (`by_rows`): oneDNN's int8 GEMM ran at half its rate on
         # [7264, 384] rows as on 512; each chunk takes a scale of its own. The chunks' results are summed into their
-        # rows of the output (oneDNN's "sum": in place), which holds the residual or zeros.
-        out = torch.zeros(rows, self.out_features) if residual is None else residual.reshape(rows, -1).clone()
+        # rows of the output (oneDNN's "sum": in place), which holds the residual or zeros; after an activation the
+        # chunks are written, not summed.
+        if residual is not None:
+            out = residual.reshape(rows, -1).clone()
+        else:
+            out = (torch.zeros if activation[0] == "none" else torch.empty)(rows, self.out_features)
         for part in parts:
             if activation[0] == "none":
                 self._rows(flat[part], activation, out[part], "sum")

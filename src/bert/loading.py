@@ -112,12 +112,18 @@ def _uninitialised(model_class: type[Model], config: BertConfig, **kwargs: Any) 
     return model
 
 
-def build_loaded(model_class: type[Model], config: BertConfig, ckpt: Checkpoint, **kwargs: Any) -> Model:
+def build_loaded(
+    model_class: type[Model], config: BertConfig, ckpt: Checkpoint, loaded: set[str] | None = None, **kwargs: Any
+) -> Model:
     """`model_class(config, **kwargs)` with `ckpt`'s weights (`load_into`), initialised at random only where the
     checkpoint has none (a new task head): the start of a training run. Drawing the rest, all of it overwritten,
-    took 1.8 s of all-MiniLM-L6-v2's start-up and 7 s of BERT-Base's (torch's truncated normal, 2 cores)."""
+    took 1.8 s of all-MiniLM-L6-v2's start-up and 7 s of BERT-Base's (torch's truncated normal, 2 cores).
+    `loaded`, where given, receives the names (the model's) of the weights the checkpoint gave."""
     model = _uninitialised(model_class, config, **kwargs)
-    model.init_weights(keep=load_into(model, ckpt))
+    names = load_into(model, ckpt)
+    model.init_weights(keep=names)
+    if loaded is not None:
+        loaded.update(names)
     return model
 
 

@@ -249,12 +249,8 @@ def _load_model(
         state = checkpointing.load_training_state(resume_dir, verify=not args.ignore_checkpoint_digest)
     elif init is None and not args.do_train:
         logger.warning("evaluating a randomly initialised model: no checkpoint in --output_dir, no --init_checkpoint")
-    restored: set[str] = set()
-    model = BertForPreTraining(config) if init is None else build_loaded(BertForPreTraining, config, init)
-    if init is not None:
-        # Names as in the model: an encoder-only checkpoint's keys lack the "bert." prefix.
-        prefixed = any(k.startswith("bert.") for k in init.state_dict)
-        restored = {k if prefixed or k.startswith("cls.") else f"bert.{k}" for k in init.state_dict}
+    restored: set[str] = set()  # the model's names of the weights the checkpoint gave
+    model = BertForPreTraining(config) if init is None else build_loaded(BertForPreTraining, config, init, restored)
     logger.info("*** Features ***")
     for name, flag in FEATURE_LENGTHS.items():
         length = getattr(args, flag) if flag else 1
