@@ -333,7 +333,6 @@ def kd_span_loss(
 
 
 # ------------------------------------------------------------------------------- fine-tuning students
-CACHE_DIR = "teacher_cache"  # in --output_dir unless --teacher_cache_dir says
 TEACHER_KEY = "teacher_logits"  # a batch's teacher outputs, beside the head's inputs
 LABELLED_KEY = "labelled"  # 1 for an example with a label, 0 for a transfer example (the teacher's label only)
 # The loss of each kind of head's outputs; a kind is the head's problem type, "token" (NER) or "span" (SQuAD).

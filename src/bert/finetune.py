@@ -74,6 +74,7 @@ from bert.flags import (
     FinetuneArgs,
     check_batch_division,
     check_flag_values,
+    teacher_cache_dir,
 )
 from bert.formats.results import write_results
 from bert.modeling import MODEL_CLASSES, FineTuningHead, num_parameters
@@ -415,7 +416,7 @@ class _FinetuneRun:
             all_features,
             example_rows,
             lambda part: task.collate(part, None),
-            args.teacher_cache_dir or self.output_dir / distillation.CACHE_DIR,
+            teacher_cache_dir(args.teacher_cache_dir, self.output_dir),
             self.dist,
             args.eval_batch_size,
             desc=f"{task.command} teacher",

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from bert.errors import InputError
@@ -535,6 +537,15 @@ class TeacherArgs:
         self.teacher_layers()
 
 
+TEACHER_CACHE = "teacher_cache"  # in --output_dir unless --teacher_cache_dir says otherwise
+
+
+def teacher_cache_dir(given: str | None, output_dir: str | os.PathLike[str]) -> Path:
+    """Where a run caches its teacher's outputs: `--teacher_cache_dir`, else OUTPUT_DIR/teacher_cache (a grid
+    gives its cells one, `bert.grid.expand`)."""
+    return Path(given) if given else Path(output_dir) / TEACHER_CACHE
+
+
 @dataclass(kw_only=True)
 class DistillArgs(TeacherArgs):
     """Knowledge distillation (`bert.distillation`): the training commands that learn from a teacher's outputs."""
@@ -574,7 +585,7 @@ class DistillArgs(TeacherArgs):
         default=None,
         metadata={
             "help": "Where the teacher's outputs are cached (computed once, reused every epoch and on resume). "
-            "Default: OUTPUT_DIR/teacher_cache."
+            "Default: OUTPUT_DIR/teacher_cache (a grid's: one for all its cells)."
         },
     )
     teacher_dtype: str = field(

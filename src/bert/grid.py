@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from bert.errors import InputError
+from bert.flags import teacher_cache_dir
 from bert.metrics import greater_is_better
 from bert.outputs import atomic_directory, claim
 from bert.utils import atomic_write, load_json_file, log_to_file, print_result, progress, write_run_info
@@ -166,6 +167,10 @@ def expand(args: GridArgs, dev_flag: str) -> list[Cell[GridArgs]] | None:
         values = {f.name: v for f, v in zip(fields, combination)}
         name = ",".join(f"{f.metadata['grid']}={_short(v)}" for f, v in zip(fields, combination))
         cell_args = dataclasses.replace(args, **values, grid_jobs=1, output_dir=str(output_dir / GRID_DIR / name))
+        if getattr(args, "teacher", None) and getattr(args, "teacher_cache_dir", "") is None:
+            # One cache for every cell: no grid flag changes the teacher's outputs, so it labels the data once.
+            shared: dict[str, Any] = {"teacher_cache_dir": str(teacher_cache_dir(None, output_dir))}
+            cell_args = dataclasses.replace(cell_args, **shared)
         cells.append(Cell(name, values, cell_args))
     return cells
 

@@ -23,9 +23,10 @@ from bert.checkpoint import read_checkpoint
 from bert.commands.train_embeddings import TrainEmbeddingsArgs, run_train_embeddings
 from bert.commands.train_reranker import TrainRerankerArgs, run_train_reranker
 from bert.errors import InputError
+from bert.flags import TEACHER_CACHE
 from bert.inference import Predictor
 from bert.modeling import BertForSequenceClassification
-from bert.sentence import losses, teachers
+from bert.sentence import losses
 from bert.sentence.data import read_beir
 from conftest import args_for, glue_slice, read_metrics, save_model_dir, shared_path, vocab_config
 
@@ -94,7 +95,7 @@ def test_mse_moves_a_three_layer_student_towards_minilm(minilm, tmp_path):
     mse_before, mse_after = float(np.mean((before - teacher) ** 2)), float(np.mean((after - teacher) ** 2))
     assert mse_after < 0.8 * mse_before, (mse_before, mse_after)
     # The cached teacher outputs (in the default folder) are the teacher's vectors of the distinct texts, in order.
-    (cached,) = (tmp_path / "out" / teachers.CACHE_NAME).glob("*.npy")
+    (cached,) = (tmp_path / "out" / TEACHER_CACHE).glob("*.npy")
     np.testing.assert_allclose(np.load(cached), teacher, atol=1e-5, rtol=0)
 
 
@@ -207,7 +208,7 @@ def test_a_bi_encoder_learns_a_cross_encoders_scores(model_files, squad_tuples, 
         args.temperature = 2.0
     assert run_train_embeddings(args)["global_step"] == 12
     target = torch.from_numpy(teacher_logits(cross_encoder, rows))
-    (cached,) = (tmp_path / "out" / teachers.CACHE_NAME).glob("*.npy")  # the default cache folder
+    (cached,) = (tmp_path / "out" / TEACHER_CACHE).glob("*.npy")  # the default cache folder
     np.testing.assert_allclose(np.load(cached), target.numpy(), atol=1e-5, rtol=0)
 
     def distance(model_dir) -> float:
@@ -230,7 +231,7 @@ def test_a_bi_encoder_learns_a_larger_bi_encoders_cosines(model_files, squad_tup
     assert run_train_embeddings(args)["global_step"] == 12
     teacher = st.SentenceTransformer(minilm, device="cpu")
     target = torch.stack([teacher.similarity(teacher.encode(r[:1]), teacher.encode(r[1:]))[0] for r in rows])
-    (cached,) = (tmp_path / "out" / teachers.CACHE_NAME).glob("*.npy")
+    (cached,) = (tmp_path / "out" / TEACHER_CACHE).glob("*.npy")
     np.testing.assert_allclose(np.load(cached), target.numpy(), atol=1e-5, rtol=0)
 
     def distance(model_dir) -> float:
@@ -275,7 +276,7 @@ def test_a_small_cross_encoder_learns_a_larger_ones_scores(model_files, squad_tu
     path, rows = squad_tuples
     args = score_distillation_args(TrainRerankerArgs, model_files, path, cross_encoder, tmp_path, loss, log_every=1)
     assert run_train_reranker(args)["global_step"] == 12
-    (cached,) = (tmp_path / "out" / teachers.CACHE_NAME).glob("*.npy")
+    (cached,) = (tmp_path / "out" / TEACHER_CACHE).glob("*.npy")
     np.testing.assert_allclose(np.load(cached), teacher_logits(cross_encoder, rows), atol=1e-5, rtol=0)
     # The loss is the distance to the teacher's scores of the batch: the last epoch's (the same examples) is lower.
     logged = [m["loss"] for m in read_metrics(tmp_path / "out") if "loss" in m]

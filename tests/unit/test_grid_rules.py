@@ -129,6 +129,21 @@ def test_a_flag_added_later_reaches_the_cells_unchanged():
         assert _parse(line, DistillArgs) == cell.args
 
 
+def test_a_distillation_grid_gives_its_cells_one_teacher_cache():
+    """No grid flag changes what the teacher says, so the cells share the grid's cache: the teacher labels the
+    training and transfer sets once, not once a cell (a cache entry is computed under a lock that others wait on)."""
+    argv = [*BASE, "--do_train", "--do_eval", "--learning_rate=1e-4,3e-5", "--train_batch_size=8,16"]
+    for extra, want in (
+        (["--teacher=teachers/big"], "out/teacher_cache"),
+        (["--teacher=teachers/big", "--teacher_cache_dir=elsewhere"], "elsewhere"),  # as given
+        ([], None),  # no teacher, no cache
+    ):
+        cells = grid.expand(_parse([*argv, *extra]), "do_eval")
+        assert {cell.args.teacher_cache_dir for cell in cells} == {want}, extra
+        if want:
+            assert all(f"--teacher_cache_dir={want}" in grid.command_line(cell.args) for cell in cells)
+
+
 def test_a_value_no_command_line_can_give_is_an_error():
     args = dataclasses.replace(_parse([*BASE, "--do_train", "--do_eval"]), long_document=None)
     with pytest.raises(InputError, match="--long_document=None"):

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from bert.batching import BatchPlan
 from bert.distributed import DistContext
 from bert.errors import InputError
-from bert.flags import check_batch_division
+from bert.flags import check_batch_division, teacher_cache_dir
 from bert.inference import Predictor, SentenceTransformersConfig, read_sentence_transformers_config
 from bert.modeling import SENTENCE_POOLINGS, BertModel, first_token, pool_tokens
 from bert.sentence import evaluation, losses, teachers
@@ -140,7 +140,7 @@ class EmbeddingRun(SentenceRun):
             "%d examples (%s), %d distinct texts, loss %s", len(self.data), self.data.kind, len(texts), self.loss
         )
         if self.teacher is not None:
-            args, cache = self.args, teachers.cache_dir(self.args)
+            args, cache = self.args, teacher_cache_dir(self.args.teacher_cache_dir, self.args.output_dir)
             if self.spec.teacher == "embeddings":
                 self.teacher_outputs = teachers.embeddings(self.teacher, args, self.data.columns[0], cache, self.dist)
             else:

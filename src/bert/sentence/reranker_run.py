@@ -21,6 +21,7 @@ import torch
 from bert.batching import BatchPlan
 from bert.distributed import DistContext
 from bert.errors import InputError
+from bert.flags import teacher_cache_dir
 from bert.inference import LONGER_ADVICE, Predictor
 from bert.modeling import BertForSequenceClassification
 from bert.sentence import evaluation, teachers
@@ -129,7 +130,7 @@ class RerankerRun(SentenceRun):
         if self.teacher is not None:
             examples = [data.example(i) for i in range(len(data))]
             self.teacher_outputs = teachers.group_scores(
-                self.teacher, args, examples, teachers.cache_dir(args), self.dist
+                self.teacher, args, examples, teacher_cache_dir(args.teacher_cache_dir, args.output_dir), self.dist
             )
             self.teacher = None  # its outputs are all a run needs: free its memory for training
 

@@ -35,12 +35,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CACHE_NAME = "teacher_cache"  # in the output directory, unless --teacher_cache_dir says otherwise
-
-
-def cache_dir(args: SentenceTrainingArgs) -> Path:
-    return Path(args.teacher_cache_dir) if args.teacher_cache_dir else Path(args.output_dir) / CACHE_NAME
-
 
 def load_teacher(args: SentenceTrainingArgs, gives: str, student_size: int | None = None) -> Predictor:
     """The `--teacher` model (in `--teacher_dtype` / `--teacher_quantize`), checked for what it must give:
