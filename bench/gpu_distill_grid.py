@@ -83,36 +83,18 @@ def main() -> None:
     result["seconds"]["float32 copy"] = time.perf_counter() - start
 
     teacher = out / "teacher"
+    epochs = "--num_train_epochs=1" if args.quick else "--num_train_epochs=3"
+    teacher_flags = [f"--init_checkpoint={minilm}", f"--learning_rate={args.teacher_lr}", "--train_batch_size=32"]
     result["seconds"]["teacher"] = bert(
-        [
-            "classify",
-            *common,
-            f"--init_checkpoint={minilm}",
-            f"--learning_rate={args.teacher_lr}",
-            "--train_batch_size=32",
-            "--num_train_epochs=1" if args.quick else "--num_train_epochs=3",
-            f"--output_dir={teacher}",
-        ],
-        out / "teacher.log",
+        ["classify", *common, *teacher_flags, epochs, f"--output_dir={teacher}"], out / "teacher.log"
     )
     result["teacher"] = json.loads((teacher / "eval_results.json").read_text())
 
     grid = out / "grid"
-    result["seconds"]["grid"] = bert(
-        [
-            "classify",
-            *common,
-            f"--teacher={teacher / 'model'}",
-            f"--transfer_file={mrpc / 'test.tsv'}",
-            "--distill_alpha=0.5",
-            "--init_from_teacher_layers=0,2,4",
-            *(QUICK_GRID if args.quick else RELEASE_GRID),
-            f"--grid_jobs={args.grid_jobs}",
-            "--seed=1",
-            f"--output_dir={grid}",
-        ],
-        out / "grid.log",
-    )
+    students = [f"--teacher={teacher / 'model'}", f"--transfer_file={mrpc / 'test.tsv'}", "--distill_alpha=0.5"]
+    students += ["--init_from_teacher_layers=0,2,4", *(QUICK_GRID if args.quick else RELEASE_GRID)]
+    students += [f"--grid_jobs={args.grid_jobs}", "--seed=1", f"--output_dir={grid}"]
+    result["seconds"]["grid"] = bert(["classify", *common, *students], out / "grid.log")
     result["grid"] = json.loads((grid / "grid_results.json").read_text())
     (out / "grid.json").write_text(json.dumps(result, indent=1))
     print(f"teacher: {result['teacher'].get('eval_accuracy')} in {result['seconds']['teacher']:.0f} s")
