@@ -106,7 +106,7 @@ def _int8() -> str:
     from bert.cpu_kernels import onednn_int8  # imports torch: see _cpu
 
     if onednn_int8():
-        return "oneDNN's int8 Linear (VNNI; 8-bit weights)"
+        return "oneDNN's int8 Linear (VNNI; 8-bit weights, LayerNorm-fed inputs smoothed)"
     return "torch's dynamically quantized Linear (fbgemm; 7-bit weights: no VNNI here, or ONEDNN_MAX_CPU_ISA below it)"
 
 
