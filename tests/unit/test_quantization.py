@@ -1,5 +1,6 @@
 """int8 dynamic quantization for CPU inference: every Linear but the tied MLM decoder quantized, outputs
-close to fp32, state about 3x smaller, and the flag's bad values refused in one line."""
+close to fp32 (the LayerNorm-fed layers' inputs smoothed), state about 3x smaller, and the flag's bad values refused
+in one line."""
 
 from __future__ import annotations
 
