@@ -163,7 +163,7 @@ def test_quantize_int8_smooths_the_layers_that_read_a_layernorm(monkeypatch):
         monkeypatch.setattr(quantization, "smoothing_factors", lambda model: {})
         plain = quantize_int8(copy.deepcopy(model))(ids).sequence_output
     plain_error, smoothed_error = (float((y - exact).abs().mean()) for y in (plain, smoothed))
-    assert smoothed_error < 0.85 * plain_error, (smoothed_error, plain_error)  # 0.69 of it here
+    assert smoothed_error < 0.85 * plain_error, (smoothed_error, plain_error)  # 0.78 of it here
 
 
 def test_without_the_compiled_quantizer_torchs_ops_give_the_same(monkeypatch):
@@ -228,6 +228,6 @@ def test_minilm_sentence_embeddings_stay_close():
 
     fp32 = embed(model)
     cos = (embed(quantize_int8(model)) * fp32).sum(-1)
-    # oneDNN's path smooths the LayerNorm-fed layers' inputs: 0.9967 (least 0.9950) here, 0.9941 (0.9909) without.
+    # oneDNN's path smooths the LayerNorm-fed layers' inputs: 0.9967 (least 0.9945) here, 0.9941 (0.9909) without.
     least_mean, least = (0.996, 0.993) if onednn_int8() else (0.985, 0.95)
     assert float(cos.mean()) > least_mean and float(cos.min()) > least, (float(cos.mean()), float(cos.min()))
