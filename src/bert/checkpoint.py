@@ -17,16 +17,17 @@ bit or a copy cut short is an error naming the file instead of a model that sile
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import re
 import shutil
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -367,6 +368,56 @@ def load_into(model: nn.Module, ckpt: Checkpoint) -> set[str]:
     return set(loadable)
 
 
+# A model class that `build_loaded` returns as itself (bert.modeling's heads).
+Model = TypeVar("Model", bound=nn.Module)
+
+# What the layers' and the model's `reset_parameters`/`init_weights` call. Not the meta device: on a meta tensor
+# `normal_` runs a Python reference that imports torch._dynamo, 1 s of every inference command's start-up
+# (`bert embed` of one line took 3.0 s; bench/RESULTS.md).
+_INIT_FUNCTIONS = ("normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "xavier_uniform_", "ones_", "zeros_")
+
+
+@contextlib.contextmanager
+def _without_init() -> Iterator[None]:
+    """`torch.nn.init`'s initialisers return their tensor untouched meanwhile, in every thread of the process (the
+    loader builds one model at a time); the tensors keep whatever their memory held until `uninitialised` zeroes
+    them."""
+    saved = {name: getattr(torch.nn.init, name) for name in _INIT_FUNCTIONS}
+    try:
+        for name in _INIT_FUNCTIONS:
+            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(torch.nn.init, name, function)
+
+
+def uninitialised(model_class: type[Model], config: BertConfig, **kwargs: Any) -> Model:
+    """`model_class(config, **kwargs)` without the random initialisation, its parameters zeroed."""
+    with _without_init():
+        model = model_class(config, **kwargs)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    return model
+
+
+def build_loaded(
+    model_class: type[Model], config: BertConfig, ckpt: Checkpoint, loaded: set[str] | None = None, **kwargs: Any
+) -> Model:
+    """`model_class(config, **kwargs)` with `ckpt`'s weights (`load_into`), initialised at random only where the
+    checkpoint has none (a new task head): the start of a training run. Drawing the rest, all of it overwritten,
+    took 1.8 s of all-MiniLM-L6-v2's start-up and 7 s of BERT-Base's (torch's truncated normal, 2 cores).
+    `loaded`, where given, receives the names (the model's) of the weights the checkpoint gave."""
+    model = uninitialised(model_class, config, **kwargs)
+    names = load_into(model, ckpt)
+    # BertPreTrainedModel's (bert.modeling, which imports this module, defines the classes built here).
+    cast("Callable[..., None]", model.init_weights)(keep=names)
+    if loaded is not None:
+        loaded.update(names)
+    return model
+
+
 def load_pretrained(cls, path, config: BertConfig | None = None, checkpoint: Checkpoint | None = None, **kwargs):
     """Build `cls` from a checkpoint in any supported format (see `read_checkpoint`)."""
     ckpt = checkpoint or read_checkpoint(path)
@@ -380,9 +431,7 @@ def load_pretrained(cls, path, config: BertConfig | None = None, checkpoint: Che
             kwargs["num_labels"] = head.shape[0]
         elif isinstance(config.extra.get("id2label"), dict):
             kwargs["num_labels"] = len(config.extra["id2label"])
-    model = cls(config, **kwargs)
-    load_into(model, ckpt)
-    return model
+    return build_loaded(cls, config, ckpt, **kwargs)
 
 
 def _write_tokenizer_config(out: Path, do_lower_case: bool | None, config: BertConfig) -> None:

@@ -8,21 +8,16 @@ their models here, so a directory without a config, a head without its weights o
 does not support is refused by one rule and one message.
 
 `bert.checkpoint.load_pretrained` (`BertPreTrainedModel.from_pretrained`) stays the loader of a class the
-caller names, whose new heads keep their random initialisation: that is fine-tuning's start, not a saved
-model being used.
+caller names, whose new heads are drawn at random: that is fine-tuning's start, not a saved model being used.
+Both build through `bert.checkpoint.uninitialised`, drawing no weight the checkpoint gives.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Collection, Iterator
-from typing import Any, TypeVar
+from collections.abc import Collection
 
-import torch
-
-from bert.checkpoint import Checkpoint, architecture, load_into, read_checkpoint
-from bert.config import BertConfig
+from bert.checkpoint import Checkpoint, architecture, load_into, read_checkpoint, uninitialised
 from bert.errors import InputError
 from bert.modeling import (
     BertForMultipleChoice,
@@ -53,8 +48,6 @@ FINE_TUNING_COMMANDS = {
     "BertForMultipleChoice": "bert swag",
 }
 MLM_KEY = "cls.predictions.transform.dense.weight"
-# A model class that `build_loaded` returns as itself.
-Model = TypeVar("Model", bound=BertPreTrainedModel)
 # Weights a masked-LM model may lack: its task never reads them.
 _UNUSED_BY_MASKED_LM = ("cls.seq_relationship.", "bert.pooler.")
 
@@ -81,52 +74,6 @@ def has_mlm_head(ckpt: Checkpoint) -> bool:
     return MLM_KEY in ckpt.state_dict
 
 
-# What the layers' and the model's `reset_parameters`/`init_weights` call. Not the meta device: on a meta tensor
-# `normal_` runs a Python reference that imports torch._dynamo, 1 s of every inference command's start-up
-# (`bert embed` of one line took 3.0 s; bench/RESULTS.md).
-_INIT_FUNCTIONS = ("normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "xavier_uniform_", "ones_", "zeros_")
-
-
-@contextlib.contextmanager
-def _without_init() -> Iterator[None]:
-    """`torch.nn.init`'s initialisers return their tensor untouched meanwhile, in every thread of the process (the
-    loader builds one model at a time); the tensors keep whatever their memory held until `build_model` zeroes
-    them."""
-    saved = {name: getattr(torch.nn.init, name) for name in _INIT_FUNCTIONS}
-    try:
-        for name in _INIT_FUNCTIONS:
-            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
-        yield
-    finally:
-        for name, function in saved.items():
-            setattr(torch.nn.init, name, function)
-
-
-def _uninitialised(model_class: type[Model], config: BertConfig, **kwargs: Any) -> Model:
-    """`model_class(config, **kwargs)` without the random initialisation, its parameters zeroed."""
-    with _without_init():
-        model = model_class(config, **kwargs)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()
-    return model
-
-
-def build_loaded(
-    model_class: type[Model], config: BertConfig, ckpt: Checkpoint, loaded: set[str] | None = None, **kwargs: Any
-) -> Model:
-    """`model_class(config, **kwargs)` with `ckpt`'s weights (`load_into`), initialised at random only where the
-    checkpoint has none (a new task head): the start of a training run. Drawing the rest, all of it overwritten,
-    took 1.8 s of all-MiniLM-L6-v2's start-up and 7 s of BERT-Base's (torch's truncated normal, 2 cores).
-    `loaded`, where given, receives the names (the model's) of the weights the checkpoint gave."""
-    model = _uninitialised(model_class, config, **kwargs)
-    names = load_into(model, ckpt)
-    model.init_weights(keep=names)
-    if loaded is not None:
-        loaded.update(names)
-    return model
-
-
 def build_model(ckpt: Checkpoint, name: str) -> BertPreTrainedModel:
     """The `ARCHITECTURES[name]` model with the checkpoint's weights, in fp32 on the CPU, in train mode.
 
@@ -139,11 +86,11 @@ def build_model(ckpt: Checkpoint, name: str) -> BertPreTrainedModel:
     assert ckpt.config is not None  # read_model_checkpoint refuses weights without one
     model_class = ARCHITECTURES[name]
     if model_class is BertModel:
-        model: BertPreTrainedModel = _uninitialised(BertModel, ckpt.config, add_pooling_layer=has_pooler(ckpt))
+        model: BertPreTrainedModel = uninitialised(BertModel, ckpt.config, add_pooling_layer=has_pooler(ckpt))
     elif model_class in (BertForSequenceClassification, BertForTokenClassification):
-        model = _uninitialised(model_class, ckpt.config, num_labels=_num_labels(ckpt, name))
+        model = uninitialised(model_class, ckpt.config, num_labels=_num_labels(ckpt, name))
     else:
-        model = _uninitialised(model_class, ckpt.config)
+        model = uninitialised(model_class, ckpt.config)
     first_name: dict[int, str] = {}
     tied = [(n, first_name.setdefault(id(p), n)) for n, p in model.named_parameters(remove_duplicate=False)]
     for n, source in tied:

@@ -329,7 +329,7 @@ class BertPreTrainedModel(nn.Module):
 
     def init_weights(self, keep: Collection[str] = ()) -> None:
         """The original's initialisation of every parameter but those named in `keep` (weights a checkpoint gave:
-        `bert.loading.build_loaded`), in one order whatever `keep` holds."""
+        `bert.checkpoint.build_loaded`), in one order whatever `keep` holds."""
         kept = {id(p) for name, p in self.named_parameters(remove_duplicate=False) if name in keep}
 
         def init(module: nn.Module) -> None:

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from bert.checkpoint import Checkpoint, read_checkpoint
+from bert.checkpoint import Checkpoint, Model, build_loaded, read_checkpoint
 from bert.checkpointing import CHECKPOINT_PREFIX, check_checkpoint_config, latest_checkpoint, load_training_state
 from bert.config import BertConfig, resolve_config
 from bert.distillation import student_from_teacher_layers
 from bert.errors import InputError
 from bert.flags import LAYERS_FLAG, SHAPE_NAMES, DistillArgs, TeacherArgs
-from bert.loading import Model, build_loaded, read_model_checkpoint
+from bert.loading import read_model_checkpoint
 from bert.tokenization import load_vocab, validate_case_matches_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class StartingModel:
         Training resumes from the newest checkpoint, else starts from --init_checkpoint, else from random
         weights; evaluation alone uses the model a finished training exported to `exported` (its step in
         `exported/state_name`), else the newest checkpoint. Only weights none of these give are drawn at random
-        (`bert.loading.build_loaded`).
+        (`bert.checkpoint.build_loaded`).
         """
         verify = not args.ignore_checkpoint_digest
         state = None

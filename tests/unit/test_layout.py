@@ -273,12 +273,13 @@ def test_imports_inside_functions_are_optional_or_explained():
 
 def test_saved_models_are_built_by_the_one_loader():
     """`bert.loading` is in the model layer (it builds `bert.modeling` classes from `bert.checkpoint`'s
-    weights), and inference, export and the training runs' starting model build through it."""
+    weights), and inference, export and the training runs' starting model build through it; a model built
+    uninitialised and filled from weights is `bert.checkpoint`'s alone (`from_pretrained`'s too)."""
     assert GRAPH["bert.loading"] <= {"bert.checkpoint", "bert.config", "bert.errors", "bert.modeling"}
     for name in ("bert.inference", "bert.export", "bert.starting_model"):
         assert "bert.loading" in _reachable(name), name
     builders = {name for name, path in MODULES.items() if "_without_init(" in path.read_text(encoding="utf-8")}
-    assert builders == {"bert.loading"}  # a model built uninitialised and filled from weights: here only
+    assert builders == {"bert.checkpoint"}  # a model built uninitialised and filled from weights: here only
 
 
 # Modules over 800 lines and functions over 60: the original's ports only, which keep its functions' shape

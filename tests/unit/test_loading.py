@@ -1,5 +1,6 @@
 """`bert.loading`, the one loader of saved models: its architecture table is the one the Predictor's tasks
-and the exporter's outputs are keyed by, and every reader refuses a model directory with the same line."""
+and the exporter's outputs are keyed by, and every reader refuses a model directory with the same line; a model
+is built without drawing the weights its checkpoint gives (`bert.checkpoint.build_loaded`)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import sys
 import pytest
 import torch
 
+from bert.checkpoint import build_loaded
 from bert.errors import InputError
 from bert.export import OUTPUT_NAMES, export
 from bert.inference import TASKS, Predictor
-from bert.loading import ARCHITECTURES, build_loaded, build_model, load_model, read_model_checkpoint
+from bert.loading import ARCHITECTURES, build_model, load_model, read_model_checkpoint
 from bert.modeling import MODEL_CLASSES, BertForPreTraining, BertForSequenceClassification, BertModel
 from conftest import save_model_dir, vocab_config
 
@@ -80,10 +82,16 @@ def test_a_training_start_draws_only_what_the_checkpoint_lacks(tmp_path, vocab, 
     config = vocab_config(vocab)
     torch.manual_seed(0)
     encoder = BertModel(config)
-    ckpt = read_model_checkpoint(save_model_dir(encoder, tmp_path / "m", vocab))
+    model_dir = save_model_dir(encoder, tmp_path / "m", vocab)
+    ckpt = read_model_checkpoint(model_dir)
     shapes = _drawn(monkeypatch)
     model = build_loaded(BertForSequenceClassification, config, ckpt, num_labels=3)
     assert shapes == [(3, config.hidden_size)]
+    # The library's loader (and `bert convert`'s) builds the same way.
+    shapes.clear()
+    library = BertForSequenceClassification.from_pretrained(model_dir, num_labels=3)
+    assert shapes == [(3, config.hidden_size)]
+    torch.testing.assert_close(library.bert.pooler.dense.weight, encoder.pooler.dense.weight, rtol=0, atol=0)
     for name, value in encoder.state_dict().items():
         torch.testing.assert_close(model.bert.state_dict()[name], value, rtol=0, atol=0)
     weight, std = model.classifier.weight, config.initializer_range

@@ -97,9 +97,8 @@ def _extract(args: ExtractFeaturesArgs, input_file, init_checkpoint, ckpt, confi
     # Imported here, not at the top, so that bert.cli reports a flag error before torch loads.
     import torch
 
-    from bert.checkpoint import check_config_against_weights
+    from bert.checkpoint import build_loaded, check_config_against_weights
     from bert.extract_features import convert_examples_to_features, extract, read_examples
-    from bert.loading import build_loaded
     from bert.modeling import BertModel
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))

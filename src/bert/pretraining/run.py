@@ -38,14 +38,13 @@ import torch
 
 from bert import checkpointing, run_dir, training
 from bert.batching import RecordStream
-from bert.checkpoint import Checkpoint, read_checkpoint
+from bert.checkpoint import Checkpoint, build_loaded, read_checkpoint
 from bert.config import BertConfig
 from bert.distributed import distributed
 from bert.errors import InputError
 from bert.flags import check_batch_division, check_flag_values
 from bert.formats.results import write_results
 from bert.formats.tensorboard import EventWriter
-from bert.loading import build_loaded
 from bert.modeling import BertForPreTraining, num_parameters
 from bert.optimization import polynomial_warmup_lr
 from bert.pretraining.evaluation import evaluate

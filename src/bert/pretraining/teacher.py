@@ -26,13 +26,12 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from bert.checkpoint import read_checkpoint
+from bert.checkpoint import build_loaded, read_checkpoint
 from bert.config import BertConfig
 from bert.cpu_kernels import bf16_in_hardware
 from bert.distillation import kd_classification_loss, minilm_losses, teacher_config
 from bert.errors import InputError
 from bert.flags import check_dtype
-from bert.loading import build_loaded
 from bert.modeling import BertForPreTraining
 from bert.pretraining.inputs import pretraining_metrics
 from bert.tokenization import load_vocab
