@@ -96,10 +96,13 @@ def test_a_training_start_draws_only_what_the_checkpoint_lacks(tmp_path, vocab, 
         torch.testing.assert_close(model.bert.state_dict()[name], value, rtol=0, atol=0)
     weight, std = model.classifier.weight, config.initializer_range
     assert weight.abs().max() <= 2 * std and weight.abs().min() > 0 and not model.classifier.bias.any()
-    # From no checkpoint, every matrix is drawn as before (the encoder's twice: by BertModel, then by the head).
+    # From no checkpoint every matrix is drawn, once (by the head's init_weights; not by its encoder's as well).
     shapes.clear()
     BertForSequenceClassification(config, num_labels=3)
-    assert len(shapes) >= sum(isinstance(m, (torch.nn.Linear, torch.nn.Embedding)) for m in model.modules())
+    assert len(shapes) == sum(isinstance(m, (torch.nn.Linear, torch.nn.Embedding)) for m in model.modules())
+    shapes.clear()
+    BertModel(config)  # an encoder alone draws its own
+    assert len(shapes) == sum(isinstance(m, (torch.nn.Linear, torch.nn.Embedding)) for m in model.bert.modules())
 
 
 def test_a_layer_the_checkpoint_gives_in_part_keeps_that_part(tmp_path, vocab):
