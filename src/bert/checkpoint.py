@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -377,19 +378,24 @@ Model = TypeVar("Model", bound=nn.Module)
 _INIT_FUNCTIONS = ("normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "xavier_uniform_", "ones_", "zeros_")
 
 
+# One model at a time is built without initialisers: two threads loading at once (`from_pretrained` is the
+# library's) would otherwise save each other's no-ops as the functions to put back, and leave them in place.
+_WITHOUT_INIT_LOCK = threading.RLock()
+
+
 @contextlib.contextmanager
 def _without_init() -> Iterator[None]:
-    """`torch.nn.init`'s initialisers return their tensor untouched meanwhile, in every thread of the process (the
-    loader builds one model at a time); the tensors keep whatever their memory held until `uninitialised` zeroes
-    them."""
-    saved = {name: getattr(torch.nn.init, name) for name in _INIT_FUNCTIONS}
-    try:
-        for name in _INIT_FUNCTIONS:
-            setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
-        yield
-    finally:
-        for name, function in saved.items():
-            setattr(torch.nn.init, name, function)
+    """`torch.nn.init`'s initialisers return their tensor untouched meanwhile, in every thread of the process; the
+    tensors keep whatever their memory held until `uninitialised` zeroes them."""
+    with _WITHOUT_INIT_LOCK:
+        saved = {name: getattr(torch.nn.init, name) for name in _INIT_FUNCTIONS}
+        try:
+            for name in _INIT_FUNCTIONS:
+                setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+            yield
+        finally:
+            for name, function in saved.items():
+                setattr(torch.nn.init, name, function)
 
 
 def uninitialised(model_class: type[Model], config: BertConfig, **kwargs: Any) -> Model:

@@ -4,13 +4,16 @@ is built without drawing the weights its checkpoint gives (`bert.checkpoint.buil
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import torch
 
-from bert.checkpoint import build_loaded
+from bert.checkpoint import build_loaded, uninitialised
 from bert.errors import InputError
 from bert.export import OUTPUT_NAMES, export
 from bert.inference import TASKS, Predictor
@@ -61,6 +64,34 @@ def test_loading_skips_the_initialisers_without_importing_dynamo(tmp_path, vocab
     assert out.strip() == "False"
     load_model(model_dir)
     assert torch.nn.init.normal_ is normal
+
+
+def test_two_threads_building_at_once_leave_the_initialisers_in_place():
+    """Two threads in `uninitialised` at once: the second waits for the first, so neither saves the other's no-op
+    initialisers as the ones to put back (the second finishing last would leave them in place for good)."""
+    normal = torch.nn.init.normal_
+    first_inside, both_inside = threading.Event(), threading.Barrier(2, timeout=0.5)
+
+    class Slow(torch.nn.Module):
+        def __init__(self, config, last: bool):
+            super().__init__()
+            first_inside.set()
+            with contextlib.suppress(threading.BrokenBarrierError):
+                both_inside.wait()  # unguarded, both threads are inside here at once
+            time.sleep(0.2 if last else 0.0)  # and the second leaves last
+
+    first = threading.Thread(target=uninitialised, args=(Slow, None), kwargs={"last": False})
+    second = threading.Thread(target=uninitialised, args=(Slow, None), kwargs={"last": True})
+    saved = vars(torch.nn.init).copy()
+    try:
+        first.start()
+        assert first_inside.wait(5)
+        second.start()
+        first.join(5)
+        second.join(5)
+        assert torch.nn.init.normal_ is normal
+    finally:  # (a failure here must not leave the no-ops to the tests after it)
+        vars(torch.nn.init).update(saved)
 
 
 def _drawn(monkeypatch) -> list[tuple[int, ...]]:
