@@ -113,14 +113,13 @@ def smoothing_factors(model: nn.Module) -> dict[nn.Module, torch.Tensor]:
     for layer in encoder.encoder.layer:
         assert isinstance(layer, BertLayer)
         attention = layer.attention.self
-        readers.setdefault(norm, []).extend([attention.query, attention.key, attention.value])
+        readers[norm] = [attention.query, attention.key, attention.value]
         readers[layer.attention.output.LayerNorm] = [layer.intermediate.dense]
         norm = layer.output.LayerNorm
     largest: dict[nn.Module, torch.Tensor] = {}
 
-    def record(module: nn.Module, inputs: object, output: torch.Tensor) -> None:
-        seen = output.detach().reshape(-1, output.shape[-1]).abs().amax(0)
-        largest[module] = torch.maximum(largest[module], seen) if module in largest else seen
+    def record(module: nn.Module, inputs: object, output: torch.Tensor) -> None:  # once a LayerNorm: one pass
+        largest[module] = output.detach().reshape(-1, output.shape[-1]).abs().amax(0)
 
     hooks = [reader.register_forward_hook(record) for reader in readers]
     vocab = encoder.config.vocab_size
